@@ -1,0 +1,3 @@
+fn main() {
+    println!("sd-cli {} ({})", stable_diffusion::api::version(), stable_diffusion::api::commit());
+}

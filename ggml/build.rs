@@ -1,0 +1,320 @@
+//! Builds ggml from the pinned upstream tree and generates its bindings.
+//!
+//! The tree is not committed: `scripts/fetch-sources.sh` (or this script, when the pinned
+//! crate archive is already in cargo's cache) unpacks it into `third_party/ggml`.
+//! `GGML_SOURCE_DIR` points the build at a ggml tree of the user's own instead.
+//!
+//! Default build: ggml as shared libraries with the CPU backend compiled once per ISA
+//! level (`libggml-cpu-<variant>.so`), the best of which ggml picks at run time. Feature
+//! `native`: one static CPU backend tuned for the build machine.
+
+use std::env;
+use std::fs;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// The registry package whose archive carries the ggml tree we build against.
+const PINNED_CRATE: &str = "llama-cpp-sys-2-0.1.161";
+const PINNED_SUBDIR: &str = "llama.cpp/ggml";
+
+/// CPU variants built by default on x86_64: a baseline for any x86_64, AVX2 (most
+/// machines since 2013), AVX-512, AVX-512 with VNNI/BF16 (Zen 4, Sapphire Rapids without
+/// AMX), and AVX-VNNI (Alder Lake and later hybrids). Override with SD_GGML_CPU_VARIANTS
+/// (comma list of ggml variant names, or "all").
+const DEFAULT_X86_VARIANTS: &[&str] = &["x64", "haswell", "skylakex", "zen4", "alderlake"];
+
+fn main() {
+    let manifest_dir = PathBuf::from(env::var("CARGO_MANIFEST_DIR").unwrap());
+    let out_dir = PathBuf::from(env::var("OUT_DIR").unwrap());
+    println!("cargo:rerun-if-changed=build.rs");
+    println!("cargo:rerun-if-changed=wrapper.h");
+    println!("cargo:rerun-if-changed=cmake/CMakeLists.txt");
+    println!("cargo:rerun-if-env-changed=GGML_SOURCE_DIR");
+    println!("cargo:rerun-if-env-changed=SD_GGML_CPU_VARIANTS");
+    println!("cargo:rustc-check-cfg=cfg(ggml_generated_bindings)");
+
+    let user_source = env::var_os("GGML_SOURCE_DIR").map(PathBuf::from);
+    let src = match &user_source {
+        Some(p) => p.clone(),
+        None => locate_pinned_tree(&manifest_dir),
+    };
+    if !src.join("include/ggml.h").exists() {
+        fail(&format!("{} does not look like a ggml source tree (no include/ggml.h)", src.display()));
+    }
+    println!("cargo:rerun-if-changed={}", src.join("include").display());
+    println!("cargo:rerun-if-changed={}", src.join("src").display());
+
+    let lib_dir = build_ggml(&manifest_dir, &src, &out_dir);
+    generate_bindings(&manifest_dir, &src, &out_dir);
+    if user_source.is_some() {
+        // A foreign tree may differ from the committed bindings: use the fresh ones.
+        println!("cargo:rustc-cfg=ggml_generated_bindings");
+    }
+    println!("cargo:rustc-env=GGML_SYS_LIB_DIR={}", lib_dir.display());
+    println!("cargo:lib_dir={}", lib_dir.display());
+    println!("cargo:include_dir={}", src.join("include").display());
+    println!("cargo:source_dir={}", src.display());
+}
+
+fn fail(msg: &str) -> ! {
+    eprintln!("\nggml-sys: {msg}\n");
+    panic!("ggml-sys: {msg}");
+}
+
+/// `third_party/ggml`, unpacked from the pinned crate archive if cargo already has it.
+fn locate_pinned_tree(manifest_dir: &Path) -> PathBuf {
+    let dest = manifest_dir.join("../third_party/ggml");
+    if dest.join("include/ggml.h").exists() {
+        return dest;
+    }
+    let archive = cargo_home()
+        .join("registry/cache")
+        .read_dir()
+        .ok()
+        .into_iter()
+        .flatten()
+        .flatten()
+        .map(|e| e.path().join(format!("{PINNED_CRATE}.crate")))
+        .find(|p| p.exists());
+    let Some(archive) = archive else {
+        fail(&format!(
+            "the ggml sources are missing. Run `scripts/fetch-sources.sh` (it asks cargo for the \
+             pinned package {PINNED_CRATE} and unpacks its ggml tree into third_party/ggml), or \
+             set GGML_SOURCE_DIR to a ggml tree of your own."
+        ));
+    };
+    unpack_archive_subdir(&archive, &format!("{PINNED_CRATE}/{PINNED_SUBDIR}"), &dest);
+    dest
+}
+
+fn cargo_home() -> PathBuf {
+    env::var_os("CARGO_HOME")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env::var("HOME").unwrap_or_default()).join(".cargo"))
+}
+
+fn unpack_archive_subdir(archive: &Path, subdir: &str, dest: &Path) {
+    let staging = dest.with_extension("unpacking");
+    let _ = fs::remove_dir_all(&staging);
+    fs::create_dir_all(&staging).unwrap();
+    let depth = subdir.split('/').count();
+    let status = Command::new("tar")
+        .arg("-xzf")
+        .arg(archive)
+        .arg("-C")
+        .arg(&staging)
+        .arg(format!("--strip-components={depth}"))
+        .arg(subdir)
+        .status();
+    if !matches!(status, Ok(s) if s.success()) {
+        fail(&format!("could not unpack {subdir} from {}", archive.display()));
+    }
+    let _ = fs::remove_dir_all(dest);
+    fs::rename(&staging, dest).unwrap();
+}
+
+/// Distinguishes shared build folders of different configurations.
+fn config_tag() -> String {
+    let mut tag = String::from("ggml");
+    for f in ["native", "openmp", "cuda", "vulkan", "metal", "rpc"] {
+        if feature(f) {
+            tag.push('-');
+            tag.push_str(f);
+        }
+    }
+    if let Ok(v) = env::var("SD_GGML_CPU_VARIANTS") {
+        tag.push('-');
+        tag.push_str(&v.replace(',', "_"));
+    }
+    tag
+}
+
+/// Serialises builds that share one folder.
+fn lock_dir(dir: &Path) -> fs::File {
+    let f = fs::File::create(dir.join(".build-lock")).unwrap();
+    f.lock().unwrap();
+    f
+}
+
+fn feature(name: &str) -> bool {
+    env::var_os(format!("CARGO_FEATURE_{}", name.to_uppercase())).is_some()
+}
+
+fn on_off(b: bool) -> &'static str {
+    if b {
+        "ON"
+    } else {
+        "OFF"
+    }
+}
+
+fn run(cmd: &mut Command) {
+    eprintln!("running {cmd:?}");
+    let status = cmd.status().unwrap_or_else(|e| fail(&format!("could not run {cmd:?}: {e}")));
+    if !status.success() {
+        fail(&format!("{cmd:?} failed with {status}"));
+    }
+}
+
+fn build_ggml(manifest_dir: &Path, src: &Path, out_dir: &Path) -> PathBuf {
+    let native = feature("native");
+    let target_arch = env::var("CARGO_CFG_TARGET_ARCH").unwrap();
+    // SD_GGML_BUILD_DIR lets several checkouts share one ggml build (it takes minutes).
+    println!("cargo:rerun-if-env-changed=SD_GGML_BUILD_DIR");
+    let build_dir = match env::var_os("SD_GGML_BUILD_DIR") {
+        Some(d) => PathBuf::from(d).join(config_tag()),
+        None => out_dir.join("cmake-build"),
+    };
+    fs::create_dir_all(&build_dir).unwrap();
+    let _lock = lock_dir(&build_dir);
+
+    let variants: Vec<String> = if native || target_arch != "x86_64" {
+        Vec::new()
+    } else {
+        match env::var("SD_GGML_CPU_VARIANTS") {
+            Ok(v) if v.trim() == "all" => vec!["all".into()],
+            Ok(v) if !v.trim().is_empty() => v.split(',').map(|s| s.trim().to_string()).collect(),
+            _ => DEFAULT_X86_VARIANTS.iter().map(|s| s.to_string()).collect(),
+        }
+    };
+    let dynamic = !native;
+
+    let mut cfg = Command::new("cmake");
+    cfg.current_dir(&build_dir)
+        .arg(manifest_dir.join("cmake"))
+        .arg("-G")
+        .arg("Unix Makefiles")
+        .arg(format!("-DGGML_SOURCE_DIR={}", src.display()))
+        .arg("-DCMAKE_BUILD_TYPE=Release")
+        .arg("-DCMAKE_POSITION_INDEPENDENT_CODE=ON")
+        .arg(format!("-DBUILD_SHARED_LIBS={}", on_off(dynamic)))
+        .arg(format!("-DGGML_BACKEND_DL={}", on_off(dynamic)))
+        .arg(format!("-DGGML_CPU_ALL_VARIANTS={}", on_off(dynamic && !variants.is_empty())))
+        .arg(format!("-DGGML_NATIVE={}", on_off(native)))
+        .arg(format!("-DGGML_OPENMP={}", on_off(feature("openmp"))))
+        .arg(format!("-DGGML_CUDA={}", on_off(feature("cuda"))))
+        .arg(format!("-DGGML_VULKAN={}", on_off(feature("vulkan"))))
+        .arg(format!("-DGGML_METAL={}", on_off(feature("metal"))))
+        .arg(format!("-DGGML_RPC={}", on_off(feature("rpc"))))
+        .arg("-DGGML_BUILD_TESTS=OFF")
+        .arg("-DGGML_BUILD_EXAMPLES=OFF")
+        .arg("-DGGML_CCACHE=OFF")
+        .arg("-DCMAKE_BUILD_RPATH=$ORIGIN");
+    run(&mut cfg);
+
+    let jobs = env::var("NUM_JOBS").unwrap_or_else(|_| "2".into());
+    let mut targets: Vec<String> = vec!["ggml-base".into()];
+    if dynamic {
+        if variants.is_empty() {
+            targets.push("ggml-cpu".into());
+        } else if variants[0] != "all" {
+            targets.extend(variants.iter().map(|v| format!("ggml-cpu-{v}")));
+        }
+        for (feat, tgt) in [("cuda", "ggml-cuda"), ("vulkan", "ggml-vulkan"), ("metal", "ggml-metal"), ("rpc", "ggml-rpc")] {
+            if feature(feat) {
+                targets.push(tgt.into());
+            }
+        }
+    }
+    let build_all = !dynamic || variants.first().map(|v| v == "all").unwrap_or(false);
+    let mut b = Command::new("cmake");
+    b.current_dir(&build_dir).arg("--build").arg(".").arg("-j").arg(&jobs);
+    if !build_all {
+        b.arg("--target").args(&targets);
+    }
+    run(&mut b);
+    if dynamic && !build_all {
+        // libggml depends on every configured backend; build it alone, the chosen ones exist.
+        run(Command::new("make")
+            .current_dir(build_dir.join("ggml/src"))
+            .arg(format!("-j{jobs}"))
+            .arg("ggml/fast"));
+    }
+
+    let lib_dir = out_dir.join("lib");
+    let _ = fs::remove_dir_all(&lib_dir);
+    fs::create_dir_all(&lib_dir).unwrap();
+    collect_libraries(&build_dir, &lib_dir, dynamic);
+
+    println!("cargo:rustc-link-search=native={}", lib_dir.display());
+    if dynamic {
+        println!("cargo:rustc-link-lib=dylib=ggml");
+        println!("cargo:rustc-link-lib=dylib=ggml-base");
+        // Dev builds (tests, examples) find the ggml libraries where they were built.
+        println!("cargo:rustc-link-arg=-Wl,-rpath,{}", lib_dir.display());
+    } else {
+        for lib in ["ggml", "ggml-cpu", "ggml-base"] {
+            println!("cargo:rustc-link-lib=static={lib}");
+        }
+        for (feat, lib) in [("cuda", "ggml-cuda"), ("vulkan", "ggml-vulkan"), ("metal", "ggml-metal"), ("rpc", "ggml-rpc")] {
+            if feature(feat) {
+                println!("cargo:rustc-link-lib=static={lib}");
+            }
+        }
+        println!("cargo:rustc-link-lib=dylib=stdc++");
+        if feature("openmp") {
+            println!("cargo:rustc-link-lib=dylib=gomp");
+        }
+        if feature("cuda") {
+            for l in ["cudart", "cublas", "cublasLt", "cuda"] {
+                println!("cargo:rustc-link-lib=dylib={l}");
+            }
+        }
+        if feature("vulkan") {
+            println!("cargo:rustc-link-lib=dylib=vulkan");
+        }
+    }
+    println!("cargo:dynamic={}", if dynamic { 1 } else { 0 });
+    lib_dir
+}
+
+/// Gathers every library the build produced into one flat folder (sonames kept), the
+/// layout we ship: ggml's loader finds the CPU variants next to libggml.
+fn collect_libraries(build_dir: &Path, lib_dir: &Path, dynamic: bool) {
+    let mut stack = vec![build_dir.to_path_buf()];
+    while let Some(dir) = stack.pop() {
+        for entry in fs::read_dir(&dir).unwrap().flatten() {
+            let path = entry.path();
+            let name = entry.file_name().to_string_lossy().to_string();
+            let ft = entry.file_type().unwrap();
+            if ft.is_dir() {
+                if name != "CMakeFiles" {
+                    stack.push(path);
+                }
+                continue;
+            }
+            let wanted = if dynamic {
+                name.starts_with("libggml") && name.contains(".so")
+            } else {
+                name.starts_with("libggml") && name.ends_with(".a")
+            };
+            if !wanted {
+                continue;
+            }
+            let dest = lib_dir.join(&name);
+            if ft.is_symlink() {
+                let target = fs::read_link(&path).unwrap();
+                let _ = fs::remove_file(&dest);
+                std::os::unix::fs::symlink(target, &dest).unwrap();
+            } else {
+                fs::copy(&path, &dest).unwrap();
+            }
+        }
+    }
+}
+
+fn generate_bindings(manifest_dir: &Path, src: &Path, out_dir: &Path) {
+    let bindings = bindgen::Builder::default()
+        .header(manifest_dir.join("wrapper.h").to_string_lossy())
+        .clang_arg(format!("-I{}", src.join("include").display()))
+        .allowlist_function("(ggml|gguf)_.*")
+        .allowlist_type("(ggml|gguf)_.*")
+        .allowlist_var("(GGML|GGUF)_.*")
+        .derive_default(true)
+        .prepend_enum_name(false)
+        .layout_tests(false)
+        .generate_comments(false)
+        .generate()
+        .unwrap_or_else(|e| fail(&format!("bindgen failed: {e}")));
+    bindings.write_to_file(out_dir.join("bindings.rs")).unwrap();
+}

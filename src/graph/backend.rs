@@ -1,0 +1,304 @@
+//! ggml backends: loading the dynamic backend modules, enumerating devices, CPU facts.
+//!
+//! In the default build the CPU backend (one variant per ISA level) and any GPU backend are
+//! shared modules that ggml loads at run time; they are looked up next to libggml first.
+
+use crate::error::{Context, Result};
+use ggml_sys as g;
+use once_cell::sync::OnceCell;
+use std::ffi::{CStr, CString};
+use std::path::{Path, PathBuf};
+use std::ptr::NonNull;
+
+static LOADED: OnceCell<()> = OnceCell::new();
+
+/// Loads the backend modules once per process (no-op for static builds).
+pub fn ensure_loaded() {
+    LOADED.get_or_init(|| {
+        route_ggml_log();
+        if !g::DYNAMIC_BACKENDS {
+            return;
+        }
+        let dirs = candidate_dirs();
+        let chosen = dirs.iter().find(|d| has_cpu_module(d));
+        match chosen {
+            Some(dir) => {
+                sd_debug!("loading ggml backends from {}", dir.display());
+                if let Ok(c) = CString::new(dir.to_string_lossy().as_bytes()) {
+                    // SAFETY: c is a valid NUL-terminated path for the duration of the call.
+                    unsafe { g::ggml_backend_load_all_from_path(c.as_ptr()) };
+                }
+            }
+            None => {
+                sd_warn!(
+                    "no ggml CPU backend module (libggml-cpu-*.so) found in {}; set SD_GGML_BACKEND_DIR",
+                    dirs.iter().map(|d| d.display().to_string()).collect::<Vec<_>>().join(", ")
+                );
+                // SAFETY: plain call; ggml searches its default locations.
+                unsafe { g::ggml_backend_load_all() };
+            }
+        }
+    });
+}
+
+/// ggml's own messages (backend loading, allocation failures) join our log stream.
+fn route_ggml_log() {
+    unsafe extern "C" fn on_log(level: g::ggml_log_level, text: *const libc::c_char, _: *mut libc::c_void) {
+        let msg = cstr(text);
+        let msg = msg.trim_end();
+        if msg.is_empty() {
+            return;
+        }
+        let _ = std::panic::catch_unwind(|| match level {
+            g::GGML_LOG_LEVEL_ERROR => sd_error!("ggml: {msg}"),
+            g::GGML_LOG_LEVEL_WARN => sd_warn!("ggml: {msg}"),
+            _ => sd_debug!("ggml: {msg}"),
+        });
+    }
+    // SAFETY: registers a callback that never unwinds into C.
+    unsafe { g::ggml_log_set(Some(on_log), std::ptr::null_mut()) };
+}
+
+fn has_cpu_module(dir: &Path) -> bool {
+    std::fs::read_dir(dir)
+        .map(|rd| {
+            rd.flatten().any(|e| {
+                let n = e.file_name();
+                let n = n.to_string_lossy();
+                n.starts_with("libggml-cpu") && n.contains(".so")
+            })
+        })
+        .unwrap_or(false)
+}
+
+/// SD_GGML_BACKEND_DIR, then the folder of libggml, of our own module, and of this build.
+fn candidate_dirs() -> Vec<PathBuf> {
+    let mut dirs = Vec::new();
+    if let Some(d) = std::env::var_os("SD_GGML_BACKEND_DIR") {
+        dirs.push(PathBuf::from(d));
+    }
+    if let Some(d) = module_dir(g::ggml_backend_load_all_from_path as *const libc::c_void) {
+        dirs.push(d);
+    }
+    if let Some(d) = module_dir(ensure_loaded as *const libc::c_void) {
+        dirs.push(d);
+    }
+    dirs.push(PathBuf::from(g::GGML_BUILD_LIB_DIR));
+    dirs
+}
+
+/// Folder of the shared object (or executable) that contains `addr`.
+fn module_dir(addr: *const libc::c_void) -> Option<PathBuf> {
+    let mut info: libc::Dl_info = unsafe { std::mem::zeroed() };
+    // SAFETY: dladdr only reads the address and fills `info`.
+    let ok = unsafe { libc::dladdr(addr, &mut info) };
+    if ok == 0 || info.dli_fname.is_null() {
+        return None;
+    }
+    // SAFETY: dli_fname is a NUL-terminated string owned by the loader.
+    let path = unsafe { CStr::from_ptr(info.dli_fname) }.to_string_lossy().to_string();
+    let path = std::fs::canonicalize(&path).unwrap_or_else(|_| PathBuf::from(path));
+    path.parent().map(Path::to_path_buf)
+}
+
+/// One ggml device as listed by the registry.
+#[derive(Debug, Clone)]
+pub struct DeviceInfo {
+    pub name: String,
+    pub description: String,
+    pub is_cpu: bool,
+}
+
+fn cstr(p: *const libc::c_char) -> String {
+    if p.is_null() {
+        String::new()
+    } else {
+        // SAFETY: ggml returns NUL-terminated strings that live as long as the device.
+        unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned()
+    }
+}
+
+pub fn devices() -> Vec<DeviceInfo> {
+    ensure_loaded();
+    // SAFETY: registry calls with indices below the reported count.
+    unsafe {
+        (0..g::ggml_backend_dev_count())
+            .map(|i| {
+                let dev = g::ggml_backend_dev_get(i);
+                DeviceInfo {
+                    name: cstr(g::ggml_backend_dev_name(dev)),
+                    description: cstr(g::ggml_backend_dev_description(dev)),
+                    is_cpu: g::ggml_backend_dev_type(dev) == g::GGML_BACKEND_DEVICE_TYPE_CPU,
+                }
+            })
+            .collect()
+    }
+}
+
+/// `name<TAB>description` per device, one per line, like the reference's sd_list_devices.
+pub fn device_listing() -> String {
+    devices().iter().map(|d| format!("{}\t{}\n", d.name, d.description)).collect()
+}
+
+fn cpu_reg() -> Option<g::ggml_backend_reg_t> {
+    ensure_loaded();
+    // SAFETY: registry lookups; null results are checked.
+    unsafe {
+        let dev = g::ggml_backend_dev_by_type(g::GGML_BACKEND_DEVICE_TYPE_CPU);
+        if dev.is_null() {
+            return None;
+        }
+        let reg = g::ggml_backend_dev_backend_reg(dev);
+        (!reg.is_null()).then_some(reg)
+    }
+}
+
+/// The CPU features the loaded CPU backend reports, as (name, value) pairs.
+pub fn cpu_features() -> Vec<(String, String)> {
+    let Some(reg) = cpu_reg() else { return Vec::new() };
+    type GetFeatures = unsafe extern "C" fn(g::ggml_backend_reg_t) -> *mut g::ggml_backend_feature;
+    // SAFETY: the symbol, when present, has ggml's documented signature; the feature list
+    // is terminated by an entry with a null name.
+    unsafe {
+        let p = g::ggml_backend_reg_get_proc_address(reg, c"ggml_backend_get_features".as_ptr());
+        if p.is_null() {
+            return Vec::new();
+        }
+        let f: GetFeatures = std::mem::transmute(p);
+        let mut feat = f(reg);
+        let mut out = Vec::new();
+        while !feat.is_null() && !(*feat).name.is_null() && !(*feat).value.is_null() {
+            out.push((cstr((*feat).name), cstr((*feat).value)));
+            feat = feat.add(1);
+        }
+        out
+    }
+}
+
+/// The reference's system-info text: "System Info: \n" then `   NAME = value | ` per feature.
+pub fn system_info() -> String {
+    let mut s = String::from("System Info: \n");
+    let feats = cpu_features();
+    if feats.is_empty() {
+        sd_warn!("unable to get CPU features");
+    }
+    for (name, value) in feats {
+        s.push_str(&format!("   {name} = {value} | "));
+    }
+    s
+}
+
+/// Number of physical cores, like the reference (thread-sibling sets on Linux).
+pub fn physical_cores() -> i32 {
+    let mut siblings = std::collections::HashSet::new();
+    for cpu in 0.. {
+        let p = format!("/sys/devices/system/cpu/cpu{cpu}/topology/thread_siblings");
+        match std::fs::read_to_string(&p) {
+            Ok(s) => {
+                siblings.insert(s.lines().next().unwrap_or("").to_string());
+            }
+            Err(_) => break,
+        }
+    }
+    if !siblings.is_empty() {
+        return siblings.len() as i32;
+    }
+    let n = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(4);
+    (if n <= 4 { n } else { n / 2 }) as i32
+}
+
+/// An initialised ggml backend (CPU or a device), freed on drop.
+pub struct Backend {
+    raw: NonNull<g::ggml_backend>,
+    is_cpu: bool,
+}
+
+// SAFETY: a ggml backend may be used from any thread as long as calls are not concurrent;
+// `Backend` is only used through `&mut`/owned access.
+unsafe impl Send for Backend {}
+
+impl Backend {
+    /// The CPU backend.
+    pub fn cpu() -> Result<Backend> {
+        ensure_loaded();
+        // SAFETY: plain init call; null is checked.
+        let raw = unsafe { g::ggml_backend_init_by_type(g::GGML_BACKEND_DEVICE_TYPE_CPU, std::ptr::null()) };
+        let raw = NonNull::new(raw).context("could not initialise the ggml CPU backend (no CPU backend module loaded?)")?;
+        Ok(Backend { raw, is_cpu: true })
+    }
+
+    /// A backend by device name (as listed by `devices()`), e.g. "CPU" or "CUDA0".
+    pub fn by_name(name: &str) -> Result<Backend> {
+        ensure_loaded();
+        let c = CString::new(name).context("device name contains a NUL byte")?;
+        // SAFETY: lookups by a valid C string; null results are checked.
+        unsafe {
+            let dev = g::ggml_backend_dev_by_name(c.as_ptr());
+            if dev.is_null() {
+                let known: Vec<String> = devices().into_iter().map(|d| d.name).collect();
+                bail!("unknown backend device '{name}' (available: {})", known.join(", "));
+            }
+            let is_cpu = g::ggml_backend_dev_type(dev) == g::GGML_BACKEND_DEVICE_TYPE_CPU;
+            let raw = g::ggml_backend_dev_init(dev, std::ptr::null());
+            let raw = NonNull::new(raw).with_context(|| format!("could not initialise backend device '{name}'"))?;
+            Ok(Backend { raw, is_cpu })
+        }
+    }
+
+    pub fn raw(&self) -> g::ggml_backend_t {
+        self.raw.as_ptr()
+    }
+
+    pub fn is_cpu(&self) -> bool {
+        self.is_cpu
+    }
+
+    pub fn name(&self) -> String {
+        // SAFETY: valid backend.
+        cstr(unsafe { g::ggml_backend_name(self.raw.as_ptr()) })
+    }
+
+    /// Sets the thread count where the backend has one (CPU).
+    pub fn set_n_threads(&self, n: i32) {
+        type SetThreads = unsafe extern "C" fn(g::ggml_backend_t, libc::c_int);
+        // SAFETY: looks up ggml's documented setter on this backend's registry.
+        unsafe {
+            let dev = g::ggml_backend_get_device(self.raw.as_ptr());
+            if dev.is_null() {
+                return;
+            }
+            let reg = g::ggml_backend_dev_backend_reg(dev);
+            if reg.is_null() {
+                return;
+            }
+            let p = g::ggml_backend_reg_get_proc_address(reg, c"ggml_backend_set_n_threads".as_ptr());
+            if !p.is_null() {
+                let f: SetThreads = std::mem::transmute(p);
+                f(self.raw.as_ptr(), n.max(1));
+            }
+        }
+    }
+}
+
+impl Drop for Backend {
+    fn drop(&mut self) {
+        // SAFETY: we own the backend.
+        unsafe { g::ggml_backend_free(self.raw.as_ptr()) };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cpu_device_is_listed_and_usable() {
+        let list = device_listing();
+        assert!(list.lines().any(|l| l.starts_with("CPU\t")), "{list}");
+        let b = Backend::cpu().unwrap();
+        b.set_n_threads(2);
+        assert!(b.is_cpu());
+        assert!(system_info().starts_with("System Info: \n"));
+        assert!(physical_cores() >= 1);
+    }
+}

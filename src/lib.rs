@@ -9,6 +9,8 @@ pub mod log;
 #[macro_use]
 pub mod error;
 pub mod types;
+pub mod tensor;
+pub mod image;
 
 pub mod graph;
 pub mod io;

@@ -21,6 +21,10 @@ const PINNED_SUBDIR: &str = "llama.cpp/ggml";
 /// machines since 2013), AVX-512, AVX-512 with VNNI/BF16 (Zen 4, Sapphire Rapids without
 /// AMX), and AVX-VNNI (Alder Lake and later hybrids). Override with SD_GGML_CPU_VARIANTS
 /// (comma list of ggml variant names, or "all").
+/// Tensor names in diffusion checkpoints exceed ggml's default 64 bytes; the reference
+/// builds with 160 and GGUF files it writes need it to be read back.
+const GGML_MAX_NAME: u32 = 160;
+
 const DEFAULT_X86_VARIANTS: &[&str] = &["x64", "haswell", "skylakex", "zen4", "alderlake"];
 
 fn main() {
@@ -115,7 +119,7 @@ fn unpack_archive_subdir(archive: &Path, subdir: &str, dest: &Path) {
 
 /// Distinguishes shared build folders of different configurations.
 fn config_tag() -> String {
-    let mut tag = String::from("ggml");
+    let mut tag = format!("ggml-n{GGML_MAX_NAME}");
     for f in ["native", "openmp", "cuda", "vulkan", "metal", "rpc"] {
         if feature(f) {
             tag.push('-');
@@ -199,7 +203,10 @@ fn build_ggml(manifest_dir: &Path, src: &Path, out_dir: &Path) -> PathBuf {
         .arg("-DGGML_BUILD_TESTS=OFF")
         .arg("-DGGML_BUILD_EXAMPLES=OFF")
         .arg("-DGGML_CCACHE=OFF")
-        .arg("-DCMAKE_BUILD_RPATH=$ORIGIN");
+        .arg("-DCMAKE_BUILD_RPATH=$ORIGIN")
+        .arg(format!("-DCMAKE_C_FLAGS=-DGGML_MAX_NAME={GGML_MAX_NAME}"))
+        .arg(format!("-DCMAKE_CXX_FLAGS=-DGGML_MAX_NAME={GGML_MAX_NAME}"))
+        .arg(format!("-DCMAKE_CUDA_FLAGS=-DGGML_MAX_NAME={GGML_MAX_NAME}"));
     run(&mut cfg);
 
     let jobs = env::var("NUM_JOBS").unwrap_or_else(|_| "2".into());
@@ -307,6 +314,7 @@ fn generate_bindings(manifest_dir: &Path, src: &Path, out_dir: &Path) {
     let bindings = bindgen::Builder::default()
         .header(manifest_dir.join("wrapper.h").to_string_lossy())
         .clang_arg(format!("-I{}", src.join("include").display()))
+        .clang_arg(format!("-DGGML_MAX_NAME={GGML_MAX_NAME}"))
         .allowlist_function("(ggml|gguf)_.*")
         .allowlist_type("(ggml|gguf)_.*")
         .allowlist_var("(GGML|GGUF)_.*")

@@ -42,6 +42,8 @@ fn main() {
         Some(p) => p.clone(),
         None => locate_pinned_tree(&manifest_dir),
     };
+    // One spelling per tree, so a shared build folder is not reconfigured by symlinked paths.
+    let src = fs::canonicalize(&src).unwrap_or(src);
     if !src.join("include/ggml.h").exists() {
         fail(&format!("{} does not look like a ggml source tree (no include/ggml.h)", src.display()));
     }
@@ -165,12 +167,25 @@ fn build_ggml(manifest_dir: &Path, src: &Path, out_dir: &Path) -> PathBuf {
     let target_arch = env::var("CARGO_CFG_TARGET_ARCH").unwrap();
     // SD_GGML_BUILD_DIR lets several checkouts share one ggml build (it takes minutes).
     println!("cargo:rerun-if-env-changed=SD_GGML_BUILD_DIR");
-    let build_dir = match env::var_os("SD_GGML_BUILD_DIR") {
-        Some(d) => PathBuf::from(d).join(config_tag()),
-        None => out_dir.join("cmake-build"),
+    let (build_dir, wrapper_dir) = match env::var_os("SD_GGML_BUILD_DIR") {
+        Some(d) => {
+            // CMake ties a build folder to one source folder: give every checkout the same
+            // copy of our wrapper project, next to the shared build.
+            let root = PathBuf::from(d);
+            (root.join(config_tag()), root.join("wrapper"))
+        }
+        None => (out_dir.join("cmake-build"), manifest_dir.join("cmake")),
     };
     fs::create_dir_all(&build_dir).unwrap();
     let _lock = lock_dir(&build_dir);
+    if wrapper_dir != manifest_dir.join("cmake") {
+        fs::create_dir_all(&wrapper_dir).unwrap();
+        let wrapper = fs::read(manifest_dir.join("cmake/CMakeLists.txt")).unwrap();
+        let dest = wrapper_dir.join("CMakeLists.txt");
+        if fs::read(&dest).ok().as_deref() != Some(&wrapper[..]) {
+            fs::write(&dest, wrapper).unwrap();
+        }
+    }
 
     let variants: Vec<String> = if native || target_arch != "x86_64" {
         Vec::new()
@@ -185,7 +200,7 @@ fn build_ggml(manifest_dir: &Path, src: &Path, out_dir: &Path) -> PathBuf {
 
     let mut cfg = Command::new("cmake");
     cfg.current_dir(&build_dir)
-        .arg(manifest_dir.join("cmake"))
+        .arg(&wrapper_dir)
         .arg("-G")
         .arg("Unix Makefiles")
         .arg(format!("-DGGML_SOURCE_DIR={}", src.display()))

@@ -28,6 +28,17 @@
 
 struct ggml_tensor;
 
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+extern SD_API const char* sample_method_to_str[];
+extern SD_API const char* scheduler_to_str[];
+
+#ifdef __cplusplus
+}
+#endif
+
 
 typedef enum rng_type_t {
   STD_DEFAULT_RNG = 0,
@@ -450,10 +461,6 @@ typedef bool (*sd_graph_eval_callback_t)(struct ggml_tensor *t, bool ask, void *
 #ifdef __cplusplus
 extern "C" {
 #endif // __cplusplus
-
-extern const char *sample_method_to_str[21];
-
-extern const char *scheduler_to_str[16];
 
 SD_API struct sd_ctx_t *new_sd_ctx(const struct sd_ctx_params_t *sd_ctx_params);
 

@@ -58,6 +58,7 @@ fn canny_matches_the_reference_outputs() {
             .map(|(i, _)| i)
             .collect();
         let worst = pixels.iter().zip(&golden).map(|(a, b)| a.abs_diff(*b)).max().unwrap_or(0);
+        eprintln!("{name}: {} of {} values differ (worst {worst})", diffs.len(), pixels.len());
         assert!(
             worst <= 1,
             "{name}: {} of {} values differ, worst by {worst} (first at byte {:?})",

@@ -752,4 +752,84 @@ mod tests {
             libc::free(p.cast());
         }
     }
+
+    fn err_of(r: Result<ImgGenParams>) -> String {
+        r.err().map(|e| e.to_string()).unwrap_or_default()
+    }
+
+    #[test]
+    fn img_gen_params_are_checked_field_by_field() {
+        let base = img_gen_params_to_c(&ImgGenParams::default());
+        // SAFETY: every pointer below is NULL, static or points into locals.
+        unsafe {
+            assert_eq!(img_gen_params(&base).unwrap(), ImgGenParams::default());
+
+            let mut p = base;
+            p.ref_images_count = -1;
+            assert!(err_of(img_gen_params(&p)).contains("ref_images: negative count"));
+            let mut p = base;
+            p.lora_count = 3;
+            assert!(err_of(img_gen_params(&p)).contains("loras: NULL pointer"));
+            let mut p = base;
+            p.sample_params.sample_method = sample_method_t(9999);
+            assert!(err_of(img_gen_params(&p)).contains("invalid sample_params.sample_method"));
+            let mut p = base;
+            p.hires.upscaler = sd_hires_upscaler_t(u32::MAX);
+            assert!(err_of(img_gen_params(&p)).contains("invalid hires.upscaler"));
+            let mut p = base;
+            p.cache.mode = sd_cache_mode_t(7);
+            assert!(err_of(img_gen_params(&p)).contains("invalid cache.mode"));
+            let bad = [0xc3u8 as c_char, 0x28, 0];
+            let mut p = base;
+            p.negative_prompt = bad.as_ptr();
+            assert!(err_of(img_gen_params(&p)).contains("negative_prompt is not valid UTF-8"));
+            let mut p = base;
+            p.sample_params.guidance.slg.layer_count = usize::MAX;
+            assert!(err_of(img_gen_params(&p)).contains("slg.layers"));
+
+            // A hole in an image array, and a huge image.
+            let empty = sd_image_t { width: 0, height: 0, channel: 0, data: std::ptr::null_mut() };
+            let mut refs = [empty];
+            let mut p = base;
+            p.ref_images = refs.as_mut_ptr();
+            p.ref_images_count = 1;
+            assert!(err_of(img_gen_params(&p)).contains("ref_images[0] has no pixel data"));
+            let mut px = [0u8; 4];
+            let mut p = base;
+            p.init_image = sd_image_t { width: u32::MAX, height: u32::MAX, channel: 3, data: px.as_mut_ptr() };
+            assert!(err_of(img_gen_params(&p)).contains("init_image: size"));
+
+            // Good values come through.
+            let sigmas = [1.0f32, 0.5, 0.0];
+            let lora = sd_lora_t { is_high_noise: CBool(7), multiplier: 0.5, path: c"a.safetensors".as_ptr() };
+            let mut p = base;
+            p.sample_params.custom_sigmas = sigmas.as_ptr() as *mut f32;
+            p.sample_params.custom_sigmas_count = 3;
+            p.sample_params.scheduler = scheduler_t(1);
+            p.loras = &lora;
+            p.lora_count = 1;
+            p.init_image = sd_image_t { width: 2, height: 2, channel: 1, data: px.as_mut_ptr() };
+            p.prompt = c"a cat".as_ptr();
+            let g = img_gen_params(&p).unwrap();
+            assert_eq!(g.sample_params.custom_sigmas, sigmas);
+            assert_eq!(g.sample_params.scheduler, Some(crate::types::Scheduler::Karras));
+            assert_eq!(g.loras, vec![Lora { is_high_noise: true, multiplier: 0.5, path: "a.safetensors".into() }]);
+            assert_eq!(g.init_image.map(|i| i.data.len()), Some(4));
+            assert_eq!(g.prompt, "a cat");
+        }
+    }
+
+    #[test]
+    fn vid_gen_defaults_round_trip() {
+        let base = vid_gen_params_to_c(&VidGenParams::default());
+        // SAFETY: defaults hold only NULL or static pointers.
+        unsafe {
+            assert_eq!(vid_gen_params(&base).unwrap(), VidGenParams::default());
+            let mut p = base;
+            p.ref_audios_count = 2;
+            assert!(vid_gen_params(&p).is_err());
+            let c = ctx_params_to_c(&CtxParams::default());
+            assert_eq!(ctx_params(&c).unwrap(), CtxParams::default());
+        }
+    }
 }

@@ -155,27 +155,20 @@ fn contexts_reject_bad_input() {
         let errs = errors_of(|| assert!(new_sd_ctx(&base).is_null()));
         assert!(errs.iter().any(|e| e.contains("not supported yet")), "{errs:?}");
 
-        let mut bad_enums: Vec<sd_ctx_params_t> = Vec::new();
+        let setters: [fn(&mut sd_ctx_params_t, u32); 6] = [
+            |p, raw| p.wtype = sd_type_t(raw),
+            |p, raw| p.rng_type = rng_type_t(raw),
+            |p, raw| p.sampler_rng_type = rng_type_t(raw),
+            |p, raw| p.prediction = prediction_t(raw),
+            |p, raw| p.lora_apply_mode = lora_apply_mode_t(raw),
+            // -1 is SD_VAE_FORMAT_AUTO, a declared value: use -2 instead.
+            |p, raw| p.vae_format = sd_vae_format_t(if raw as i32 == -1 { -2 } else { raw as i32 }),
+        ];
+        let mut bad_enums = Vec::new();
         for raw in BAD_RAW {
-            let mut p = base;
-            p.wtype = sd_type_t(raw);
-            bad_enums.push(p);
-            let mut p = base;
-            p.rng_type = rng_type_t(raw);
-            bad_enums.push(p);
-            let mut p = base;
-            p.sampler_rng_type = rng_type_t(raw);
-            bad_enums.push(p);
-            let mut p = base;
-            p.prediction = prediction_t(raw);
-            bad_enums.push(p);
-            let mut p = base;
-            p.lora_apply_mode = lora_apply_mode_t(raw);
-            bad_enums.push(p);
-            if raw as i32 != -1 {
-                // -1 is SD_VAE_FORMAT_AUTO, a declared value.
+            for set in setters {
                 let mut p = base;
-                p.vae_format = sd_vae_format_t(raw as i32);
+                set(&mut p, raw);
                 bad_enums.push(p);
             }
         }

@@ -32,6 +32,18 @@ fn adetailer(p: *const adetailer_ctx_t) -> Result<Arc<AdetailerContext>> {
     ADETAILERS.get(p).ok_or_else(|| Error::new("adetailer_ctx is not a live context (already freed, or not from new_adetailer_ctx)"))
 }
 
+/// Results are "none" until a call succeeds (also when it fails early).
+///
+/// # Safety
+/// `images_out` / `num_out` are NULL or writable.
+unsafe fn clear_images(images_out: *mut *mut sd_image_t, num_out: *mut c_int) {
+    // SAFETY: forwarded contract.
+    unsafe {
+        write_out(images_out, std::ptr::null_mut());
+        write_out(num_out, 0);
+    }
+}
+
 /// Hands images to the caller through the out-pointers (freed again if nobody takes them).
 ///
 /// # Safety
@@ -137,10 +149,7 @@ pub unsafe extern "C" fn generate_image(
     num_images_out: *mut c_int,
 ) -> CBool {
     // SAFETY: forwarded contract.
-    unsafe {
-        write_out(images_out, std::ptr::null_mut());
-        write_out(num_images_out, 0);
-    }
+    unsafe { clear_images(images_out, num_images_out) };
     guard("generate_image", CBool::FALSE, || {
         let ctx = context(sd_ctx)?;
         ensure!(!sd_img_gen_params.is_null(), "sd_img_gen_params is NULL");
@@ -182,8 +191,7 @@ pub unsafe extern "C" fn generate_video(
 ) -> CBool {
     // SAFETY: forwarded contract.
     unsafe {
-        write_out(frames_out, std::ptr::null_mut());
-        write_out(num_frames_out, 0);
+        clear_images(frames_out, num_frames_out);
         write_out(audio_out, std::ptr::null_mut());
     }
     guard("generate_video", CBool::FALSE, || {
@@ -257,10 +265,7 @@ pub unsafe extern "C" fn upscale(
     num_images_out: *mut c_int,
 ) -> CBool {
     // SAFETY: forwarded contract.
-    unsafe {
-        write_out(images_out, std::ptr::null_mut());
-        write_out(num_images_out, 0);
-    }
+    unsafe { clear_images(images_out, num_images_out) };
     guard("upscale", CBool::FALSE, || {
         let ctx = upscaler(upscaler_ctx)?;
         // SAFETY: forwarded contract.
@@ -335,10 +340,7 @@ pub unsafe extern "C" fn adetail_image(
     num_images_out: *mut c_int,
 ) -> CBool {
     // SAFETY: forwarded contract.
-    unsafe {
-        write_out(images_out, std::ptr::null_mut());
-        write_out(num_images_out, 0);
-    }
+    unsafe { clear_images(images_out, num_images_out) };
     guard("adetail_image", CBool::FALSE, || {
         let detailer = adetailer(adetailer_ctx)?;
         let sd = context(sd_ctx)?;

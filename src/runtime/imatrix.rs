@@ -119,8 +119,10 @@ impl Collector {
         let result = if t.is_mul_mat_id() {
             collect_mul_mat_id(self, t, &src0, &src1, &wname, &data, cols, ne1, ne2)
         } else {
-            // Rows of a contiguous src1 follow each other; other layouts are gathered by stride.
-            let rows = gather_rows(&data, &src1, cols);
+            // Like the reference, only the first ne[1] rows count (the first matrix of a
+            // batched product), so that imatrix files come out the same.
+            let mut rows = gather_rows(&data, &src1, cols);
+            rows.truncate(cols * ne1);
             self.add_mul_mat(&wname, cols, &rows)
         };
         if let Err(e) = result {
@@ -178,7 +180,7 @@ impl Collector {
         } else if e.values.len() != size {
             bail!("inconsistent size for {weight} ({} vs {size})", e.values.len());
         }
-        let n_tokens = if n_ids == 0 { 0 } else { ids.len() / n_ids };
+        let n_tokens = ids.len().checked_div(n_ids).unwrap_or(0);
         // Per (expert, column) the sums run over k, then tokens, like the reference.
         for k in 0..n_ids {
             for token in 0..n_tokens {
@@ -328,7 +330,10 @@ impl<'a> Reader<'a> {
 fn gather_rows(data: &[f32], t: &EvalTensor<'_>, cols: usize) -> Vec<f32> {
     let ne = t.ne();
     let nb = t.nb();
-    let contiguous = nb[0] == 4 && nb[1] == cols * 4 && nb[2] == nb[1] * ne[1].max(1) as usize;
+    let contiguous = nb[0] == 4
+        && nb[1] == cols * 4
+        && nb[2] == nb[1] * ne[1].max(1) as usize
+        && nb[3] == nb[2] * ne[2].max(1) as usize;
     if contiguous {
         return data.to_vec();
     }
@@ -453,5 +458,49 @@ mod tests {
         assert_eq!(s.counts, vec![1, 1, 1, 1, 2, 2]);
         assert_eq!(s.values, vec![1.0, 4.0, 9.0, 16.0, 10.0, 20.0]);
         assert!(c.add_mul_mat_id("blk.ffn", 3, 2, 1, &[7], |_, _| &acts[0][..]).is_err());
+    }
+
+    fn named(name: &str) -> ggml_sys::ggml_tensor {
+        // SAFETY: ggml_tensor is plain data; all-zero is a valid "empty" tensor.
+        let mut t: ggml_sys::ggml_tensor = unsafe { std::mem::zeroed() };
+        for (d, s) in t.name.iter_mut().zip(name.bytes()) {
+            *d = s as libc::c_char;
+        }
+        t
+    }
+
+    #[test]
+    fn collects_from_graph_nodes() {
+        use ggml_sys as g;
+        let mut w = named("CPU#model.diffusion_model.out.weight#0");
+        let mut acts = [1.0f32, 2.0, 3.0, 4.0, 5.0, 6.0, 100.0, 100.0, 100.0, 100.0, 100.0, 100.0];
+        let mut x = named("x");
+        x.type_ = g::GGML_TYPE_F32;
+        // 3 columns, 2 rows, and a second matrix of the batch that is not counted.
+        x.ne = [3, 2, 2, 1];
+        x.nb = [4, 12, 24, 48];
+        x.data = acts.as_mut_ptr().cast();
+        let mut node = named("mm");
+        node.op = g::GGML_OP_MUL_MAT;
+        node.src[0] = &mut w;
+        node.src[1] = &mut x;
+        // SAFETY: the tensors live on this stack frame for the whole test.
+        let view = unsafe { EvalTensor::from_raw(std::ptr::NonNull::from(&mut node)) };
+        assert!(Collector::wants(&view));
+        let mut c = Collector::new();
+        assert!(c.collect(&view));
+        let s = c.stats("model.diffusion_model.out.weight").unwrap();
+        assert_eq!(s.values, vec![17.0, 29.0, 45.0]);
+        assert_eq!(s.ncall, 1);
+
+        let mut vae = named("first_stage_model.decoder.conv.weight");
+        node.src[0] = &mut vae;
+        // SAFETY: as above.
+        let view = unsafe { EvalTensor::from_raw(std::ptr::NonNull::from(&mut node)) };
+        assert!(!Collector::wants(&view));
+        node.op = g::GGML_OP_ADD;
+        // SAFETY: as above.
+        let view = unsafe { EvalTensor::from_raw(std::ptr::NonNull::from(&mut node)) };
+        assert!(!Collector::wants(&view) && !c.collect(&view));
     }
 }

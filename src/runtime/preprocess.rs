@@ -245,7 +245,7 @@ mod tests {
         canny(&mut px, w, h, 3, &params()).unwrap();
         let row = 10;
         let edge: Vec<u8> = (0..w).map(|x| px[(row * w + x) * 3]).collect();
-        assert!(edge.iter().any(|&v| v == 255), "{edge:?}");
+        assert!(edge.contains(&255), "{edge:?}");
         assert_eq!(edge[2], 0);
     }
 }

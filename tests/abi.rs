@@ -209,3 +209,47 @@ fn library_exports_every_symbol() {
     assert_eq!(m["functions"].as_object().unwrap().len(), 62);
     assert!(missing.is_empty(), "{}", missing.join("\n"));
 }
+
+#[test]
+fn c_program_links_and_runs_against_the_shared_library() {
+    let dir = scratch("link");
+    let src = dir.join("use.c");
+    std::fs::write(
+        &src,
+        r#"#include "stable-diffusion.h"
+#include <stdio.h>
+#include <stdlib.h>
+static int errors = 0;
+static void on_log(enum sd_log_level_t level, const char* text, void* data) {
+    if (level == SD_LOG_ERROR) ++*(int*)data;
+    (void)text;
+}
+int main(void) {
+    sd_set_log_callback(on_log, &errors);
+    sd_img_gen_params_t p;
+    sd_img_gen_params_init(&p);
+    char* s = sd_img_gen_params_to_str(&p);
+    if (!s || p.width != 512 || p.sample_params.sample_method != SAMPLE_METHOD_COUNT) return 1;
+    free(s);
+    if (str_to_sample_method(sample_method_to_str[EULER_A_SAMPLE_METHOD]) != EULER_A_SAMPLE_METHOD) return 2;
+    sd_ctx_params_t c;
+    sd_ctx_params_init(&c);
+    if (new_sd_ctx(&c) != NULL || errors != 1) return 3;
+    size_t n = sd_list_devices(NULL, 0);
+    if (n == 0) return 4;
+    printf("ok %s %s\n", sd_version(), sd_scheduler_name(KARRAS_SCHEDULER));
+    return 0;
+}
+"#,
+    )
+    .unwrap();
+    // The library's soname is the shipped name, libstable-diffusion.so.<major>.
+    let built = common::artifact_dir().join("libstable_diffusion.so");
+    let shipped = dir.join("libstable-diffusion.so.0");
+    let _ = std::fs::remove_file(&shipped);
+    std::os::unix::fs::symlink(&built, &shipped).unwrap();
+    let exe = dir.join("use");
+    compile_c(&src, &exe, &[built.to_str().unwrap(), &format!("-Wl,-rpath,{}", dir.display())]);
+    let out = run(&mut Command::new(&exe));
+    assert!(out.contains("ok 0.1.0 karras"), "{out}");
+}

@@ -2,6 +2,7 @@
 
 pub mod backend;
 pub mod context;
+pub mod eval_callback;
 pub mod nn;
 pub mod ops;
 pub mod params;

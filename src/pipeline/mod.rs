@@ -1,1 +1,2 @@
 //! pipeline
+pub mod callbacks;

@@ -1,1 +1,3 @@
 //! runtime
+pub mod imatrix;
+pub mod preprocess;

@@ -41,6 +41,34 @@ ENUMS = {
 }
 
 
+# *_init function -> the struct it fills in.
+INITS = {
+    "sd_ctx_params_init": "sd_ctx_params_t",
+    "sd_img_gen_params_init": "sd_img_gen_params_t",
+    "sd_vid_gen_params_init": "sd_vid_gen_params_t",
+    "sd_sample_params_init": "sd_sample_params_t",
+    "sd_cache_params_init": "sd_cache_params_t",
+    "sd_hires_params_init": "sd_hires_params_t",
+}
+
+
+def default_leaves(fn, sname, path, values):
+    """(path, C type, expected value) of every scalar field the defaults give for `fn`.
+
+    The C type is "n_threads" for sd_ctx_params_init's thread count, which defaults to the
+    number of physical cores of the machine.
+    """
+    fields = {f["name"]: f for f in ABI["structs"][sname]["fields"]}
+    for name, v in values.items():
+        t = fields[name]["type"]
+        if t in ABI["structs"]:
+            yield from default_leaves(fn, t, f"{path}.{name}", v)
+        elif fn == "sd_ctx_params_init" and name == "n_threads":
+            yield f"{path}.{name}", "n_threads", v
+        else:
+            yield f"{path}.{name}", t, v
+
+
 def member_name(enum, const):
     _, prefix, suffix = ENUMS[enum]
     if const.endswith("_COUNT"):
@@ -367,23 +395,15 @@ def gen_csharp_expected():
     out.append("    };")
     out.append("")
     # Defaults: one check per leaf field, through a delegate that reads it.
-    inits = {
-        "sd_ctx_params_init": "sd_ctx_params_t",
-        "sd_img_gen_params_init": "sd_img_gen_params_t",
-        "sd_vid_gen_params_init": "sd_vid_gen_params_t",
-        "sd_sample_params_init": "sd_sample_params_t",
-        "sd_cache_params_init": "sd_cache_params_t",
-        "sd_hires_params_init": "sd_hires_params_t",
-    }
     out.append("    // Runs every *_init function and reports each field that differs from defaults.json.")
     out.append("    public static void CheckDefaults(Action<string, bool, string> check)")
     out.append("    {")
-    for fn, sname in inits.items():
+    for fn, sname in INITS.items():
         var = fn.replace("_init", "")
         out.append(f"        var {var} = new {sname}();")
         out.append(f"        Native.{fn}(ref {var});")
-        for line in cs_default_checks(fn, sname, var, DEFAULTS["init"][fn]):
-            out.append("        " + line)
+        for path, t, v in default_leaves(fn, sname, var, DEFAULTS["init"][fn]):
+            out.append("        " + cs_default_check(f"{fn}.{path.split('.', 1)[1]}", path, t, v))
     out.append("    }")
     out.append("")
     out.append("    // (name function, C constant value, expected text)")
@@ -409,30 +429,20 @@ def gen_csharp_expected():
     return "\n".join(out)
 
 
-def cs_default_checks(fn, sname, expr, values):
-    fields = {f["name"]: f for f in ABI["structs"][sname]["fields"]}
-    for name, v in values.items():
-        f = fields[name]
-        path = f"{expr}.{name}"
-        label = f"{fn}.{path.split('.', 1)[1]}"
-        t = f["type"]
-        if t in ABI["structs"]:
-            yield from cs_default_checks(fn, t, path, v)
-        elif fn == "sd_ctx_params_init" and name == "n_threads":
-            yield f'check("{label}", {path} == Native.sd_get_num_physical_cores(), {path}.ToString());'
-        elif t.endswith("*"):
-            if v is None:
-                yield f'check("{label}", {path} == IntPtr.Zero, {path}.ToString());'
-            else:
-                yield f'check("{label}", Sd.PtrToString({path}) == {json.dumps(v)}, Sd.PtrToString({path}) ?? "NULL");'
-        elif t == "float":
-            yield f'check("{label}", {path}.Equals({cs_literal(v, t)}), {path}.ToString("R"));'
-        elif is_enum(t):
-            yield f'check("{label}", (long){path} == {int(v)}, ((long){path}).ToString());'
-        elif t == "size_t":
-            yield f'check("{label}", {path}.ToUInt64() == {int(v)}, {path}.ToString());'
-        else:
-            yield f'check("{label}", {path} == {cs_literal(v, t)}, {path}.ToString());'
+def cs_default_check(label, path, t, v):
+    if t == "n_threads":
+        return f'check("{label}", {path} == Native.sd_get_num_physical_cores(), {path}.ToString());'
+    if t.endswith("*"):
+        if v is None:
+            return f'check("{label}", {path} == IntPtr.Zero, {path}.ToString());'
+        return f'check("{label}", Sd.PtrToString({path}) == {json.dumps(v)}, Sd.PtrToString({path}) ?? "NULL");'
+    if t == "float":
+        return f'check("{label}", {path}.Equals({cs_literal(v, t)}), {path}.ToString("R"));'
+    if is_enum(t):
+        return f'check("{label}", (long){path} == {int(v)}, ((long){path}).ToString());'
+    if t == "size_t":
+        return f'check("{label}", {path}.ToUInt64() == {int(v)}, {path}.ToString());'
+    return f'check("{label}", {path} == {cs_literal(v, t)}, {path}.ToString());'
 
 
 # ----------------------------------------------------------------------------- C
@@ -466,50 +476,32 @@ def gen_c_expected():
         out.append(f'_Static_assert(SD_ABI_SAME_TYPE({v}[0], const char *), "{v}");')
     out.append("")
     out.append("static void check_init_defaults(void) {")
-    inits = {
-        "sd_ctx_params_init": "sd_ctx_params_t",
-        "sd_img_gen_params_init": "sd_img_gen_params_t",
-        "sd_vid_gen_params_init": "sd_vid_gen_params_t",
-        "sd_sample_params_init": "sd_sample_params_t",
-        "sd_cache_params_init": "sd_cache_params_t",
-        "sd_hires_params_init": "sd_hires_params_t",
-    }
-    for fn, sname in inits.items():
+    for fn, sname in INITS.items():
         out.append("    {")
         out.append(f"        {sname} p;")
         out.append("        memset(&p, 0xA5, sizeof(p));  /* init must set every field */")
         out.append(f"        {fn}(&p);")
-        for line in c_default_checks(fn, sname, "p", DEFAULTS["init"][fn]):
-            out.append("        " + line)
+        for path, t, v in default_leaves(fn, sname, "p", DEFAULTS["init"][fn]):
+            out.append("        " + c_default_check(f"{fn}: {path[2:]}", path, t, v))
         out.append("    }")
     out.append("}")
     out.append("")
     return "\n".join(out)
 
 
-def c_default_checks(fn, sname, expr, values):
-    fields = {f["name"]: f for f in ABI["structs"][sname]["fields"]}
-    for name, v in values.items():
-        f = fields[name]
-        path = f"{expr}.{name}"
-        label = f"{fn}: {path[2:]}"
-        t = f["type"]
-        if t in ABI["structs"]:
-            yield from c_default_checks(fn, t, path, v)
-        elif fn == "sd_ctx_params_init" and name == "n_threads":
-            yield f'CHECK({path} == sd_get_num_physical_cores(), "{label} = %d", {path});'
-        elif t.endswith("*"):
-            if v is None:
-                yield f'CHECK({path} == NULL, "{label} = %p, want NULL", (const void*){path});'
-            else:
-                yield f'CHECK({path} != NULL && strcmp({path}, {json.dumps(v)}) == 0, "{label}: want {json.dumps(v)[1:-1]}");'
-        elif t == "float":
-            want = ("INFINITY" if v > 0 else "-INFINITY") if math.isinf(v) else f"{v!r}f"
-            yield f'CHECK({path} == {want}, "{label} = %g, want %g", (double){path}, (double){want});'
-        elif t == "_Bool":
-            yield f'CHECK({path} == {"true" if v else "false"}, "{label} = %d", (int){path});'
-        else:
-            yield f'CHECK((long long){path} == {int(v)}LL, "{label} = %lld, want {int(v)}", (long long){path});'
+def c_default_check(label, path, t, v):
+    if t == "n_threads":
+        return f'CHECK({path} == sd_get_num_physical_cores(), "{label} = %d", {path});'
+    if t.endswith("*"):
+        if v is None:
+            return f'CHECK({path} == NULL, "{label} = %p, want NULL", (const void*){path});'
+        return f'CHECK({path} != NULL && strcmp({path}, {json.dumps(v)}) == 0, "{label}: want {json.dumps(v)[1:-1]}");'
+    if t == "float":
+        want = ("INFINITY" if v > 0 else "-INFINITY") if math.isinf(v) else f"{v!r}f"
+        return f'CHECK({path} == {want}, "{label} = %g, want %g", (double){path}, (double){want});'
+    if t == "_Bool":
+        return f'CHECK({path} == {"true" if v else "false"}, "{label} = %d", (int){path});'
+    return f'CHECK((long long){path} == {int(v)}LL, "{label} = %lld, want {int(v)}", (long long){path});'
 
 
 FILES = {

@@ -65,12 +65,11 @@ python_suite() {
         python3 -m venv "$venv" || return 1
     fi
     "$venv/bin/python" -m pip --version >/dev/null || return 1
-    "$venv/bin/python" -c 'import pytest' 2>/dev/null ||
-        "$venv/bin/python" -m pip install -q --disable-pip-version-check pytest || return 1
-    local iso=()
-    "$venv/bin/python" -c 'import setuptools' 2>/dev/null && iso=(--no-build-isolation)
-    "$venv/bin/python" -m pip install -q --disable-pip-version-check "${iso[@]}" --force-reinstall --no-deps \
-        ./bindings/python || return 1
+    # pytest, and what building the package needs (installed once, then reused offline)
+    "$venv/bin/python" -c 'import pytest, setuptools, wheel' 2>/dev/null ||
+        "$venv/bin/python" -m pip install -q --disable-pip-version-check pytest setuptools wheel || return 1
+    "$venv/bin/python" -m pip install -q --disable-pip-version-check --no-build-isolation --force-reinstall \
+        --no-deps ./bindings/python || return 1
     # The installed package is tested (from outside the source folder), against the prefix.
     (cd bindings/python/tests &&
         STABLE_DIFFUSION_CPP_LIB=$prefix/lib SD_ABI_DIR=$root/tests/abi \

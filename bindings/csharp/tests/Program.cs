@@ -62,41 +62,40 @@ static class Program
         Check("CPU device listed", all.StartsWith("CPU\t") || all.Contains("\nCPU\t"), all);
     }
 
+    // The name and parse functions by C name, over raw enum values.
+    static readonly Dictionary<string, Func<uint, IntPtr>> NameFns = new Dictionary<string, Func<uint, IntPtr>>
+    {
+        { "sd_type_name", v => Native.sd_type_name((SDType)v) },
+        { "sd_rng_type_name", v => Native.sd_rng_type_name((RngType)v) },
+        { "sd_sample_method_name", v => Native.sd_sample_method_name((SampleMethod)v) },
+        { "sd_scheduler_name", v => Native.sd_scheduler_name((Scheduler)v) },
+        { "sd_prediction_name", v => Native.sd_prediction_name((Prediction)v) },
+        { "sd_preview_name", v => Native.sd_preview_name((Preview)v) },
+        { "sd_lora_apply_mode_name", v => Native.sd_lora_apply_mode_name((LoraApplyMode)v) },
+        { "sd_hires_upscaler_name", v => Native.sd_hires_upscaler_name((HiresUpscaler)v) },
+    };
+    static readonly Dictionary<string, Func<string, uint>> ParseFns = new Dictionary<string, Func<string, uint>>
+    {
+        { "str_to_sd_type", t => (uint)Native.str_to_sd_type(t) },
+        { "str_to_rng_type", t => (uint)Native.str_to_rng_type(t) },
+        { "str_to_sample_method", t => (uint)Native.str_to_sample_method(t) },
+        { "str_to_scheduler", t => (uint)Native.str_to_scheduler(t) },
+        { "str_to_prediction", t => (uint)Native.str_to_prediction(t) },
+        { "str_to_preview", t => (uint)Native.str_to_preview(t) },
+        { "str_to_lora_apply_mode", t => (uint)Native.str_to_lora_apply_mode(t) },
+        { "str_to_sd_hires_upscaler", t => (uint)Native.str_to_sd_hires_upscaler(t) },
+    };
+
     static void Names()
     {
         foreach (var n in Expected.Names)
         {
-            IntPtr p;
-            switch (n.Item1)
-            {
-                case "sd_type_name": p = Native.sd_type_name((SDType)n.Item2); break;
-                case "sd_rng_type_name": p = Native.sd_rng_type_name((RngType)n.Item2); break;
-                case "sd_sample_method_name": p = Native.sd_sample_method_name((SampleMethod)n.Item2); break;
-                case "sd_scheduler_name": p = Native.sd_scheduler_name((Scheduler)n.Item2); break;
-                case "sd_prediction_name": p = Native.sd_prediction_name((Prediction)n.Item2); break;
-                case "sd_preview_name": p = Native.sd_preview_name((Preview)n.Item2); break;
-                case "sd_lora_apply_mode_name": p = Native.sd_lora_apply_mode_name((LoraApplyMode)n.Item2); break;
-                case "sd_hires_upscaler_name": p = Native.sd_hires_upscaler_name((HiresUpscaler)n.Item2); break;
-                default: Check("unknown name function " + n.Item1, false); continue;
-            }
-            string got = Sd.PtrToString(p);
+            string got = Sd.PtrToString(NameFns[n.Item1](n.Item2));
             Check(n.Item1 + "(" + n.Item2 + ")", got == n.Item3, got + " != " + n.Item3);
         }
         foreach (var n in Expected.Parses)
         {
-            uint got;
-            switch (n.Item1)
-            {
-                case "str_to_sd_type": got = (uint)Native.str_to_sd_type(n.Item2); break;
-                case "str_to_rng_type": got = (uint)Native.str_to_rng_type(n.Item2); break;
-                case "str_to_sample_method": got = (uint)Native.str_to_sample_method(n.Item2); break;
-                case "str_to_scheduler": got = (uint)Native.str_to_scheduler(n.Item2); break;
-                case "str_to_prediction": got = (uint)Native.str_to_prediction(n.Item2); break;
-                case "str_to_preview": got = (uint)Native.str_to_preview(n.Item2); break;
-                case "str_to_lora_apply_mode": got = (uint)Native.str_to_lora_apply_mode(n.Item2); break;
-                case "str_to_sd_hires_upscaler": got = (uint)Native.str_to_sd_hires_upscaler(n.Item2); break;
-                default: Check("unknown parse function " + n.Item1, false); continue;
-            }
+            uint got = ParseFns[n.Item1](n.Item2);
             Check(n.Item1 + "(\"" + n.Item2 + "\")", got == n.Item3, got + " != " + n.Item3);
         }
         var methods = Sd.ExportedArray("sample_method_to_str", Expected.sample_method_to_str.Length);

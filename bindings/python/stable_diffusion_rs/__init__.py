@@ -179,6 +179,10 @@ def _text(ptr):
     return None if ptr is None else ptr.decode("utf-8", "replace")
 
 
+def _enc(s):
+    return None if s is None else str(s).encode()
+
+
 def version():
     return _text(raw().sd_version())
 
@@ -558,19 +562,18 @@ class Context(_Handle):
         return frames, samples
 
 
+def _threads(n):
+    return n if n > 0 else num_physical_cores()
+
+
 class Upscaler(_Handle):
     """An upscaler_ctx_t (ESRGAN): ``with Upscaler("x4.safetensors") as up: up.upscale(img, 4)``."""
 
     _free = "free_upscaler_ctx"
 
     def __init__(self, path, direct=False, n_threads=-1, tile_size=128, backend=None, params_backend=None):
-        if n_threads <= 0:
-            n_threads = num_physical_cores()
-        enc = lambda s: None if s is None else s.encode()  # noqa: E731
-        super().__init__(
-            _create("new_upscaler_ctx", raw().new_upscaler_ctx, enc(path), bool(direct), n_threads, tile_size,
-                    enc(backend), enc(params_backend))
-        )
+        super().__init__(_create("new_upscaler_ctx", raw().new_upscaler_ctx, _enc(path), bool(direct),
+                                 _threads(n_threads), tile_size, _enc(backend), _enc(params_backend)))
 
     @property
     def factor(self):
@@ -595,13 +598,8 @@ class Adetailer(_Handle):
     _free = "free_adetailer_ctx"
 
     def __init__(self, detector_path, n_threads=-1, backend=None, params_backend=None):
-        if n_threads <= 0:
-            n_threads = num_physical_cores()
-        enc = lambda s: None if s is None else s.encode()  # noqa: E731
-        super().__init__(
-            _create("new_adetailer_ctx", raw().new_adetailer_ctx, enc(detector_path), n_threads, enc(backend),
-                    enc(params_backend))
-        )
+        super().__init__(_create("new_adetailer_ctx", raw().new_adetailer_ctx, _enc(detector_path),
+                                 _threads(n_threads), _enc(backend), _enc(params_backend)))
 
     def detail(self, ctx, image, prompt=None, negative_prompt=None, extra_ad_args=None, **inpaint):
         keep = []
@@ -626,10 +624,6 @@ class Adetailer(_Handle):
 def _check(what, ok, mark):
     if not ok:
         raise SDError(f"{what} failed", _errors_since(mark))
-
-
-def _enc(s):
-    return None if s is None else str(s).encode()
 
 
 def convert(input_path, output_path, output_type=SDType.COUNT, vae_path=None, tensor_type_rules=None,

@@ -455,12 +455,18 @@ def gen_c_expected():
     out = [f"// {HEADER_NOTE}",
            "/* Compile-time checks of the installed stable-diffusion.h against the ABI manifest, and",
            "   check_init_defaults(), which needs CHECK(cond, fmt, ...) from the includer. */",
-           "#include <math.h>", "#include <stddef.h>", "#include <string.h>", ""]
+           "#include <math.h>", "#include <stddef.h>", "#include <stdint.h>", "#include <string.h>", ""]
     out.append("#define SD_ABI_SAME_TYPE(a, b) __builtin_types_compatible_p(__typeof__(a), b)")
     for cname, e in ABI["enums"].items():
         for c in e["constants"]:
             out.append(f'_Static_assert({c["name"]} == {c["value"]}, "{cname}: {c["name"]}");')
         out.append(f'_Static_assert(sizeof(enum {cname}) == 4, "enum {cname} size");')
+    out.append("")
+    out.append("// The declared values of each enum (without its *_COUNT), for loops over an enum.")
+    for cname, e in ABI["enums"].items():
+        vals = ", ".join(str(c["value"]) for c in e["constants"] if not c["name"].endswith("_COUNT"))
+        out.append(f"static const int sd_abi_values_{cname}[] = {{{vals}}};")
+    out.append("")
     for sname, st in ABI["structs"].items():
         out.append(f'_Static_assert(sizeof({sname}) == {st["size"]}, "sizeof({sname})");')
         out.append(f'_Static_assert(_Alignof({sname}) == {st["align"]}, "_Alignof({sname})");')
@@ -495,7 +501,9 @@ def c_default_check(label, path, t, v):
     if t.endswith("*"):
         if v is None:
             return f'CHECK({path} == NULL, "{label} = %p, want NULL", (const void*){path});'
-        return f'CHECK({path} != NULL && strcmp({path}, {json.dumps(v)}) == 0, "{label}: want {json.dumps(v)[1:-1]}");'
+        # (a pointer still holding the fill pattern means init did not set it: not dereferenced)
+        return (f'CHECK({path} != NULL && (uintptr_t){path} != (uintptr_t)0xA5A5A5A5A5A5A5A5ULL && '
+                f'strcmp({path}, {json.dumps(v)}) == 0, "{label}: want \\"{json.dumps(v)[1:-1]}\\"");')
     if t == "float":
         want = ("INFINITY" if v > 0 else "-INFINITY") if math.isinf(v) else f"{v!r}f"
         return f'CHECK({path} == {want}, "{label} = %g, want %g", (double){path}, (double){want});'

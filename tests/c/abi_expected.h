@@ -3,6 +3,7 @@
    check_init_defaults(), which needs CHECK(cond, fmt, ...) from the includer. */
 #include <math.h>
 #include <stddef.h>
+#include <stdint.h>
 #include <string.h>
 
 #define SD_ABI_SAME_TYPE(a, b) __builtin_types_compatible_p(__typeof__(a), b)
@@ -144,6 +145,21 @@ _Static_assert(SD_CANCEL_ALL == 0, "sd_cancel_mode_t: SD_CANCEL_ALL");
 _Static_assert(SD_CANCEL_NEW_LATENTS == 1, "sd_cancel_mode_t: SD_CANCEL_NEW_LATENTS");
 _Static_assert(SD_CANCEL_RESET == 2, "sd_cancel_mode_t: SD_CANCEL_RESET");
 _Static_assert(sizeof(enum sd_cancel_mode_t) == 4, "enum sd_cancel_mode_t size");
+
+// The declared values of each enum (without its *_COUNT), for loops over an enum.
+static const int sd_abi_values_rng_type_t[] = {0, 1, 2};
+static const int sd_abi_values_sample_method_t[] = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20};
+static const int sd_abi_values_scheduler_t[] = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
+static const int sd_abi_values_prediction_t[] = {0, 1, 2, 3, 4, 5, 6};
+static const int sd_abi_values_sd_type_t[] = {0, 1, 2, 3, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24, 25, 26, 27, 28, 29, 30, 34, 35, 39, 40, 41};
+static const int sd_abi_values_sd_log_level_t[] = {0, 1, 2, 3};
+static const int sd_abi_values_preview_t[] = {0, 1, 2, 3};
+static const int sd_abi_values_lora_apply_mode_t[] = {0, 1, 2};
+static const int sd_abi_values_sd_vae_format_t[] = {-1, 0, 1, 2, 3};
+static const int sd_abi_values_sd_cache_mode_t[] = {0, 1, 2, 3, 4, 5, 6};
+static const int sd_abi_values_sd_hires_upscaler_t[] = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9};
+static const int sd_abi_values_sd_cancel_mode_t[] = {0, 1, 2};
+
 _Static_assert(sizeof(sd_tiling_params_t) == 32, "sizeof(sd_tiling_params_t)");
 _Static_assert(_Alignof(sd_tiling_params_t) == 8, "_Alignof(sd_tiling_params_t)");
 _Static_assert(offsetof(sd_tiling_params_t, enabled) == 0, "sd_tiling_params_t.enabled");
@@ -695,7 +711,7 @@ static void check_init_defaults(void) {
         CHECK(p.init_image.data == NULL, "sd_img_gen_params_init: init_image.data = %p, want NULL", (const void*)p.init_image.data);
         CHECK(p.ref_images == NULL, "sd_img_gen_params_init: ref_images = %p, want NULL", (const void*)p.ref_images);
         CHECK((long long)p.ref_images_count == 0LL, "sd_img_gen_params_init: ref_images_count = %lld, want 0", (long long)p.ref_images_count);
-        CHECK(p.ref_image_args != NULL && strcmp(p.ref_image_args, "") == 0, "sd_img_gen_params_init: ref_image_args: want ");
+        CHECK(p.ref_image_args != NULL && (uintptr_t)p.ref_image_args != (uintptr_t)0xA5A5A5A5A5A5A5A5ULL && strcmp(p.ref_image_args, "") == 0, "sd_img_gen_params_init: ref_image_args: want \"\"");
         CHECK((long long)p.mask_image.width == 0LL, "sd_img_gen_params_init: mask_image.width = %lld, want 0", (long long)p.mask_image.width);
         CHECK((long long)p.mask_image.height == 0LL, "sd_img_gen_params_init: mask_image.height = %lld, want 0", (long long)p.mask_image.height);
         CHECK((long long)p.mask_image.channel == 0LL, "sd_img_gen_params_init: mask_image.channel = %lld, want 0", (long long)p.mask_image.channel);

@@ -28,6 +28,7 @@ if readelf -d "$out/api_test_static" | grep -q 'NEEDED.*libstable-diffusion'; th
     exit 1
 fi
 
+status=0
 run() {
     echo "== $1"
     if [ "${SD_C_TEST_NO_VALGRIND:-0}" = 1 ]; then
@@ -38,8 +39,9 @@ run() {
         timeout 1800 valgrind --quiet --leak-check=full --show-leak-kinds=definite,indirect,possible \
             --errors-for-leak-kinds=definite,indirect,possible --error-exitcode=1 \
             --suppressions="$here/valgrind.supp" "$out/$1"
-    fi
+    fi || { echo "c tests: $1 FAILED"; status=1; }
 }
 run api_test_shared
 run api_test_static
-echo "c tests: shared and static builds passed"
+[ $status = 0 ] && echo "c tests: shared and static builds passed"
+exit $status

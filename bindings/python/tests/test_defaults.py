@@ -20,25 +20,33 @@ def f32(x):
     return ctypes.c_float(x).value
 
 
+FILL = 0xA5  # every byte before init: a pointer still holding it was not set
+UNSET = int.from_bytes(bytes([FILL]) * ctypes.sizeof(ctypes.c_void_p), "little")
+
+
 def compare(struct, expected, path, cores, errors):
+    types = dict(struct._fields_)
     for name, want in expected.items():
-        got = getattr(struct, name)
         where = f"{path}.{name}"
+        ftype = types[name]
         if isinstance(want, dict):
-            compare(got, want, where, cores, errors)
+            compare(getattr(struct, name), want, where, cores, errors)
             continue
         if where == "sd_ctx_params_init.n_threads":
             want = cores  # the reference defaults to the physical core count
-        if isinstance(got, ctypes.Structure):
-            errors.append(f"{where}: unexpected nested struct")
-        elif want is None:
-            if got not in (None, 0) and not (hasattr(got, "__bool__") and not got):
-                errors.append(f"{where}: {got!r} != NULL")
-        elif isinstance(want, str):
-            text = got.decode() if isinstance(got, bytes) else got
-            if text != want:
-                errors.append(f"{where}: {text!r} != {want!r}")
-        elif isinstance(want, float):
+        if ftype is ctypes.c_char_p or hasattr(ftype, "contents"):
+            # pointers: read the address, so that an unset one is reported, not dereferenced
+            addr = ctypes.c_void_p.from_address(ctypes.addressof(struct) + getattr(type(struct), name).offset).value
+            if addr == UNSET:
+                errors.append(f"{where}: not set by init")
+            elif want is None:
+                if addr:
+                    errors.append(f"{where}: {addr:#x} != NULL")
+            elif not addr or ctypes.string_at(addr).decode() != want:
+                errors.append(f"{where}: {getattr(struct, name)!r} != {want!r}")
+            continue
+        got = getattr(struct, name)
+        if isinstance(want, float):
             if not (got == f32(want) or (math.isnan(want) and math.isnan(got))):
                 errors.append(f"{where}: {got!r} != {want!r}")
         elif got != want:
@@ -48,7 +56,7 @@ def compare(struct, expected, path, cores, errors):
 @pytest.mark.parametrize("init", list(INITS))
 def test_init_defaults(sd, defaults, init):
     p = INITS[init]()
-    ctypes.memset(ctypes.byref(p), 0xA5, ctypes.sizeof(p))  # init must set every field
+    ctypes.memset(ctypes.byref(p), FILL, ctypes.sizeof(p))  # init must set every field
     getattr(sd.raw(), init)(ctypes.byref(p))
     errors = []
     compare(p, defaults["init"][init], init, sd.num_physical_cores(), errors)

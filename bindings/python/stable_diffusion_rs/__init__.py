@@ -15,7 +15,7 @@ import logging
 import threading
 from collections import deque
 
-from . import _abi
+
 from ._abi import (  # noqa: F401  (re-exported)
     ENUMS,
     CacheMode,
@@ -308,6 +308,18 @@ def _take_images(ptr, count):
             raw().free_sd_images(ptr, max(count, 0))
 
 
+def _call_images(what, fn, *args):
+    """Calls fn(*args, &images, &count), returns the images (freed in C) or raises SDError."""
+    out = ctypes.POINTER(sd_image_t)()
+    n = ctypes.c_int(0)
+    mark = _mark()
+    ok = fn(*args, ctypes.byref(out), ctypes.byref(n))
+    images = _take_images(out, n.value)
+    if not ok:
+        raise SDError(f"{what} failed", _errors_since(mark))
+    return images
+
+
 def free_sd_images(images, count):
     raw().free_sd_images(images, count)
 
@@ -533,14 +545,7 @@ class Context(_Handle):
     def generate_image(self, **params):
         """Images for sd_img_gen_params_t fields given as keywords (e.g. prompt="a cat")."""
         p = img_gen_params(**params)
-        out = ctypes.POINTER(sd_image_t)()
-        n = ctypes.c_int(0)
-        mark = _mark()
-        ok = raw().generate_image(self.ptr, ctypes.byref(p), ctypes.byref(out), ctypes.byref(n))
-        images = _take_images(out, n.value)
-        if not ok:
-            raise SDError("generate_image failed", _errors_since(mark))
-        return images
+        return _call_images("generate_image", raw().generate_image, self.ptr, ctypes.byref(p))
 
     def generate_video(self, **params):
         """(frames, audio samples or None) for sd_vid_gen_params_t fields given as keywords."""
@@ -580,16 +585,8 @@ class Upscaler(_Handle):
         return raw().get_upscale_factor(self.ptr)
 
     def upscale(self, image, factor=0):
-        img, buf = image.to_c()
-        out = ctypes.POINTER(sd_image_t)()
-        n = ctypes.c_int(0)
-        mark = _mark()
-        ok = raw().upscale(self.ptr, img, factor, ctypes.byref(out), ctypes.byref(n))
-        del buf
-        images = _take_images(out, n.value)
-        if not ok:
-            raise SDError("upscale failed", _errors_since(mark))
-        return images
+        img, _buf = image.to_c()
+        return _call_images("upscale", raw().upscale, self.ptr, img, factor)
 
 
 class Adetailer(_Handle):
@@ -606,17 +603,9 @@ class Adetailer(_Handle):
         ad = fill(sd_adetailer_params_t(), {"prompt": prompt, "negative_prompt": negative_prompt,
                                             "extra_ad_args": extra_ad_args}, keep)
         p = img_gen_params(**inpaint)
-        img, buf = image.to_c()
-        out = ctypes.POINTER(sd_image_t)()
-        n = ctypes.c_int(0)
-        mark = _mark()
-        ok = raw().adetail_image(self.ptr, ctx.ptr, img, ctypes.byref(ad), ctypes.byref(p), ctypes.byref(out),
-                                 ctypes.byref(n))
-        del buf, keep
-        images = _take_images(out, n.value)
-        if not ok:
-            raise SDError("adetail_image failed", _errors_since(mark))
-        return images
+        img, _buf = image.to_c()
+        return _call_images("adetail_image", raw().adetail_image, self.ptr, ctx.ptr, img, ctypes.byref(ad),
+                            ctypes.byref(p))
 
 
 # ------------------------------------------------------------------------------ tools

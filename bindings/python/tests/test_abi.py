@@ -3,7 +3,6 @@ import ctypes
 
 import pytest
 
-import stable_diffusion_rs as sdr
 from stable_diffusion_rs import _abi
 
 

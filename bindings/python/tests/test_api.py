@@ -108,6 +108,8 @@ def test_failures_are_clean(sd, tmp_path):
     n = ctypes.c_int(7)
     assert lib.generate_image(None, ctypes.byref(p), ctypes.byref(out), ctypes.byref(n)) is False
     assert not out
+    with pytest.raises(sd.SDError):  # the Pythonic layer's path for every image-returning call
+        sd._call_images("generate_image", lib.generate_image, None, ctypes.byref(p))
     v = sd.vid_gen_params()
     audio = ctypes.POINTER(sd.sd_audio_t)()
     assert lib.generate_video(None, ctypes.byref(v), ctypes.byref(out), ctypes.byref(n), ctypes.byref(audio)) is False

@@ -34,13 +34,44 @@ pub fn new_rng(kind: RngType, seed: u64) -> Box<dyn Rng> {
     rng
 }
 
-/// The sampler generator's type: `sampler_rng_type` when it is set (not `RNG_TYPE_COUNT`),
-/// otherwise the same as the initial-noise generator. The reference shares one generator
-/// object when the two types are equal; seeding both with the same seed before each image
-/// makes separate objects equivalent only if nothing draws from the noise generator after
-/// the initial noise, so callers wanting exact sharing should use one generator.
-pub fn sampler_rng_type(rng_type: RngType, sampler_rng_type: Option<RngType>) -> RngType {
-    sampler_rng_type.unwrap_or(rng_type)
+/// The generators of one generation: initial noise and sampler noise.
+///
+/// Like the reference, when the sampler's type is unset or equal to the noise type both
+/// are ONE generator: the sampler continues the stream after the initial noise (and after
+/// anything else drawn from it, such as VAE sampling). A different sampler type gets its
+/// own generator, seeded with the same seed.
+pub struct GenerationRngs {
+    noise: Box<dyn Rng>,
+    sampler: Option<Box<dyn Rng>>,
+}
+
+impl GenerationRngs {
+    /// `sampler_type`: `None` for the C API's `RNG_TYPE_COUNT` (same as `noise_type`).
+    pub fn new(noise_type: RngType, sampler_type: Option<RngType>) -> Self {
+        let sampler = sampler_type.filter(|&t| t != noise_type).map(|t| new_rng(t, 0));
+        GenerationRngs { noise: new_rng(noise_type, 0), sampler }
+    }
+
+    /// Seeds both generators (before each image of a batch, with [`batch_seed`]).
+    pub fn manual_seed(&mut self, seed: u64) {
+        self.noise.manual_seed(seed);
+        if let Some(s) = &mut self.sampler {
+            s.manual_seed(seed);
+        }
+    }
+
+    /// The initial-noise generator.
+    pub fn noise(&mut self) -> &mut dyn Rng {
+        self.noise.as_mut()
+    }
+
+    /// The sampler's generator (the noise generator itself when shared).
+    pub fn sampler(&mut self) -> &mut dyn Rng {
+        match &mut self.sampler {
+            Some(s) => s.as_mut(),
+            None => self.noise.as_mut(),
+        }
+    }
 }
 
 /// A tensor of `shape` filled from `rng` in flat (ggml, `ne[0]` fastest) order.
@@ -466,6 +497,20 @@ mod tests {
             assert_eq!(t.data(), &a[..], "{kind}");
         }
         assert_eq!(batch_seed(42, 1), 43);
+
+        // Shared generator: the sampler continues after the initial noise.
+        let mut g = GenerationRngs::new(RngType::Cuda, Some(RngType::Cuda));
+        g.manual_seed(3);
+        let _ = g.noise().randn(4);
+        let after = g.sampler().randn(4);
+        let mut solo = new_rng(RngType::Cuda, 3);
+        let _ = solo.randn(4);
+        assert_eq!(after, solo.randn(4));
+        // Separate generator: starts fresh at the seed.
+        let mut g = GenerationRngs::new(RngType::Cpu, Some(RngType::Cuda));
+        g.manual_seed(3);
+        let _ = g.noise().randn(4);
+        assert_eq!(g.sampler().randn(4), new_rng(RngType::Cuda, 3).randn(4));
         assert_eq!(resolve_seed(5), 5);
         let s = resolve_seed(-1);
         assert!((0..=i32::MAX as i64).contains(&s));

@@ -1149,6 +1149,31 @@ mod tests {
     }
 
     #[test]
+    fn sefi_moves_semantic_and_texture_channels_on_their_own_schedules() {
+        use crate::runtime::defaults::ModelFamily;
+        use crate::types::{Prediction, Scheduler};
+        let mut d = Denoiser::new(Prediction::SefiFlow, None);
+        d.get_sigmas(2, 0, Scheduler::Discrete, ModelFamily::OtherDit, None).unwrap();
+        let sched = d.sefi_schedule().clone();
+        let mut calls = Vec::new();
+        let mut rng = new_rng(RngType::Cuda, 1);
+        // 1x1 spatial, 18 channels: 16 semantic + 2 texture.
+        let x = Tensor::full(&[1, 1, 18, 1], 1.0);
+        let out =
+            sample(SampleMethod::EulerA, &mut toy(&mut calls), x, &[], rng.as_mut(), 1.0, true, None, Some(&d)).unwrap();
+        let mut sem = 1.0f32;
+        let mut tex = 1.0f32;
+        for i in 0..2 {
+            let t = sched.tex_sigmas[i];
+            sem += ((sem - 0.8 * sem) / t) * (sched.sem_sigmas[i + 1] - sched.sem_sigmas[i]);
+            tex += ((tex - 0.8 * tex) / t) * (sched.tex_sigmas[i + 1] - t);
+        }
+        assert_eq!(out.data()[0], sem);
+        assert_eq!(out.data()[17], tex);
+        assert_eq!(calls.len(), 2);
+    }
+
+    #[test]
     fn ancestral_steps() {
         let (down, up) = ancestral_step(2.0, 1.0, 1.0);
         assert!((down * down + up * up - 1.0).abs() < 1e-6);

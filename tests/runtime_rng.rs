@@ -18,8 +18,12 @@ fn generators_match_reference_bits() {
         let seed: u64 = case["seed"].as_str().unwrap().parse().unwrap();
         let mut rng = new_rng(kind, seed);
         for (call, want) in case["calls"].as_array().unwrap().iter().enumerate() {
-            let want: Vec<u32> =
-                want.as_array().unwrap().iter().map(|h| u32::from_str_radix(h.as_str().unwrap(), 16).unwrap()).collect();
+            let want: Vec<u32> = want
+                .as_array()
+                .unwrap()
+                .iter()
+                .map(|h| u32::from_str_radix(h.as_str().unwrap(), 16).unwrap())
+                .collect();
             let got: Vec<u32> = rng.randn(want.len()).iter().map(|v| v.to_bits()).collect();
             assert_eq!(got, want, "{kind} seed {seed} call {call}");
         }

@@ -19,9 +19,11 @@ fn bits(v: &Value) -> u32 {
 
 #[test]
 fn samplers_match_reference_bits() {
-    let path = format!("{}/tests/fixtures/runtime/sampler_reference.json", env!("CARGO_MANIFEST_DIR"));
+    let path =
+        format!("{}/tests/fixtures/runtime/sampler_reference.json", env!("CARGO_MANIFEST_DIR"));
     let doc: Value = serde_json::from_str(&std::fs::read_to_string(path).unwrap()).unwrap();
-    let shape: Vec<usize> = doc["shape"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap() as usize).collect();
+    let shape: Vec<usize> =
+        doc["shape"].as_array().unwrap().iter().map(|v| v.as_u64().unwrap() as usize).collect();
     let schedules: Vec<Vec<f32>> = doc["schedules"]
         .as_array()
         .unwrap()
@@ -51,7 +53,8 @@ fn samplers_match_reference_bits() {
                 uncond_denoised: Some(x.map(|v| v * 0.7)),
             })
         };
-        let out = sample(method, &mut model, x, sigmas, rng.as_mut(), eta, is_flow, extra, None).unwrap();
+        let out =
+            sample(method, &mut model, x, sigmas, rng.as_mut(), eta, is_flow, extra, None).unwrap();
 
         let want_calls: Vec<(u32, i32)> = case["calls"]
             .as_array()
@@ -63,11 +66,17 @@ fn samplers_match_reference_bits() {
             failures.push(format!("{label}: calls {calls:x?} want {want_calls:x?}"));
             continue;
         }
-        let want: Vec<f32> = case["out"].as_array().unwrap().iter().map(|h| f32::from_bits(bits(h))).collect();
-        let exact = out.data().iter().zip(&want).filter(|(a, b)| a.to_bits() == b.to_bits()).count();
+        let want: Vec<f32> =
+            case["out"].as_array().unwrap().iter().map(|h| f32::from_bits(bits(h))).collect();
+        let exact =
+            out.data().iter().zip(&want).filter(|(a, b)| a.to_bits() == b.to_bits()).count();
         if exact != want.len() {
-            let max_diff = out.data().iter().zip(&want).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
-            failures.push(format!("{label}: {exact}/{} bit-exact, max |diff| {max_diff:e}", want.len()));
+            let max_diff =
+                out.data().iter().zip(&want).map(|(a, b)| (a - b).abs()).fold(0f32, f32::max);
+            failures.push(format!(
+                "{label}: {exact}/{} bit-exact, max |diff| {max_diff:e}",
+                want.len()
+            ));
         }
     }
     assert_eq!(seen.len(), SampleMethod::ALL.len(), "every sampler is covered");

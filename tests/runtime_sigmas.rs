@@ -16,7 +16,12 @@ fn scheduler_from_golden(name: &str) -> Scheduler {
     Scheduler::parse(&short).unwrap_or_else(|| panic!("unknown scheduler {name}"))
 }
 
-fn sigmas_for(pred: Prediction, scheduler: Scheduler, steps: u32, size: usize) -> stable_diffusion::error::Result<Vec<f32>> {
+fn sigmas_for(
+    pred: Prediction,
+    scheduler: Scheduler,
+    steps: u32,
+    size: usize,
+) -> stable_diffusion::error::Result<Vec<f32>> {
     let mut d = Denoiser::new(pred, None);
     let seq_len = ((size / 8) * (size / 8)) as i32;
     d.get_sigmas(steps, seq_len, scheduler, ModelFamily::Sd1, None)
@@ -37,7 +42,10 @@ fn check_file(file: &str, pred: Prediction) -> (usize, usize, f64) {
             let steps = STEPS[(idx % 14) / 2];
             let size = SIZES[idx % 2];
             if let Ok(s) = sigmas_for(pred, scheduler, steps, size) {
-                assert!(s.iter().all(|v| v.is_finite()) && s.len() >= 2, "{scheduler} {steps}: {s:?}");
+                assert!(
+                    s.iter().all(|v| v.is_finite()) && s.len() >= 2,
+                    "{scheduler} {steps}: {s:?}"
+                );
                 assert_eq!(*s.last().unwrap(), 0.0);
             }
             sanitized += 1;
@@ -47,7 +55,8 @@ fn check_file(file: &str, pred: Prediction) -> (usize, usize, f64) {
         let steps = case["steps"].as_u64().unwrap() as u32;
         let size = case["width"].as_u64().unwrap() as usize;
         assert_eq!(STEPS[(index % 14) / 2], steps);
-        let want: Vec<Option<f64>> = case["sigmas"].as_array().unwrap().iter().map(|v| v.as_f64()).collect();
+        let want: Vec<Option<f64>> =
+            case["sigmas"].as_array().unwrap().iter().map(|v| v.as_f64()).collect();
         let got = sigmas_for(pred, scheduler, steps, size).unwrap();
         if want.iter().any(|v| v.is_none()) {
             // The reference divided by zero: ours must be finite, start at sigma_max, end at 0.
@@ -62,7 +71,10 @@ fn check_file(file: &str, pred: Prediction) -> (usize, usize, f64) {
             let w = w.unwrap();
             let err = if w == 0.0 { (*g as f64).abs() } else { ((*g as f64 - w) / w).abs() };
             max_rel = max_rel.max(err);
-            assert!(err <= 1e-5, "{file}: {scheduler} steps {steps} size {size}: got {got:?}, want {want:?}");
+            assert!(
+                err <= 1e-5,
+                "{file}: {scheduler} steps {steps} size {size}: got {got:?}, want {want:?}"
+            );
         }
         matched += 1;
     }

@@ -54,7 +54,10 @@ pub fn default_sample_method(family: Option<ModelFamily>) -> SampleMethod {
 
 /// The scheduler used when the request does not name one. `model` is the loaded model's
 /// family and resolved prediction (`None` without a model).
-pub fn default_scheduler(model: Option<(ModelFamily, Prediction)>, method: SampleMethod) -> Scheduler {
+pub fn default_scheduler(
+    model: Option<(ModelFamily, Prediction)>,
+    method: SampleMethod,
+) -> Scheduler {
     if let Some((_, Prediction::EdmV)) = model {
         return Scheduler::Exponential;
     }
@@ -109,11 +112,32 @@ mod tests {
         assert_eq!(default_scheduler(sd1, SampleMethod::Lcm), Scheduler::Lcm);
         assert_eq!(default_scheduler(sd1, SampleMethod::Tcd), Scheduler::Lcm);
         assert_eq!(default_scheduler(sd1, SampleMethod::DdimTrailing), Scheduler::Simple);
-        assert_eq!(default_scheduler(Some((ModelFamily::Sd1, Prediction::EdmV)), SampleMethod::Lcm), Scheduler::Exponential);
-        assert_eq!(default_scheduler(Some((ModelFamily::Flux, Prediction::FluxFlow)), SampleMethod::Euler), Scheduler::Flux);
-        assert_eq!(default_scheduler(Some((ModelFamily::Flux2, Prediction::FluxFlow)), SampleMethod::Euler), Scheduler::Flux2);
-        assert_eq!(default_scheduler(Some((ModelFamily::Ltxav, Prediction::Flow)), SampleMethod::Euler), Scheduler::Ltx2);
-        assert_eq!(default_scheduler(Some((ModelFamily::Ideogram4, Prediction::Flow)), SampleMethod::Euler), Scheduler::LogitNormal);
+        assert_eq!(
+            default_scheduler(Some((ModelFamily::Sd1, Prediction::EdmV)), SampleMethod::Lcm),
+            Scheduler::Exponential
+        );
+        assert_eq!(
+            default_scheduler(Some((ModelFamily::Flux, Prediction::FluxFlow)), SampleMethod::Euler),
+            Scheduler::Flux
+        );
+        assert_eq!(
+            default_scheduler(
+                Some((ModelFamily::Flux2, Prediction::FluxFlow)),
+                SampleMethod::Euler
+            ),
+            Scheduler::Flux2
+        );
+        assert_eq!(
+            default_scheduler(Some((ModelFamily::Ltxav, Prediction::Flow)), SampleMethod::Euler),
+            Scheduler::Ltx2
+        );
+        assert_eq!(
+            default_scheduler(
+                Some((ModelFamily::Ideogram4, Prediction::Flow)),
+                SampleMethod::Euler
+            ),
+            Scheduler::LogitNormal
+        );
         assert_eq!(default_scheduler(None, SampleMethod::Euler), Scheduler::Discrete);
 
         assert_eq!(resolve_eta(None, SampleMethod::EulerA, ModelFamily::Sd1), 1.0);

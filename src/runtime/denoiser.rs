@@ -154,7 +154,9 @@ impl Denoiser {
         match self.kind {
             DenoiserKind::Eps | DenoiserKind::V => self.sigmas[0],
             DenoiserKind::EdmV => EDM_SIGMA_MIN,
-            DenoiserKind::Flow | DenoiserKind::FluxFlow | DenoiserKind::SefiFlow => self.t_to_sigma(0.0),
+            DenoiserKind::Flow | DenoiserKind::FluxFlow | DenoiserKind::SefiFlow => {
+                self.t_to_sigma(0.0)
+            }
             DenoiserKind::MiniT2iFlow => 0.0,
         }
     }
@@ -197,7 +199,8 @@ impl Denoiser {
     /// Fractional timestep whose interpolated log sigma equals log(sigma).
     fn discrete_sigma_to_t(&self, sigma: f32) -> f32 {
         let log_sigma = sigma.ln();
-        let at_or_above = self.log_sigmas.iter().filter(|&&ls| log_sigma - ls >= 0.0).count() as i32;
+        let at_or_above =
+            self.log_sigmas.iter().filter(|&&ls| log_sigma - ls >= 0.0).count() as i32;
         let low_idx = (at_or_above - 1).clamp(0, TIMESTEPS as i32 - 2) as usize;
         let high_idx = low_idx + 1;
         let low = self.log_sigmas[low_idx];
@@ -211,7 +214,8 @@ impl Denoiser {
         let low = t.floor().clamp(0.0, last);
         let high = t.ceil().clamp(0.0, last);
         let w = t - low;
-        let log_sigma = (1.0 - w) * self.log_sigmas[low as usize] + w * self.log_sigmas[high as usize];
+        let log_sigma =
+            (1.0 - w) * self.log_sigmas[low as usize] + w * self.log_sigmas[high as usize];
         log_sigma.exp()
     }
 
@@ -219,7 +223,9 @@ impl Denoiser {
     pub fn scalings(&self, sigma: f32) -> Scalings {
         let sd2 = SIGMA_DATA * SIGMA_DATA;
         match self.kind {
-            DenoiserKind::Eps => Scalings { c_skip: 1.0, c_out: -sigma, c_in: 1.0 / (sigma * sigma + sd2).sqrt() },
+            DenoiserKind::Eps => {
+                Scalings { c_skip: 1.0, c_out: -sigma, c_in: 1.0 / (sigma * sigma + sd2).sqrt() }
+            }
             DenoiserKind::V | DenoiserKind::EdmV => Scalings {
                 c_skip: sd2 / (sigma * sigma + sd2),
                 c_out: -sigma * SIGMA_DATA / (sigma * sigma + sd2).sqrt(),
@@ -247,7 +253,12 @@ impl Denoiser {
             }
             DenoiserKind::Flow | DenoiserKind::FluxFlow | DenoiserKind::SefiFlow => {
                 let keep = 1.0 - sigma;
-                latent.data().iter().zip(noise.data()).map(|(&l, &n)| l * keep + n * sigma).collect()
+                latent
+                    .data()
+                    .iter()
+                    .zip(noise.data())
+                    .map(|(&l, &n)| l * keep + n * sigma)
+                    .collect()
             }
             DenoiserKind::MiniT2iFlow => noise.data().iter().map(|&n| n * 2.0).collect(),
         };
@@ -267,7 +278,9 @@ impl Denoiser {
     /// The sigma of an img2img "noise level" (strength interpreted as relative noise).
     pub fn noise_level_to_sigma(&self, noise_level: f32) -> f32 {
         match self.kind {
-            DenoiserKind::Eps | DenoiserKind::V | DenoiserKind::EdmV => noise_level / (1.0 - noise_level),
+            DenoiserKind::Eps | DenoiserKind::V | DenoiserKind::EdmV => {
+                noise_level / (1.0 - noise_level)
+            }
             DenoiserKind::Flow | DenoiserKind::FluxFlow | DenoiserKind::SefiFlow => noise_level,
             DenoiserKind::MiniT2iFlow => 1.0,
         }
@@ -362,7 +375,12 @@ impl Denoiser {
             s.sem_sigmas.push(t_sem / TIMESTEPS as f32);
             s.tex_sigmas.push(t_tex / TIMESTEPS as f32);
         }
-        sd_debug!("SefiFlowDenoiser: built {}-step dual schedule (alpha={:.2} delta_t={:.2})", n, alpha, delta_t);
+        sd_debug!(
+            "SefiFlowDenoiser: built {}-step dual schedule (alpha={:.2} delta_t={:.2})",
+            n,
+            alpha,
+            delta_t
+        );
         self.sefi = s;
         self.sefi.tex_sigmas.clone()
     }
@@ -371,7 +389,13 @@ impl Denoiser {
     /// `t_enc = steps * strength` (one step less at full strength), or, with the
     /// `strength_as_noise_level` option, starting at the first sigma at or below the
     /// strength's sigma (`force_first_sigma` replaces that first sigma by it).
-    pub fn img2img_sigmas(&self, sigmas: &[f32], sample_steps: usize, strength: f32, extra_args: Option<&str>) -> Vec<f32> {
+    pub fn img2img_sigmas(
+        &self,
+        sigmas: &[f32],
+        sample_steps: usize,
+        strength: f32,
+        extra_args: Option<&str>,
+    ) -> Vec<f32> {
         let mut as_noise_level = false;
         let mut force_first_sigma = false;
         for (key, value) in parse_key_value_args(extra_args, "img2img arg") {
@@ -399,7 +423,8 @@ impl Denoiser {
         } else {
             sd_debug!("Interpreting denoise strength as relative noise level");
             target_sigma = self.noise_level_to_sigma(strength);
-            let start = sigmas.iter().position(|&s| s <= target_sigma).unwrap_or(0).min(sigmas.len() - 2);
+            let start =
+                sigmas.iter().position(|&s| s <= target_sigma).unwrap_or(0).min(sigmas.len() - 2);
             sample_steps.saturating_sub(start + 1)
         };
         sd_info!("target t_enc is {} steps", t_enc);
@@ -515,7 +540,10 @@ mod tests {
         assert_eq!(s.tex_sigmas, tex);
         assert!(s.sem_sigmas.iter().zip(&s.tex_sigmas).all(|(a, b)| a <= b));
         let mut m = Denoiser::new(Prediction::Minit2iFlow, None);
-        assert_eq!(m.get_sigmas(4, 0, Scheduler::Karras, ModelFamily::OtherDit, None).unwrap(), vec![1.0, 0.75, 0.5, 0.25, 0.0]);
+        assert_eq!(
+            m.get_sigmas(4, 0, Scheduler::Karras, ModelFamily::OtherDit, None).unwrap(),
+            vec![1.0, 0.75, 0.5, 0.25, 0.0]
+        );
     }
 
     #[test]
@@ -526,9 +554,17 @@ mod tests {
         assert_eq!(d.img2img_sigmas(&sig, 4, 1.0, None), sig.to_vec());
         assert_eq!(d.img2img_sigmas(&sig, 4, 0.1, None), vec![1.0, 0.0]);
         // noise level 0.75 -> sigma 3: first sigma <= 3 is 2.0 (index 2)
-        assert_eq!(d.img2img_sigmas(&sig, 4, 0.75, Some("strength_as_noise_level=1")), vec![2.0, 1.0, 0.0]);
         assert_eq!(
-            d.img2img_sigmas(&sig, 4, 0.75, Some("strength_as_noise_level=1,force_first_sigma=true")),
+            d.img2img_sigmas(&sig, 4, 0.75, Some("strength_as_noise_level=1")),
+            vec![2.0, 1.0, 0.0]
+        );
+        assert_eq!(
+            d.img2img_sigmas(
+                &sig,
+                4,
+                0.75,
+                Some("strength_as_noise_level=1,force_first_sigma=true")
+            ),
             vec![3.0, 1.0, 0.0]
         );
     }

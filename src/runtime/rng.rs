@@ -339,7 +339,8 @@ impl Rng for Mt19937Rng {
         self.state[0] = seed as u32;
         for j in 1..MT_N {
             let prev = self.state[j - 1];
-            self.state[j] = 1_812_433_253u32.wrapping_mul(prev ^ (prev >> 30)).wrapping_add(j as u32);
+            self.state[j] =
+                1_812_433_253u32.wrapping_mul(prev ^ (prev >> 30)).wrapping_add(j as u32);
         }
         self.left = 1;
         self.next = 0;
@@ -482,7 +483,11 @@ mod tests {
         for (kind, seed, calls) in cases {
             let mut r = new_rng(*kind, *seed);
             for (i, want) in calls.iter().enumerate() {
-                assert_eq!(bits(&r.randn(want.len())), want.to_vec(), "{kind} seed {seed} call {i}");
+                assert_eq!(
+                    bits(&r.randn(want.len())),
+                    want.to_vec(),
+                    "{kind} seed {seed} call {i}"
+                );
             }
         }
     }

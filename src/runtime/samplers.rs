@@ -379,7 +379,8 @@ impl Sampler<'_, '_> {
                 let exp_s = (((1.0 - sigma) / sigma) * ((1.0 - down) / down)).sqrt();
                 let sigma_s = 1.0 / (exp_s + 1.0);
                 let r = sigma_s / sigma;
-                let u = self.with_shape(zip_map(self.x.data(), &den, |x, d| x * r + d * (1.0 - r)))?;
+                let u =
+                    self.with_shape(zip_map(self.x.data(), &den, |x, d| x * r + d * (1.0 - r)))?;
                 self.call(&u, sigma_s, i as i32 + 1)?
             };
             let r = down / sigma;
@@ -522,10 +523,18 @@ impl Sampler<'_, '_> {
                 if clip_std > 0.0 && !noise.is_empty() {
                     let n = noise.len() as f64;
                     let mean = noise.iter().map(|&v| v as f64).sum::<f64>() / n;
-                    let var = noise.iter().map(|&v| (v as f64 - mean) * (v as f64 - mean)).sum::<f64>() / n;
+                    let var =
+                        noise.iter().map(|&v| (v as f64 - mean) * (v as f64 - mean)).sum::<f64>()
+                            / n;
                     let clip = clip_std * var.sqrt() as f32;
                     for v in &mut noise {
-                        *v = if *v < -clip { -clip } else if clip < *v { clip } else { *v };
+                        *v = if *v < -clip {
+                            -clip
+                        } else if clip < *v {
+                            clip
+                        } else {
+                            *v
+                        };
                     }
                 }
                 let t = if steps > 1 { i as f32 / (steps - 1) as f32 } else { 0.0 };
@@ -568,7 +577,9 @@ impl Sampler<'_, '_> {
                 _ => d
                     .iter()
                     .zip(hist[n - 1].iter().zip(hist[n - 2].iter().zip(&hist[n - 3])))
-                    .map(|(&d, (&h1, (&h2, &h3)))| (55.0 * d - 59.0 * h1 + 37.0 * h2 - 9.0 * h3) / 24.0)
+                    .map(|(&d, (&h1, (&h2, &h3)))| {
+                        (55.0 * d - 59.0 * h1 + 37.0 * h2 - 9.0 * h3) / 24.0
+                    })
                     .collect(),
             };
             self.step_x(&step, dt);
@@ -777,7 +788,8 @@ impl Sampler<'_, '_> {
         for i in 0..self.steps() {
             let (sigma, sigma_to) = (self.sigmas[i], self.sigmas[i + 1]);
             let prev_t = timestep_of(sigma_to);
-            let t_s = (((1.0 - self.eta) * prev_t as f32) as f64).floor().clamp(0.0, 999.0) as usize;
+            let t_s =
+                (((1.0 - self.eta) * prev_t as f32) as f64).floor().clamp(0.0, 999.0) as usize;
             let den = self.call_x(sigma, i as i32 + 1)?;
             let d = derivative(self.x.data(), &den, sigma);
             let alpha_prev = 1.0 / (sigma_to * sigma_to + 1.0);
@@ -884,7 +896,8 @@ impl Sampler<'_, '_> {
         let out = self.call_full(&x, sigma, step);
         self.x = x;
         let out = out?;
-        let uncond = out.uncond_denoised.context("the CFG++ samplers need the unconditional prediction")?;
+        let uncond =
+            out.uncond_denoised.context("the CFG++ samplers need the unconditional prediction")?;
         ensure!(uncond.len() == self.x.len(), "the unconditional prediction has the wrong size");
         Ok((out.denoised.into_data(), uncond.into_data()))
     }
@@ -1010,7 +1023,10 @@ fn std_normal(len: usize, seed: u64) -> Vec<f32> {
 impl BrownianTree {
     fn new(len: usize, t_min: f64, t_max: f64, seed: u64) -> Self {
         let scale = ((t_max - t_min) as f32).sqrt();
-        let w_at_max = std_normal(len, mix64(seed, 0xBF58_476D_1CE4_E5B9)).into_iter().map(|v| v * scale).collect();
+        let w_at_max = std_normal(len, mix64(seed, 0xBF58_476D_1CE4_E5B9))
+            .into_iter()
+            .map(|v| v * scale)
+            .collect();
         BrownianTree {
             len,
             t_min,
@@ -1039,13 +1055,23 @@ impl BrownianTree {
         }
         let zero = vec![0.0f32; self.len];
         let w_max = self.w_at_max.clone();
-        let v = self.bridge(self.t_min, self.t_max, &zero, &w_max, t, self.root_seed, TREE_MAX_DEPTH);
+        let v =
+            self.bridge(self.t_min, self.t_max, &zero, &w_max, t, self.root_seed, TREE_MAX_DEPTH);
         self.cache.insert(t.to_bits(), v.clone());
         v
     }
 
     #[allow(clippy::too_many_arguments)]
-    fn bridge(&self, a: f64, c: f64, w_a: &[f32], w_c: &[f32], t: f64, seed: u64, depth: u32) -> Vec<f32> {
+    fn bridge(
+        &self,
+        a: f64,
+        c: f64,
+        w_a: &[f32],
+        w_c: &[f32],
+        t: f64,
+        seed: u64,
+        depth: u32,
+    ) -> Vec<f32> {
         if depth == 0 || c - a < 1e-9 {
             let alpha = if c > a { ((t - a) / (c - a)) as f32 } else { 0.5 };
             return zip_map(w_a, w_c, |wa, wc| wa * (1.0 - alpha) + wc * alpha);
@@ -1053,8 +1079,12 @@ impl BrownianTree {
         let m = 0.5 * (a + c);
         let std_dev = ((c - m) * (m - a) / (c - a)).sqrt() as f32;
         let z = std_normal(self.len, seed);
-        let w_m: Vec<f32> =
-            w_a.iter().zip(w_c).zip(&z).map(|((&wa, &wc), &z)| (wa + wc) * 0.5 + z * std_dev).collect();
+        let w_m: Vec<f32> = w_a
+            .iter()
+            .zip(w_c)
+            .zip(&z)
+            .map(|((&wa, &wc), &z)| (wa + wc) * 0.5 + z * std_dev)
+            .collect();
         if t == m {
             w_m
         } else if t < m {
@@ -1071,10 +1101,15 @@ mod tests {
     use crate::runtime::rng::new_rng;
     use crate::types::RngType;
 
-    fn toy(calls: &mut Vec<(f32, i32)>) -> impl FnMut(&Tensor, f32, i32) -> Result<ModelOutput> + '_ {
+    fn toy(
+        calls: &mut Vec<(f32, i32)>,
+    ) -> impl FnMut(&Tensor, f32, i32) -> Result<ModelOutput> + '_ {
         move |x: &Tensor, sigma: f32, step: i32| {
             calls.push((sigma, step));
-            Ok(ModelOutput { denoised: x.map(|v| 0.8 * v), uncond_denoised: Some(x.map(|v| 0.7 * v)) })
+            Ok(ModelOutput {
+                denoised: x.map(|v| 0.8 * v),
+                uncond_denoised: Some(x.map(|v| 0.7 * v)),
+            })
         }
     }
 
@@ -1105,7 +1140,8 @@ mod tests {
 
     #[test]
     fn cfg_pp_needs_uncond() {
-        let mut model = |x: &Tensor, _s: f32, _i: i32| -> Result<ModelOutput> { Ok(x.clone().into()) };
+        let mut model =
+            |x: &Tensor, _s: f32, _i: i32| -> Result<ModelOutput> { Ok(x.clone().into()) };
         let mut rng = new_rng(RngType::Cuda, 1);
         let r = sample(
             SampleMethod::EulerCfgPp,
@@ -1159,8 +1195,18 @@ mod tests {
         let mut rng = new_rng(RngType::Cuda, 1);
         // 1x1 spatial, 18 channels: 16 semantic + 2 texture.
         let x = Tensor::full(&[1, 1, 18, 1], 1.0);
-        let out =
-            sample(SampleMethod::EulerA, &mut toy(&mut calls), x, &[], rng.as_mut(), 1.0, true, None, Some(&d)).unwrap();
+        let out = sample(
+            SampleMethod::EulerA,
+            &mut toy(&mut calls),
+            x,
+            &[],
+            rng.as_mut(),
+            1.0,
+            true,
+            None,
+            Some(&d),
+        )
+        .unwrap();
         let mut sem = 1.0f32;
         let mut tex = 1.0f32;
         for i in 0..2 {

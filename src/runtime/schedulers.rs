@@ -30,7 +30,11 @@ pub struct ScheduleInput<'a> {
 }
 
 /// The sigma schedule of `scheduler` for `steps` steps.
-pub fn scheduler_sigmas(scheduler: Scheduler, steps: u32, input: &ScheduleInput) -> Result<Vec<f32>> {
+pub fn scheduler_sigmas(
+    scheduler: Scheduler,
+    steps: u32,
+    input: &ScheduleInput,
+) -> Result<Vec<f32>> {
     ensure!(steps > 0, "the number of sample steps must be at least 1");
     sd_info!("get_sigmas with {} scheduler", scheduler.name());
     let n = steps;
@@ -48,7 +52,9 @@ pub fn scheduler_sigmas(scheduler: Scheduler, steps: u32, input: &ScheduleInput)
         Scheduler::Lcm => lcm(n, t2s),
         Scheduler::BongTangent => bong_tangent(n, input.sigma_min, input.sigma_max),
         Scheduler::Ltx2 => Ltx2Options::parse(input.image_seq_len, input.extra_args).sigmas(n),
-        Scheduler::LogitNormal => LogitNormalOptions::parse(input.image_seq_len, input.extra_args).sigmas(n),
+        Scheduler::LogitNormal => {
+            LogitNormalOptions::parse(input.image_seq_len, input.extra_args).sigmas(n)
+        }
         Scheduler::Flux2 => flux2(n, input.image_seq_len),
         Scheduler::Flux => FluxOptions::parse(input.extra_args).sigmas(n, input.image_seq_len),
         Scheduler::Beta => BetaOptions::parse(input.extra_args).sigmas(n, t2s),
@@ -138,16 +144,19 @@ fn exponential(n: u32, sigma_min: f32, sigma_max: f32) -> Vec<f32> {
 }
 
 /// Align-Your-Steps reference noise levels (NVIDIA's published tables).
+#[rustfmt::skip]
 const AYS_SD15: [f32; 11] = [
     14.614_641_229_3, 6.474_576_095_6, 3.863_674_598_5, 2.694_615_152_0, 1.884_192_117_7,
     1.394_380_509_2, 0.964_258_390_4, 0.652_368_601_6, 0.397_745_627_2, 0.151_523_266_2,
     0.029_167_158_2,
 ];
+#[rustfmt::skip]
 const AYS_SDXL: [f32; 11] = [
     14.614_641_229_3, 6.318_448_528_7, 3.768_179_031_5, 2.181_148_076_9, 1.340_524_494_5,
     0.862_072_114_1, 0.555_069_328_9, 0.379_854_070_8, 0.233_236_413_4, 0.111_418_817_7,
     0.029_167_158_2,
 ];
+#[rustfmt::skip]
 const AYS_SVD: [f32; 11] = [700.00, 54.5, 15.886, 7.977, 4.248, 1.789, 0.981, 0.403, 0.173, 0.034, 0.002];
 
 fn ays(n: u32, family: ModelFamily) -> Result<Vec<f32>> {
@@ -173,13 +182,15 @@ fn ays(n: u32, family: ModelFamily) -> Result<Vec<f32>> {
         _ => bail!("Version not compatible with AYS_SCHEDULER scheduler"),
     };
     let len = n as usize + 1;
-    let mut out = if len == levels.len() { levels.to_vec() } else { log_linear_resample(levels, len) };
+    let mut out =
+        if len == levels.len() { levels.to_vec() } else { log_linear_resample(levels, len) };
     out[n as usize] = 0.0;
     Ok(out)
 }
 
 /// GITS schedules for coefficient 1.20 (the only one the reference uses) and 2..=20 steps;
 /// row k has k + 3 sigmas. Values from the GITS paper's released tables.
+#[rustfmt::skip]
 const GITS_1_20: [&[f32]; 19] = [
     &[14.61464119, 0.803307, 0.02916753],
     &[14.61464119, 1.56271636, 0.52423614, 0.02916753],
@@ -300,7 +311,9 @@ fn bong_tangent_stage(steps: i32, slope: f32, pivot: f32, start: f32, end: f32) 
         if steps == 1 {
             return vec![start];
         }
-        return (0..steps).map(|i| start + (end - start) * (i as f32 / (steps - 1) as f32)).collect();
+        return (0..steps)
+            .map(|i| start + (end - start) * (i as f32 / (steps - 1) as f32))
+            .collect();
     }
     let inv_srange = 1.0f32 / srange;
     (0..steps).map(|x| ((curve(x as f32) - smin) * inv_srange) * sscale + end).collect()
@@ -322,7 +335,13 @@ fn bong_tangent(n: u32, sigma_min: f32, sigma_max: f32) -> Vec<f32> {
 
     let mut out = bong_tangent_stage(stage_1_len, slope_1, pivot_1_i as f32, start, middle);
     out.pop();
-    out.extend(bong_tangent_stage(stage_2_len, slope_2, (pivot_2_i - stage_1_len) as f32, middle, end));
+    out.extend(bong_tangent_stage(
+        stage_2_len,
+        slope_2,
+        (pivot_2_i - stage_1_len) as f32,
+        middle,
+        end,
+    ));
     out.resize(n as usize + 1, end);
     out[n as usize] = 0.0;
     out
@@ -486,7 +505,8 @@ fn sigmoid(x: f32) -> f32 {
 
 impl LogitNormalOptions {
     fn parse(image_seq_len: i32, extra_args: Option<&str>) -> Self {
-        let (mut mean, mut std, mut logsnr_min, mut logsnr_max) = (0.0f32, 1.75f32, -15.0f32, 18.0f32);
+        let (mut mean, mut std, mut logsnr_min, mut logsnr_max) =
+            (0.0f32, 1.75f32, -15.0f32, 18.0f32);
         let mut resolution_aware = true;
         const WHAT: &str = "logit-normal scheduler arg";
         for (key, value) in parse_key_value_args(extra_args, WHAT) {
@@ -551,18 +571,22 @@ fn normal_quantile(p: f64) -> f64 {
     if p >= 1.0 {
         return f64::INFINITY;
     }
+    #[rustfmt::skip]
     const A: [f64; 6] = [
         -3.969683028665376e+01, 2.209460984245205e+02, -2.759285104469687e+02,
         1.383577518672690e+02, -3.066479806614716e+01, 2.506628277459239e+00,
     ];
+    #[rustfmt::skip]
     const B: [f64; 6] = [
         -5.447609879822406e+01, 1.615858368580409e+02, -1.556989798598866e+02,
         6.680131188771972e+01, -1.328068155288572e+01, 1.0,
     ];
+    #[rustfmt::skip]
     const C: [f64; 6] = [
         -7.784894002430293e-03, -3.223964580411365e-01, -2.400758277161838e+00,
         -2.549732539343734e+00, 4.374664141464968e+00, 2.938163982698783e+00,
     ];
+    #[rustfmt::skip]
     const D: [f64; 5] = [7.784695709041462e-03, 3.224671290700398e-01, 2.445134137142996e+00, 3.754408661907416e+00, 1.0];
     const P_LOW: f64 = 0.02425;
     if p < P_LOW {

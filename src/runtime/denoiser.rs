@@ -367,7 +367,7 @@ impl Denoiser {
             let shifted = if alpha == 1.0 { u } else { (alpha * u) / (1.0 + (alpha - 1.0) * u) };
             let sem_raw = shifted * (1.0 + delta_t);
             let u_sem = sem_raw.min(1.0);
-            let u_tex = (sem_raw - delta_t).min(1.0).max(0.0);
+            let u_tex = (sem_raw - delta_t).clamp(0.0, 1.0);
             let t_sem = (TIMESTEPS as i32 - index(u_sem)) as f32;
             let t_tex = (TIMESTEPS as i32 - index(u_tex)) as f32;
             s.sem_timesteps.push(t_sem);

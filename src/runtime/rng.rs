@@ -355,7 +355,7 @@ impl Rng for Mt19937Rng {
         for start in (0..=n - 16).step_by(16) {
             Self::normal_fill_16(&mut data[start..start + 16]);
         }
-        if n % 16 != 0 {
+        if !n.is_multiple_of(16) {
             // The tail block is redrawn over the last 16 positions.
             let tail = &mut data[n - 16..];
             for v in tail.iter_mut() {

@@ -673,7 +673,7 @@ impl Sampler<'_, '_> {
         const MAX_STAGE: usize = 3;
         const POINTS: i32 = 200;
         let is_flow = self.is_flow;
-        let flow_sigma = |s: f32| s.max(1e-6).min(1.0 - 1e-4);
+        let flow_sigma = |s: f32| s.clamp(1e-6, 1.0 - 1e-4);
         let lambda = |s: f32| {
             if is_flow {
                 let s = flow_sigma(s);
@@ -864,8 +864,7 @@ impl Sampler<'_, '_> {
             sum * dx
         };
         let mut hist: Vec<Vec<f32>> = Vec::new();
-        for i in 0..steps {
-            let sigma = sigmas[i];
+        for (i, &sigma) in sigmas.iter().enumerate().take(steps) {
             let den = self.call_x(sigma, i as i32 + 1)?;
             let order = max_order.min(i + 1);
             let coeffs: Vec<f32> = (0..order).map(|c| coeff(order, i, c)).collect();

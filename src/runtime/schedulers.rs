@@ -6,6 +6,9 @@
 //! (Karras / exponential / GITS at one step, AYS for unsupported models) we return a
 //! sensible schedule or an error instead.
 
+// The published tables keep their printed digits (they parse to the same f32 values).
+#![allow(clippy::excessive_precision)]
+
 use super::args::{parse_key_value_args, parse_strict_float, set_bool, set_float};
 use super::defaults::ModelFamily;
 use crate::error::Result;

@@ -1,3 +1,12 @@
-//! runtime
+//! Math that is not a network: noise generators, sigma schedules, denoiser
+//! parameterisations, the samplers that drive a denoising model, image preprocessing and
+//! the importance-matrix collector.
+
+pub mod args;
+pub mod defaults;
+pub mod denoiser;
 pub mod imatrix;
 pub mod preprocess;
+pub mod rng;
+pub mod samplers;
+pub mod schedulers;

@@ -1,1 +1,3 @@
 //! pipeline
+
+pub mod prompt;

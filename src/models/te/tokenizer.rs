@@ -102,14 +102,10 @@ impl std::fmt::Debug for ClipTokenizer {
 /// Latin-1 bytes map to themselves, the others to U+0100 upwards.
 fn byte_chars_in_vocab_order() -> Vec<(u8, char)> {
     let printable = |b: u32| (0x21..=0x7e).contains(&b) || (0xa1..=0xac).contains(&b) || (0xae..=0xff).contains(&b);
-    let mut pairs: Vec<(u8, char)> = (0u32..256)
-        .filter(|&b| printable(b))
-        .map(|b| (b as u8, char::from_u32(b).unwrap_or('\0')))
-        .collect();
-    let mut next = 256u32;
-    for b in (0u32..256).filter(|&b| !printable(b)) {
-        pairs.push((b as u8, char::from_u32(next).unwrap_or('\0')));
-        next += 1;
+    let mut pairs: Vec<(u8, char)> =
+        (0u32..256).filter(|&b| printable(b)).map(|b| (b as u8, char::from_u32(b).unwrap_or('\0'))).collect();
+    for (k, b) in (0u32..256).filter(|&b| !printable(b)).enumerate() {
+        pairs.push((b as u8, char::from_u32(256 + k as u32).unwrap_or('\0')));
     }
     pairs
 }
@@ -144,12 +140,18 @@ impl ClipTokenizer {
                 .split_once(' ')
                 .with_context(|| format!("CLIP merges: line {} has no space: {line:?}", rank + 2))?;
             let id_of = |part: &str| {
-                ids.get(part).copied().with_context(|| format!("CLIP merges: line {}: unknown token {part:?}", rank + 2))
+                ids.get(part)
+                    .copied()
+                    .with_context(|| format!("CLIP merges: line {}: unknown token {part:?}", rank + 2))
             };
             let pair = (id_of(left)?, id_of(right)?);
             let merged = format!("{left}{right}");
             let id = FIRST_MERGE_ID + rank as u32;
-            ensure!(ids.insert(merged.clone(), id).is_none(), "CLIP merges: line {}: duplicate token {merged:?}", rank + 2);
+            ensure!(
+                ids.insert(merged.clone(), id).is_none(),
+                "CLIP merges: line {}: duplicate token {merged:?}",
+                rank + 2
+            );
             ensure!(ranks.insert(pair, rank as u32).is_none(), "CLIP merges: line {}: duplicate merge", rank + 2);
             vocab.push(merged);
         }
@@ -398,14 +400,20 @@ mod tests {
     #[test]
     fn pre_tokenizer() {
         assert_eq!(pre_tokenize("i'm a cat's 'tis ''s"), ["i", "'m", "a", "cat", "'s", "'t", "is", "''", "s"]);
-        assert_eq!(pre_tokenize("abc123 x,y!? caf\u{e9}s"), ["abc", "1", "2", "3", "x", ",", "y", "!?", "caf", "\u{e9}", "s"]);
+        assert_eq!(
+            pre_tokenize("abc123 x,y!? caf\u{e9}s"),
+            ["abc", "1", "2", "3", "x", ",", "y", "!?", "caf", "\u{e9}", "s"]
+        );
         assert_eq!(pre_tokenize("a\u{3000}b \u{1f525}!"), ["a", "\u{3000}", "b", "\u{1f525}!"]);
     }
 
     #[test]
     fn specials_split() {
         let s = split_specials("a<|endoftext|>cat catdog", &["<|endoftext|>", "cat", "catdog"]);
-        assert_eq!(s, [("a", false), ("<|endoftext|>", true), ("cat", true), (" ", false), ("cat", true), ("dog", false)]);
+        assert_eq!(
+            s,
+            [("a", false), ("<|endoftext|>", true), ("cat", true), (" ", false), ("cat", true), ("dog", false)]
+        );
         let s = split_specials("catdog", &["catdog", "cat"]);
         assert_eq!(s, [("catdog", true)]);
     }

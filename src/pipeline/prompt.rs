@@ -212,8 +212,13 @@ impl WeightedTokens {
         self.tokens.len() / chunk_len.max(1)
     }
 
-    /// Adds BOS/EOS and padding, truncating or chunking long sequences, as the reference.
+    /// Adds BOS/EOS and padding, truncating or chunking long sequences, as the reference
+    /// (which leaves mismatched tokens and weights as they are, after logging it).
     pub fn pad(&mut self, opts: &PadOptions) {
+        if self.tokens.len() != self.weights.len() {
+            sd_error!("tokens size != weights size");
+            return;
+        }
         let n = self.tokens.len();
         let sequence = |range: Range<usize>, target: usize, out: &mut WeightedTokens| {
             let start = out.tokens.len();

@@ -1,0 +1,3 @@
+//! Text encoders and their tokenizers.
+
+pub mod tokenizer;

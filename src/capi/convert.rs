@@ -380,12 +380,16 @@ pub(crate) unsafe fn adetailer_params(p: &sd_adetailer_params_t) -> Result<Adeta
 
 // ---------------------------------------------------------------- api → C (defaults)
 
-/// A default string: NULL for `None`, a static C string otherwise (defaults only hold short
-/// constants, interned once for the life of the process).
+/// A default string: NULL for `None`, a static "" for the empty string. The reference's
+/// `*_init` functions set no other strings, so nothing here allocates.
 fn default_str(s: Option<&str>) -> *const c_char {
     match s {
+        Some("") => c"".as_ptr(),
+        Some(other) => {
+            debug_assert!(false, "non-empty default string {other:?}");
+            std::ptr::null()
+        }
         None => std::ptr::null(),
-        Some(s) => super::names::static_cstr(s),
     }
 }
 

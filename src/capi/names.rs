@@ -8,23 +8,8 @@ use super::guard::{guard, opt_str};
 use super::types::*;
 use crate::types::*;
 use libc::c_char;
-use parking_lot::Mutex;
-use std::collections::HashMap;
-use std::ffi::{CStr, CString};
+use std::ffi::CStr;
 
-/// A process-lifetime C copy of a static string (names are a small fixed set).
-pub(crate) fn static_cstr(s: &str) -> *const c_char {
-    static CACHE: Mutex<Option<HashMap<String, &'static CStr>>> = Mutex::new(None);
-    let mut cache = CACHE.lock();
-    let map = cache.get_or_insert_with(HashMap::new);
-    if let Some(c) = map.get(s) {
-        return c.as_ptr();
-    }
-    let owned = CString::new(s.replace('\0', "")).unwrap_or_default();
-    let leaked: &'static CStr = Box::leak(owned.into_boxed_c_str());
-    map.insert(s.to_string(), leaked);
-    leaked.as_ptr()
-}
 
 /// Parses a C string with `parse`; failures (with a reason) give `None`.
 ///
@@ -42,7 +27,7 @@ unsafe fn parse_name<T>(func: &str, s: *const c_char, parse: impl Fn(&str) -> Op
 
 #[no_mangle]
 pub extern "C" fn sd_type_name(r#type: sd_type_t) -> *const c_char {
-    static_cstr(r#type.name())
+    r#type.c_name()
 }
 
 /// # Safety
@@ -55,7 +40,7 @@ pub unsafe extern "C" fn str_to_sd_type(str: *const c_char) -> sd_type_t {
 
 #[no_mangle]
 pub extern "C" fn sd_rng_type_name(rng_type: rng_type_t) -> *const c_char {
-    static_cstr(rng_type.name())
+    rng_type.c_name()
 }
 
 /// # Safety
@@ -68,7 +53,7 @@ pub unsafe extern "C" fn str_to_rng_type(str: *const c_char) -> rng_type_t {
 
 #[no_mangle]
 pub extern "C" fn sd_sample_method_name(sample_method: sample_method_t) -> *const c_char {
-    static_cstr(sample_method.name())
+    sample_method.c_name()
 }
 
 /// # Safety
@@ -81,7 +66,7 @@ pub unsafe extern "C" fn str_to_sample_method(str: *const c_char) -> sample_meth
 
 #[no_mangle]
 pub extern "C" fn sd_scheduler_name(scheduler: scheduler_t) -> *const c_char {
-    static_cstr(scheduler.name())
+    scheduler.c_name()
 }
 
 /// "normal" is accepted as another name of the discrete scheduler.
@@ -97,7 +82,7 @@ pub unsafe extern "C" fn str_to_scheduler(str: *const c_char) -> scheduler_t {
 
 #[no_mangle]
 pub extern "C" fn sd_prediction_name(prediction: prediction_t) -> *const c_char {
-    static_cstr(prediction.name())
+    prediction.c_name()
 }
 
 /// # Safety
@@ -110,7 +95,7 @@ pub unsafe extern "C" fn str_to_prediction(str: *const c_char) -> prediction_t {
 
 #[no_mangle]
 pub extern "C" fn sd_preview_name(preview: preview_t) -> *const c_char {
-    static_cstr(preview.name())
+    preview.c_name()
 }
 
 /// # Safety
@@ -123,7 +108,7 @@ pub unsafe extern "C" fn str_to_preview(str: *const c_char) -> preview_t {
 
 #[no_mangle]
 pub extern "C" fn sd_lora_apply_mode_name(mode: lora_apply_mode_t) -> *const c_char {
-    static_cstr(mode.name())
+    mode.c_name()
 }
 
 /// # Safety
@@ -136,7 +121,7 @@ pub unsafe extern "C" fn str_to_lora_apply_mode(str: *const c_char) -> lora_appl
 
 #[no_mangle]
 pub extern "C" fn sd_hires_upscaler_name(upscaler: sd_hires_upscaler_t) -> *const c_char {
-    static_cstr(upscaler.name())
+    upscaler.c_name()
 }
 
 /// # Safety

@@ -57,6 +57,11 @@ macro_rules! c_enum_newtype {
                 self.get().map_or("NONE", |v| v.name())
             }
 
+            /// `name` as a static C string.
+            pub fn c_name(self) -> *const libc::c_char {
+                self.get().map_or(c"NONE", |v| v.c_name()).as_ptr()
+            }
+
             /// The sentinel passes through as `None`; other undeclared values are errors.
             pub fn get_or_auto(self, what: &str) -> crate::error::Result<Option<$rust>> {
                 if self == Self::COUNT {

@@ -159,10 +159,11 @@ fn to_u8(v: f32) -> u8 {
     }
 }
 
-/// Replaces an interleaved 8-bit image (at least 3 channels, RGB first) by its Canny edge
-/// map, written to every channel.
+/// Replaces an interleaved 8-bit image by its Canny edge map, written to every channel.
+/// RGB(A) images are converted to grey like the reference; a grey image (1 or 2 channels,
+/// which the reference rejects by aborting) is used as it is.
 pub fn canny(pixels: &mut [u8], width: usize, height: usize, channels: usize, p: &CannyParams) -> Result<()> {
-    ensure!(channels >= 3, "canny needs an RGB image, got {channels} channel(s)");
+    ensure!(channels >= 1, "canny needs at least one channel");
     let n = width
         .checked_mul(height)
         .and_then(|n| n.checked_mul(channels))
@@ -174,8 +175,12 @@ pub fn canny(pixels: &mut [u8], width: usize, height: usize, channels: usize, p:
 
     let mut grey = Plane::zeros(width, height);
     for (i, px) in pixels.chunks_exact(channels).take(width * height).enumerate() {
-        let (r, g, b) = (px[0] as f32 / 255.0f32, px[1] as f32 / 255.0f32, px[2] as f32 / 255.0f32);
-        grey.v[i] = 0.2989f32 * r + 0.5870f32 * g + 0.1140f32 * b;
+        grey.v[i] = if channels >= 3 {
+            let (r, g, b) = (px[0] as f32 / 255.0f32, px[1] as f32 / 255.0f32, px[2] as f32 / 255.0f32);
+            0.2989f32 * r + 0.5870f32 * g + 0.1140f32 * b
+        } else {
+            px[0] as f32 / 255.0f32
+        };
     }
     let grey = grey.convolve(&gaussian_kernel_5x5(), 5);
     let ix = grey.convolve(&SOBEL_X, 3);

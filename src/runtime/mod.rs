@@ -1,1 +1,4 @@
 //! runtime
+
+pub mod preview;
+pub mod tiling;

@@ -90,7 +90,7 @@ pub fn project(latents: &Tensor, proj: Option<&Projection>) -> Result<Image> {
             }
             let o = (y * out_w + x) * 3;
             for k in 0..3 {
-                let v = (rgb[k] * 0.5 + 0.5).max(0.0).min(1.0);
+                let v = (rgb[k] * 0.5 + 0.5).clamp(0.0, 1.0);
                 data[o + k] = (v * 255.0) as u8;
             }
         }
@@ -108,15 +108,16 @@ mod tests {
         let lat = Tensor::from_vec(&[2, 1, 4, 1], vec![1.0, 0.0, 0.5, 0.0, -1.0, 0.0, 0.25, 0.0]).unwrap();
         let img = project(&lat, Some(&SD)).unwrap();
         assert_eq!((img.width, img.height, img.channels), (2, 1, 3));
-        let mut want = [0u8; 3];
-        for k in 0..3 {
-            let mut v = 0f32;
-            for (d, l) in [1.0f32, 0.5, -1.0, 0.25].iter().enumerate() {
-                v += l * SD.weights[d][k];
-            }
-            v += SD.bias.unwrap()[k];
-            want[k] = ((v * 0.5 + 0.5).clamp(0.0, 1.0) * 255.0) as u8;
-        }
+        let want: Vec<u8> = (0..3)
+            .map(|k| {
+                let mut v = 0f32;
+                for (d, l) in [1.0f32, 0.5, -1.0, 0.25].iter().enumerate() {
+                    v += l * SD.weights[d][k];
+                }
+                v += SD.bias.unwrap()[k];
+                ((v * 0.5 + 0.5).clamp(0.0, 1.0) * 255.0) as u8
+            })
+            .collect();
         assert_eq!(&img.data[..3], &want);
         // A zero latent shows the bias.
         let b = SD.bias.unwrap();

@@ -50,8 +50,9 @@ const MIN_TILE_SIZE: i32 = 4;
 /// `encoding_factor` scales the tile size before clamping: the reference uses 1 for decode
 /// and 2 for image encode (encode is more sensitive to missing context, and 2 makes a
 /// 512² SD image a single tile with the default 32).
+#[allow(clippy::manual_clamp)]
 pub fn tile_sizes(params: &TilingParams, latent_w: i64, latent_h: i64, encoding_factor: f32) -> (i32, i32, f32) {
-    let overlap = params.target_overlap.min(0.5).max(0.0);
+    let overlap = params.target_overlap.clamp(0.0, 0.5);
     let size = |requested: i32, rel: f32, latent: i64| -> i32 {
         let mut tile = DEFAULT_TILE_SIZE;
         let mut factor = rel;
@@ -64,6 +65,7 @@ pub fn tile_sizes(params: &TilingParams, latent_w: i64, latent_h: i64, encoding_
             tile = requested;
         }
         tile = (tile as f32 * encoding_factor) as i32;
+        // Not `clamp`: a latent smaller than the minimum still gets the minimum.
         tile.min(latent.clamp(0, i32::MAX as i64) as i32).max(MIN_TILE_SIZE)
     };
     (
@@ -225,7 +227,7 @@ pub fn process_tiles(
     mut f: impl FnMut(&Tensor) -> Result<Tensor>,
 ) -> Result<Tensor> {
     let (in_w, in_h) = (input.ne(0), input.ne(1));
-    ensure!(input.shape().len() >= 2 && input.len() > 0, "cannot tile a tensor of shape {:?}", input.shape());
+    ensure!(input.shape().len() >= 2 && !input.is_empty(), "cannot tile a tensor of shape {:?}", input.shape());
     ensure!(scale >= 1 && output_w > 0 && output_h > 0, "invalid tiling output {output_w}x{output_h} (scale {scale})");
     let decode = output_w > in_w;
     let (small_w, small_h) = if decode { (in_w, in_h) } else { (output_w, output_h) };
@@ -466,7 +468,7 @@ mod tests {
             );
             // %.9g prints 0.416666657 where Rust prints 0.41666666: compare numerically.
             let norm = |s: &str| -> Vec<String> {
-                s.split(|c: char| c == ' ' || c == ',' || c == '=')
+                s.split([' ', ',', '='])
                     .map(|t| t.parse::<f32>().map(|v| v.to_string()).unwrap_or(t.to_string()))
                     .collect()
             };

@@ -119,11 +119,14 @@ class KL(Net):
         return h + x
 
     def proj(self, name, t):
-        """t: N, L, C tokens."""
-        w = self.p(name + ".weight")
-        if w.ndim == 4:  # 1x1 conv: input rounded to f16 like im2col
-            w = self.w[name + ".weight"].astype(np.float16).astype(np.float32)[:, :, 0, 0]
+        """t: N, L, C tokens. A 1x1 conv or a linear layer: with f16 weights the input is
+        rounded to f16 too (im2col, or ggml's conversion of mul_mat operands)."""
+        w = self.w[name + ".weight"]
+        if w.dtype == np.float16 or w.ndim == 4:
             t = t.astype(np.float16).astype(np.float32)
+        w = w.astype(np.float16 if w.ndim == 4 else w.dtype).astype(np.float32)
+        if w.ndim == 4:
+            w = w[:, :, 0, 0]
         return t @ w.T + self.p(name + ".bias")
 
     def attn(self, name, x):

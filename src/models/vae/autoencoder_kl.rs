@@ -266,6 +266,14 @@ struct Level {
     resample: Option<Conv2d>,
 }
 
+impl Level {
+    fn convs(&mut self) -> Vec<&mut Conv2d> {
+        let mut v: Vec<&mut Conv2d> = self.blocks.iter_mut().flat_map(|b| b.convs()).collect();
+        v.extend(self.resample.as_mut());
+        v
+    }
+}
+
 struct Encoder {
     conv_in: Conv2d,
     down: Vec<Level>,
@@ -324,12 +332,7 @@ impl Encoder {
 
     fn convs(&mut self) -> Vec<&mut Conv2d> {
         let mut v = vec![&mut self.conv_in];
-        for l in &mut self.down {
-            for b in &mut l.blocks {
-                v.extend(b.convs());
-            }
-            v.extend(l.resample.as_mut());
-        }
+        v.extend(self.down.iter_mut().flat_map(Level::convs));
         v.extend(self.mid.convs());
         v.push(&mut self.conv_out);
         v
@@ -394,12 +397,7 @@ impl Decoder {
     fn convs(&mut self) -> Vec<&mut Conv2d> {
         let mut v = vec![&mut self.conv_in];
         v.extend(self.mid.convs());
-        for l in &mut self.up {
-            for b in &mut l.blocks {
-                v.extend(b.convs());
-            }
-            v.extend(l.resample.as_mut());
-        }
+        v.extend(self.up.iter_mut().flat_map(Level::convs));
         v.push(&mut self.conv_out);
         v
     }
@@ -506,7 +504,7 @@ pub fn decode(runner: &mut Runner, vae: &AutoEncoderKL, latent: &Tensor) -> Resu
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::models::vae::testutil::{compare, cpu, load_kl, numpy_ref, pattern};
+    use crate::models::vae::testutil::{assert_matches_numpy, cpu, load_kl, load_kl_with, pattern};
 
     #[test]
     fn config_detects_sd_layout() {
@@ -519,6 +517,15 @@ mod tests {
         let n = store.get("first_stage_model.encoder.norm_out.weight").unwrap();
         assert_eq!(n.ty(), crate::graph::F32);
         assert_eq!(vae.cfg.encoder_output_channels(), 8);
+        // The conv scale reaches every convolution (all f16 weights here).
+        let mut vae = vae;
+        vae.set_conv2d_scale(0.25);
+        let mut convs = vae.decoder.convs();
+        convs.extend(vae.encoder.as_mut().unwrap().convs());
+        let f16_weights = store.entries().filter(|(_, w)| w.ty() == crate::graph::F16).count();
+        assert_eq!(convs.len() + 2, f16_weights);
+        assert!(convs.iter().all(|c| c.scale == 0.25));
+        assert_eq!(vae.quant_conv.unwrap().scale, 0.25);
     }
 
     #[test]
@@ -529,12 +536,50 @@ mod tests {
         let z = pattern(&[8, 8, 4, 1], -2.5, 2.5, 1);
         let ours = decode(&mut runner, &vae, &z).unwrap();
         assert_eq!(ours.shape(), &[64, 64, 3, 1]);
-        let want = numpy_ref("kl-decode", &path, &z);
-        let (rel, abs) = compare(&ours, &want);
-        eprintln!("kl decode vs numpy: max rel err {rel:.2e}, max abs err {abs:.2e}");
-        assert!(rel < 1e-2, "max rel err {rel}");
+        assert_matches_numpy("kl decode", "kl-decode", &path, &z, &ours);
         // Decode-only: encoding is an error, not a crash.
         assert!(encode(&mut runner, &vae, &Tensor::zeros(&[8, 8, 3, 1])).is_err());
+    }
+
+    /// Linear attention projections (diffusers-converted VAEs), the SDXL conv scale, flash
+    /// attention and direct convolution compute the same function.
+    #[test]
+    fn decoder_variants_match_numpy() {
+        let (_store, mut vae, path) = load_kl_with(true, |cfg| cfg.decoder_attn_linear = true);
+        vae.set_conv2d_scale(1.0 / 32.0);
+        let mut runner = Runner::new(cpu(), 2);
+        runner.options.flash_attn = true;
+        runner.options.conv_direct = true;
+        let z = pattern(&[8, 8, 4, 1], -2.5, 2.5, 1);
+        let ours = decode(&mut runner, &vae, &z).unwrap();
+        assert_matches_numpy("kl decode (linear attn, conv scale, flash, direct)", "kl-decode", &path, &z, &ours);
+    }
+
+    #[test]
+    fn detect_follows_the_files() {
+        let mut types = TypeMap::new();
+        for net in ["encoder", "decoder"] {
+            types.insert(format!("{PREFIX}{net}.mid.attn_1.proj_out.weight"), crate::graph::F16);
+        }
+        types.insert(format!("{PREFIX}decoder.conv_in.weight"), crate::graph::F16);
+        let shapes = |n: &str| -> Option<Vec<i64>> {
+            if n.ends_with("decoder.conv_in.weight") {
+                Some(vec![3, 3, 4, 256]) // a pruned decoder: 256 / 4 = 64
+            } else if n.contains("decoder.mid.attn_1") {
+                Some(vec![512, 512])
+            } else if n.contains("attn_1.proj_out") {
+                Some(vec![1, 1, 512, 512])
+            } else {
+                None
+            }
+        };
+        let cfg = VaeConfig::detect(&types, PREFIX, shapes, LatentFamily::Sdxl, false);
+        assert_eq!((cfg.encoder_attn_linear, cfg.decoder_attn_linear), (false, true));
+        assert_eq!((cfg.ch, cfg.decoder_ch), (128, 64));
+        assert_eq!(cfg.scale_factor, 0.13025);
+        // Only 2-D weights anywhere: the default becomes linear for blocks without weights.
+        let cfg = VaeConfig::detect(&types, PREFIX, |_| Some(vec![512, 512]), LatentFamily::Sd1, true);
+        assert!(cfg.encoder_attn_linear && cfg.decoder_attn_linear);
     }
 
     #[test]
@@ -544,10 +589,7 @@ mod tests {
         let x = pattern(&[64, 64, 3, 1], -1.0, 1.0, 2);
         let ours = encode(&mut runner, &vae, &x).unwrap();
         assert_eq!(ours.shape(), &[8, 8, 8, 1]);
-        let want = numpy_ref("kl-encode", &path, &x);
-        let (rel, abs) = compare(&ours, &want);
-        eprintln!("kl encode vs numpy: max rel err {rel:.2e}, max abs err {abs:.2e}");
-        assert!(rel < 1e-2, "max rel err {rel}");
+        assert_matches_numpy("kl encode", "kl-encode", &path, &x, &ours);
         // User-controlled sizes are checked before building a graph.
         assert!(encode(&mut runner, &vae, &Tensor::zeros(&[4, 4, 3, 1])).is_err());
         assert!(encode(&mut runner, &vae, &Tensor::zeros(&[16, 16, 4, 1])).is_err());

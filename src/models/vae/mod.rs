@@ -8,8 +8,8 @@
 //!   Then [`Vae::output_to_latents`] (KL: `mean + exp(0.5·clamp(logvar, -30, 20)) · noise`,
 //!   the noise drawn from the generation RNG — img2img samples, it does not take the mean)
 //!   and [`Vae::vae_to_diffusion_latents`] (KL: `(z - shift) * scale_factor`).
-//! - decode: diffusion latents → [`Vae::diffusion_to_vae_latents`] (KL: `z / scale_factor
-//!   + shift`) → decoder (tiled when asked) → (KL only) `clamp((x + 1) / 2, 0, 1)`.
+//! - decode: diffusion latents → [`Vae::diffusion_to_vae_latents`] (KL:
+//!   `z / scale_factor + shift`) → decoder (tiled when asked) → (KL only) `clamp((x + 1) / 2, 0, 1)`.
 //!   TAESD output is returned as computed (about [0, 1], unclamped), like the reference.
 //!
 //! The latent scale factor (0.18215 SD 1.x/2.x, 0.13025 SDXL) is therefore applied here,
@@ -54,6 +54,7 @@ pub const SCALE: usize = 8;
 pub type Progress<'a> = Option<&'a mut dyn FnMut(i32, i32, f32)>;
 
 /// The first stage a pipeline uses.
+#[allow(clippy::large_enum_variant)] // one per context
 pub enum Vae {
     Kl(AutoEncoderKL),
     Tiny(TinyAutoEncoder),
@@ -171,7 +172,7 @@ impl Vae {
         runner.release();
         let mut out = out.map_err(|e| crate::error::Error::new(format!("vae decode compute failed: {e}")))?;
         if self.is_kl() {
-            out = out.map(|v| ((v + 1.0) * 0.5).max(0.0).min(1.0));
+            out = out.map(|v| ((v + 1.0) * 0.5).clamp(0.0, 1.0));
         }
         sd_debug!("computing vae decode graph completed, taking {:.2}s", start.elapsed().as_secs_f32());
         Ok(out)
@@ -191,7 +192,7 @@ impl Vae {
                     .iter()
                     .zip(logvar.data())
                     .zip(&noise)
-                    .map(|((&m, &lv), &e)| m + (0.5 * lv.max(-30.0).min(20.0)).exp() * e)
+                    .map(|((&m, &lv), &e)| m + (0.5 * lv.clamp(-30.0, 20.0)).exp() * e)
                     .collect();
                 Tensor::from_vec(mean.shape(), data)
             }

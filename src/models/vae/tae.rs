@@ -185,7 +185,7 @@ pub fn encode(runner: &mut Runner, tae: &TinyAutoEncoder, image: &Tensor) -> Res
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::models::vae::testutil::{compare, cpu, load_tae, numpy_ref, pattern};
+    use crate::models::vae::testutil::{assert_matches_numpy, cpu, load_tae, pattern};
 
     #[test]
     fn decoder_and_encoder_match_numpy() {
@@ -198,15 +198,11 @@ mod tests {
         let z = pattern(&[8, 8, 4, 1], -4.0, 4.0, 3);
         let ours = decode(&mut runner, &tae, &z).unwrap();
         assert_eq!(ours.shape(), &[64, 64, 3, 1]);
-        let (rel, abs) = compare(&ours, &numpy_ref("tae-decode", &path, &z));
-        eprintln!("taesd decode vs numpy: max rel err {rel:.2e}, max abs err {abs:.2e}");
-        assert!(rel < 1e-2, "max rel err {rel}");
+        assert_matches_numpy("taesd decode", "tae-decode", &path, &z, &ours);
 
         let x = pattern(&[64, 64, 3, 1], 0.0, 1.0, 4);
         let ours = encode(&mut runner, &tae, &x).unwrap();
         assert_eq!(ours.shape(), &[8, 8, 4, 1]);
-        let (rel, abs) = compare(&ours, &numpy_ref("tae-encode", &path, &x));
-        eprintln!("taesd encode vs numpy: max rel err {rel:.2e}, max abs err {abs:.2e}");
-        assert!(rel < 1e-2, "max rel err {rel}");
+        assert_matches_numpy("taesd encode", "tae-encode", &path, &x, &ours);
     }
 }

@@ -246,6 +246,15 @@ pub fn compare(a: &Tensor, b: &Tensor) -> (f32, f32) {
     (d / scale, d)
 }
 
+/// Compares `ours` with `vae_ref.py CMD` on `input`: same shape, finite, max error below
+/// 1% of the largest reference value (f16 weights and im2col); returns that error.
+pub fn assert_matches_numpy(label: &str, cmd: &str, weights: &Path, input: &Tensor, ours: &Tensor) -> f32 {
+    let (rel, abs) = compare(ours, &numpy_ref(cmd, weights, input));
+    eprintln!("{label} vs numpy: max rel err {rel:.2e}, max abs err {abs:.2e}");
+    assert!(rel < 1e-2, "{label}: max rel err {rel}");
+    rel
+}
+
 #[test]
 fn half_conversions_round_trip() {
     for h in [0u16, 0x3c00, 0xbc00, 0x0001, 0x03ff, 0x0400, 0x7bff, 0x7c00, 0x3555] {
@@ -275,10 +284,16 @@ fn load<M>(
 
 /// The synthetic SD VAE, loaded on the CPU.
 pub fn load_kl(decode_only: bool) -> (ParamStore, super::AutoEncoderKL, PathBuf) {
+    load_kl_with(decode_only, |_| {})
+}
+
+/// The synthetic SD VAE with its detected configuration changed by `tweak`.
+pub fn load_kl_with(decode_only: bool, tweak: impl FnOnce(&mut super::VaeConfig)) -> (ParamStore, super::AutoEncoderKL, PathBuf) {
     use super::autoencoder_kl::PREFIX;
     let path = fixture("sd1-vae", "vae.safetensors");
     let (store, vae) = load(&path, "", PREFIX, |s, types, file| {
-        let cfg = super::VaeConfig::detect(types, PREFIX, |n| file.shape_of(n), super::LatentFamily::Sd1, decode_only);
+        let mut cfg = super::VaeConfig::detect(types, PREFIX, |n| file.shape_of(n), super::LatentFamily::Sd1, decode_only);
+        tweak(&mut cfg);
         super::AutoEncoderKL::new(s, &cfg)
     });
     (store, vae, path)

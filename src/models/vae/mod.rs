@@ -240,23 +240,23 @@ pub fn split_moments(moments: &Tensor) -> Result<(Tensor, Tensor)> {
 
 #[cfg(test)]
 mod tests {
-    use super::testutil::{cpu, load_kl, read_bin, TempDir};
+    use super::testutil::{cpu, load_kl, load_tae, read_bin, TempDir};
     use super::*;
     use crate::graph::{ParamStore, Scope, TypeMap};
     use std::path::PathBuf;
 
-    fn golden_dir() -> PathBuf {
-        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/golden/sd1")
+    fn golden_dir(set: &str) -> PathBuf {
+        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/golden").join(set)
     }
 
-    /// A reference picture as [W, H, 3, 1] of 0..255 values.
-    fn golden_png(name: &str) -> Tensor {
+    /// A reference picture (`set/name`) as [W, H, 3, 1] of 0..255 values.
+    fn golden_png(set: &str, name: &str) -> Tensor {
         let dir = TempDir::new("png");
         let out = dir.0.join("png.bin");
         let ok = std::process::Command::new("python3")
             .arg(PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/tools/vae_ref.py"))
             .arg("png")
-            .arg(golden_dir().join(name))
+            .arg(golden_dir(set).join(name))
             .arg("-")
             .arg(&out)
             .status()
@@ -277,12 +277,10 @@ mod tests {
         }
     }
 
-    /// Decodes a golden final latent of the reference and compares the picture with the
-    /// reference's: max and mean |diff| in grey levels.
-    fn decode_golden(case: &str, tiling: &TilingParams) -> (f32, f32) {
-        let (_store, vae, _) = load_kl(true);
-        let vae = Vae::Kl(vae);
-        let latent = read_bin(&golden_dir().join(format!("latents/{case}.bin")));
+    /// Decodes the reference's final latent of sd1 case `latent` and compares the picture
+    /// with the reference's `png` (a path under golden/): max and mean |diff| in grey levels.
+    fn decode_golden(vae: &Vae, latent: &str, png: (&str, &str), tiling: &TilingParams) -> (f32, f32) {
+        let latent = read_bin(&golden_dir("sd1").join(format!("latents/{latent}.bin")));
         let mut runner = Runner::new(cpu(), 2);
         let mut steps = 0;
         let mut progress = |_: i32, _: i32, _: f32| steps += 1;
@@ -290,18 +288,27 @@ mod tests {
             .decode(&mut runner, &vae.diffusion_to_vae_latents(&latent), tiling, (false, false), Some(&mut progress))
             .unwrap();
         assert!(!tiling.enabled || steps > 1);
-        let want = golden_png(&format!("{case}.png"));
+        let want = golden_png(png.0, png.1);
         assert_eq!(img.shape(), want.shape());
         let diffs: Vec<f32> = img.data().iter().zip(want.data()).map(|(&a, &b)| (to_u8(a) - b).abs()).collect();
         let max = diffs.iter().fold(0f32, |m, &d| m.max(d));
         let mean = diffs.iter().sum::<f32>() / diffs.len() as f32;
-        eprintln!("{case}: max |diff| {max}, mean |diff| {mean:.4} grey levels");
+        eprintln!("{}: max |diff| {max}, mean |diff| {mean:.4} grey levels", png.1);
         (max, mean)
     }
 
     #[test]
     fn decode_matches_reference_pictures() {
-        let (max, mean) = decode_golden("defaults_0", &TilingParams::default());
+        // The stores must outlive the models: their weights live there.
+        let (_kl_store, kl, _) = load_kl(true);
+        let vae = Vae::Kl(kl);
+        let (max, mean) = decode_golden(&vae, "defaults_0", ("sd1", "defaults_0.png"), &TilingParams::default());
+        assert!(max <= 3.0 && mean <= 0.25, "max {max}, mean {mean}");
+        // sd1-extra/taesd_txt2img samples exactly like sd1/sampler_euler, then decodes with TAESD.
+        let (_tae_store, tae, _) = load_tae(true);
+        let tae = Vae::Tiny(tae);
+        let (max, mean) =
+            decode_golden(&tae, "sampler_euler_0", ("sd1-extra", "taesd_txt2img_0.png"), &TilingParams::default());
         assert!(max <= 3.0 && mean <= 0.25, "max {max}, mean {mean}");
     }
 
@@ -314,7 +321,9 @@ mod tests {
         }
         let tiling =
             TilingParams { enabled: true, tile_size_x: 8, tile_size_y: 8, target_overlap: 0.5, ..Default::default() };
-        let (max, mean) = decode_golden("vae_tiling_0", &tiling);
+        let (_store, vae, _) = load_kl(true);
+        let vae = Vae::Kl(vae);
+        let (max, mean) = decode_golden(&vae, "vae_tiling_0", ("sd1", "vae_tiling_0.png"), &tiling);
         assert!(max <= 3.0 && mean <= 0.25, "max {max}, mean {mean}");
     }
 

@@ -41,6 +41,7 @@ impl<'g> T<'g> {
         relu => ggml_relu,
         relu_inplace => ggml_relu_inplace,
         tanh => ggml_tanh,
+        tanh_inplace => ggml_tanh_inplace,
         sigmoid => ggml_sigmoid,
         exp => ggml_exp,
         sqr => ggml_sqr,

@@ -1,3 +1,5 @@
-//! models
+//! Networks, one file per family like the reference's src/model/: text encoders (`te`),
+//! diffusion models, autoencoders (`vae`), adapters and upscalers.
 
 pub mod te;
+pub mod vae;

@@ -15,7 +15,7 @@ use zip::{CompressionMethod, ZipArchive};
 /// Largest `data.pkl` we read (real ones are kilobytes to a few megabytes).
 const MAX_PICKLE_LEN: u64 = 256 << 20;
 /// Largest pickle prefix of a legacy file we read.
-const MAX_LEGACY_HEAD: u64 = 1 << 30;
+const MAX_LEGACY_HEAD: u64 = 256 << 20;
 
 /// Turns one pickled tensor into a storage, checking it fits the storage's bytes.
 /// `None` (with a warning) for element types we cannot read.

@@ -2,8 +2,8 @@
 //! (tests/fixtures/convert/sd1_{q8_0,q4_K,f16}.json: names, types and shapes).
 //!
 //! The plan (which type each tensor gets) is checked from the checkpoint's tensor list;
-//! the full conversion runs when the 2 GB synthetic file is in the fixture cache (or
-//! SD_PARITY is set, which generates it).
+//! the full conversion of the 2 GB synthetic file runs with SD_PARITY set (the file is
+//! generated into the fixture cache if missing).
 
 mod io_common;
 

@@ -138,3 +138,25 @@ fn synthetic_checkpoints() {
         assert_eq!(detect(&list), Some(want), "{arch}");
     }
 }
+
+#[test]
+fn cached_synthetic_files() {
+    use stable_diffusion::io::{ModelFiles, ModelSource};
+    for (file, want) in [("sd1.safetensors", Sd1), ("sd2.safetensors", Sd2), ("sdxl.safetensors", Sdxl), ("sd1_inpaint.safetensors", Sd1Inpaint)] {
+        let Some(path) = io_common::cached_file(file) else { continue };
+        let m = ModelFiles::open(&[ModelSource::new(&path, "")]).unwrap();
+        assert_eq!(m.detect_version(), Some(want), "{file}");
+        let t = &m.tensors()[0];
+        let mut buf = vec![0u8; t.nelements() as usize * 4];
+        m.read_tensor(t, stable_diffusion::types::SdType::F32, &mut buf).unwrap();
+    }
+    // A separate VAE whose names already carry `first_stage_model.` gets the `vae.` prefix
+    // on top, like in the reference, and so does not replace the checkpoint's own VAE.
+    if let (Some(sd1), Some(vae)) = (io_common::cached_file("sd1.safetensors"), io_common::cached_file("vae.safetensors")) {
+        let mut m = ModelFiles::open(&[ModelSource::new(&sd1, ""), ModelSource::new(&vae, "vae.")]).unwrap();
+        m.convert_names(None);
+        assert_eq!(m.get("first_stage_model.decoder.conv_in.weight").unwrap().file_index(), 0);
+        let extra = m.get("first_stage_model.first_stage_model.decoder.conv_in.weight").expect("vae tensor");
+        assert_eq!(extra.file_index(), 1);
+    }
+}

@@ -36,16 +36,17 @@ pub fn synth_list(arch: &str) -> Option<Vec<(String, Vec<i64>)>> {
     Some(v)
 }
 
-/// The synthetic checkpoint `file` (e.g. "sd1.safetensors") of `arch` from the cache.
-/// When it is missing it is generated if `SD_PARITY` is set; otherwise `None` (skip).
+/// The synthetic checkpoint `file` (e.g. "sd1.safetensors") of `arch` from the cache,
+/// generated there if missing. Tests on these multi-GB files are slow, so they run only
+/// when `SD_PARITY` is set; otherwise this returns `None` (skip).
 pub fn synth_file(arch: &str, file: &str) -> Option<PathBuf> {
     let path = cache_dir().join(file);
+    if std::env::var_os("SD_PARITY").is_none() {
+        eprintln!("skipping: set SD_PARITY=1 to run the tests on {}", path.display());
+        return None;
+    }
     if path.exists() {
         return Some(path);
-    }
-    if std::env::var_os("SD_PARITY").is_none() {
-        eprintln!("skipping: {} is missing (set SD_PARITY=1 to generate it)", path.display());
-        return None;
     }
     std::fs::create_dir_all(cache_dir()).unwrap();
     let tmp = path.with_extension("partial.safetensors");
@@ -53,4 +54,10 @@ pub fn synth_file(arch: &str, file: &str) -> Option<PathBuf> {
     assert!(status.success(), "synth_model.py {arch} failed");
     std::fs::rename(&tmp, &path).unwrap();
     Some(path)
+}
+
+/// A synthetic checkpoint already in the fixture cache (nothing is generated).
+pub fn cached_file(file: &str) -> Option<PathBuf> {
+    let path = cache_dir().join(file);
+    path.exists().then_some(path)
 }

@@ -1,1 +1,3 @@
 //! models
+
+pub mod te;

@@ -1,0 +1,5 @@
+//! Text encoders (conditioning networks), like the reference's `src/model/te/`.
+
+pub mod clip;
+#[cfg(test)]
+mod test_weights;

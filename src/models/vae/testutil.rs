@@ -191,8 +191,11 @@ pub fn read_bin(path: &Path) -> Tensor {
 pub struct TempDir(pub PathBuf);
 
 impl TempDir {
+    /// Unique per call: tests run in parallel threads of one process.
     pub fn new(tag: &str) -> TempDir {
-        let d = std::env::temp_dir().join(format!("sd-vae-{tag}-{}", std::process::id()));
+        static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let d = std::env::temp_dir().join(format!("sd-vae-{tag}-{}-{n}", std::process::id()));
         std::fs::create_dir_all(&d).expect("temp dir");
         TempDir(d)
     }

@@ -1,1 +1,3 @@
 //! models
+pub mod common;
+pub mod diffusion;

@@ -6,7 +6,9 @@ Usage: unet_ref.py WEIGHTS.safetensors CASE_DIR
 CASE_DIR/case.json names the variant ("sd1", "sd2", "sdxl"), the tensor name prefix, the
 control strength and the inputs, each a raw little-endian f32 file in CASE_DIR with its
 shape in torch order (x: N,C,H,W; timesteps: N; context: N,L,D; c_concat: N,C',H,W;
-y: N,ADM; controls: list of N,C,H,W). Writes CASE_DIR/expected.bin (f32, N,C,H,W).
+y: N,ADM; controls: list of N,C,H,W). Writes CASE_DIR/expected.bin (f32, N,C,H,W). With
+"dump_blocks" it also writes each block's output (emb, skip<i> per input block, mid,
+out<k> per output block, before controls are added) and their shapes in dumped.json.
 
 Written from the papers' description of the architecture (openaimodel.py layout) in NCHW,
 computing in float64 but rounding matmul inputs to f16 where ggml does (f16 weights: conv
@@ -63,6 +65,8 @@ class UNet:
             self.mult, self.attn_ds = (1, 2, 4, 4), (1, 2, 4)
         self.nres = 2
         self.mc = w.raw("time_embed.0.weight")[0].shape[1]
+        self.dump_dir = None
+        self.dumped = {}
 
     def heads(self, ch):
         if self.variant == "sd1":
@@ -120,6 +124,12 @@ class UNet:
         y = f16(g)
         y = np.where(x <= -10.0, 0.0, y)
         return np.where(x >= 10.0, x, y)
+
+    def dump(self, name, a):
+        """Saves an intermediate (f32, torch order) when the case asks for block outputs."""
+        if self.dump_dir is not None:
+            np.asarray(a, dtype="<f4").tofile(os.path.join(self.dump_dir, name + ".bin"))
+            self.dumped[name] = list(a.shape)
 
     # ---- blocks
     def resblock(self, p, x, emb):
@@ -192,8 +202,10 @@ class UNet:
         emb = self.linear("time_embed.2", self.silu(self.linear("time_embed.0", self.timestep_embedding(ts))))
         if y is not None:
             emb = f32(emb + self.linear("label_emb.0.2", self.silu(self.linear("label_emb.0.0", y))))
+        self.dump("emb", emb)
         h = self.conv("input_blocks.0.0", x)
         hs = [h]
+        self.dump("skip0", h)
         idx, ds = 1, 1
         for lvl, _ in enumerate(self.mult):
             for _ in range(self.nres):
@@ -201,15 +213,18 @@ class UNet:
                 if ds in self.attn_ds:
                     h = self.transformer(f"input_blocks.{idx}.1", h, ctx)
                 hs.append(h)
+                self.dump(f"skip{idx}", h)
                 idx += 1
             if lvl != len(self.mult) - 1:
                 h = self.conv(f"input_blocks.{idx}.0.op", h, stride=2)
                 hs.append(h)
+                self.dump(f"skip{idx}", h)
                 idx += 1
                 ds *= 2
         h = self.resblock("middle_block.0", h, emb)
         h = self.transformer("middle_block.1", h, ctx)
         h = self.resblock("middle_block.2", h, emb)
+        self.dump("mid", h)
         controls = list(controls)
         if controls:
             h = f32(h + controls.pop() * strength)
@@ -228,6 +243,7 @@ class UNet:
                     h = h.repeat(2, axis=2).repeat(2, axis=3)
                     h = self.conv(f"output_blocks.{idx}.{sub}.conv", h)
                     ds //= 2
+                self.dump(f"out{idx}", h)
                 idx += 1
         h = self.silu(self.group_norm("out.0", h))
         return self.conv("out.2", h)
@@ -246,6 +262,8 @@ def main(argv):
 
     w = Weights(weights, case["prefix"])
     net = UNet(w, case["variant"])
+    if case.get("dump_blocks"):
+        net.dump_dir = case_dir
     out = net.forward(
         load(case["x"]),
         load(case["timesteps"]),
@@ -256,6 +274,9 @@ def main(argv):
         case.get("control_strength", 1.0),
     )
     out.astype("<f4").tofile(os.path.join(case_dir, "expected.bin"))
+    if net.dump_dir is not None:
+        with open(os.path.join(case_dir, "dumped.json"), "w") as f:
+            json.dump(net.dumped, f)
 
 
 if __name__ == "__main__":

@@ -289,6 +289,45 @@ struct MiddleBlock {
     attn_res: Option<(SpatialTransformer, ResBlock)>,
 }
 
+impl InputBlock {
+    fn forward<'g>(&self, g: &'g Graph, h: T<'g>, emb: T<'g>, context: T<'g>) -> T<'g> {
+        match self {
+            InputBlock::Res { res, attn } => {
+                let h = res.forward(g, h, Some(emb));
+                match attn {
+                    Some(a) => a.forward(g, h, context),
+                    None => h,
+                }
+            }
+            InputBlock::Down(d) => d.forward(g, h),
+        }
+    }
+}
+
+impl MiddleBlock {
+    fn forward<'g>(&self, g: &'g Graph, h: T<'g>, emb: T<'g>, context: T<'g>) -> T<'g> {
+        let h = self.res0.forward(g, h, Some(emb));
+        match &self.attn_res {
+            Some((attn, res2)) => res2.forward(g, attn.forward(g, h, context), Some(emb)),
+            None => h,
+        }
+    }
+}
+
+impl OutputBlock {
+    /// `h` continues the decoder path, `skip` is the matching encoder output.
+    fn forward<'g>(&self, g: &'g Graph, h: T<'g>, skip: T<'g>, emb: T<'g>, context: T<'g>) -> T<'g> {
+        let mut h = self.res.forward(g, h.concat(skip, 2), Some(emb));
+        if let Some(a) = &self.attn {
+            h = a.forward(g, h, context);
+        }
+        match &self.up {
+            Some(u) => u.forward(g, h),
+            None => h,
+        }
+    }
+}
+
 /// The UNet's declared weights and structure.
 #[derive(Clone, Debug)]
 pub struct UNetModel {
@@ -479,58 +518,44 @@ impl UNetModel {
             }
         });
 
-        // The reference scales timesteps by a time factor (1 here) before embedding them.
-        let t_emb = nn::scale(timesteps, 1.0, false).timestep_embedding(self.config.model_channels as i32, 10000);
-        let mut emb = self.time_embed.0.forward(g, t_emb).silu_inplace();
-        emb = self.time_embed.1.forward(g, emb);
-        if let (Some(y), Some((l0, l2))) = (y, &self.label_emb) {
-            let label = l2.forward(g, l0.forward(g, y).silu_inplace());
-            emb = emb.add(label);
-        }
-
+        let emb = self.embed(g, timesteps, y);
         let mut h = self.input_conv.forward(g, x);
         let mut skips = vec![h];
         for block in &self.input_blocks {
-            h = match block {
-                InputBlock::Res { res, attn } => {
-                    let h = res.forward(g, h, Some(emb));
-                    match attn {
-                        Some(a) => a.forward(g, h, context),
-                        None => h,
-                    }
-                }
-                InputBlock::Down(d) => d.forward(g, h),
-            };
+            h = block.forward(g, h, emb, context);
             skips.push(h);
         }
-
         if let Some(m) = &self.middle {
-            h = m.res0.forward(g, h, Some(emb));
-            if let Some((attn, res2)) = &m.attn_res {
-                h = attn.forward(g, h, context);
-                h = res2.forward(g, h, Some(emb));
-            }
+            h = m.forward(g, h, emb, context);
         }
         let mut controls = controls.iter().rev();
         if let Some(&c) = controls.next() {
             h = h.add(nn::scale(c, control_strength, true));
         }
-
         for block in &self.output_blocks {
             let mut skip = skips.pop().expect("one skip per output block");
             if let Some(&c) = controls.next() {
                 skip = skip.add(nn::scale(c, control_strength, true));
             }
-            h = block.res.forward(g, h.concat(skip, 2), Some(emb));
-            if let Some(a) = &block.attn {
-                h = a.forward(g, h, context);
-            }
-            if let Some(u) = &block.up {
-                h = u.forward(g, h);
-            }
+            h = block.forward(g, h, skip, emb, context);
         }
+        self.head(g, h)
+    }
 
-        h = self.out_norm.forward(g, h).silu_inplace();
+    /// Timestep embedding (+ SDXL label embedding of `y`): [time_embed_dim, N].
+    fn embed<'g>(&self, g: &'g Graph, timesteps: T<'g>, y: Option<T<'g>>) -> T<'g> {
+        // The reference scales timesteps by a time factor (1 here) before embedding them.
+        let t_emb = nn::scale(timesteps, 1.0, false).timestep_embedding(self.config.model_channels as i32, 10000);
+        let emb = self.time_embed.0.forward(g, t_emb).silu_inplace();
+        let emb = self.time_embed.1.forward(g, emb);
+        match (y, &self.label_emb) {
+            (Some(y), Some((l0, l2))) => emb.add(l2.forward(g, l0.forward(g, y).silu_inplace())),
+            _ => emb,
+        }
+    }
+
+    fn head<'g>(&self, g: &'g Graph, h: T<'g>) -> T<'g> {
+        let h = self.out_norm.forward(g, h).silu_inplace();
         self.out_conv.forward(g, h)
     }
 

@@ -188,8 +188,9 @@ struct Case {
     control_strength: f32,
 }
 
-/// Runs the numpy model on `case`; None when python3/numpy are unavailable.
-fn numpy_expected(weights: &Path, variant: &str, case: &Case, dir: &Path) -> Option<Vec<f32>> {
+/// Runs the numpy model on `case` (saving every block's output in `dir` with `dump_blocks`);
+/// None when python3/numpy are unavailable.
+fn numpy_expected(weights: &Path, variant: &str, case: &Case, dir: &Path, dump_blocks: bool) -> Option<Vec<f32>> {
     std::fs::create_dir_all(dir).unwrap();
     let write = |name: &str, data: &[f32], torch_shape: Vec<usize>| {
         let bytes: Vec<u8> = data.iter().flat_map(|v| v.to_le_bytes()).collect();
@@ -207,6 +208,7 @@ fn numpy_expected(weights: &Path, variant: &str, case: &Case, dir: &Path) -> Opt
         "context": write("context.bin", case.context.data(), torch(&case.context, 3)),
         "controls": controls,
         "control_strength": case.control_strength,
+        "dump_blocks": dump_blocks,
     });
     std::fs::write(dir.join("case.json"), meta.to_string()).unwrap();
     let status = Command::new("python3")
@@ -229,6 +231,64 @@ fn rel_err(a: &[f32], b: &[f32]) -> f32 {
     let max_b = b.iter().fold(0f32, |m, v| m.max(v.abs()));
     let max_d = a.iter().zip(b).fold(0f32, |m, (x, y)| m.max((x - y).abs()));
     max_d / max_b
+}
+
+/// Runs every stage of the UNet on the numpy model's own input to that stage (saved by
+/// `numpy_expected(.., dump_blocks)` in `dir`) and returns each stage's error: unlike the
+/// end-to-end error this does not include the amplification of rounding noise.
+fn blockwise_errors(runner: &mut Runner, unet: &UNetModel, case: &Case, dir: &Path, expected: &[f32]) -> Vec<(String, f32)> {
+    let shapes: serde_json::Value = serde_json::from_slice(&std::fs::read(dir.join("dumped.json")).unwrap()).unwrap();
+    let read = |name: &str| {
+        let mut shape: Vec<usize> =
+            shapes[name].as_array().unwrap_or_else(|| panic!("{name} not dumped")).iter().map(|d| d.as_u64().unwrap() as usize).collect();
+        shape.reverse();
+        let bytes = std::fs::read(dir.join(format!("{name}.bin"))).unwrap();
+        Tensor::from_vec(&shape, bytes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect()).unwrap()
+    };
+    let mut errors = Vec::new();
+    let mut check = |name: String, got: Tensor, want: &[f32]| errors.push((name, rel_err(got.data(), want)));
+
+    let emb = read("emb");
+    let n_t = case.timesteps.len() as i64;
+    let got = runner.compute(|g| Ok(unet.embed(g, g.input_f32(&case.timesteps, &[n_t]), None))).unwrap();
+    check("time embedding".into(), got, emb.data());
+    let got = runner.compute(|g| Ok(unet.input_conv.forward(g, g.input(&case.x)))).unwrap();
+    check("input_blocks.0".into(), got, read("skip0").data());
+    for (i, block) in unet.input_blocks.iter().enumerate() {
+        let h = read(&format!("skip{i}"));
+        // Inputs a graph does not use are never allocated (and cannot be uploaded), so blocks
+        // without attention get the embedding in place of the (unused) context.
+        let got = match block {
+            InputBlock::Down(d) => runner.compute(|g| Ok(d.forward(g, g.input(&h)))),
+            InputBlock::Res { attn, .. } => runner.compute(|g| {
+                let e = g.input(&emb);
+                let ctx = if attn.is_some() { g.input(&case.context) } else { e };
+                Ok(block.forward(g, g.input(&h), e, ctx))
+            }),
+        };
+        check(format!("input_blocks.{}", i + 1), got.unwrap(), read(&format!("skip{}", i + 1)).data());
+    }
+    let n_in = unet.input_blocks.len();
+    let middle = unet.middle.as_ref().unwrap();
+    let h = read(&format!("skip{n_in}"));
+    let got = runner.compute(|g| Ok(middle.forward(g, g.input(&h), g.input(&emb), g.input(&case.context)))).unwrap();
+    check("middle_block".into(), got, read("mid").data());
+    for (k, block) in unet.output_blocks.iter().enumerate() {
+        let h = if k == 0 { read("mid") } else { read(&format!("out{}", k - 1)) };
+        let skip = read(&format!("skip{}", n_in - k));
+        let got = runner
+            .compute(|g| {
+                let e = g.input(&emb);
+                let ctx = if block.attn.is_some() { g.input(&case.context) } else { e };
+                Ok(block.forward(g, g.input(&h), g.input(&skip), e, ctx))
+            })
+            .unwrap();
+        check(format!("output_blocks.{k}"), got, read(&format!("out{k}")).data());
+    }
+    let h = read(&format!("out{}", unet.output_blocks.len() - 1));
+    let got = runner.compute(|g| Ok(unet.head(g, g.input(&h)))).unwrap();
+    check("out".into(), got, expected);
+    errors
 }
 
 fn run(runner: &mut Runner, unet: &UNetModel, case: &Case) -> Tensor {
@@ -286,14 +346,25 @@ fn sd1_unet_matches_numpy_model() {
     assert_eq!(out_b.shape(), &[16, 8, 4, 2]);
     check_finite(&out_b);
 
-    let Some(exp_a) = numpy_expected(&path, "sd1", &a, &tmp.join("a")) else { return };
+    let Some(exp_a) = numpy_expected(&path, "sd1", &a, &tmp.join("a"), true) else { return };
+    let blocks = blockwise_errors(&mut runner, &unet, &a, &tmp.join("a"), &exp_a);
+    let (worst_name, worst) = blocks.iter().fold(("", 0f32), |m, (n, e)| if *e > m.1 { (n.as_str(), *e) } else { m });
     let err_a = rel_err(out.data(), &exp_a);
     let err_flash = rel_err(out_flash.data(), &exp_a);
-    let exp_b = numpy_expected(&path, "sd1", &b, &tmp.join("b")).expect("numpy model ran once already");
+    let exp_b = numpy_expected(&path, "sd1", &b, &tmp.join("b"), false).expect("numpy model ran once already");
     let err_b = rel_err(out_b.data(), &exp_b);
-    eprintln!("sd1 UNet vs numpy: 8x8 {err_a:.2e}, 8x8 flash {err_flash:.2e}, 16x8 batch 2 + control {err_b:.2e}");
+    eprintln!("sd1 UNet vs numpy (max |diff| / max |expected|):");
+    let listing: Vec<String> = blocks.iter().map(|(n, e)| format!("{n} {e:.1e}")).collect();
+    eprintln!("  per stage on the numpy model's inputs: worst {worst:.2e} ({worst_name}); {}", listing.join(", "));
+    eprintln!("  end to end: 8x8 {err_a:.2e}, 8x8 flash {err_flash:.2e}, 16x8 batch 2 + control {err_b:.2e}");
     let _ = std::fs::remove_dir_all(&tmp);
-    assert!(err_a < 1e-2 && err_flash < 1e-2 && err_b < 1e-2);
+    // Each stage must agree to rounding level. End to end the synthetic network amplifies
+    // rounding noise: in the numpy model alone, a 1-ulp f32 change of the first feature map
+    // moves the output by 1.7e-2 (max) / 1.1e-2 (rms), so whole-network errors of a few
+    // 1e-2 are its noise floor; the flash path adds f16 K/V rounding.
+    assert!(worst < 2e-3, "stage {worst_name} differs by {worst:.2e}");
+    assert!(err_a < 6e-2 && err_b < 6e-2, "end-to-end errors {err_a:.2e} / {err_b:.2e}");
+    assert!(err_flash < 1e-1, "flash attention error {err_flash:.2e}");
 }
 
 #[test]
@@ -319,11 +390,12 @@ fn sd2_unet_runs_and_matches_numpy_model() {
     assert_eq!(out.shape(), &[8, 8, 4, 1]);
     check_finite(&out);
     let tmp = std::env::temp_dir().join(format!("unet-sd2-{}", std::process::id()));
-    let Some(exp) = numpy_expected(&path, "sd2", &case, &tmp) else { return };
+    let Some(exp) = numpy_expected(&path, "sd2", &case, &tmp, false) else { return };
     let err = rel_err(out.data(), &exp);
-    eprintln!("sd2 UNet vs numpy: 8x8 {err:.2e}");
+    eprintln!("sd2 UNet vs numpy: 8x8 {err:.2e} (max |diff| / max |expected|)");
     let _ = std::fs::remove_dir_all(&tmp);
-    assert!(err < 1e-2);
+    // See the sd1 test for the noise floor of whole-network comparisons.
+    assert!(err < 6e-2);
 }
 
 /// Names and torch shapes synth_model.py gives an architecture; None without python3.
@@ -428,3 +500,4 @@ fn detects_variants_and_checks_inputs() {
     assert!(unet.check_inputs(&x, 1, &ctx, Some(&Tensor::zeros(&[12, 8, 5, 1])), None, &[]).is_err());
     assert!(unet.check_inputs(&x, 1, &ctx, None, None, &[Tensor::zeros(&[12, 8, 320, 1])]).is_err());
 }
+

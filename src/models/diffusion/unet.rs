@@ -207,7 +207,10 @@ impl UNetConfig {
             c.time_embed_dim = ne[1];
         }
         if let Some(ne) = shape("label_emb.0.0.weight").filter(|ne| ne.len() == 2) {
-            c.adm_in_channels = Some(ne[0]);
+            // Like the reference, only SDXL UNets use the label embedding.
+            if c.adm_in_channels.is_some() {
+                c.adm_in_channels = Some(ne[0]);
+            }
             c.time_embed_dim = ne[1];
         }
         if let Some(ne) = shape("out.2.weight").filter(|ne| ne.len() == 4) {

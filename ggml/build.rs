@@ -21,6 +21,10 @@ const PINNED_SUBDIR: &str = "llama.cpp/ggml";
 /// machines since 2013), AVX-512, AVX-512 with VNNI/BF16 (Zen 4, Sapphire Rapids without
 /// AMX), and AVX-VNNI (Alder Lake and later hybrids). Override with SD_GGML_CPU_VARIANTS
 /// (comma list of ggml variant names, or "all").
+/// Tensor names in diffusion checkpoints exceed ggml's default 64 bytes; the reference
+/// builds with 160 and GGUF files it writes need it to be read back.
+const GGML_MAX_NAME: u32 = 160;
+
 const DEFAULT_X86_VARIANTS: &[&str] = &["x64", "haswell", "skylakex", "zen4", "alderlake"];
 
 fn main() {
@@ -38,6 +42,8 @@ fn main() {
         Some(p) => p.clone(),
         None => locate_pinned_tree(&manifest_dir),
     };
+    // One spelling per tree, so a shared build folder is not reconfigured by symlinked paths.
+    let src = fs::canonicalize(&src).unwrap_or(src);
     if !src.join("include/ggml.h").exists() {
         fail(&format!("{} does not look like a ggml source tree (no include/ggml.h)", src.display()));
     }
@@ -115,7 +121,7 @@ fn unpack_archive_subdir(archive: &Path, subdir: &str, dest: &Path) {
 
 /// Distinguishes shared build folders of different configurations.
 fn config_tag() -> String {
-    let mut tag = String::from("ggml");
+    let mut tag = format!("ggml-n{GGML_MAX_NAME}");
     for f in ["native", "openmp", "cuda", "vulkan", "metal", "rpc"] {
         if feature(f) {
             tag.push('-');
@@ -161,12 +167,25 @@ fn build_ggml(manifest_dir: &Path, src: &Path, out_dir: &Path) -> PathBuf {
     let target_arch = env::var("CARGO_CFG_TARGET_ARCH").unwrap();
     // SD_GGML_BUILD_DIR lets several checkouts share one ggml build (it takes minutes).
     println!("cargo:rerun-if-env-changed=SD_GGML_BUILD_DIR");
-    let build_dir = match env::var_os("SD_GGML_BUILD_DIR") {
-        Some(d) => PathBuf::from(d).join(config_tag()),
-        None => out_dir.join("cmake-build"),
+    let (build_dir, wrapper_dir) = match env::var_os("SD_GGML_BUILD_DIR") {
+        Some(d) => {
+            // CMake ties a build folder to one source folder: give every checkout the same
+            // copy of our wrapper project, next to the shared build.
+            let root = PathBuf::from(d);
+            (root.join(config_tag()), root.join("wrapper"))
+        }
+        None => (out_dir.join("cmake-build"), manifest_dir.join("cmake")),
     };
     fs::create_dir_all(&build_dir).unwrap();
     let _lock = lock_dir(&build_dir);
+    if wrapper_dir != manifest_dir.join("cmake") {
+        fs::create_dir_all(&wrapper_dir).unwrap();
+        let wrapper = fs::read(manifest_dir.join("cmake/CMakeLists.txt")).unwrap();
+        let dest = wrapper_dir.join("CMakeLists.txt");
+        if fs::read(&dest).ok().as_deref() != Some(&wrapper[..]) {
+            fs::write(&dest, wrapper).unwrap();
+        }
+    }
 
     let variants: Vec<String> = if native || target_arch != "x86_64" {
         Vec::new()
@@ -181,7 +200,7 @@ fn build_ggml(manifest_dir: &Path, src: &Path, out_dir: &Path) -> PathBuf {
 
     let mut cfg = Command::new("cmake");
     cfg.current_dir(&build_dir)
-        .arg(manifest_dir.join("cmake"))
+        .arg(&wrapper_dir)
         .arg("-G")
         .arg("Unix Makefiles")
         .arg(format!("-DGGML_SOURCE_DIR={}", src.display()))
@@ -199,7 +218,10 @@ fn build_ggml(manifest_dir: &Path, src: &Path, out_dir: &Path) -> PathBuf {
         .arg("-DGGML_BUILD_TESTS=OFF")
         .arg("-DGGML_BUILD_EXAMPLES=OFF")
         .arg("-DGGML_CCACHE=OFF")
-        .arg("-DCMAKE_BUILD_RPATH=$ORIGIN");
+        .arg("-DCMAKE_BUILD_RPATH=$ORIGIN")
+        .arg(format!("-DCMAKE_C_FLAGS=-DGGML_MAX_NAME={GGML_MAX_NAME}"))
+        .arg(format!("-DCMAKE_CXX_FLAGS=-DGGML_MAX_NAME={GGML_MAX_NAME}"))
+        .arg(format!("-DCMAKE_CUDA_FLAGS=-DGGML_MAX_NAME={GGML_MAX_NAME}"));
     run(&mut cfg);
 
     let jobs = env::var("NUM_JOBS").unwrap_or_else(|_| "2".into());
@@ -307,6 +329,7 @@ fn generate_bindings(manifest_dir: &Path, src: &Path, out_dir: &Path) {
     let bindings = bindgen::Builder::default()
         .header(manifest_dir.join("wrapper.h").to_string_lossy())
         .clang_arg(format!("-I{}", src.join("include").display()))
+        .clang_arg(format!("-DGGML_MAX_NAME={GGML_MAX_NAME}"))
         .allowlist_function("(ggml|gguf)_.*")
         .allowlist_type("(ggml|gguf)_.*")
         .allowlist_var("(GGML|GGUF)_.*")

@@ -11,11 +11,20 @@ pub mod error;
 pub mod types;
 pub mod tensor;
 pub mod image;
+#[cfg(test)]
+pub(crate) mod testutil;
 
+// Only `capi` declares the C interface; cbindgen skips the other modules.
+/// cbindgen:ignore
 pub mod graph;
+/// cbindgen:ignore
 pub mod io;
+/// cbindgen:ignore
 pub mod runtime;
+/// cbindgen:ignore
 pub mod models;
+/// cbindgen:ignore
 pub mod pipeline;
+/// cbindgen:ignore
 pub mod api;
 pub mod capi;

@@ -42,6 +42,16 @@ macro_rules! c_enum {
                 }
             }
 
+            /// `name` as a NUL-terminated static string (for C callers).
+            pub fn c_name(self) -> &'static std::ffi::CStr {
+                match self {
+                    $( $name::$variant => match std::ffi::CStr::from_bytes_with_nul(concat!($text, "\0").as_bytes()) {
+                        Ok(c) => c,
+                        Err(_) => c"",
+                    }, )*
+                }
+            }
+
             /// Exact (case-sensitive) inverse of `name`, like the reference's `str_to_*`.
             pub fn parse(text: &str) -> Option<Self> {
                 match text {

@@ -9,7 +9,6 @@ pub const GGML_MAX_PARAMS: u32 = 2048;
 pub const GGML_MAX_SRC: u32 = 10;
 pub const GGML_MAX_N_THREADS: u32 = 512;
 pub const GGML_MAX_OP_PARAMS: u32 = 64;
-pub const GGML_MAX_NAME: u32 = 64;
 pub const GGML_DEFAULT_N_THREADS: u32 = 4;
 pub const GGML_DEFAULT_GRAPH_SIZE: u32 = 2048;
 pub const GGML_MEM_ALIGN: u32 = 16;
@@ -422,7 +421,7 @@ pub struct ggml_tensor {
     pub view_src: *mut ggml_tensor,
     pub view_offs: usize,
     pub data: *mut ::std::os::raw::c_void,
-    pub name: [::std::os::raw::c_char; 64usize],
+    pub name: [::std::os::raw::c_char; 160usize],
     pub extra: *mut ::std::os::raw::c_void,
     pub padding: [::std::os::raw::c_char; 8usize],
 }
@@ -435,7 +434,7 @@ impl Default for ggml_tensor {
         }
     }
 }
-pub const GGML_TENSOR_SIZE: usize = 336;
+pub const GGML_TENSOR_SIZE: usize = 432;
 pub type ggml_abort_callback =
     ::std::option::Option<unsafe extern "C" fn(data: *mut ::std::os::raw::c_void) -> bool>;
 pub type ggml_guid = [u8; 16usize];

@@ -1,3 +1,14 @@
-//! Safe wrappers over ggml: backends, contexts, tensors and graph execution.
+//! Safe wrappers over ggml: backends, contexts, tensors, weights and graph execution.
 
 pub mod backend;
+pub mod context;
+pub mod eval_callback;
+pub mod nn;
+pub mod ops;
+pub mod params;
+pub mod runner;
+
+pub use backend::Backend;
+pub use context::{GgmlType, Graph, F16, F32, I32, T, W};
+pub use params::{ParamStore, Scope, TensorSpec, TypeMap};
+pub use runner::{GraphOptions, Runner};

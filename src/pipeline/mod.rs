@@ -1,1 +1,4 @@
-//! pipeline
+//! Generation orchestration: prompts to conditioning, the sampling loop, decoding.
+
+pub mod callbacks;
+pub mod prompt;

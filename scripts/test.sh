@@ -1,0 +1,88 @@
+#!/usr/bin/env bash
+# Runs every test of the project, from a fresh clone too:
+#   1. third-party sources (scripts/fetch-sources.sh) and generated bindings up to date
+#   2. a release build installed into a prefix (scripts/install.sh)
+#   3. cargo test --release (the same build: no second compilation of ggml or dependencies)
+#   4. the C API tests under valgrind, shared and static (tests/c/run.sh)
+#   5. the CMake and pkg-config consumers (tests/cmake-consumer/run.sh)
+#   6. the Python bindings' pytest suite, in a virtual environment
+#   7. the C# bindings' tests under mono
+# Every suite runs even if an earlier one failed; the summary names the failures.
+#
+#   scripts/test.sh [--features LIST] [--only SUITE,...]
+# Environment: SD_TEST_PREFIX (default target/test-prefix), SD_TEST_VENV (default
+# target/test-venv), SD_GGML_BUILD_DIR (share a ggml build, see DESIGN.md).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+root=$PWD
+
+features=""
+only=""
+while [ $# -gt 0 ]; do
+    case "$1" in
+        --features) features=$2; shift 2 ;;
+        --only) only=$2; shift 2 ;;
+        -h|--help) sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        *) echo "test.sh: unknown argument '$1'" >&2; exit 2 ;;
+    esac
+done
+prefix=${SD_TEST_PREFIX:-$root/target/test-prefix}
+venv=${SD_TEST_VENV:-$root/target/test-venv}
+start=$(date +%s)
+failed=()
+passed=()
+
+stamp() { echo "[$(( $(date +%s) - start ))s]"; }
+wanted() { [ -z "$only" ] || [[ ",$only," == *",$1,"* ]]; }
+suite() { # name command...
+    local name=$1
+    shift
+    wanted "$name" || return 0
+    echo
+    echo "=== $name $(stamp)"
+    if "$@"; then
+        passed+=("$name")
+    else
+        echo "=== $name FAILED $(stamp)"
+        failed+=("$name")
+    fi
+}
+fatal() { echo "test.sh: $*" >&2; exit 1; }
+
+echo "=== setup $(stamp)"
+scripts/fetch-sources.sh || fatal "fetch-sources failed"
+python3 scripts/gen-bindings.py --check || fatal "generated bindings are stale"
+scripts/install.sh --prefix "$prefix" --release ${features:+--features "$features"} || fatal "build/install failed"
+
+cargo_features=()
+[ -n "$features" ] && cargo_features=(--features "$(echo "$features" | sed 's/\([^,]*\)/stable-diffusion\/\1/g')")
+suite cargo cargo test --release --workspace "${cargo_features[@]}"
+suite c tests/c/run.sh "$prefix"
+suite consumers tests/cmake-consumer/run.sh "$prefix"
+
+python_suite() {
+    if [ ! -x "$venv/bin/python" ]; then
+        python3 -m venv "$venv" || return 1
+    fi
+    "$venv/bin/python" -m pip --version >/dev/null || return 1
+    # pytest, and what building the package needs (installed once, then reused offline)
+    "$venv/bin/python" -c 'import pytest, setuptools, wheel' 2>/dev/null ||
+        "$venv/bin/python" -m pip install -q --disable-pip-version-check pytest setuptools wheel || return 1
+    "$venv/bin/python" -m pip install -q --disable-pip-version-check --no-build-isolation --force-reinstall \
+        --no-deps ./bindings/python || return 1
+    # The installed package is tested (from outside the source folder), against the prefix.
+    (cd bindings/python/tests &&
+        STABLE_DIFFUSION_CPP_LIB=$prefix/lib SD_ABI_DIR=$root/tests/abi \
+            timeout 900 "$venv/bin/python" -m pytest -q -p no:cacheprovider .)
+}
+suite python python_suite
+suite csharp bindings/csharp/run.sh "$prefix"
+
+echo
+echo "=== summary $(stamp)"
+[ ${#passed[@]} -gt 0 ] && echo "passed: ${passed[*]}"
+if [ ${#failed[@]} -gt 0 ]; then
+    echo "FAILED: ${failed[*]}"
+    exit 1
+fi
+echo "all test suites passed"

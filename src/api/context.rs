@@ -1,0 +1,166 @@
+//! Contexts: a loaded model set and what can be done with it.
+//!
+//! These are the boundary the C layer calls. Until generation is implemented they refuse to
+//! be created with a "not supported yet" error; the methods below are the contract the
+//! pipeline fills in. Every method takes `&self`: the C API lets a caller cancel from another
+//! thread while a generation runs, so mutable state lives behind interior locks.
+
+use super::params::*;
+use crate::error::Result;
+use crate::image::Image;
+use crate::pipeline::callbacks::CancelFlag;
+use crate::types::{CancelMode, SampleMethod, Scheduler};
+use std::sync::Arc;
+
+/// The error of everything that is not implemented yet.
+fn not_supported<T>(what: &str) -> Result<T> {
+    bail!("{what} is not supported yet in this build of libstable-diffusion")
+}
+
+/// What a video generation returns.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct VideoOutput {
+    pub frames: Vec<Image>,
+    pub audio: Option<Audio>,
+}
+
+/// A loaded model set (`sd_ctx_t`).
+pub struct Context {
+    cancel: Arc<CancelFlag>,
+}
+
+impl Context {
+    /// Loads the models named by `params`.
+    pub fn new(params: &CtxParams) -> Result<Context> {
+        let _ = params;
+        not_supported("loading models (new_sd_ctx)")
+    }
+
+    pub fn supports_image_generation(&self) -> bool {
+        false
+    }
+
+    pub fn supports_video_generation(&self) -> bool {
+        false
+    }
+
+    /// Loads (or replaces) the ControlNet. Not safe while a generation runs.
+    pub fn load_control_net(&self, path: &str) -> Result<()> {
+        let _ = path;
+        not_supported("ControlNet hot-swap")
+    }
+
+    pub fn unload_control_net(&self) -> Result<()> {
+        not_supported("ControlNet hot-swap")
+    }
+
+    pub fn has_control_net(&self) -> bool {
+        false
+    }
+
+    /// The sampler used when a request leaves it unset.
+    pub fn default_sample_method(&self) -> SampleMethod {
+        SampleMethod::EulerA
+    }
+
+    /// The scheduler used with `method` when a request leaves it unset.
+    pub fn default_scheduler(&self, method: Option<SampleMethod>) -> Scheduler {
+        scheduler_for_method(method)
+    }
+
+    /// Text/image to image. Returns `batch_count` images (fewer when cancelled).
+    pub fn generate_image(&self, params: &ImgGenParams) -> Result<Vec<Image>> {
+        let _ = params;
+        self.cancel.reset();
+        not_supported("image generation")
+    }
+
+    pub fn generate_video(&self, params: &VidGenParams) -> Result<VideoOutput> {
+        let _ = params;
+        self.cancel.reset();
+        not_supported("video generation")
+    }
+
+    /// Requests cancellation of the running generation (any thread).
+    pub fn cancel(&self, mode: CancelMode) {
+        self.cancel.request(mode);
+    }
+
+    /// The flag the sampling loop polls.
+    pub fn cancel_flag(&self) -> &Arc<CancelFlag> {
+        &self.cancel
+    }
+}
+
+/// The default sampler for a context, or without one (Euler A, like the reference).
+pub fn default_sample_method(ctx: Option<&Context>) -> SampleMethod {
+    ctx.map_or(SampleMethod::EulerA, Context::default_sample_method)
+}
+
+/// The default scheduler for a sampler, with or without a context.
+pub fn default_scheduler(ctx: Option<&Context>, method: Option<SampleMethod>) -> Scheduler {
+    ctx.map_or_else(|| scheduler_for_method(method), |c| c.default_scheduler(method))
+}
+
+/// The scheduler a sampler needs regardless of the model.
+fn scheduler_for_method(method: Option<SampleMethod>) -> Scheduler {
+    match method {
+        Some(SampleMethod::Lcm) | Some(SampleMethod::Tcd) => Scheduler::Lcm,
+        Some(SampleMethod::DdimTrailing) => Scheduler::Simple,
+        _ => Scheduler::Discrete,
+    }
+}
+
+/// An ESRGAN upscaler (`upscaler_ctx_t`).
+pub struct UpscalerContext {
+    scale: i32,
+}
+
+impl UpscalerContext {
+    pub fn new(params: &UpscalerParams) -> Result<UpscalerContext> {
+        let _ = params;
+        not_supported("ESRGAN upscaling (new_upscaler_ctx)")
+    }
+
+    /// The model's native scale factor.
+    pub fn scale_factor(&self) -> i32 {
+        self.scale
+    }
+
+    /// Upscales `image` by `factor` (the model's factor, then resized if they differ).
+    pub fn upscale(&self, image: &Image, factor: u32) -> Result<Image> {
+        let _ = (image, factor);
+        not_supported("ESRGAN upscaling")
+    }
+}
+
+/// A face/hand detector that inpaints what it finds (`adetailer_ctx_t`).
+pub struct AdetailerContext {
+    _private: (),
+}
+
+impl AdetailerContext {
+    pub fn new(params: &AdetailerCtxParams) -> Result<AdetailerContext> {
+        let _ = params;
+        not_supported("ADetailer (new_adetailer_ctx)")
+    }
+
+    /// Detects regions in `image` and inpaints each with `sd` using `inpaint` as the base
+    /// request. Returns the composited image.
+    pub fn detail(&self, sd: &Context, image: &Image, params: &AdetailerParams, inpaint: &ImgGenParams) -> Result<Image> {
+        let _ = (sd, image, params, inpaint);
+        not_supported("ADetailer")
+    }
+}
+
+/// Converts model files into one GGUF / safetensors file.
+pub fn convert(params: &ConvertParams) -> Result<()> {
+    ensure!(
+        [&params.model_path, &params.clip_l_path, &params.clip_g_path, &params.t5xxl_path, &params.diffusion_model_path, &params.vae_path]
+            .iter()
+            .any(|p| p.as_deref().is_some_and(|s| !s.is_empty())),
+        "no input model path provided for convert"
+    );
+    ensure!(!params.output_path.is_empty(), "no output path provided for convert");
+    not_supported("model conversion")
+}

@@ -1,0 +1,242 @@
+//! ggml contexts and tensor handles.
+//!
+//! A `Graph` owns a metadata-only ggml context in which a computation is described; `T<'g>`
+//! is a copyable handle to a tensor of that graph. Weights live in a `ParamStore` and enter
+//! a graph through `Graph::param`. Building never touches tensor data, so every operation
+//! here is safe as long as the shapes are valid — shape errors are programming errors of
+//! the model code and ggml reports them by aborting, so model code checks user-controlled
+//! shapes (image sizes, token counts) before building.
+
+use crate::error::{Context as _, Result};
+use crate::tensor::Tensor;
+use ggml_sys as g;
+use std::cell::RefCell;
+use std::marker::PhantomData;
+use std::ptr::NonNull;
+
+pub type GgmlType = g::ggml_type;
+pub const F32: GgmlType = g::GGML_TYPE_F32;
+pub const F16: GgmlType = g::GGML_TYPE_F16;
+pub const I32: GgmlType = g::GGML_TYPE_I32;
+
+/// An owned ggml context.
+pub struct Ctx {
+    raw: NonNull<g::ggml_context>,
+}
+
+// SAFETY: a context is only mutated through the owner.
+unsafe impl Send for Ctx {}
+
+impl Ctx {
+    /// A context that holds tensor metadata only (`no_alloc`), for `n_tensors` tensors.
+    pub fn metadata(n_tensors: usize) -> Result<Ctx> {
+        Self::with_size(n_tensors * unsafe_overhead() + 1024, true)
+    }
+
+    pub fn with_size(mem_size: usize, no_alloc: bool) -> Result<Ctx> {
+        let params = g::ggml_init_params { mem_size, mem_buffer: std::ptr::null_mut(), no_alloc };
+        // SAFETY: ggml_init copies the params; returns null on allocation failure.
+        let raw = unsafe { g::ggml_init(params) };
+        Ok(Ctx { raw: NonNull::new(raw).context("ggml_init failed (out of memory?)")? })
+    }
+
+    pub fn raw(&self) -> *mut g::ggml_context {
+        self.raw.as_ptr()
+    }
+}
+
+fn unsafe_overhead() -> usize {
+    // SAFETY: pure function.
+    unsafe { g::ggml_tensor_overhead() }
+}
+
+impl Drop for Ctx {
+    fn drop(&mut self) {
+        // SAFETY: we own the context.
+        unsafe { g::ggml_free(self.raw.as_ptr()) };
+    }
+}
+
+/// Data to upload into a graph input once the graph's buffer is allocated.
+pub(crate) struct PendingInput {
+    pub tensor: *mut g::ggml_tensor,
+    pub bytes: Vec<u8>,
+}
+
+/// A computation being described.
+pub struct Graph {
+    ctx: Ctx,
+    pub(crate) inputs: RefCell<Vec<PendingInput>>,
+    /// Whether attention may use ggml_flash_attn_ext.
+    pub flash_attn: bool,
+    /// Whether convolutions use ggml_conv_2d_direct instead of im2col.
+    pub conv_direct: bool,
+    pub circular_x: bool,
+    pub circular_y: bool,
+    /// The backend the graph will run on (null while unknown), to ask what it supports.
+    pub(crate) backend: g::ggml_backend_t,
+}
+
+/// Upper bound of nodes in one graph (the UNet at 1024² needs a few thousand).
+pub const MAX_NODES: usize = 32768;
+
+impl Graph {
+    pub fn new() -> Result<Graph> {
+        // SAFETY: pure functions.
+        let size = MAX_NODES * unsafe_overhead() + unsafe { g::ggml_graph_overhead_custom(MAX_NODES, false) };
+        Ok(Graph {
+            ctx: Ctx::with_size(size, true)?,
+            inputs: RefCell::new(Vec::new()),
+            flash_attn: false,
+            conv_direct: false,
+            circular_x: false,
+            circular_y: false,
+            backend: std::ptr::null_mut(),
+        })
+    }
+
+    /// Whether the target backend can compute `t` (true when the backend is not known).
+    pub fn supports(&self, t: T<'_>) -> bool {
+        // SAFETY: backend, when set, outlives the graph (the runner owns both).
+        self.backend.is_null() || unsafe { g::ggml_backend_supports_op(self.backend, t.raw()) }
+    }
+
+    pub fn ctx(&self) -> *mut g::ggml_context {
+        self.ctx.raw()
+    }
+
+    fn wrap(&self, p: *mut g::ggml_tensor) -> T<'_> {
+        T { ptr: NonNull::new(p).expect("ggml returned a null tensor"), graph: PhantomData, ctx: self.ctx.raw() }
+    }
+
+    /// A new uninitialised tensor (e.g. the shape operand of `repeat`).
+    pub fn new_tensor(&self, ty: GgmlType, ne: &[i64]) -> T<'_> {
+        assert!(!ne.is_empty() && ne.len() <= 4);
+        // SAFETY: valid context; ne has 1..=4 entries.
+        self.wrap(unsafe { g::ggml_new_tensor(self.ctx(), ty, ne.len() as i32, ne.as_ptr()) })
+    }
+
+    /// An input whose data is uploaded before the graph runs.
+    pub fn input_bytes(&self, ty: GgmlType, ne: &[i64], bytes: Vec<u8>) -> T<'_> {
+        let t = self.new_tensor(ty, ne);
+        assert_eq!(t.nbytes(), bytes.len(), "input byte size mismatch");
+        // SAFETY: valid tensor of this graph.
+        unsafe { g::ggml_set_input(t.raw()) };
+        self.inputs.borrow_mut().push(PendingInput { tensor: t.raw(), bytes });
+        t
+    }
+
+    /// A host f32 tensor as a graph input (same shape, ggml order).
+    pub fn input(&self, t: &Tensor) -> T<'_> {
+        let ne: Vec<i64> = t.shape().iter().map(|&d| d as i64).collect();
+        let bytes = t.data().iter().flat_map(|v| v.to_le_bytes()).collect();
+        self.input_bytes(F32, &ne, bytes)
+    }
+
+    pub fn input_f32(&self, data: &[f32], ne: &[i64]) -> T<'_> {
+        self.input_bytes(F32, ne, data.iter().flat_map(|v| v.to_le_bytes()).collect())
+    }
+
+    pub fn input_i32(&self, data: &[i32], ne: &[i64]) -> T<'_> {
+        self.input_bytes(I32, ne, data.iter().flat_map(|v| v.to_le_bytes()).collect())
+    }
+
+    /// A weight from a parameter store, usable in this graph.
+    pub fn param(&self, w: W) -> T<'_> {
+        self.wrap(w.0.as_ptr())
+    }
+
+    pub fn opt_param(&self, w: Option<W>) -> Option<T<'_>> {
+        w.map(|w| self.param(w))
+    }
+}
+
+/// A weight tensor declared in a `ParamStore`; valid while the store lives.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct W(pub(crate) NonNull<g::ggml_tensor>);
+
+// SAFETY: W is an identifier of a tensor owned by a ParamStore; it is only dereferenced
+// by ggml while building or running graphs on the thread that owns the store.
+unsafe impl Send for W {}
+unsafe impl Sync for W {}
+
+impl W {
+    pub fn raw(self) -> *mut g::ggml_tensor {
+        self.0.as_ptr()
+    }
+
+    pub fn ne(self) -> [i64; 4] {
+        // SAFETY: the tensor is alive while its store is.
+        unsafe { (*self.raw()).ne }
+    }
+
+    pub fn ty(self) -> GgmlType {
+        // SAFETY: as above.
+        unsafe { (*self.raw()).type_ }
+    }
+}
+
+/// A tensor of a graph being built.
+#[derive(Clone, Copy)]
+pub struct T<'g> {
+    ptr: NonNull<g::ggml_tensor>,
+    ctx: *mut g::ggml_context,
+    graph: PhantomData<&'g Graph>,
+}
+
+impl<'g> T<'g> {
+    pub fn raw(self) -> *mut g::ggml_tensor {
+        self.ptr.as_ptr()
+    }
+
+    pub(crate) fn ctx(self) -> *mut g::ggml_context {
+        self.ctx
+    }
+
+    /// Wraps a tensor produced by a ggml call on this tensor's context.
+    pub(crate) fn wrap(self, p: *mut g::ggml_tensor) -> T<'g> {
+        T { ptr: NonNull::new(p).expect("ggml returned a null tensor"), ctx: self.ctx, graph: PhantomData }
+    }
+
+    pub fn ne(self) -> [i64; 4] {
+        // SAFETY: the tensor lives as long as its graph ('g).
+        unsafe { (*self.raw()).ne }
+    }
+
+    pub fn nb(self) -> [usize; 4] {
+        // SAFETY: as above.
+        unsafe { (*self.raw()).nb }
+    }
+
+    pub fn ty(self) -> GgmlType {
+        // SAFETY: as above.
+        unsafe { (*self.raw()).type_ }
+    }
+
+    pub fn nbytes(self) -> usize {
+        // SAFETY: as above.
+        unsafe { g::ggml_nbytes(self.raw()) }
+    }
+
+    pub fn n_dims(self) -> i32 {
+        // SAFETY: as above.
+        unsafe { g::ggml_n_dims(self.raw()) }
+    }
+
+    pub fn is_contiguous(self) -> bool {
+        // SAFETY: as above.
+        unsafe { g::ggml_is_contiguous(self.raw()) }
+    }
+
+    pub fn nelements(self) -> i64 {
+        self.ne().iter().product()
+    }
+
+    pub fn set_name(self, name: &str) -> T<'g> {
+        if let Ok(c) = std::ffi::CString::new(name) {
+            // SAFETY: ggml copies (and truncates) the name.
+            unsafe { g::ggml_set_name(self.raw(), c.as_ptr()) };
+        }
+        self
+    }
+}

@@ -1,0 +1,391 @@
+//! Layers shared by every network: they declare their weights with the reference's types
+//! and build the reference's op sequence, so pictures match it.
+
+use super::context::{GgmlType, Graph, F16, F32, T, W};
+use super::params::Scope;
+use ggml_sys as g;
+
+fn blck_size(ty: GgmlType) -> i64 {
+    // SAFETY: pure lookup.
+    unsafe { g::ggml_blck_size(ty) }
+}
+
+/// `x * s` after making `x` dense where ggml's scale needs it.
+pub fn scale<'g>(x: T<'g>, s: f32, inplace: bool) -> T<'g> {
+    let nb = x.nb();
+    let ne = x.ne();
+    // SAFETY: pure lookup.
+    let ts = unsafe { g::ggml_type_size(x.ty()) };
+    let padded_1d = nb[0] == ts && nb[2] == nb[1] * ne[1] as usize && nb[3] == nb[2] * ne[2] as usize;
+    let x = if padded_1d { x } else { x.cont() };
+    if inplace {
+        x.scale_inplace(s)
+    } else {
+        x.scale(s)
+    }
+}
+
+/// `w @ x + b` (torch Linear). Batches over dims 2×3 beyond 1024 are flattened first.
+pub fn linear<'g>(x: T<'g>, w: T<'g>, b: Option<T<'g>>, force_prec_f32: bool, scale_by: f32) -> T<'g> {
+    let mut x = x;
+    if scale_by != 1.0 {
+        x = scale(x, scale_by, false);
+    }
+    let ne = x.ne();
+    let mm = |w: T<'g>, x: T<'g>| if force_prec_f32 { w.mul_mat_f32(x) } else { w.mul_mat(x) };
+    if ne[2] * ne[3] > 1024 {
+        let flat = x.reshape(&[ne[0], ne[1] * ne[2] * ne[3]]);
+        let y = mm(w, flat);
+        let yne = y.ne();
+        x = y.reshape(&[yne[0], yne[1] / ne[2] / ne[3], ne[2], ne[3]]);
+    } else {
+        x = mm(w, x);
+    }
+    if scale_by != 1.0 {
+        x = scale(x, 1.0 / scale_by, false);
+    }
+    match b {
+        Some(b) => x.add_inplace(b),
+        None => x,
+    }
+}
+
+/// Fully connected layer.
+#[derive(Clone, Copy, Debug)]
+pub struct Linear {
+    pub weight: W,
+    pub bias: Option<W>,
+    pub force_prec_f32: bool,
+    pub scale: f32,
+}
+
+impl Linear {
+    /// Weight in the file's type (f32 when absent, forced, or rows don't fit its blocks).
+    pub fn new(s: &mut Scope, name: &str, in_f: i64, out_f: i64, bias: bool) -> Linear {
+        Self::with_options(s, name, in_f, out_f, bias, false)
+    }
+
+    pub fn with_options(s: &mut Scope, name: &str, in_f: i64, out_f: i64, bias: bool, force_f32: bool) -> Linear {
+        let mut s = s.sub(name);
+        let mut ty = s.file_type("weight").unwrap_or(F32);
+        if force_f32 || in_f % blck_size(ty) != 0 {
+            ty = F32;
+        }
+        let weight = s.tensor("weight", ty, &[in_f, out_f]);
+        let bias = bias.then(|| s.tensor("bias", F32, &[out_f]));
+        Linear { weight, bias, force_prec_f32: false, scale: 1.0 }
+    }
+
+    pub fn forward<'g>(&self, g: &'g Graph, x: T<'g>) -> T<'g> {
+        linear(x, g.param(self.weight), g.opt_param(self.bias), self.force_prec_f32, self.scale)
+    }
+}
+
+/// 2-D convolution; weights are always f16 like the reference's (im2col runs in f16).
+#[derive(Clone, Copy, Debug)]
+pub struct Conv2d {
+    pub weight: W,
+    pub bias: Option<W>,
+    pub stride: (i32, i32),
+    pub padding: (i32, i32),
+    pub dilation: (i32, i32),
+    pub scale: f32,
+}
+
+impl Conv2d {
+    /// `kernel`, `stride`, `padding` as (height, width) like torch.
+    pub fn new(
+        s: &mut Scope,
+        name: &str,
+        in_ch: i64,
+        out_ch: i64,
+        kernel: (i64, i64),
+        stride: (i32, i32),
+        padding: (i32, i32),
+        bias: bool,
+    ) -> Conv2d {
+        let mut s = s.sub(name);
+        let weight = s.tensor("weight", F16, &[kernel.1, kernel.0, in_ch, out_ch]);
+        let bias = bias.then(|| s.tensor("bias", F32, &[out_ch]));
+        Conv2d { weight, bias, stride, padding, dilation: (1, 1), scale: 1.0 }
+    }
+
+    /// Square kernel shorthand: `k`×`k`, stride `st`, padding `p`.
+    pub fn square(s: &mut Scope, name: &str, in_ch: i64, out_ch: i64, k: i64, st: i32, p: i32) -> Conv2d {
+        Self::new(s, name, in_ch, out_ch, (k, k), (st, st), (p, p), true)
+    }
+
+    pub fn forward<'g>(&self, g: &'g Graph, x: T<'g>) -> T<'g> {
+        conv_2d(
+            g,
+            x,
+            g.param(self.weight),
+            g.opt_param(self.bias),
+            (self.stride.1, self.stride.0),
+            (self.padding.1, self.padding.0),
+            (self.dilation.1, self.dilation.0),
+            self.scale,
+        )
+    }
+}
+
+/// Convolution with (x, y)-ordered stride/padding/dilation, honouring the graph's
+/// circular-padding and direct-convolution options.
+#[allow(clippy::too_many_arguments)]
+pub fn conv_2d<'g>(
+    g: &'g Graph,
+    x: T<'g>,
+    w: T<'g>,
+    b: Option<T<'g>>,
+    stride: (i32, i32),
+    padding: (i32, i32),
+    dilation: (i32, i32),
+    scale_by: f32,
+) -> T<'g> {
+    let mut x = x;
+    let mut w = w;
+    if scale_by != 1.0 {
+        x = scale(x, scale_by, false);
+    }
+    if w.ne()[2] != x.ne()[2] && w.n_dims() == 2 {
+        let wn = w.ne();
+        w = w.reshape(&[1, 1, wn[0], wn[1]]);
+    }
+    let (mut p0, mut p1) = padding;
+    if (p0 != 0 || p1 != 0) && (g.circular_x || g.circular_y) {
+        x = pad_circular(g, x, [p0, p1, 0, 0], [p0, p1, 0, 0]);
+        p0 = 0;
+        p1 = 0;
+    }
+    x = if g.conv_direct {
+        w.conv_2d_direct(x, stride.0, stride.1, p0, p1, dilation.0, dilation.1)
+    } else {
+        w.conv_2d(x, stride.0, stride.1, p0, p1, dilation.0, dilation.1)
+    };
+    if scale_by != 1.0 {
+        x = scale(x, 1.0 / scale_by, false);
+    }
+    match b {
+        Some(b) => {
+            let c = b.ne()[0];
+            x.add_inplace(b.reshape(&[1, 1, c, 1]))
+        }
+        None => x,
+    }
+}
+
+/// Padding that wraps around on the graph's circular axes and is zero elsewhere.
+pub fn pad_circular<'g>(g: &'g Graph, x: T<'g>, l: [i32; 4], r: [i32; 4]) -> T<'g> {
+    let (mut l, mut r) = (l, r);
+    let mut x = x;
+    if g.circular_x && g.circular_y {
+        return x.pad_ext_circular(l, r);
+    }
+    if g.circular_x && (l[0] != 0 || r[0] != 0) {
+        x = x.pad_ext_circular([l[0], 0, 0, 0], [r[0], 0, 0, 0]);
+        l[0] = 0;
+        r[0] = 0;
+    }
+    if g.circular_y && (l[1] != 0 || r[1] != 0) {
+        x = x.pad_ext_circular([0, l[1], 0, 0], [0, r[1], 0, 0]);
+        l[1] = 0;
+        r[1] = 0;
+    }
+    if l.iter().chain(r.iter()).any(|&p| p != 0) {
+        x = x.pad_ext(l, r);
+    }
+    x
+}
+
+/// Layer normalisation over dim 0 with f32 affine weights.
+#[derive(Clone, Copy, Debug)]
+pub struct LayerNorm {
+    pub weight: Option<W>,
+    pub bias: Option<W>,
+    pub eps: f32,
+}
+
+impl LayerNorm {
+    pub fn new(s: &mut Scope, name: &str, dim: i64, eps: f32, affine: bool, bias: bool) -> LayerNorm {
+        let mut s = s.sub(name);
+        let weight = affine.then(|| s.tensor("weight", F32, &[dim]));
+        let bias = (affine && bias).then(|| s.tensor("bias", F32, &[dim]));
+        LayerNorm { weight, bias, eps }
+    }
+
+    pub fn forward<'g>(&self, g: &'g Graph, x: T<'g>) -> T<'g> {
+        let mut x = x.norm(self.eps);
+        if let Some(w) = self.weight {
+            x = x.mul_inplace(g.param(w));
+            if let Some(b) = self.bias {
+                x = x.add_inplace(g.param(b));
+            }
+        }
+        x
+    }
+}
+
+/// Group normalisation over channels (dim 2). The reference always uses eps = 1e-6 here.
+#[derive(Clone, Copy, Debug)]
+pub struct GroupNorm {
+    pub weight: Option<W>,
+    pub bias: Option<W>,
+    pub groups: i32,
+}
+
+pub const GROUP_NORM_EPS: f32 = 1e-6;
+
+impl GroupNorm {
+    pub fn new(s: &mut Scope, name: &str, groups: i32, channels: i64, affine: bool) -> GroupNorm {
+        let mut s = s.sub(name);
+        let weight = affine.then(|| s.tensor("weight", F32, &[channels]));
+        let bias = affine.then(|| s.tensor("bias", F32, &[channels]));
+        GroupNorm { weight, bias, groups }
+    }
+
+    /// 32 groups, the Stable Diffusion default.
+    pub fn gn32(s: &mut Scope, name: &str, channels: i64) -> GroupNorm {
+        Self::new(s, name, 32, channels, true)
+    }
+
+    pub fn forward<'g>(&self, g: &'g Graph, x: T<'g>) -> T<'g> {
+        let mut w = g.opt_param(self.weight);
+        let mut b = g.opt_param(self.bias);
+        if x.n_dims() >= 3 {
+            if let (Some(wt), Some(bt)) = (w, b) {
+                w = Some(wt.reshape(&[1, 1, wt.ne()[0], 1]));
+                b = Some(bt.reshape(&[1, 1, bt.ne()[0], 1]));
+            }
+        }
+        let mut x = x.group_norm(self.groups, GROUP_NORM_EPS);
+        if let (Some(w), Some(b)) = (w, b) {
+            x = x.mul_inplace(w).add_inplace(b);
+        }
+        x
+    }
+}
+
+/// Token embedding table (row lookups). Kept in the file's type when ggml can get_rows it.
+#[derive(Clone, Copy, Debug)]
+pub struct Embedding {
+    pub weight: W,
+}
+
+pub fn supports_get_rows(ty: GgmlType) -> bool {
+    matches!(
+        ty,
+        g::GGML_TYPE_F16 | g::GGML_TYPE_Q8_0 | g::GGML_TYPE_Q5_1 | g::GGML_TYPE_Q5_0 | g::GGML_TYPE_Q4_1 | g::GGML_TYPE_Q4_0
+    )
+}
+
+impl Embedding {
+    pub fn new(s: &mut Scope, name: &str, num: i64, dim: i64) -> Embedding {
+        let mut s = s.sub(name);
+        let mut ty = s.file_type("weight").unwrap_or(F32);
+        if !supports_get_rows(ty) {
+            ty = F32;
+        }
+        Embedding { weight: s.tensor("weight", ty, &[dim, num]) }
+    }
+
+    /// ids: i32 [n_token, N] → [dim, n_token, N].
+    pub fn forward<'g>(&self, g: &'g Graph, ids: T<'g>) -> T<'g> {
+        embedding_lookup(g.param(self.weight), ids)
+    }
+}
+
+/// Row lookup of `ids` (i32 [n_token, N]) in `table` [dim, rows] → [dim, n_token, N].
+pub fn embedding_lookup<'g>(table: T<'g>, ids: T<'g>) -> T<'g> {
+    let ne = ids.ne();
+    let n = ne[1];
+    let ids = ids.reshape(&[ne[0] * ne[1]]).reshape(&[ne[0] * ne[1], 1, 1]);
+    let e = table.get_rows(ids);
+    let en = e.ne();
+    e.reshape(&[en[0], en[1] / n, n])
+}
+
+/// Multi-head attention like the reference's.
+///
+/// Without `skip_reshape`: q [C, L_q, N], k/v [C_kv, L_k, N] → [C, L_q, N].
+/// `mask` is added to the scores ([L_k, L_q, ...]). With `flash` the fused kernel is used
+/// when possible (K/V in f16, f32 precision), otherwise scores are materialised.
+#[allow(clippy::too_many_arguments)]
+pub fn attention<'g>(
+    g: &'g Graph,
+    q: T<'g>,
+    k: T<'g>,
+    v: T<'g>,
+    n_head: i64,
+    mask: Option<T<'g>>,
+    skip_reshape: bool,
+    flash: bool,
+    kv_scale: f32,
+) -> T<'g> {
+    let (mut q, mut k, mut v) = (q, k, v);
+    let (l_q, l_k, d_head, n, n_kv_head);
+    if !skip_reshape {
+        let qn = q.ne();
+        l_q = qn[1];
+        l_k = k.ne()[1];
+        let c = qn[0];
+        n = qn[2];
+        d_head = c / n_head;
+        n_kv_head = k.ne()[0] / d_head;
+        q = q.reshape(&[d_head, n_head, l_q, n]).permute(0, 2, 1, 3).contiguous().reshape(&[d_head, l_q, n_head * n]);
+        k = k
+            .reshape(&[d_head, n_kv_head, l_k, n])
+            .permute(0, 2, 1, 3)
+            .contiguous()
+            .reshape(&[d_head, l_k, n_kv_head * n]);
+        v = v.reshape(&[d_head, n_kv_head, l_k, n]);
+    } else {
+        l_q = q.ne()[1];
+        l_k = k.ne()[1];
+        d_head = v.ne()[0];
+        n = v.ne()[3];
+        n_kv_head = k.ne()[2] / n;
+    }
+    let sc = 1.0 / (d_head as f32).sqrt();
+
+    let mut kqv = None;
+    if flash && mask.map_or(true, |m| m.ne()[3] == 1) {
+        let mut kf = k;
+        if kv_scale != 1.0 {
+            kf = scale(kf, kv_scale, false);
+        }
+        let kf = kf.cast(F16);
+        let mut vf = v.permute(0, 2, 1, 3).contiguous().reshape(&[d_head, l_k, n_kv_head * n]);
+        if kv_scale != 1.0 {
+            vf = scale(vf, kv_scale, false);
+        }
+        let vf = vf.cast(F16);
+        let m = mask.map(|m| {
+            let mn = m.ne();
+            let m = if mn[1] != l_q { m.repeat(g.new_tensor(m.ty(), &[mn[0], l_q, mn[2], mn[3]])) } else { m };
+            m.cast(F16)
+        });
+        let mut out = q.flash_attn_ext(kf, vf, m, sc / kv_scale);
+        // Backends without the fused kernel fall back to materialised scores below.
+        if g.supports(out) {
+            if kv_scale != 1.0 {
+                out = scale(out, 1.0 / kv_scale, false);
+            }
+            let nb = out.nb();
+            kqv = Some(out.view(&[d_head, n_head, l_q, n], &[nb[1], nb[2], nb[1] * n_head as usize], 0));
+        }
+    }
+    let kqv = match kqv {
+        Some(x) => x,
+        None => {
+            let v = v.permute(1, 2, 0, 3).contiguous().reshape(&[l_k, d_head, n_kv_head * n]);
+            let mut kq = k.mul_mat_f32(q);
+            kq = kq.scale_inplace(sc);
+            if let Some(m) = mask {
+                kq = kq.add_inplace(m);
+            }
+            let kq = kq.soft_max_inplace();
+            v.mul_mat(kq).reshape(&[d_head, l_q, n_head, n]).permute(0, 2, 1, 3)
+        }
+    };
+    kqv.contiguous().reshape(&[d_head * n_head, l_q, n])
+}

@@ -1,0 +1,205 @@
+//! Weight declarations: every model declares its tensors (name, type, shape) once in a
+//! `ParamStore`; loading, LoRA and conversion all work from that declaration.
+
+use super::backend::Backend;
+use super::context::{Ctx, GgmlType, W};
+use crate::error::{Context as _, Result};
+use ggml_sys as g;
+use std::collections::HashMap;
+use std::ffi::CString;
+use std::ptr::NonNull;
+
+/// What a declared tensor looks like (for loaders).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct TensorSpec {
+    pub ty: GgmlType,
+    pub ne: Vec<i64>,
+    pub nbytes: usize,
+}
+
+/// Tensor types found in the model files (after wtype / tensor_type_rules), by name.
+pub type TypeMap = HashMap<String, GgmlType>;
+
+pub struct ParamStore {
+    ctx: Ctx,
+    capacity: usize,
+    entries: Vec<(String, W)>,
+    index: HashMap<String, usize>,
+    buffer: Option<NonNull<g::ggml_backend_buffer>>,
+}
+
+// SAFETY: the store exclusively owns its context and buffer.
+unsafe impl Send for ParamStore {}
+
+impl ParamStore {
+    /// A store for up to `capacity` tensors.
+    pub fn new(capacity: usize) -> Result<ParamStore> {
+        Ok(ParamStore {
+            ctx: Ctx::metadata(capacity)?,
+            capacity,
+            entries: Vec::new(),
+            index: HashMap::new(),
+            buffer: None,
+        })
+    }
+
+    /// Declares a tensor. Declaring a name twice is a bug in the model code.
+    pub fn declare(&mut self, name: &str, ty: GgmlType, ne: &[i64]) -> W {
+        assert!(!self.index.contains_key(name), "parameter {name} declared twice");
+        assert!(self.entries.len() < self.capacity, "parameter store full");
+        assert!(self.buffer.is_none(), "parameter {name} declared after allocation");
+        assert!(!ne.is_empty() && ne.len() <= 4 && ne.iter().all(|&d| d > 0), "bad shape {ne:?} for {name}");
+        // SAFETY: metadata-only context with room for the tensor (checked above).
+        let p = unsafe { g::ggml_new_tensor(self.ctx.raw(), ty, ne.len() as i32, ne.as_ptr()) };
+        let w = W(NonNull::new(p).expect("ggml_new_tensor failed"));
+        if let Ok(c) = CString::new(name) {
+            // SAFETY: ggml copies (and truncates) the name; our index keeps the full one.
+            unsafe { g::ggml_set_name(p, c.as_ptr()) };
+        }
+        self.index.insert(name.to_string(), self.entries.len());
+        self.entries.push((name.to_string(), w));
+        w
+    }
+
+    pub fn get(&self, name: &str) -> Option<W> {
+        self.index.get(name).map(|&i| self.entries[i].1)
+    }
+
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
+    /// Declared tensors in declaration order.
+    pub fn entries(&self) -> impl Iterator<Item = (&str, W)> {
+        self.entries.iter().map(|(n, w)| (n.as_str(), *w))
+    }
+
+    pub fn spec(w: W) -> TensorSpec {
+        // SAFETY: w belongs to a live store.
+        let nbytes = unsafe { g::ggml_nbytes(w.raw()) };
+        let ne = w.ne();
+        // SAFETY: as above.
+        let dims = unsafe { g::ggml_n_dims(w.raw()) } as usize;
+        TensorSpec { ty: w.ty(), ne: ne[..dims.max(1)].to_vec(), nbytes }
+    }
+
+    /// Total bytes of all declared tensors.
+    pub fn nbytes(&self) -> usize {
+        self.entries.iter().map(|(_, w)| Self::spec(*w).nbytes).sum()
+    }
+
+    /// Allocates one backend buffer holding every declared tensor.
+    pub fn alloc(&mut self, backend: &Backend) -> Result<()> {
+        if self.buffer.is_some() || self.entries.is_empty() {
+            return Ok(());
+        }
+        // SAFETY: context and backend are valid; returns null on failure.
+        let buf = unsafe { g::ggml_backend_alloc_ctx_tensors(self.ctx.raw(), backend.raw()) };
+        let buf = NonNull::new(buf).with_context(|| {
+            format!("could not allocate {:.1} MB for model weights on {}", self.nbytes() as f64 / 1e6, backend.name())
+        })?;
+        // SAFETY: valid buffer.
+        unsafe { g::ggml_backend_buffer_set_usage(buf.as_ptr(), g::GGML_BACKEND_BUFFER_USAGE_WEIGHTS) };
+        self.buffer = Some(buf);
+        Ok(())
+    }
+
+    /// Fills every tensor: `fill(name, spec, dst)` writes exactly `spec.nbytes` bytes.
+    /// Host buffers are filled in place; device buffers through a staging copy.
+    pub fn load(&mut self, mut fill: impl FnMut(&str, &TensorSpec, &mut [u8]) -> Result<()>) -> Result<()> {
+        let buf = self.buffer.context("parameters loaded before allocation")?;
+        // SAFETY: valid buffer.
+        let host = unsafe { g::ggml_backend_buffer_is_host(buf.as_ptr()) };
+        let mut staging = Vec::new();
+        for (name, w) in &self.entries {
+            let spec = Self::spec(*w);
+            if host {
+                // SAFETY: the tensor's data lives in a host buffer of nbytes bytes, exclusively ours.
+                let dst = unsafe { std::slice::from_raw_parts_mut((*w.raw()).data as *mut u8, spec.nbytes) };
+                fill(name, &spec, dst)?;
+            } else {
+                staging.resize(spec.nbytes, 0);
+                fill(name, &spec, &mut staging)?;
+                // SAFETY: staging holds nbytes bytes for this tensor.
+                unsafe { g::ggml_backend_tensor_set(w.raw(), staging.as_ptr() as *const _, 0, spec.nbytes) };
+            }
+        }
+        Ok(())
+    }
+
+    /// Writes one tensor's data (e.g. a LoRA-patched weight).
+    pub fn set_data(&self, w: W, bytes: &[u8]) -> Result<()> {
+        let spec = Self::spec(w);
+        ensure!(bytes.len() == spec.nbytes, "tensor data size mismatch: {} != {}", bytes.len(), spec.nbytes);
+        ensure!(self.buffer.is_some(), "parameters written before allocation");
+        // SAFETY: allocated tensor of exactly this size.
+        unsafe { g::ggml_backend_tensor_set(w.raw(), bytes.as_ptr() as *const _, 0, bytes.len()) };
+        Ok(())
+    }
+
+    /// Reads one tensor's raw bytes.
+    pub fn get_data(&self, w: W) -> Result<Vec<u8>> {
+        let spec = Self::spec(w);
+        ensure!(self.buffer.is_some(), "parameters read before allocation");
+        let mut out = vec![0u8; spec.nbytes];
+        // SAFETY: allocated tensor of exactly this size.
+        unsafe { g::ggml_backend_tensor_get(w.raw(), out.as_mut_ptr() as *mut _, 0, out.len()) };
+        Ok(out)
+    }
+}
+
+impl Drop for ParamStore {
+    fn drop(&mut self) {
+        if let Some(b) = self.buffer.take() {
+            // SAFETY: we own the buffer; the context's tensors point into it and die with it.
+            unsafe { g::ggml_backend_buffer_free(b.as_ptr()) };
+        }
+    }
+}
+
+/// Declares tensors under a name prefix, resolving types like the reference: the type the
+/// file has (after wtype/rules) unless the layer forces one.
+pub struct Scope<'s> {
+    store: &'s mut ParamStore,
+    types: &'s TypeMap,
+    prefix: String,
+}
+
+impl<'s> Scope<'s> {
+    pub fn new(store: &'s mut ParamStore, types: &'s TypeMap, prefix: &str) -> Scope<'s> {
+        Scope { store, types, prefix: prefix.to_string() }
+    }
+
+    /// A nested scope `prefix + name + "."`.
+    pub fn sub(&mut self, name: &str) -> Scope<'_> {
+        let prefix = format!("{}{}.", self.prefix, name);
+        Scope { store: self.store, types: self.types, prefix }
+    }
+
+    pub fn prefix(&self) -> &str {
+        &self.prefix
+    }
+
+    pub fn full_name(&self, leaf: &str) -> String {
+        format!("{}{}", self.prefix, leaf)
+    }
+
+    /// The type of `leaf` in the model files, if present.
+    pub fn file_type(&self, leaf: &str) -> Option<GgmlType> {
+        self.types.get(&self.full_name(leaf)).copied()
+    }
+
+    /// Whether the files contain `leaf` under this scope.
+    pub fn has(&self, leaf: &str) -> bool {
+        self.types.contains_key(&self.full_name(leaf))
+    }
+
+    pub fn tensor(&mut self, leaf: &str, ty: GgmlType, ne: &[i64]) -> W {
+        let name = self.full_name(leaf);
+        self.store.declare(&name, ty, ne)
+    }
+}

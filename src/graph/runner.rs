@@ -1,0 +1,243 @@
+//! Graph execution: allocate a graph's intermediate tensors, upload inputs, compute on a
+//! backend, read outputs back to the host.
+//!
+//! The compute buffer is kept between runs so a sampling loop does not reallocate it at
+//! every step.
+
+use super::backend::Backend;
+use super::context::{Graph, MAX_NODES, T};
+use crate::error::{Context as _, Result};
+use crate::tensor::Tensor;
+use ggml_sys as g;
+use std::ptr::NonNull;
+use std::sync::Arc;
+
+/// Options a graph is built with (set per model / context).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct GraphOptions {
+    pub flash_attn: bool,
+    pub conv_direct: bool,
+    pub circular_x: bool,
+    pub circular_y: bool,
+}
+
+pub struct Runner {
+    backend: Arc<Backend>,
+    n_threads: i32,
+    galloc: Option<NonNull<g::ggml_gallocr>>,
+    pub options: GraphOptions,
+}
+
+// SAFETY: the allocator is owned exclusively by the runner.
+unsafe impl Send for Runner {}
+
+impl Runner {
+    pub fn new(backend: Arc<Backend>, n_threads: i32) -> Runner {
+        Runner { backend, n_threads: n_threads.max(1), galloc: None, options: GraphOptions::default() }
+    }
+
+    pub fn backend(&self) -> &Arc<Backend> {
+        &self.backend
+    }
+
+    pub fn n_threads(&self) -> i32 {
+        self.n_threads
+    }
+
+    /// Builds a graph with `build` and computes its single output.
+    pub fn compute<F>(&mut self, build: F) -> Result<Tensor>
+    where
+        F: for<'g> FnOnce(&'g Graph) -> Result<T<'g>>,
+    {
+        let mut out = self.compute_many(|g| Ok(vec![build(g)?]))?;
+        Ok(out.pop().expect("one output"))
+    }
+
+    /// Builds a graph with `build` and computes all its outputs (each as a 4-D host tensor).
+    pub fn compute_many<F>(&mut self, build: F) -> Result<Vec<Tensor>>
+    where
+        F: for<'g> FnOnce(&'g Graph) -> Result<Vec<T<'g>>>,
+    {
+        let mut graph = Graph::new()?;
+        graph.flash_attn = self.options.flash_attn;
+        graph.conv_direct = self.options.conv_direct;
+        graph.circular_x = self.options.circular_x;
+        graph.circular_y = self.options.circular_y;
+        graph.backend = self.backend.raw();
+        let outputs = build(&graph)?;
+        ensure!(!outputs.is_empty(), "graph has no output");
+        // SAFETY: the graph context was sized for MAX_NODES nodes.
+        let gf = unsafe { g::ggml_new_graph_custom(graph.ctx(), MAX_NODES, false) };
+        ensure!(!gf.is_null(), "could not create a compute graph");
+        let raw_outputs: Vec<*mut g::ggml_tensor> = outputs.iter().map(|t| t.set_output().raw()).collect();
+        for &o in &raw_outputs {
+            // SAFETY: o belongs to the graph context.
+            unsafe { g::ggml_build_forward_expand(gf, o) };
+        }
+
+        let galloc = self.allocator()?;
+        // SAFETY: allocator and graph are valid.
+        let ok = unsafe { g::ggml_gallocr_alloc_graph(galloc.as_ptr(), gf) };
+        if !ok {
+            // The cached buffer may be for another graph shape; drop it and retry once.
+            self.free_allocator();
+            let galloc = self.allocator()?;
+            // SAFETY: as above.
+            let ok = unsafe { g::ggml_gallocr_alloc_graph(galloc.as_ptr(), gf) };
+            ensure!(ok, "could not allocate the compute buffer on {} (out of memory?)", self.backend.name());
+        }
+
+        for input in graph.inputs.borrow().iter() {
+            // An input the graph never reads gets no memory; there is nothing to upload.
+            // SAFETY: input.tensor belongs to the graph context.
+            if unsafe { (*input.tensor).buffer.is_null() } {
+                continue;
+            }
+            // SAFETY: the allocator placed the input; sizes were checked on creation.
+            unsafe { g::ggml_backend_tensor_set(input.tensor, input.bytes.as_ptr() as *const _, 0, input.bytes.len()) };
+        }
+
+        self.backend.set_n_threads(self.n_threads);
+        // SAFETY: allocated graph on this backend.
+        let status = unsafe { g::ggml_backend_graph_compute(self.backend.raw(), gf) };
+        ensure!(status == g::GGML_STATUS_SUCCESS, "graph computation failed on {} (status {status})", self.backend.name());
+
+        raw_outputs.into_iter().map(read_f32).collect()
+    }
+
+    fn allocator(&mut self) -> Result<NonNull<g::ggml_gallocr>> {
+        if let Some(a) = self.galloc {
+            return Ok(a);
+        }
+        // SAFETY: valid backend; the allocator is freed in Drop.
+        let a = unsafe { g::ggml_gallocr_new(g::ggml_backend_get_default_buffer_type(self.backend.raw())) };
+        let a = NonNull::new(a).context("could not create a graph allocator")?;
+        self.galloc = Some(a);
+        Ok(a)
+    }
+
+    fn free_allocator(&mut self) {
+        if let Some(a) = self.galloc.take() {
+            // SAFETY: we own the allocator.
+            unsafe { g::ggml_gallocr_free(a.as_ptr()) };
+        }
+    }
+
+    /// Releases the compute buffer (e.g. after the last sampling step).
+    pub fn release(&mut self) {
+        self.free_allocator();
+    }
+}
+
+impl Drop for Runner {
+    fn drop(&mut self) {
+        self.free_allocator();
+    }
+}
+
+/// Reads a computed tensor as f32 (converting f16/bf16), always as 4 dims.
+fn read_f32(t: *mut g::ggml_tensor) -> Result<Tensor> {
+    // SAFETY: t is a computed tensor of an allocated graph.
+    let (ty, ne, nbytes, contiguous) =
+        unsafe { ((*t).type_, (*t).ne, g::ggml_nbytes(t), g::ggml_is_contiguous(t)) };
+    ensure!(contiguous, "graph output is not contiguous");
+    let n: i64 = ne.iter().product();
+    let n = n as usize;
+    let mut bytes = vec![0u8; nbytes];
+    // SAFETY: bytes holds nbytes.
+    unsafe { g::ggml_backend_tensor_get(t, bytes.as_mut_ptr() as *mut _, 0, nbytes) };
+    let data: Vec<f32> = match ty {
+        g::GGML_TYPE_F32 => bytes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect(),
+        g::GGML_TYPE_F16 => {
+            let mut out = vec![0f32; n];
+            // SAFETY: bytes holds n f16 values.
+            unsafe { g::ggml_fp16_to_fp32_row(bytes.as_ptr() as *const u16, out.as_mut_ptr(), n as i64) };
+            out
+        }
+        g::GGML_TYPE_I32 => bytes.chunks_exact(4).map(|c| i32::from_le_bytes([c[0], c[1], c[2], c[3]]) as f32).collect(),
+        other => bail!("cannot read a graph output of ggml type {other}"),
+    };
+    let shape: Vec<usize> = ne.iter().map(|&d| d as usize).collect();
+    Tensor::from_vec(&shape, data)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::graph::nn::{Conv2d, GroupNorm, Linear};
+    use crate::graph::params::{ParamStore, Scope, TypeMap};
+    use crate::graph::F32;
+
+    fn f32_bytes(v: &[f32]) -> Vec<u8> {
+        v.iter().flat_map(|x| x.to_le_bytes()).collect()
+    }
+
+    #[test]
+    fn linear_conv_and_norm_compute_like_torch() {
+        let backend = Arc::new(Backend::cpu().unwrap());
+        let mut store = ParamStore::new(16).unwrap();
+        let mut types = TypeMap::new();
+        types.insert("lin.weight".into(), F32);
+        let (lin, conv, gn) = {
+            let mut s = Scope::new(&mut store, &types, "");
+            let lin = Linear::new(&mut s, "lin", 3, 2, true);
+            let conv = Conv2d::square(&mut s, "conv", 1, 1, 3, 1, 1);
+            let gn = GroupNorm::new(&mut s, "gn", 1, 2, true);
+            (lin, conv, gn)
+        };
+        store.alloc(&backend).unwrap();
+        store
+            .load(|name, spec, dst| {
+                let n = spec.ne.iter().product::<i64>() as usize;
+                match name {
+                    // rows of W: [1,2,3], [4,5,6]
+                    "lin.weight" => dst.copy_from_slice(&f32_bytes(&[1., 2., 3., 4., 5., 6.])),
+                    "lin.bias" => dst.copy_from_slice(&f32_bytes(&[0.5, -0.5])),
+                    "conv.weight" => {
+                        // f16 ones
+                        let one = 0x3C00u16.to_le_bytes();
+                        for c in dst.chunks_exact_mut(2) {
+                            c.copy_from_slice(&one);
+                        }
+                        assert_eq!(n, 9);
+                    }
+                    "conv.bias" => dst.copy_from_slice(&f32_bytes(&[1.0])),
+                    "gn.weight" => dst.copy_from_slice(&f32_bytes(&[1.0, 2.0])),
+                    "gn.bias" => dst.copy_from_slice(&f32_bytes(&[0.0, 1.0])),
+                    other => panic!("unexpected {other}"),
+                }
+                Ok(())
+            })
+            .unwrap();
+
+        let mut runner = Runner::new(backend, 2);
+        let y = runner
+            .compute(|g| {
+                let x = g.input_f32(&[1.0, 1.0, 1.0, 2.0, 0.0, 1.0], &[3, 2]);
+                Ok(lin.forward(g, x))
+            })
+            .unwrap();
+        assert_eq!(y.shape(), &[2, 2, 1, 1]);
+        assert_eq!(y.data(), &[6.5, 14.5, 5.5, 13.5]);
+
+        // 3x3 box filter with zero padding on a 3x3 image of ones, plus bias 1.
+        let y = runner
+            .compute(|g| {
+                let x = g.input_f32(&[1.0; 9], &[3, 3, 1, 1]);
+                Ok(conv.forward(g, x))
+            })
+            .unwrap();
+        assert_eq!(y.data(), &[5., 7., 5., 7., 10., 7., 5., 7., 5.]);
+
+        // Group norm with one group over two channels.
+        let y = runner
+            .compute(|g| {
+                let x = g.input_f32(&[0.0, 2.0, 0.0, 2.0], &[2, 1, 2, 1]);
+                Ok(gn.forward(g, x))
+            })
+            .unwrap();
+        let d = y.data();
+        assert!((d[0] + 1.0).abs() < 1e-3 && (d[1] - 1.0).abs() < 1e-3, "{d:?}");
+        assert!((d[2] + 1.0).abs() < 1e-3 && (d[3] - 3.0).abs() < 1e-3, "{d:?}");
+    }
+}

@@ -1,0 +1,130 @@
+//! Cheap previews of latents during sampling (`PREVIEW_PROJ`): every latent pixel is
+//! mapped to RGB by a fixed linear projection fitted to the model family's VAE, so no
+//! network runs.
+
+use crate::error::Result;
+use crate::image::Image;
+use crate::tensor::Tensor;
+
+/// A latent-channel → RGB projection: `rgb = Σ_c latent[c] · weights[c] + bias`, applied to
+/// the latents the sampler sees (already multiplied by the VAE scale factor).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Projection {
+    pub weights: &'static [[f32; 3]],
+    pub bias: Option<[f32; 3]>,
+    /// Latent channels packed as `patch_size`² sub-pixels (1 for SD-family latents).
+    pub patch_size: usize,
+}
+
+/// SD 1.x / 2.x latents.
+pub const SD: Projection = Projection {
+    weights: &[
+        [0.337366, 0.216344, 0.257386],
+        [0.165636, 0.386828, 0.046994],
+        [-0.267803, 0.237036, 0.223517],
+        [-0.178022, -0.200862, -0.678514],
+    ],
+    bias: Some([-0.017478, -0.055834, -0.105825]),
+    patch_size: 1,
+};
+
+/// SDXL latents.
+pub const SDXL: Projection = Projection {
+    weights: &[
+        [0.258303, 0.277640, 0.329699],
+        [-0.299701, 0.105446, 0.014194],
+        [0.050522, 0.186163, -0.143257],
+        [-0.211938, -0.149892, -0.080036],
+    ],
+    bias: Some([0.144381, -0.033313, 0.007061]),
+    patch_size: 1,
+};
+
+/// The projection for 4-channel latents of an SD 1.x/2.x (`sdxl == false`) or SDXL model.
+pub fn for_sd_family(sdxl: bool) -> &'static Projection {
+    if sdxl {
+        &SDXL
+    } else {
+        &SD
+    }
+}
+
+/// An RGB preview of the first latent of `latents` ([W, H, C, N]). `None` takes the
+/// first three channels as RGB (3-channel "latents" of pixel-space models).
+pub fn project(latents: &Tensor, proj: Option<&Projection>) -> Result<Image> {
+    let (w, h, c) = (latents.ne(0), latents.ne(1), latents.ne(2));
+    let patch = proj.map_or(1, |p| p.patch_size.max(1));
+    match proj {
+        Some(p) => ensure!(
+            c / (patch * patch) >= p.weights.len() && c % (patch * patch) == 0,
+            "latent preview: {c} channels do not fit a projection of {} channels with patch {patch}",
+            p.weights.len()
+        ),
+        None => ensure!(c >= 3, "latent preview: {c} channels cannot be shown as RGB"),
+    }
+    let (out_w, out_h) = (w * patch, h * patch);
+    let plane = w * h;
+    let src = latents.data();
+    let mut data = vec![0u8; out_w * out_h * 3];
+    for y in 0..out_h {
+        for x in 0..out_w {
+            let (lx, ly) = (x / patch, y / patch);
+            let sub = if patch > 1 { (y % patch) * patch + x % patch } else { 0 };
+            let at = |ch: usize| src[lx + w * ly + plane * ch];
+            let mut rgb = [0f32; 3];
+            match proj {
+                Some(p) => {
+                    for (d, row) in p.weights.iter().enumerate() {
+                        let v = at(d * patch * patch + sub);
+                        for k in 0..3 {
+                            rgb[k] += v * row[k];
+                        }
+                    }
+                    if let Some(b) = p.bias {
+                        for k in 0..3 {
+                            rgb[k] += b[k];
+                        }
+                    }
+                }
+                None => rgb = [at(0), at(1), at(2)],
+            }
+            let o = (y * out_w + x) * 3;
+            for k in 0..3 {
+                let v = (rgb[k] * 0.5 + 0.5).clamp(0.0, 1.0);
+                data[o + k] = (v * 255.0) as u8;
+            }
+        }
+    }
+    Image::new(out_w as u32, out_h as u32, 3, data).ok_or_else(|| crate::error::Error::new("latent preview too large"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn projects_like_the_reference_formula() {
+        // 2×1 latent, 4 channels.
+        let lat = Tensor::from_vec(&[2, 1, 4, 1], vec![1.0, 0.0, 0.5, 0.0, -1.0, 0.0, 0.25, 0.0]).unwrap();
+        let img = project(&lat, Some(&SD)).unwrap();
+        assert_eq!((img.width, img.height, img.channels), (2, 1, 3));
+        let want: Vec<u8> = (0..3)
+            .map(|k| {
+                let mut v = 0f32;
+                for (d, l) in [1.0f32, 0.5, -1.0, 0.25].iter().enumerate() {
+                    v += l * SD.weights[d][k];
+                }
+                v += SD.bias.unwrap()[k];
+                ((v * 0.5 + 0.5).clamp(0.0, 1.0) * 255.0) as u8
+            })
+            .collect();
+        assert_eq!(&img.data[..3], &want);
+        // A zero latent shows the bias.
+        let b = SD.bias.unwrap();
+        assert_eq!(img.data[3], ((b[0] * 0.5 + 0.5) * 255.0) as u8);
+        assert!(project(&lat, Some(for_sd_family(true))).is_ok());
+        assert!(project(&Tensor::zeros(&[2, 2, 2, 1]), Some(&SD)).is_err());
+        let rgb = project(&Tensor::full(&[1, 1, 3, 1], 5.0), None).unwrap();
+        assert_eq!(rgb.data, vec![255, 255, 255]);
+    }
+}

@@ -1,60 +1,76 @@
-//! sd-cli: the command-line front end of libstable-diffusion.
-//!
-//! For now it reports what the library is and which devices it sees, through the same
-//! C API a C program uses (the exported `sd_*` functions); image generation comes later.
+//! sd-cli: generates images with libstable-diffusion from the command line, accepting the
+//! reference stable-diffusion.cpp program's options.
 
-use std::ffi::{c_char, CStr};
+use std::process::ExitCode;
 
-// The public C API (stable-diffusion.h), linked from the stable-diffusion crate.
-extern "C" {
-    fn sd_version() -> *const c_char;
-    fn sd_commit() -> *const c_char;
-    fn sd_get_system_info() -> *const c_char;
-    fn sd_get_num_physical_cores() -> i32;
-    fn sd_list_devices(buffer: *mut c_char, buffer_size: usize) -> usize;
-}
+use sd_cli::args::{self, Parsed};
+use sd_cli::{run, term};
+use stable_diffusion::sd_error;
 
-// Keeps the library crate (which defines the symbols above) in the link.
-use stable_diffusion as _;
-
-fn text(p: *const c_char) -> String {
-    if p.is_null() {
-        return "(null)".into();
-    }
-    // SAFETY: the library returns NUL-terminated static strings.
-    unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned()
-}
-
-fn devices() -> String {
-    // SAFETY: a NULL buffer asks for the size; then a buffer of size + 1 receives the text.
-    unsafe {
-        let need = sd_list_devices(std::ptr::null_mut(), 0);
-        let mut buf = vec![0u8; need + 1];
-        sd_list_devices(buf.as_mut_ptr().cast(), buf.len());
-        CStr::from_bytes_until_nul(&buf).map(|s| s.to_string_lossy().into_owned()).unwrap_or_default()
-    }
-}
-
-fn main() {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    if args.iter().any(|a| a == "-h" || a == "--help") {
-        println!("usage: sd-cli [--version]\n\nPrints the library version, commit, system info and devices.");
-        return;
-    }
-    // SAFETY: plain calls into the C API.
-    let (version, commit) = unsafe { (text(sd_version()), text(sd_commit())) };
-    if args.iter().any(|a| a == "-v" || a == "--version") {
-        println!("sd-cli {version} (commit {commit})");
-        return;
-    }
-    println!("libstable-diffusion {version} (commit {commit})");
-    // SAFETY: plain calls into the C API.
-    let (info, cores) = unsafe { (text(sd_get_system_info()), sd_get_num_physical_cores()) };
-    println!("{}", info.trim_end());
-    println!("physical cores: {cores}");
+/// Version, system information and devices (what `--info` and a bare `sd-cli` print).
+fn print_info() {
+    println!("{}", args::version_string());
+    let backend = stable_diffusion::graph::backend::system_info();
+    println!("{}", backend.trim_end());
+    println!("physical cores: {}", stable_diffusion::graph::backend::physical_cores());
     println!("devices:");
-    for line in devices().lines() {
+    for line in stable_diffusion::graph::backend::device_listing().lines() {
         let (name, desc) = line.split_once('\t').unwrap_or((line, ""));
         println!("  {name:<12} {desc}");
+    }
+}
+
+fn report(message: &str) {
+    for line in message.lines() {
+        sd_error!("{line}");
+    }
+}
+
+fn main() -> ExitCode {
+    term::install_log_sink();
+    let program = std::env::args_os().next().map(|p| p.to_string_lossy().into_owned()).unwrap_or_else(|| "sd-cli".into());
+    let argv: Vec<String> = std::env::args_os().skip(1).map(|a| a.to_string_lossy().into_owned()).collect();
+    if argv.is_empty() {
+        print_info();
+        println!("\nUsage: {program} [options]   ({program} -h lists them)");
+        return ExitCode::SUCCESS;
+    }
+    let mut opts = match args::parse(&argv) {
+        Ok(Parsed::Run(opts)) => opts,
+        Ok(Parsed::Help) => {
+            print!("{}", args::usage(&program));
+            return ExitCode::SUCCESS;
+        }
+        Ok(Parsed::Version) => {
+            println!("{}", args::version_string());
+            return ExitCode::SUCCESS;
+        }
+        Ok(Parsed::Info) => {
+            print_info();
+            return ExitCode::SUCCESS;
+        }
+        Ok(Parsed::ListDevices) => {
+            print!("{}", stable_diffusion::graph::backend::device_listing());
+            return ExitCode::SUCCESS;
+        }
+        Err(e) => {
+            report(&e.0);
+            print!("{}", args::usage(&program));
+            return ExitCode::FAILURE;
+        }
+    };
+    term::set_verbosity(opts.cli.verbose, opts.cli.color);
+    if let Err(e) = opts.resolve(&|k| std::env::var(k).ok()) {
+        report(&format!("error: {e}"));
+        print!("{}", args::usage(&program));
+        return ExitCode::FAILURE;
+    }
+    term::install_progress_bar();
+    match run::run(*opts) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            report(&e);
+            ExitCode::FAILURE
+        }
     }
 }

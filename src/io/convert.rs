@@ -6,7 +6,7 @@
 //! the destination folder that is renamed on success and removed on failure.
 
 use super::source::{ModelFiles, ModelSource};
-use super::storage::TensorStorage;
+use super::storage::{TensorStorage, WriteEntry};
 use super::type_rules::{self, TypeRules};
 use super::{dtype, gguf, safetensors};
 use crate::error::{Context, Error, Result};
@@ -98,21 +98,14 @@ pub fn write_model(files: &ModelFiles, output: &Path, output_type: Option<SdType
         .map(|(ts, p)| ts.nbytes_as(p.ty).expect("checked by plan"))
         .collect();
 
+    let entries: Vec<WriteEntry> = planned
+        .iter()
+        .zip(&sizes)
+        .map(|(p, &nbytes)| WriteEntry { name: &p.name, ty: p.ty, shape: &p.shape, nbytes })
+        .collect();
     let (head, offsets, total) = match format {
-        OutputFormat::Gguf => {
-            let entries: Vec<gguf::WriteEntry> = planned
-                .iter()
-                .zip(&sizes)
-                .map(|(p, &nbytes)| gguf::WriteEntry { name: &p.name, ty: p.ty, shape: &p.shape, nbytes })
-                .collect();
-            gguf::write_header(&entries)?
-        }
+        OutputFormat::Gguf => gguf::write_header(&entries)?,
         OutputFormat::Safetensors => {
-            let entries: Vec<safetensors::WriteEntry> = planned
-                .iter()
-                .zip(&sizes)
-                .map(|(p, &nbytes)| safetensors::WriteEntry { name: &p.name, ty: p.ty, shape: &p.shape, nbytes })
-                .collect();
             let (head, offsets) = safetensors::write_header(&entries)?;
             let total = head.len() as u64 + sizes.iter().sum::<u64>();
             (head, offsets, total)

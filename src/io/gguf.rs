@@ -330,18 +330,12 @@ pub fn read<R: Read + Seek>(r: &mut R, file_len: u64, what: &str) -> Result<Gguf
     Ok(GgufFile { version, alignment, data_offset, metadata, tensors })
 }
 
-/// One tensor to be written.
-pub struct WriteEntry<'a> {
-    pub name: &'a str,
-    pub ty: SdType,
-    /// ggml order; trailing ones are dropped like ggml's writer does.
-    pub shape: &'a [i64],
-    pub nbytes: u64,
-}
+pub use super::storage::WriteEntry;
 
 /// Serialises a GGUF v3 head (no metadata) for the given tensors; returns the bytes up to
 /// the data section, the absolute offset of each tensor's data and the total file size
-/// (every tensor padded to the alignment, as ggml writes it).
+/// (every tensor padded to the alignment, as ggml writes it). Trailing 1-dimensions are
+/// dropped like ggml's writer does.
 pub fn write_header(entries: &[WriteEntry]) -> Result<(Vec<u8>, Vec<u64>, u64)> {
     let a = DEFAULT_ALIGNMENT;
     let mut h = Vec::new();

@@ -427,30 +427,12 @@ impl<'a> Vm<'a> {
                         _ => return invalid("STACK_GLOBAL needs two strings"),
                     }
                 }
-                b'h' => {
-                    let k = self.byte()? as u32;
+                b'h' | b'j' | b'g' => {
+                    let k = self.memo_key(op)?;
                     self.memo_get(k)?
                 }
-                b'j' => {
-                    let k = self.u32()?;
-                    self.memo_get(k)?
-                }
-                b'g' => {
-                    let l = self.line()?;
-                    let k = String::from_utf8_lossy(l).trim().parse::<u32>().map_err(|_| PickleError::Invalid("bad GET".into()))?;
-                    self.memo_get(k)?
-                }
-                b'q' => {
-                    let k = self.byte()? as u32;
-                    self.memo_put(k)?
-                }
-                b'r' => {
-                    let k = self.u32()?;
-                    self.memo_put(k)?
-                }
-                b'p' => {
-                    let l = self.line()?;
-                    let k = String::from_utf8_lossy(l).trim().parse::<u32>().map_err(|_| PickleError::Invalid("bad PUT".into()))?;
+                b'q' | b'r' | b'p' => {
+                    let k = self.memo_key(op)?;
                     self.memo_put(k)?
                 }
                 0x94 => {
@@ -571,6 +553,18 @@ impl<'a> Vm<'a> {
                     self.push(v)
                 }
                 _ => return invalid(format!("unsupported pickle opcode 0x{op:02X} at offset {at}")),
+            }
+        }
+    }
+
+    /// The memo index argument of GET/PUT: one byte, four bytes or a decimal line.
+    fn memo_key(&mut self, op: u8) -> PResult<u32> {
+        match op {
+            b'h' | b'q' => Ok(self.byte()? as u32),
+            b'j' | b'r' => self.u32(),
+            _ => {
+                let l = self.line()?;
+                String::from_utf8_lossy(l).trim().parse::<u32>().map_err(|_| PickleError::Invalid("bad memo index in pickle".into()))
             }
         }
     }

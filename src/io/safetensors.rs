@@ -239,13 +239,7 @@ pub fn type_to_dtype(ty: SdType) -> Option<&'static str> {
     })
 }
 
-/// One tensor to be written: name, type and shape in ggml order.
-pub struct WriteEntry<'a> {
-    pub name: &'a str,
-    pub ty: SdType,
-    pub shape: &'a [i64],
-    pub nbytes: u64,
-}
+pub use super::storage::WriteEntry;
 
 /// Serialises the file head (length prefix + JSON header) for tensors written back to
 /// back in the given order; returns it with the absolute offset of each tensor's data.
@@ -405,28 +399,26 @@ pub(crate) mod tests {
         assert!(err("{\"a\":", 0).contains("invalid safetensors header"));
     }
 
+    /// A weight `m.weight` plus its ComfyUI quantization config `cfg`.
+    fn comfy(dtype: &str, weight: &[u8], shape: &str, cfg: &[u8]) -> Vec<u8> {
+        let n = weight.len();
+        let h = format!(
+            r#"{{"m.weight":{{"dtype":"{dtype}","shape":{shape},"data_offsets":[0,{n}]}},"m.comfy_quant":{{"dtype":"U8","shape":[{}],"data_offsets":[{n},{}]}}}}"#,
+            cfg.len(),
+            n + cfg.len()
+        );
+        file(&h, &[weight, cfg].concat())
+    }
+
     #[test]
     fn comfy_int8_is_rejected() {
         let cfg = br#"{"format":"int8_tensorwise","convrot":true,"convrot_groupsize":16}"#;
-        let h = format!(
-            r#"{{"m.weight":{{"dtype":"I8","shape":[16,16],"data_offsets":[0,256]}},"m.comfy_quant":{{"dtype":"U8","shape":[{}],"data_offsets":[256,{}]}}}}"#,
-            cfg.len(),
-            256 + cfg.len()
-        );
-        let mut data = vec![0u8; 256];
-        data.extend_from_slice(cfg);
-        let e = parse(&file(&h, &data)).unwrap_err().to_string();
+        let e = parse(&comfy("I8", &[0; 256], "[16,16]", cfg)).unwrap_err().to_string();
         assert!(e.contains("int8_tensorwise + ConvRot") && e.contains("'m'"), "{e}");
         // other ComfyUI formats load as plain tensors
-        let cfg = br#"{"format":"float8_e4m3fn"}"#;
-        let h = format!(
-            r#"{{"m.weight":{{"dtype":"F8_E4M3","shape":[4],"data_offsets":[0,4]}},"m.comfy_quant":{{"dtype":"U8","shape":[{}],"data_offsets":[4,{}]}}}}"#,
-            cfg.len(),
-            4 + cfg.len()
-        );
-        let mut data = vec![0u8; 4];
-        data.extend_from_slice(cfg);
-        assert_eq!(parse(&file(&h, &data)).unwrap().tensors.len(), 1);
+        let f = comfy("F8_E4M3", &[0; 4], "[4]", br#"{"format":"float8_e4m3fn"}"#);
+        assert_eq!(parse(&f).unwrap().tensors.len(), 1);
+        assert!(parse(&comfy("I8", &[0; 4], "[4]", b"{bad")).unwrap_err().to_string().contains("ComfyUI"));
     }
 
     #[test]

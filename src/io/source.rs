@@ -120,6 +120,11 @@ impl ModelSource {
     pub fn component(kind: Component, path: impl Into<PathBuf>) -> Self {
         Self::new(path, kind.prefix())
     }
+
+    /// A component file with the prefix `convert` gives it.
+    pub fn for_convert(kind: Component, path: impl Into<PathBuf>) -> Self {
+        Self::new(path, kind.convert_prefix())
+    }
 }
 
 /// Parts of a model, for counting weight types like the reference's `get_*_wtype_stat`.

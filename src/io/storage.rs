@@ -155,6 +155,14 @@ impl TensorStorage {
     }
 }
 
+/// One tensor to be written by a file writer: name, type, ggml shape and its byte size.
+pub struct WriteEntry<'a> {
+    pub name: &'a str,
+    pub ty: SdType,
+    pub shape: &'a [i64],
+    pub nbytes: u64,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -15,7 +15,7 @@ use zip::{CompressionMethod, ZipArchive};
 /// Largest `data.pkl` we read (real ones are kilobytes to a few megabytes).
 const MAX_PICKLE_LEN: u64 = 256 << 20;
 /// Largest pickle prefix of a legacy file we read.
-const MAX_LEGACY_HEAD: u64 = 1 << 30;
+const MAX_LEGACY_HEAD: u64 = 256 << 20;
 
 /// Turns one pickled tensor into a storage, checking it fits the storage's bytes.
 /// `None` (with a warning) for element types we cannot read.
@@ -67,6 +67,17 @@ fn read_entry<R: Read + Seek>(zip: &mut ZipArchive<R>, idx: usize, limit: u64, w
     Ok(buf)
 }
 
+/// What we need to know about a storage entry of a torch zip.
+#[derive(Clone, Copy)]
+struct EntryInfo {
+    index: usize,
+    size: u64,
+    compressed: u64,
+    method: CompressionMethod,
+    encrypted: bool,
+    data_start: Option<u64>,
+}
+
 /// Lists the tensors of a torch zip checkpoint of `file_len` bytes.
 pub fn read_zip<R: Read + Seek>(reader: R, file_len: u64, what: &str) -> Result<Vec<TensorStorage>> {
     let mut zip = ZipArchive::new(reader).map_err(|e| zip_err(what, e))?;
@@ -89,6 +100,8 @@ pub fn read_zip<R: Read + Seek>(reader: R, file_len: u64, what: &str) -> Result<
     ensure!(!pickles.is_empty(), "data.pkl was not found in '{}'", what);
 
     let mut out = Vec::new();
+    // Storages shared by many tensors are looked up once.
+    let mut entries: std::collections::HashMap<String, EntryInfo> = std::collections::HashMap::new();
     for (idx, pkl_name) in pickles {
         let dir = &pkl_name[..pkl_name.find("data.pkl").expect("filtered")];
         let bytes = read_entry(&mut zip, idx, MAX_PICKLE_LEN, what)?;
@@ -96,14 +109,26 @@ pub fn read_zip<R: Read + Seek>(reader: R, file_len: u64, what: &str) -> Result<
         for t in &sd.tensors {
             let info = &sd.storages[&t.storage_key];
             let entry_name = format!("{dir}data/{}", t.storage_key);
-            let ei = zip
-                .index_for_name(&entry_name)
-                .ok_or_else(|| Error::new(format!("'{what}': storage entry '{entry_name}' was not found")))?;
-            let entry = zip.by_index_raw(ei).map_err(|e| zip_err(what, e))?;
-            let (size, method, encrypted, data_start) =
-                (entry.size(), entry.compression(), entry.encrypted(), entry.data_start());
-            let compressed = entry.compressed_size();
-            drop(entry);
+            let EntryInfo { index: ei, size, compressed, method, encrypted, data_start } = match entries.get(&entry_name) {
+                Some(e) => *e,
+                None => {
+                    let index = zip
+                        .index_for_name(&entry_name)
+                        .ok_or_else(|| Error::new(format!("'{what}': storage entry '{entry_name}' was not found")))?;
+                    let entry = zip.by_index_raw(index).map_err(|e| zip_err(what, e))?;
+                    let info = EntryInfo {
+                        index,
+                        size: entry.size(),
+                        compressed: entry.compressed_size(),
+                        method: entry.compression(),
+                        encrypted: entry.encrypted(),
+                        data_start: entry.data_start(),
+                    };
+                    drop(entry);
+                    entries.insert(entry_name.clone(), info);
+                    info
+                }
+            };
             ensure!(
                 size >= info.nbytes,
                 "'{}': storage entry '{}' ({} bytes) is smaller than the pickle says ({} bytes)",

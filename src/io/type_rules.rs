@@ -90,10 +90,10 @@ pub fn should_convert(ts: &TensorStorage, ty: SdType) -> bool {
 }
 
 /// The type `ts` should be loaded or written as under a `wtype` override and rules, or
-/// `None` to keep its own type.
+/// `None` to keep its own type. Integer tensors keep theirs (the reference fails on them).
 pub fn target_type(ts: &TensorStorage, wtype: Option<SdType>, rules: &TypeRules) -> Option<SdType> {
     let ty = rules.rule_for(ts.name()).or(wtype)?;
-    should_convert(ts, ty).then_some(ty)
+    (should_convert(ts, ty) && (ty == ts.ty() || dtype::can_dequantize(ts.ty()))).then_some(ty)
 }
 
 #[cfg(test)]
@@ -132,5 +132,7 @@ mod tests {
         assert!(!should_convert(&ts("w", &[40]), SdType::Q8_0));
         assert!(should_convert(&ts("w", &[40]), SdType::F16));
         assert!(should_convert(&ts("x.norm.weight", &[64]), SdType::Q8_0));
+        let ids = TensorStorage::new("ids", SdType::I32, &[64], SourceDtype::Native).unwrap();
+        assert_eq!(target_type(&ids, Some(SdType::Q8_0), &TypeRules::default()), None);
     }
 }

@@ -12,7 +12,7 @@
 //! The reference evaluates the conditional and unconditional branches in separate calls
 //! (batch N = the latent's N); any N ≥ 1 works, with context/c_concat/y of batch 1 broadcast.
 
-use super::super::common::blocks::{Downsample, ResBlock, SpatialTransformer, Upsample};
+use crate::models::common::blocks::{Downsample, ResBlock, SpatialTransformer, Upsample};
 use crate::error::{Context as _, Result};
 use crate::graph::nn::{self, Conv2d, GroupNorm, Linear};
 use crate::graph::{Graph, Runner, Scope, F32, T};
@@ -272,6 +272,8 @@ fn first_proj_out(shape_of: &dyn Fn(&str) -> Option<Vec<i64>>, p: &str) -> Optio
     blocks.filter_map(|b| shape_of(&format!("{p}{b}.proj_out.weight"))).next()
 }
 
+// A dozen per UNet, built once: boxing the larger variant would buy nothing.
+#[allow(clippy::large_enum_variant)]
 #[derive(Clone, Debug)]
 enum InputBlock {
     Res { res: ResBlock, attn: Option<SpatialTransformer> },

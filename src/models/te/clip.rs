@@ -226,7 +226,8 @@ impl ClipTextModel {
         };
         let final_layer_norm = LayerNorm::new(s, "final_layer_norm", d, 1e-5, true, true);
         // Declared [projection_dim, hidden] in ggml order and applied as `mul_mat(P, x)`,
-        // like the reference (for OpenCLIP's [width, proj] layout that is P·x, not x·P).
+        // like the reference (for OpenCLIP's [width, proj] layout that is P·x, not x·P);
+        // that only fits when projection_dim == hidden_size, as for bigG.
         let text_projection = cfg.projection_dim.map(|p| s.tensor("text_projection", F32, &[p, d]));
         ClipTextModel {
             cfg: cfg.clone(),
@@ -325,7 +326,7 @@ fn check_inputs(model: &ClipTextModel, tokens: &[i32], custom: Option<&Tensor>) 
     let cfg = &model.cfg;
     let n_token = cfg.n_token as usize;
     ensure!(
-        !tokens.is_empty() && tokens.len() % n_token == 0,
+        !tokens.is_empty() && tokens.len().is_multiple_of(n_token),
         "CLIP input has {} tokens, expected a non-zero multiple of {n_token}",
         tokens.len()
     );

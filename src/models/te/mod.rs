@@ -1,4 +1,5 @@
-//! Text encoders and their tokenizers.
+//! Text encoders (conditioning networks) and their tokenizers, like the reference's
+//! `src/model/te/`.
 
 pub mod clip;
 #[cfg(test)]

@@ -12,15 +12,13 @@ use std::process::Command;
 
 const SCRIPT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/tools/clip_reference.py");
 
-pub fn fixture_cache() -> PathBuf {
-    match std::env::var_os("SD_FIXTURE_CACHE") {
-        Some(d) => PathBuf::from(d),
-        None => PathBuf::from(std::env::var_os("HOME").unwrap_or_default()).join(".cache/sd-rs-fixtures"),
-    }
-}
+pub use crate::testutil::fixture_cache;
 
 /// Whether python3 with numpy can run the reference script; tests skip without it.
 pub fn have_numpy() -> bool {
+    if !crate::testutil::model_tests_enabled("CLIP vs numpy") {
+        return false;
+    }
     let ok = Command::new("python3").args(["-c", "import numpy"]).status().map(|s| s.success()).unwrap_or(false);
     if !ok {
         eprintln!("skipping: python3 with numpy is needed for the CLIP reference");

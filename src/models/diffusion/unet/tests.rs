@@ -17,15 +17,10 @@ use std::sync::Arc;
 
 const PREFIX: &str = "model.diffusion_model.";
 
-fn repo() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-}
+use crate::testutil::repo;
 
 fn cache_dir() -> PathBuf {
-    match std::env::var_os("SD_FIXTURE_CACHE") {
-        Some(d) => PathBuf::from(d),
-        None => PathBuf::from(std::env::var_os("HOME").unwrap_or_default()).join(".cache/sd-rs-fixtures"),
-    }
+    crate::testutil::fixture_cache()
 }
 
 /// One tensor of a safetensors file: type, ggml-order shape, byte range.
@@ -145,6 +140,9 @@ fn tensor(shape: &[usize], seed: u64, amp: f32) -> Tensor {
 /// A synthetic checkpoint from the cache; generated under SD_PARITY=full when `gen` names
 /// a synth_model.py architecture.
 fn fixture(candidates: &[&str], gen: Option<&str>) -> Option<PathBuf> {
+    if !crate::testutil::model_tests_enabled("UNet vs numpy") {
+        return None;
+    }
     let dir = cache_dir();
     if let Some(p) = candidates.iter().map(|c| dir.join(c)).find(|p| p.exists()) {
         return Some(p);

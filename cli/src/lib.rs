@@ -1,0 +1,9 @@
+//! sd-cli, the command-line front end of libstable-diffusion, as a library so that its parts
+//! are tested directly; `main.rs` is the program.
+
+pub mod args;
+pub mod image_io;
+pub mod metadata;
+pub mod output;
+pub mod run;
+pub mod term;

@@ -378,7 +378,8 @@ pub fn run(folder_name: &str, select: impl Fn(&Case) -> bool) -> Vec<CaseResult>
             }
             pass = note.is_empty() && diffs.iter().all(|d| d.pass);
         }
-        free_sd_images(images, n);
+        // SAFETY: the images generate_image returned, freed once.
+        unsafe { free_sd_images(images, n) };
         let r = CaseResult { folder: folder_name.into(), name: case.name.clone(), diffs, pass, note, seconds: start.elapsed().as_secs_f32() };
         print_result(&r);
         results.push(r);

@@ -39,6 +39,12 @@ fn every_family_from_names_and_shapes() {
     let dm = |s: &str| format!("model.diffusion_model.{s}");
     let owned: Vec<(SdVersion, Vec<String>)> = vec![
         (Sd1, vec![SD1_TOK.into(), in4.clone(), MID.into(), OUT71.into()]),
+        // split components: diffusion_model_path + clip_l_path (+ vae_path)
+        (
+            Sd1,
+            vec!["clip_l.text_model.embeddings.token_embedding.weight:768x49408".into(), in4.clone(), MID.into(), OUT71.into(), "vae.decoder.conv_in.weight".into()],
+        ),
+        (Sd2, vec!["clip_l.text_model.embeddings.token_embedding.weight:1024x49408".into(), in4.clone(), MID.into(), OUT71.into()]),
         (Sd1Inpaint, vec![SD1_TOK.into(), in9.clone(), MID.into()]),
         (Sd1Pix2Pix, vec![SD1_TOK.into(), in8.clone(), MID.into()]),
         (Sd1TinyUnet, vec![SD1_TOK.into(), in4.clone(), OUT71.into()]),

@@ -395,6 +395,10 @@ pub fn detect<T: NamedShape>(tensors: &[T]) -> Option<SdVersion> {
                 | "te.text_model.embeddings.token_embedding.weight"
                 | "conditioner.embedders.0.model.token_embedding.weight"
                 | "conditioner.embedders.0.transformer.text_model.embeddings.token_embedding.weight"
+                // A standalone CLIP given as `clip_l_path` next to a standalone UNet. The
+                // reference stops at "get sd version" for SD 1.x/2.x split into components;
+                // we accept them (families with their own markers are decided before this).
+                | "clip_l.text_model.embeddings.token_embedding.weight"
         ) {
             token_embedding = ne;
         }

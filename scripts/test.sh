@@ -61,7 +61,7 @@ export PATH="$venv/bin:$PATH"
 
 cargo_features=()
 [ -n "$features" ] && cargo_features=(--features "$(echo "$features" | sed 's/\([^,]*\)/stable-diffusion\/\1/g')")
-suite cargo cargo test --release --workspace "${cargo_features[@]}"
+suite cargo cargo test --release --workspace --no-fail-fast "${cargo_features[@]}"
 suite c tests/c/run.sh "$prefix"
 suite consumers tests/cmake-consumer/run.sh "$prefix"
 

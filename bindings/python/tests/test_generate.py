@@ -67,7 +67,7 @@ def test_generate_matches_golden_case(sd):
     progress = []
     sd.set_progress_callback(lambda step, steps, seconds: progress.append((step, steps)))
     try:
-        with sd.Context(model_path=model, prediction="V_PRED", n_threads=2) as ctx:
+        with sd.Context(model_path=model, prediction="V", n_threads=2) as ctx:
             images = ctx.generate_image(
                 prompt="a lovely cat",
                 width=64,

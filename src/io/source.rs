@@ -250,6 +250,13 @@ impl ModelFile {
         if use_mmap {
             if let Some(m) = self.mapping()? {
                 buf.copy_from_slice(&m[offset as usize..offset as usize + buf.len()]);
+                // The bytes now live in the caller's buffer (usually a backend's weight
+                // memory): drop the mapped pages from our resident set, or a mapped load
+                // holds the model twice at its peak. The page cache keeps them.
+                #[cfg(unix)]
+                // SAFETY: a read-only file mapping; pages touched again are re-read from
+                // the file, so discarding them changes no byte anyone observes.
+                let _ = unsafe { m.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, offset as usize, buf.len()) };
                 return Ok(());
             }
         }

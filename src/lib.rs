@@ -11,6 +11,8 @@ pub mod error;
 pub mod types;
 pub mod tensor;
 pub mod image;
+#[cfg(test)]
+pub(crate) mod testutil;
 
 // Only `capi` declares the C interface; cbindgen skips the other modules.
 /// cbindgen:ignore

@@ -345,11 +345,12 @@ fn process_wide_functions_survive_bad_input() {
         let a = libc::calloc(1, std::mem::size_of::<sd_audio_t>()) as *mut sd_audio_t;
         free_sd_audio(a);
 
-        // Canny: no pixels, too few channels, sizes that overflow, empty images.
+        // Canny: no pixels, zero channels, grey images, sizes that overflow, empty images.
         let mut px = [0u8; 12];
         let img = |w, h, c, data: *mut u8| sd_image_t { width: w, height: h, channel: c, data };
         assert_eq!(preprocess_canny(no_image(), 0.1, 0.1, 0.5, 1.0, CBool(0)), CBool::FALSE);
-        assert_eq!(preprocess_canny(img(2, 2, 1, px.as_mut_ptr()), 0.1, 0.1, 0.5, 1.0, CBool(9)), CBool::FALSE);
+        assert_eq!(preprocess_canny(img(2, 2, 0, px.as_mut_ptr()), 0.1, 0.1, 0.5, 1.0, CBool(9)), CBool::FALSE);
+        assert_eq!(preprocess_canny(img(2, 2, 1, px.as_mut_ptr()), 0.1, 0.1, 0.5, 1.0, CBool(9)), CBool::TRUE);
         assert_eq!(
             preprocess_canny(img(u32::MAX, u32::MAX, u32::MAX, px.as_mut_ptr()), f32::NAN, -1.0, f32::INFINITY, 0.0, CBool(0)),
             CBool::FALSE

@@ -8,7 +8,6 @@ use super::guard::{guard, opt_str};
 use super::types::*;
 use crate::types::*;
 use libc::c_char;
-use std::ffi::CStr;
 
 
 /// Parses a C string with `parse`; failures (with a reason) give `None`.

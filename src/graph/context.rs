@@ -73,6 +73,8 @@ pub struct Graph {
     pub conv_direct: bool,
     pub circular_x: bool,
     pub circular_y: bool,
+    /// The backend the graph will run on (null while unknown), to ask what it supports.
+    pub(crate) backend: g::ggml_backend_t,
 }
 
 /// Upper bound of nodes in one graph (the UNet at 1024² needs a few thousand).
@@ -89,7 +91,14 @@ impl Graph {
             conv_direct: false,
             circular_x: false,
             circular_y: false,
+            backend: std::ptr::null_mut(),
         })
+    }
+
+    /// Whether the target backend can compute `t` (true when the backend is not known).
+    pub fn supports(&self, t: T<'_>) -> bool {
+        // SAFETY: backend, when set, outlives the graph (the runner owns both).
+        self.backend.is_null() || unsafe { g::ggml_backend_supports_op(self.backend, t.raw()) }
     }
 
     pub fn ctx(&self) -> *mut g::ggml_context {

@@ -365,11 +365,14 @@ pub fn attention<'g>(
             m.cast(F16)
         });
         let mut out = q.flash_attn_ext(kf, vf, m, sc / kv_scale);
-        if kv_scale != 1.0 {
-            out = scale(out, 1.0 / kv_scale, false);
+        // Backends without the fused kernel fall back to materialised scores below.
+        if g.supports(out) {
+            if kv_scale != 1.0 {
+                out = scale(out, 1.0 / kv_scale, false);
+            }
+            let nb = out.nb();
+            kqv = Some(out.view(&[d_head, n_head, l_q, n], &[nb[1], nb[2], nb[1] * n_head as usize], 0));
         }
-        let nb = out.nb();
-        kqv = Some(out.view(&[d_head, n_head, l_q, n], &[nb[1], nb[2], nb[1] * n_head as usize], 0));
     }
     let kqv = match kqv {
         Some(x) => x,

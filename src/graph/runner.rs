@@ -63,6 +63,7 @@ impl Runner {
         graph.conv_direct = self.options.conv_direct;
         graph.circular_x = self.options.circular_x;
         graph.circular_y = self.options.circular_y;
+        graph.backend = self.backend.raw();
         let outputs = build(&graph)?;
         ensure!(!outputs.is_empty(), "graph has no output");
         // SAFETY: the graph context was sized for MAX_NODES nodes.
@@ -87,7 +88,12 @@ impl Runner {
         }
 
         for input in graph.inputs.borrow().iter() {
-            // SAFETY: inputs were allocated by the allocator; sizes were checked on creation.
+            // An input the graph never reads gets no memory; there is nothing to upload.
+            // SAFETY: input.tensor belongs to the graph context.
+            if unsafe { (*input.tensor).buffer.is_null() } {
+                continue;
+            }
+            // SAFETY: the allocator placed the input; sizes were checked on creation.
             unsafe { g::ggml_backend_tensor_set(input.tensor, input.bytes.as_ptr() as *const _, 0, input.bytes.len()) };
         }
 

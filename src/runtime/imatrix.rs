@@ -13,7 +13,7 @@
 use crate::error::{Context as _, Result};
 use crate::graph::eval_callback::{self, EvalTensor};
 use parking_lot::Mutex;
-use std::collections::HashMap;
+use std::collections::BTreeMap;
 use std::path::Path;
 use std::sync::Arc;
 
@@ -30,7 +30,7 @@ pub struct Stats {
 
 #[derive(Debug, Default)]
 pub struct Collector {
-    stats: HashMap<String, Stats>,
+    stats: BTreeMap<String, Stats>,
     last_call: i32,
 }
 

@@ -1,3 +1,7 @@
-//! Text encoders and their tokenizers.
+//! Text encoders (conditioning networks) and their tokenizers, like the reference's
+//! `src/model/te/`.
 
+pub mod clip;
+#[cfg(test)]
+mod test_weights;
 pub mod tokenizer;

@@ -13,31 +13,12 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::Arc;
 
-fn repo() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
-}
+use crate::testutil::repo;
 
 /// A synthetic checkpoint in the shared fixture cache, generated on first use (written to a
 /// temporary name, then renamed, as other test runs may look for it concurrently).
 pub fn fixture(arch: &str, file: &str) -> PathBuf {
-    let dir = std::env::var_os("SD_FIXTURE_CACHE")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(std::env::var("HOME").unwrap_or_else(|_| ".".into())).join(".cache/sd-rs-fixtures"));
-    let path = dir.join(file);
-    if path.exists() {
-        return path;
-    }
-    std::fs::create_dir_all(&dir).expect("create fixture cache");
-    let tmp = dir.join(format!("{file}.tmp.{}", std::process::id()));
-    let status = Command::new("python3")
-        .arg(repo().join("tests/fixtures/synth_model.py"))
-        .arg(arch)
-        .arg(&tmp)
-        .status()
-        .expect("python3 (with numpy) is needed to generate the synthetic fixtures");
-    assert!(status.success(), "synth_model.py {arch} failed");
-    std::fs::rename(&tmp, &path).expect("rename fixture");
-    path
+    crate::testutil::synthetic_fixture(arch, file).expect("python3 with numpy is needed to generate the synthetic fixtures")
 }
 
 /// A safetensors file read into memory, with its names under `prefix`.
@@ -191,8 +172,11 @@ pub fn read_bin(path: &Path) -> Tensor {
 pub struct TempDir(pub PathBuf);
 
 impl TempDir {
+    /// Unique per call: tests run in parallel threads of one process.
     pub fn new(tag: &str) -> TempDir {
-        let d = std::env::temp_dir().join(format!("sd-vae-{tag}-{}", std::process::id()));
+        static NEXT: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+        let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        let d = std::env::temp_dir().join(format!("sd-vae-{tag}-{}-{n}", std::process::id()));
         std::fs::create_dir_all(&d).expect("temp dir");
         TempDir(d)
     }

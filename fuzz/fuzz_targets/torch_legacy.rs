@@ -1,0 +1,8 @@
+#![no_main]
+//! Fuzzes the torch_legacy reader: any input must give a model listing or a clean error.
+
+use libfuzzer_sys::fuzz_target;
+
+fuzz_target!(|data: &[u8]| {
+    stable_diffusion::io::fuzzing::torch_legacy_bytes(data);
+});

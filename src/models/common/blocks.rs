@@ -1,0 +1,259 @@
+//! Building blocks of the LDM UNet family (UNet, ControlNet): residual blocks with a
+//! timestep embedding, spatial transformers with cross-attention, down/up-sampling.
+//!
+//! Each block declares its weights under the reference's internal names and builds the
+//! reference's op sequence (same ops, same order, same inplace variants), because pictures
+//! only match when the float roundings match.
+
+use crate::graph::nn::{self, Conv2d, GroupNorm, LayerNorm, Linear};
+use crate::graph::{Graph, Scope, T};
+
+/// `x` split into `n` equal views along dim 0 (no copies), like torch's `chunk(n, -1)`.
+pub fn chunk_dim0<'g>(x: T<'g>, n: i64) -> Vec<T<'g>> {
+    let ne = x.ne();
+    let nb = x.nb();
+    assert!(ne[0] % n == 0, "chunk of {} into {n}", ne[0]);
+    let size = ne[0] / n;
+    (0..n)
+        .map(|i| x.view(&[size, ne[1], ne[2], ne[3]], &[nb[1], nb[2], nb[3]], (i * size) as usize * nb[0]))
+        .collect()
+}
+
+/// Residual block conditioned on the timestep embedding (`ResBlock` of openaimodel.py).
+#[derive(Clone, Debug)]
+pub struct ResBlock {
+    in_norm: GroupNorm,
+    in_conv: Conv2d,
+    emb_proj: Option<Linear>,
+    out_norm: GroupNorm,
+    out_conv: Conv2d,
+    skip: Option<Conv2d>,
+}
+
+impl ResBlock {
+    /// `emb_channels = None` declares a block without timestep input (`skip_t_emb`).
+    pub fn new(s: &mut Scope, channels: i64, emb_channels: Option<i64>, out_channels: i64) -> ResBlock {
+        let in_norm = GroupNorm::gn32(s, "in_layers.0", channels);
+        let in_conv = Conv2d::square(s, "in_layers.2", channels, out_channels, 3, 1, 1);
+        let emb_proj = emb_channels.map(|e| Linear::new(s, "emb_layers.1", e, out_channels, true));
+        let out_norm = GroupNorm::gn32(s, "out_layers.0", out_channels);
+        let out_conv = Conv2d::square(s, "out_layers.3", out_channels, out_channels, 3, 1, 1);
+        let skip = (out_channels != channels).then(|| Conv2d::square(s, "skip_connection", channels, out_channels, 1, 1, 0));
+        ResBlock { in_norm, in_conv, emb_proj, out_norm, out_conv, skip }
+    }
+
+    /// x: [W, H, C, N], emb: [emb_channels, N] → [W, H, out_channels, N].
+    pub fn forward<'g>(&self, g: &'g Graph, x: T<'g>, emb: Option<T<'g>>) -> T<'g> {
+        let mut h = self.in_norm.forward(g, x).silu_inplace();
+        h = self.in_conv.forward(g, h);
+        if let Some(proj) = &self.emb_proj {
+            let emb = emb.expect("ResBlock with an embedding projection needs the embedding");
+            let e = proj.forward(g, emb.silu());
+            let en = e.ne();
+            h = h.add(e.reshape(&[1, 1, en[0], en[1]]));
+        }
+        h = self.out_norm.forward(g, h).silu_inplace();
+        h = self.out_conv.forward(g, h);
+        let x = match &self.skip {
+            Some(conv) => conv.forward(g, x),
+            None => x,
+        };
+        h.add(x)
+    }
+}
+
+/// Stride-2 3×3 convolution (`Downsample` with `use_conv`).
+#[derive(Clone, Copy, Debug)]
+pub struct Downsample {
+    conv: Conv2d,
+}
+
+impl Downsample {
+    pub fn new(s: &mut Scope, channels: i64, out_channels: i64) -> Downsample {
+        Downsample { conv: Conv2d::square(s, "op", channels, out_channels, 3, 2, 1) }
+    }
+
+    pub fn forward<'g>(&self, g: &'g Graph, x: T<'g>) -> T<'g> {
+        self.conv.forward(g, x)
+    }
+}
+
+/// Nearest ×2 upscale then a 3×3 convolution.
+#[derive(Clone, Copy, Debug)]
+pub struct Upsample {
+    conv: Conv2d,
+}
+
+impl Upsample {
+    pub fn new(s: &mut Scope, channels: i64, out_channels: i64) -> Upsample {
+        Upsample { conv: Conv2d::square(s, "conv", channels, out_channels, 3, 1, 1) }
+    }
+
+    pub fn forward<'g>(&self, g: &'g Graph, x: T<'g>) -> T<'g> {
+        self.conv.forward(g, x.upscale(2))
+    }
+}
+
+/// GEGLU feed-forward: `net.0.proj` to twice the inner width, `a * gelu(gate)`, `net.2`.
+#[derive(Clone, Copy, Debug)]
+pub struct FeedForward {
+    proj: Linear,
+    out: Linear,
+}
+
+impl FeedForward {
+    pub fn new(s: &mut Scope, dim: i64, dim_out: i64, mult: i64) -> FeedForward {
+        let inner = dim * mult;
+        let proj = Linear::new(&mut s.sub("net.0"), "proj", dim, inner * 2, true);
+        let out = Linear::new(s, "net.2", inner, dim_out, true);
+        FeedForward { proj, out }
+    }
+
+    /// x: [dim, L, N] → [dim_out, L, N].
+    pub fn forward<'g>(&self, g: &'g Graph, x: T<'g>) -> T<'g> {
+        let h = self.proj.forward(g, x);
+        let halves = chunk_dim0(h, 2);
+        // The gate is made dense and activated in place; the value half stays a view.
+        let gate = halves[1].cont().gelu_inplace();
+        self.out.forward(g, halves[0].mul(gate))
+    }
+}
+
+/// Multi-head attention of `x` over `context` (itself for self-attention).
+#[derive(Clone, Copy, Debug)]
+pub struct CrossAttention {
+    to_q: Linear,
+    to_k: Linear,
+    to_v: Linear,
+    to_out: Linear,
+    n_head: i64,
+}
+
+impl CrossAttention {
+    pub fn new(s: &mut Scope, query_dim: i64, context_dim: i64, n_head: i64, d_head: i64) -> CrossAttention {
+        let inner = n_head * d_head;
+        CrossAttention {
+            to_q: Linear::new(s, "to_q", query_dim, inner, false),
+            to_k: Linear::new(s, "to_k", context_dim, inner, false),
+            to_v: Linear::new(s, "to_v", context_dim, inner, false),
+            to_out: Linear::new(s, "to_out.0", inner, query_dim, true),
+            n_head,
+        }
+    }
+
+    /// x: [query_dim, L, N], context: [context_dim, L_ctx, N] → [query_dim, L, N].
+    pub fn forward<'g>(&self, g: &'g Graph, x: T<'g>, context: T<'g>) -> T<'g> {
+        let q = self.to_q.forward(g, x);
+        let k = self.to_k.forward(g, context);
+        let v = self.to_v.forward(g, context);
+        let h = nn::attention(g, q, k, v, self.n_head, None, false, g.flash_attn, 1.0);
+        self.to_out.forward(g, h)
+    }
+}
+
+/// Pre-norm transformer layer: self-attention, cross-attention, GEGLU feed-forward.
+#[derive(Clone, Copy, Debug)]
+pub struct BasicTransformerBlock {
+    attn1: CrossAttention,
+    attn2: CrossAttention,
+    ff: FeedForward,
+    norm1: LayerNorm,
+    norm2: LayerNorm,
+    norm3: LayerNorm,
+}
+
+const LAYER_NORM_EPS: f32 = 1e-5;
+
+impl BasicTransformerBlock {
+    pub fn new(s: &mut Scope, dim: i64, n_head: i64, d_head: i64, context_dim: i64) -> BasicTransformerBlock {
+        BasicTransformerBlock {
+            attn1: CrossAttention::new(&mut s.sub("attn1"), dim, dim, n_head, d_head),
+            attn2: CrossAttention::new(&mut s.sub("attn2"), dim, context_dim, n_head, d_head),
+            ff: FeedForward::new(&mut s.sub("ff"), dim, dim, 4),
+            norm1: LayerNorm::new(s, "norm1", dim, LAYER_NORM_EPS, true, true),
+            norm2: LayerNorm::new(s, "norm2", dim, LAYER_NORM_EPS, true, true),
+            norm3: LayerNorm::new(s, "norm3", dim, LAYER_NORM_EPS, true, true),
+        }
+    }
+
+    /// x: [dim, L, N], context: [context_dim, L_ctx, N].
+    pub fn forward<'g>(&self, g: &'g Graph, x: T<'g>, context: T<'g>) -> T<'g> {
+        let n = self.norm1.forward(g, x);
+        let x = self.attn1.forward(g, n, n).add(x);
+        let n = self.norm2.forward(g, x);
+        let x = self.attn2.forward(g, n, context).add(x);
+        let n = self.norm3.forward(g, x);
+        self.ff.forward(g, n).add(x)
+    }
+}
+
+/// Projection in/out of a spatial transformer: 1×1 convolution (SD 1.x) or linear (SD 2.x, SDXL).
+#[derive(Clone, Copy, Debug)]
+enum Projection {
+    Conv(Conv2d),
+    Linear(Linear),
+}
+
+/// Transformer over the pixels of a feature map, conditioned on a context sequence.
+#[derive(Clone, Debug)]
+pub struct SpatialTransformer {
+    norm: GroupNorm,
+    proj_in: Projection,
+    blocks: Vec<BasicTransformerBlock>,
+    proj_out: Projection,
+}
+
+impl SpatialTransformer {
+    pub fn new(
+        s: &mut Scope,
+        in_channels: i64,
+        n_head: i64,
+        d_head: i64,
+        depth: i64,
+        context_dim: i64,
+        use_linear: bool,
+    ) -> SpatialTransformer {
+        let inner = n_head * d_head;
+        let projection = |s: &mut Scope, name: &str, i: i64, o: i64| {
+            if use_linear {
+                Projection::Linear(Linear::new(s, name, i, o, true))
+            } else {
+                Projection::Conv(Conv2d::square(s, name, i, o, 1, 1, 0))
+            }
+        };
+        let norm = GroupNorm::gn32(s, "norm", in_channels);
+        let proj_in = projection(s, "proj_in", in_channels, inner);
+        let blocks = (0..depth)
+            .map(|i| BasicTransformerBlock::new(&mut s.sub(&format!("transformer_blocks.{i}")), inner, n_head, d_head, context_dim))
+            .collect();
+        let proj_out = projection(s, "proj_out", inner, in_channels);
+        SpatialTransformer { norm, proj_in, blocks, proj_out }
+    }
+
+    /// x: [W, H, C, N], context: [context_dim, L_ctx, N] → [W, H, C, N].
+    pub fn forward<'g>(&self, g: &'g Graph, x: T<'g>, context: T<'g>) -> T<'g> {
+        let [w, h, _, n] = x.ne();
+        // [W, H, C, N] → tokens [C, W*H, N] (pixel order row by row, as torch flattens).
+        let to_tokens = |t: T<'g>| {
+            let c = t.ne()[2];
+            t.permute(1, 2, 0, 3).cont().reshape(&[c, w * h, n])
+        };
+        let to_map = |t: T<'g>| {
+            let c = t.ne()[0];
+            t.permute(1, 0, 2, 3).cont().reshape(&[w, h, c, n])
+        };
+        let mut t = self.norm.forward(g, x);
+        t = match &self.proj_in {
+            Projection::Linear(l) => l.forward(g, to_tokens(t)),
+            Projection::Conv(c) => to_tokens(c.forward(g, t)),
+        };
+        for block in &self.blocks {
+            t = block.forward(g, t, context);
+        }
+        t = match &self.proj_out {
+            Projection::Linear(l) => to_map(l.forward(g, t)),
+            Projection::Conv(c) => c.forward(g, to_map(t)),
+        };
+        t.add(x)
+    }
+}

@@ -1,0 +1,2 @@
+//! Blocks shared by several networks.
+pub mod blocks;

@@ -1,0 +1,2 @@
+//! Diffusion networks (noise/velocity predictors).
+pub mod unet;

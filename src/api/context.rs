@@ -1,15 +1,17 @@
 //! Contexts: a loaded model set and what can be done with it.
 //!
-//! These are the boundary the C layer calls. Until generation is implemented they refuse to
-//! be created with a "not supported yet" error; the methods below are the contract the
-//! pipeline fills in. Every method takes `&self`: the C API lets a caller cancel from another
-//! thread while a generation runs, so mutable state lives behind interior locks.
+//! These are the boundary the C layer calls. Every method takes `&self`: the C API lets a
+//! caller cancel from another thread while a generation runs, so the model set lives
+//! behind a lock and the cancel flag is shared.
 
 use super::params::*;
 use crate::error::Result;
 use crate::image::Image;
 use crate::pipeline::callbacks::CancelFlag;
-use crate::types::{CancelMode, SampleMethod, Scheduler};
+use crate::pipeline::StableDiffusion;
+use crate::runtime::defaults::{self, ModelFamily};
+use crate::types::{CancelMode, Prediction, SampleMethod, Scheduler};
+use parking_lot::Mutex;
 use std::sync::Arc;
 
 /// The error of everything that is not implemented yet.
@@ -27,17 +29,20 @@ pub struct VideoOutput {
 /// A loaded model set (`sd_ctx_t`).
 pub struct Context {
     cancel: Arc<CancelFlag>,
+    family: ModelFamily,
+    prediction: Prediction,
+    sd: Mutex<StableDiffusion>,
 }
 
 impl Context {
     /// Loads the models named by `params`.
     pub fn new(params: &CtxParams) -> Result<Context> {
-        let _ = params;
-        not_supported("loading models (new_sd_ctx)")
+        let sd = StableDiffusion::new(params)?;
+        Ok(Context { cancel: Arc::new(CancelFlag::new()), family: sd.family, prediction: sd.prediction, sd: Mutex::new(sd) })
     }
 
     pub fn supports_image_generation(&self) -> bool {
-        false
+        true
     }
 
     pub fn supports_video_generation(&self) -> bool {
@@ -60,19 +65,20 @@ impl Context {
 
     /// The sampler used when a request leaves it unset.
     pub fn default_sample_method(&self) -> SampleMethod {
-        SampleMethod::EulerA
+        defaults::default_sample_method(Some(self.family))
     }
 
     /// The scheduler used with `method` when a request leaves it unset.
     pub fn default_scheduler(&self, method: Option<SampleMethod>) -> Scheduler {
-        scheduler_for_method(method)
+        let method = method.unwrap_or_else(|| self.default_sample_method());
+        defaults::default_scheduler(Some((self.family, self.prediction)), method)
     }
 
     /// Text/image to image. Returns `batch_count` images (fewer when cancelled).
     pub fn generate_image(&self, params: &ImgGenParams) -> Result<Vec<Image>> {
-        let _ = params;
         self.cancel.reset();
-        not_supported("image generation")
+        let mut sd = self.sd.lock();
+        crate::pipeline::generate::generate(&mut sd, params, &self.cancel)
     }
 
     pub fn generate_video(&self, params: &VidGenParams) -> Result<VideoOutput> {

@@ -1,6 +1,8 @@
 //! Shared helpers of the C-API integration tests: the ABI manifest and defaults.json.
 #![allow(dead_code)]
 
+pub mod parity;
+
 use serde_json::Value;
 use std::path::{Path, PathBuf};
 

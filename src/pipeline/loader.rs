@@ -1,0 +1,146 @@
+//! From the files a context names to filled weights: the files are listed once (names
+//! converted to the reference's internal ones), each weight's type is decided (the file's,
+//! or `wtype` / `tensor_type_rules`), and every model's `ParamStore` is filled tensor by
+//! tensor straight from the file, so a checkpoint is never held in memory as a whole.
+
+use crate::api::CtxParams;
+use crate::error::{Context as _, Result};
+use crate::graph::{Backend, ParamStore, TypeMap};
+use crate::io::type_rules::{target_type, TypeRules};
+use crate::io::{Component, ModelFiles, SdVersion, TensorStorage};
+use crate::types::SdType;
+use std::time::Instant;
+
+/// The model files of a context, listed and typed.
+pub struct Weights {
+    files: ModelFiles,
+    types: TypeMap,
+    version: SdVersion,
+}
+
+/// The component files of `params` with the prefix the reference gives each.
+fn sources(params: &CtxParams) -> Vec<(Component, &str, &'static str)> {
+    let named = [
+        (Component::Model, &params.model_path, "model"),
+        (Component::DiffusionModel, &params.diffusion_model_path, "diffusion model"),
+        (Component::HighNoiseDiffusionModel, &params.high_noise_diffusion_model_path, "high noise diffusion model"),
+        (Component::ClipL, &params.clip_l_path, "clip_l"),
+        (Component::ClipG, &params.clip_g_path, "clip_g"),
+        (Component::T5xxl, &params.t5xxl_path, "t5xxl"),
+        (Component::Vae, &params.vae_path, "vae"),
+        (Component::Taesd, &params.taesd_path, "tae"),
+    ];
+    named
+        .into_iter()
+        .filter_map(|(c, p, what)| p.as_deref().filter(|p| !p.is_empty()).map(|p| (c, p, what)))
+        .collect()
+}
+
+impl Weights {
+    /// Lists every file of `params` and detects the model family. A file that cannot be
+    /// read, or a set of files whose family is unknown, is an error naming the file.
+    pub fn open(params: &CtxParams) -> Result<Weights> {
+        let list = sources(params);
+        ensure!(!list.is_empty(), "no model file given (model_path or diffusion_model_path)");
+        let mut files = ModelFiles::new();
+        files.set_mmap(params.enable_mmap);
+        for (component, path, what) in &list {
+            sd_info!("loading {what} from '{path}'");
+            files
+                .add(path, component.prefix())
+                .map_err(|e| crate::error::Error::new(format!("init model loader from file failed: '{path}': {e}")))?;
+        }
+        let version = files.detect_version().with_context(|| {
+            let main = list.first().map(|s| s.1).unwrap_or("");
+            format!("get sd version from file failed: '{main}'")
+        })?;
+        sd_info!("Version: {}", version.name());
+        files.convert_names(Some(version));
+
+        let rules = TypeRules::parse(params.tensor_type_rules.as_deref().unwrap_or(""));
+        let types = files
+            .tensors()
+            .iter()
+            .map(|ts| {
+                let ty = target_type(ts, params.wtype, &rules).unwrap_or(ts.ty());
+                (ts.name().to_string(), ty.raw())
+            })
+            .collect();
+        Ok(Weights { files, types, version })
+    }
+
+    pub fn version(&self) -> SdVersion {
+        self.version
+    }
+
+    /// Internal name → type the weight will have.
+    pub fn types(&self) -> &TypeMap {
+        &self.types
+    }
+
+    /// Shape (ggml order, as many dimensions as stored) of a tensor in the files.
+    pub fn shape_of(&self, name: &str) -> Option<Vec<i64>> {
+        self.files.get(name).map(|ts| ts.shape().to_vec())
+    }
+
+    /// Whether any tensor name starts with `prefix`.
+    pub fn has_prefix(&self, prefix: &str) -> bool {
+        self.files.tensors().iter().any(|t| t.name().starts_with(prefix))
+    }
+
+    /// A tensor's values as f32.
+    pub fn read_f32(&self, name: &str) -> Result<Vec<f32>> {
+        self.files.read_f32(name)
+    }
+
+    pub fn get(&self, name: &str) -> Option<&TensorStorage> {
+        self.files.get(name)
+    }
+
+    /// Allocates `store` on `backend` and fills every declared tensor from the files.
+    pub fn load(&self, store: &mut ParamStore, backend: &Backend, what: &str) -> Result<()> {
+        let start = Instant::now();
+        store.alloc(backend).with_context(|| format!("{what}: allocating weights"))?;
+        fill(&self.files, store)?;
+        sd_info!(
+            "{what}: loaded {} tensors ({:.2} MB) in {:.2}s",
+            store.len(),
+            store.nbytes() as f64 / (1024.0 * 1024.0),
+            start.elapsed().as_secs_f32()
+        );
+        Ok(())
+    }
+}
+
+/// Fills every tensor of an allocated `store` from `files`, checking presence and shape.
+pub fn fill(files: &ModelFiles, store: &mut ParamStore) -> Result<()> {
+    store.load(|name, spec, dst| {
+        let ts = files.get(name).with_context(|| format!("tensor '{name}' not found in the model files"))?;
+        let mut want = [1i64; 4];
+        want[..spec.ne.len()].copy_from_slice(&spec.ne);
+        ensure!(
+            ts.ne() == want,
+            "tensor '{name}' has wrong shape in model file: got {:?}, expected {:?}",
+            ts.ne(),
+            want
+        );
+        let ty = SdType::from_raw(spec.ty).with_context(|| format!("tensor '{name}': unknown ggml type {}", spec.ty))?;
+        files.read_tensor(ts, ty, dst)
+    })
+}
+
+/// Reads every tensor of a small file (e.g. a textual-inversion embedding) as f32 host
+/// tensors in ggml order, names converted like the reference does.
+pub fn read_all_f32(path: &str) -> Result<Vec<(String, crate::tensor::Tensor)>> {
+    let mut files = ModelFiles::new();
+    files.add(path, "").map_err(|e| crate::error::Error::new(format!("cannot read '{path}': {e}")))?;
+    files.convert_names(None);
+    let mut out = Vec::new();
+    for ts in files.tensors() {
+        ensure!(ts.nelements() <= 1 << 26, "'{path}': tensor '{}' is too large for an embedding", ts.name());
+        let values = files.read_f32(ts.name())?;
+        let shape: Vec<usize> = ts.shape().iter().map(|&d| d as usize).collect();
+        out.push((ts.name().to_string(), crate::tensor::Tensor::from_vec(&shape, values)?));
+    }
+    Ok(out)
+}

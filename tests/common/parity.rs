@@ -1,0 +1,416 @@
+//! The golden-output harness: runs the cases of `tests/fixtures/golden/<folder>/cases.json`
+//! through the C ABI exactly as they are written (context fields, generation fields with
+//! dotted names and enum names, input PNGs) and compares every returned picture with the
+//! reference's, and for `sd1/` the final latents too.
+#![allow(dead_code)]
+
+use super::{enum_constant, manifest, root};
+use serde_json::Value;
+use stable_diffusion::capi::*;
+use std::ffi::{c_int, CString};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Instant;
+
+/// Picture tolerance (tests/fixtures/README.md): max and mean |diff| in grey levels.
+pub const MAX_DIFF: f64 = 3.0;
+pub const MEAN_DIFF: f64 = 0.25;
+/// Latent tolerance relative to the golden latent's largest magnitude.
+pub const LATENT_REL: f64 = 0.0015;
+
+/// `SD_PARITY=full` runs every case; otherwise only a quick subset.
+pub fn full() -> bool {
+    std::env::var("SD_PARITY").is_ok_and(|v| v == "full")
+}
+
+pub fn fixture_dir() -> PathBuf {
+    std::env::var_os("SD_FIXTURE_CACHE")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(std::env::var("HOME").unwrap_or_else(|_| ".".into())).join(".cache/sd-rs-fixtures"))
+}
+
+/// The synth_model.py arguments that make a fixture file.
+fn synth_args(file: &str) -> Option<&'static [&'static str]> {
+    Some(match file {
+        "sd1.safetensors" => &["sd1"],
+        "sd2.safetensors" => &["sd2"],
+        "sd1_inpaint.safetensors" => &["sd1-inpaint"],
+        "taesd.safetensors" => &["taesd"],
+        "vae.safetensors" => &["sd1-vae"],
+        "emb_sd1_f32.safetensors" => &["embedding-sd1", "--dtype", "f32"],
+        "emb_sd1_f16.safetensors" => &["embedding-sd1"],
+        _ => return None,
+    })
+}
+
+/// A synthetic checkpoint in the fixture cache, generated on first use (to a temporary
+/// name, then renamed: other test processes may be looking for it meanwhile).
+pub fn fixture(file: &str) -> PathBuf {
+    let dir = fixture_dir();
+    let path = dir.join(file);
+    if path.exists() {
+        return path;
+    }
+    let args = synth_args(file).unwrap_or_else(|| panic!("no recipe for fixture {file}"));
+    std::fs::create_dir_all(&dir).expect("create the fixture cache");
+    let tmp = dir.join(format!("{file}.tmp.{}", std::process::id()));
+    let mut cmd = Command::new("python3");
+    cmd.arg(root().join("tests/fixtures/synth_model.py")).arg(args[0]).arg(&tmp).args(&args[1..]);
+    eprintln!("generating fixture {file} (python3 + numpy, may take minutes)");
+    let ok = cmd.status().expect("python3 with numpy is needed to generate the synthetic fixtures").success();
+    assert!(ok, "synth_model.py {args:?} failed");
+    std::fs::rename(&tmp, &path).expect("rename the fixture into place");
+    path
+}
+
+/// An 8-bit PNG (grey or RGB) as (width, height, channels, bytes).
+pub fn read_png(path: &Path) -> (u32, u32, u32, Vec<u8>) {
+    let file = std::fs::File::open(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let mut reader = png::Decoder::new(std::io::BufReader::new(file)).read_info().expect("PNG header");
+    let mut buf = vec![0; reader.output_buffer_size()];
+    let info = reader.next_frame(&mut buf).expect("PNG data");
+    assert_eq!(info.bit_depth, png::BitDepth::Eight, "{}: 8-bit PNGs only", path.display());
+    let channels = match info.color_type {
+        png::ColorType::Grayscale => 1,
+        png::ColorType::Rgb => 3,
+        png::ColorType::Rgba => 4,
+        png::ColorType::GrayscaleAlpha => 2,
+        png::ColorType::Indexed => panic!("{}: indexed PNG", path.display()),
+    };
+    buf.truncate(info.buffer_size());
+    (info.width, info.height, channels, buf)
+}
+
+/// A golden latent: int32 ndim, int64 shape[ndim], f32 data.
+pub fn read_latent(path: &Path) -> (Vec<usize>, Vec<f32>) {
+    let b = std::fs::read(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let ndim = i32::from_le_bytes(b[0..4].try_into().unwrap()) as usize;
+    let mut shape = Vec::new();
+    for i in 0..ndim {
+        let o = 4 + 8 * i;
+        shape.push(i64::from_le_bytes(b[o..o + 8].try_into().unwrap()) as usize);
+    }
+    let data = b[4 + 8 * ndim..].chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect();
+    (shape, data)
+}
+
+#[derive(Clone, Debug)]
+pub struct Case {
+    pub name: String,
+    pub ctx: Value,
+    pub params: Value,
+    pub ok: Option<bool>,
+    pub images: Vec<String>,
+    pub crashed: bool,
+}
+
+pub struct Folder {
+    pub name: String,
+    pub model: String,
+    pub cases: Vec<Case>,
+}
+
+pub fn folder(name: &str) -> Folder {
+    let dir = root().join("tests/fixtures/golden").join(name);
+    let v: Value = serde_json::from_str(&std::fs::read_to_string(dir.join("cases.json")).expect("cases.json")).expect("JSON");
+    let cases = v["cases"]
+        .as_array()
+        .expect("cases")
+        .iter()
+        .map(|c| Case {
+            name: c["name"].as_str().expect("name").to_string(),
+            ctx: c["ctx"].clone(),
+            params: c["params"].clone(),
+            ok: c["ok"].as_bool(),
+            images: c["images"].as_array().map(|a| a.iter().map(|i| i.as_str().unwrap().to_string()).collect()).unwrap_or_default(),
+            crashed: c["reference_crashed"].as_bool().unwrap_or(false),
+        })
+        .collect();
+    Folder { name: name.to_string(), model: v["model"].as_str().expect("model").to_string(), cases }
+}
+
+/// Keeps the C strings and arrays a params struct points into alive.
+#[derive(Default)]
+struct Arena {
+    strings: Vec<CString>,
+    bytes: Vec<Vec<u8>>,
+    floats: Vec<Vec<f32>>,
+    embeddings: Vec<Vec<sd_embedding_t>>,
+}
+
+impl Arena {
+    fn str(&mut self, s: &str) -> *const std::ffi::c_char {
+        let c = CString::new(s.replace("{fx}", &fixture_dir().to_string_lossy())).expect("no NUL");
+        let p = c.as_ptr();
+        self.strings.push(c);
+        p
+    }
+
+    fn image(&mut self, file: &str) -> sd_image_t {
+        let (w, h, c, mut data) = read_png(&root().join("tests/fixtures/inputs").join(file));
+        let p = data.as_mut_ptr();
+        self.bytes.push(data);
+        sd_image_t { width: w, height: h, channel: c, data: p }
+    }
+}
+
+fn enum_value(v: &Value) -> u32 {
+    let name = v.as_str().expect("enum name");
+    enum_constant(&manifest(), name).unwrap_or_else(|| panic!("unknown enum constant {name}")) as u32
+}
+
+fn num(v: &Value) -> f64 {
+    v.as_f64().unwrap_or_else(|| panic!("{v} is not a number"))
+}
+
+/// Files a context's fields refer to, generated when missing.
+fn ensure_fixtures(model: &str, ctx: &Value) {
+    fixture(model);
+    let mut refs = Vec::new();
+    if let Some(s) = ctx["taesd_path"].as_str() {
+        refs.push(s.to_string());
+    }
+    if let Some(a) = ctx["embeddings"].as_array() {
+        refs.extend(a.iter().filter_map(|e| e["path"].as_str().map(str::to_string)));
+    }
+    for r in refs {
+        if let Some(f) = r.strip_prefix("{fx}/") {
+            fixture(f);
+        }
+    }
+}
+
+fn ctx_params(model: &str, ctx: &Value, arena: &mut Arena) -> sd_ctx_params_t {
+    let mut p = std::mem::MaybeUninit::<sd_ctx_params_t>::uninit();
+    // SAFETY: the init function writes every field.
+    let mut p = unsafe {
+        sd_ctx_params_init(p.as_mut_ptr());
+        p.assume_init()
+    };
+    p.model_path = arena.str(&fixture(model).to_string_lossy());
+    p.n_threads = 2;
+    for (k, v) in ctx.as_object().expect("ctx object") {
+        match k.as_str() {
+            "prediction" => p.prediction = prediction_t(enum_value(v)),
+            "rng_type" => p.rng_type = rng_type_t(enum_value(v)),
+            "sampler_rng_type" => p.sampler_rng_type = rng_type_t(enum_value(v)),
+            "taesd_path" => p.taesd_path = arena.str(v.as_str().unwrap()),
+            "vae_path" => p.vae_path = arena.str(v.as_str().unwrap()),
+            "tae_preview_only" => p.tae_preview_only = CBool(v.as_bool().unwrap() as u8),
+            "flash_attn" => p.flash_attn = CBool(v.as_bool().unwrap() as u8),
+            "embeddings" => {
+                let list: Vec<sd_embedding_t> = v
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|e| sd_embedding_t { name: arena.str(e["name"].as_str().unwrap()), path: arena.str(e["path"].as_str().unwrap()) })
+                    .collect();
+                p.embeddings = list.as_ptr();
+                p.embedding_count = list.len() as u32;
+                arena.embeddings.push(list);
+            }
+            other => panic!("ctx field {other} is not handled by the harness"),
+        }
+    }
+    p
+}
+
+fn gen_params(params: &Value, arena: &mut Arena) -> sd_img_gen_params_t {
+    let mut p = std::mem::MaybeUninit::<sd_img_gen_params_t>::uninit();
+    // SAFETY: the init function writes every field.
+    let mut p = unsafe {
+        sd_img_gen_params_init(p.as_mut_ptr());
+        p.assume_init()
+    };
+    for (k, v) in params.as_object().expect("params object") {
+        let sp = &mut p.sample_params;
+        match k.as_str() {
+            "prompt" => p.prompt = arena.str(v.as_str().unwrap()),
+            "negative_prompt" => p.negative_prompt = arena.str(v.as_str().unwrap()),
+            "width" => p.width = num(v) as c_int,
+            "height" => p.height = num(v) as c_int,
+            "seed" => p.seed = num(v) as i64,
+            "batch_count" => p.batch_count = num(v) as c_int,
+            "clip_skip" => p.clip_skip = num(v) as c_int,
+            "strength" => p.strength = num(v) as f32,
+            "init_image" => p.init_image = arena.image(v.as_str().unwrap()),
+            "mask_image" => p.mask_image = arena.image(v.as_str().unwrap()),
+            "sample_params.sample_steps" => sp.sample_steps = num(v) as c_int,
+            "sample_params.sample_method" => sp.sample_method = sample_method_t(enum_value(v)),
+            "sample_params.scheduler" => sp.scheduler = scheduler_t(enum_value(v)),
+            "sample_params.eta" => sp.eta = num(v) as f32,
+            "sample_params.guidance.txt_cfg" => sp.guidance.txt_cfg = num(v) as f32,
+            "sample_params.guidance.img_cfg" => sp.guidance.img_cfg = num(v) as f32,
+            "custom_sigmas" | "sample_params.custom_sigmas" => {
+                let mut s: Vec<f32> = v.as_array().unwrap().iter().map(|x| num(x) as f32).collect();
+                sp.custom_sigmas = s.as_mut_ptr();
+                sp.custom_sigmas_count = s.len() as c_int;
+                arena.floats.push(s);
+            }
+            "vae_tiling_params.enabled" => p.vae_tiling_params.enabled = CBool(v.as_bool().unwrap() as u8),
+            "vae_tiling_params.tile_size_x" => p.vae_tiling_params.tile_size_x = num(v) as c_int,
+            "vae_tiling_params.tile_size_y" => p.vae_tiling_params.tile_size_y = num(v) as c_int,
+            "vae_tiling_params.target_overlap" => p.vae_tiling_params.target_overlap = num(v) as f32,
+            other => panic!("params field {other} is not handled by the harness"),
+        }
+    }
+    p
+}
+
+/// One compared picture (or latent): max and mean |diff|.
+#[derive(Clone, Debug)]
+pub struct Diff {
+    pub what: String,
+    pub max: f64,
+    pub mean: f64,
+    pub pass: bool,
+}
+
+#[derive(Clone, Debug)]
+pub struct CaseResult {
+    pub folder: String,
+    pub name: String,
+    pub diffs: Vec<Diff>,
+    pub pass: bool,
+    pub note: String,
+    pub seconds: f32,
+}
+
+fn compare_image(golden: &Path, got: &sd_image_t) -> Diff {
+    let (w, h, c, want) = read_png(golden);
+    let what = golden.file_name().unwrap().to_string_lossy().to_string();
+    if (got.width, got.height, got.channel) != (w, h, c) {
+        return Diff {
+            what: format!("{what} size {}x{}x{} != {w}x{h}x{c}", got.width, got.height, got.channel),
+            max: f64::INFINITY,
+            mean: f64::INFINITY,
+            pass: false,
+        };
+    }
+    // SAFETY: the library returned width * height * channel bytes.
+    let data = unsafe { std::slice::from_raw_parts(got.data, want.len()) };
+    let diffs: Vec<f64> = data.iter().zip(&want).map(|(&a, &b)| (a as f64 - b as f64).abs()).collect();
+    let max = diffs.iter().cloned().fold(0.0, f64::max);
+    let mean = diffs.iter().sum::<f64>() / diffs.len() as f64;
+    Diff { what, max, mean, pass: max <= MAX_DIFF && mean <= MEAN_DIFF }
+}
+
+fn compare_latent(golden: &Path, got: &stable_diffusion::tensor::Tensor) -> Diff {
+    let (shape, want) = read_latent(golden);
+    let what = format!("latent {}", golden.file_name().unwrap().to_string_lossy());
+    let got_shape: Vec<usize> = (0..shape.len()).map(|i| got.ne(i)).collect();
+    if got_shape != shape || got.len() != want.len() {
+        return Diff { what: format!("{what} shape {:?} != {shape:?}", got.shape()), max: f64::INFINITY, mean: f64::INFINITY, pass: false };
+    }
+    let scale = want.iter().fold(0f64, |m, &v| m.max((v as f64).abs()));
+    let diffs: Vec<f64> = got.data().iter().zip(&want).map(|(&a, &b)| (a as f64 - b as f64).abs()).collect();
+    let max = diffs.iter().cloned().fold(0.0, f64::max);
+    let mean = diffs.iter().sum::<f64>() / diffs.len() as f64;
+    // Reported relative to the golden latent's largest magnitude.
+    let (max, mean) = (max / scale, mean / scale);
+    Diff { what, max, mean, pass: max <= LATENT_REL }
+}
+
+/// Runs the cases of `folder` accepted by `select`, in file order; consecutive cases with
+/// the same context fields share one `sd_ctx_t`.
+pub fn run(folder_name: &str, select: impl Fn(&Case) -> bool) -> Vec<CaseResult> {
+    let f = folder(folder_name);
+    let dir = root().join("tests/fixtures/golden").join(folder_name);
+    let mut results = Vec::new();
+    let mut current: Option<(Value, *mut sd_ctx_t)> = None;
+    for case in f.cases.iter().filter(|c| select(c)) {
+        let start = Instant::now();
+        if current.as_ref().is_none_or(|(ctx, _)| *ctx != case.ctx) {
+            if let Some((_, old)) = current.take() {
+                free_sd_ctx(old);
+            }
+            ensure_fixtures(&f.model, &case.ctx);
+            let mut arena = Arena::default();
+            let p = ctx_params(&f.model, &case.ctx, &mut arena);
+            // SAFETY: p and everything it points to are alive during the call.
+            let ctx = unsafe { new_sd_ctx(&p) };
+            if ctx.is_null() {
+                results.push(CaseResult {
+                    folder: folder_name.into(),
+                    name: case.name.clone(),
+                    diffs: vec![],
+                    pass: false,
+                    note: "new_sd_ctx failed".into(),
+                    seconds: start.elapsed().as_secs_f32(),
+                });
+                continue;
+            }
+            current = Some((case.ctx.clone(), ctx));
+        }
+        let ctx = current.as_ref().unwrap().1;
+        let mut arena = Arena::default();
+        let p = gen_params(&case.params, &mut arena);
+        let mut images: *mut sd_image_t = std::ptr::null_mut();
+        let mut n: c_int = 0;
+        // SAFETY: valid context and params; out-pointers are writable.
+        let (ok, latents) =
+            stable_diffusion::pipeline::capture_final_latents(|| unsafe { generate_image(ctx, &p, &mut images, &mut n) });
+        let ok = ok.0 != 0;
+        let mut diffs = Vec::new();
+        let mut note = String::new();
+        let pass;
+        if case.crashed {
+            note = format!("reference crashed; ours returned {}", if ok { "images" } else { "false" });
+            pass = true;
+        } else if Some(ok) != case.ok {
+            note = format!("returned {ok}, reference {:?}", case.ok);
+            pass = false;
+        } else if n as usize != case.images.len() {
+            note = format!("{n} images, reference {}", case.images.len());
+            pass = false;
+        } else {
+            for (i, file) in case.images.iter().enumerate() {
+                // SAFETY: n images were returned.
+                let img = unsafe { &*images.add(i) };
+                diffs.push(compare_image(&dir.join(file), img));
+                let lat = dir.join("latents").join(file.replace(".png", ".bin"));
+                if lat.exists() {
+                    match latents.get(i) {
+                        Some(t) => diffs.push(compare_latent(&lat, t)),
+                        None => note = "no final latent captured".into(),
+                    }
+                }
+            }
+            pass = note.is_empty() && diffs.iter().all(|d| d.pass);
+        }
+        free_sd_images(images, n);
+        let r = CaseResult { folder: folder_name.into(), name: case.name.clone(), diffs, pass, note, seconds: start.elapsed().as_secs_f32() };
+        print_result(&r);
+        results.push(r);
+    }
+    if let Some((_, ctx)) = current {
+        free_sd_ctx(ctx);
+    }
+    results
+}
+
+pub fn print_result(r: &CaseResult) {
+    let mut line = format!("{:<5} {}/{} ({:.1}s)", if r.pass { "PASS" } else { "FAIL" }, r.folder, r.name, r.seconds);
+    for d in &r.diffs {
+        if d.what.starts_with("latent") {
+            line.push_str(&format!(" | {}: max {:.5} mean {:.6} (×max|golden|)", d.what, d.max, d.mean));
+        } else {
+            line.push_str(&format!(" | {}: max {} mean {:.4}", d.what, d.max, d.mean));
+        }
+    }
+    if !r.note.is_empty() {
+        line.push_str(&format!(" | {}", r.note));
+    }
+    eprintln!("{line}");
+}
+
+/// Prints the table and fails listing every failed case.
+pub fn report(results: &[CaseResult]) {
+    eprintln!("\n==== parity: {} cases ====", results.len());
+    for r in results {
+        print_result(r);
+    }
+    let failed: Vec<String> = results.iter().filter(|r| !r.pass).map(|r| format!("{}/{}", r.folder, r.name)).collect();
+    eprintln!("==== {} passed, {} failed ====", results.len() - failed.len(), failed.len());
+    assert!(failed.is_empty(), "parity failures: {failed:?}");
+}

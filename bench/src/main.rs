@@ -4,7 +4,8 @@
 //!
 //! ```sh
 //! cargo run --release --manifest-path bench/Cargo.toml -- --quick   # minutes
-//! cargo run --release --manifest-path bench/Cargo.toml              # the full matrix
+//! cargo run --release --manifest-path bench/Cargo.toml              # the matrix of BENCHMARKS.md
+//! cargo run --release --manifest-path bench/Cargo.toml -- --steps 20 --reps 3   # all 20 steps
 //! ```
 
 mod child;
@@ -20,14 +21,19 @@ use std::time::Duration;
 const USAGE: &str = "\
 usage: sd-bench [--quick] [options]
 
-  --quick              256x256, f16, 4 steps, 1 repetition, sides reference,ours
-  --reps N             repetitions of every workload and side (default 3)
+  --quick              256x256, f16, 3 steps, 1 repetition, no load workloads
+  --reps N|LIST        repetitions (A/B pairs) of every generation workload, one number or
+                       per size as SIZE:N,... (default 256:3,512:1)
+  --load-reps N        repetitions of the load workloads (default 3)
   --sizes LIST         square sizes, comma-separated (default 256,512)
   --wtypes LIST        weight types at load (default f16,q8_0)
-  --steps N            sampling steps (default 20)
+  --steps N|LIST       sampling steps actually run, one number or per size as SIZE:N,...
+                       (default 256:4,512:2); the UNet step time is the median of steps
+                       2..n and the total wall time is also extrapolated to --nominal-steps
+  --nominal-steps N    the step count the totals are extrapolated to (default 20)
   --threads N          threads (default 2)
   --sides LIST         runners, first is the baseline of the ratios
-                       (default reference,ours,ours-native)
+                       (default reference,ours; ours-native builds ours with -march=native)
   --model PATH         checkpoint (default $SD_FIXTURE_CACHE/sd1.safetensors,
                        SD_FIXTURE_CACHE defaulting to ~/.cache/sd-rs-fixtures)
   --no-load            skip the load-only workloads (mmap on / off)
@@ -37,14 +43,17 @@ usage: sd-bench [--quick] [options]
   --out DIR            reports, logs and images (default bench/target/sd-bench)
   --verbose            runners echo the libraries' logs into their log files
   --profile            instead of timing: each side once under `perf record`, CPU time
-                       per op category (defaults as --quick: first size and weight type)
+                       per op category (first size and weight type, 2 steps unless --steps)
 ";
 
 struct Options {
-    reps: usize,
+    /// `(size, n)`; `size` 0 is the default for sizes not listed.
+    reps: Vec<(i32, usize)>,
+    load_reps: usize,
     sizes: Vec<i32>,
     wtypes: Vec<String>,
-    steps: i32,
+    steps: Vec<(i32, i32)>,
+    nominal_steps: i32,
     threads: i32,
     sides: Vec<String>,
     model: PathBuf,
@@ -69,14 +78,34 @@ fn list(v: &str) -> Vec<String> {
     v.split(',').map(|s| s.trim().to_string()).filter(|s| !s.is_empty()).collect()
 }
 
+/// `N` (every size) or `SIZE:N,SIZE:N` (size 0 stands for the sizes not listed).
+fn per_size(v: &str) -> Result<Vec<(i32, u64)>, String> {
+    list(v)
+        .into_iter()
+        .map(|item| {
+            let (size, n) = item.split_once(':').unwrap_or(("0", &item));
+            let size = size.parse::<i32>().map_err(|_| format!("not a size: {size:?}"))?;
+            let n = n.parse::<u64>().map_err(|_| format!("not a number: {n:?}"))?;
+            Ok((size, n))
+        })
+        .collect()
+}
+
+/// The value for `size` in a per-size list, else the default entry, else `fallback`.
+fn for_size<T: Copy>(v: &[(i32, T)], size: i32, fallback: T) -> T {
+    v.iter().find(|(s, _)| *s == size).or_else(|| v.iter().find(|(s, _)| *s == 0)).map_or(fallback, |(_, n)| *n)
+}
+
 fn parse_args() -> Result<Options, String> {
     let mut o = Options {
-        reps: 3,
+        reps: vec![(256, 3), (512, 1), (0, 1)],
+        load_reps: 3,
         sizes: vec![256, 512],
         wtypes: list("f16,q8_0"),
-        steps: 20,
+        steps: vec![(256, 4), (512, 2), (0, 2)],
+        nominal_steps: 20,
         threads: 2,
-        sides: list("reference,ours,ours-native"),
+        sides: list("reference,ours"),
         model: default_model(),
         load: true,
         gen: true,
@@ -91,11 +120,11 @@ fn parse_args() -> Result<Options, String> {
     o.profile = args.iter().any(|a| a == "--profile");
     if o.profile || args.iter().any(|a| a == "--quick") {
         o.quick = true;
-        o.reps = 1;
+        o.reps = vec![(0, 1)];
         o.sizes = vec![256];
         o.wtypes = list("f16");
-        o.steps = 4;
-        o.sides = list("reference,ours");
+        o.steps = vec![(0, if o.profile { 2 } else { 3 })];
+        o.load = false;
     }
     let mut it = args.into_iter();
     while let Some(flag) = it.next() {
@@ -103,14 +132,17 @@ fn parse_args() -> Result<Options, String> {
         let num = |v: String| v.parse::<u64>().map_err(|_| format!("not a number: {v:?}"));
         match flag.as_str() {
             "--quick" | "--profile" => {}
-            "--reps" => o.reps = num(value()?)?.max(1) as usize,
+            "--reps" => o.reps = per_size(&value()?)?.into_iter().map(|(s, n)| (s, n.max(1) as usize)).collect(),
+            "--load-reps" => o.load_reps = num(value()?)?.max(1) as usize,
             "--sizes" => o.sizes = list(&value()?).into_iter().map(|s| num(s).map(|n| n as i32)).collect::<Result<_, _>>()?,
             "--wtypes" => o.wtypes = list(&value()?),
-            "--steps" => o.steps = num(value()?)? as i32,
+            "--steps" => o.steps = per_size(&value()?)?.into_iter().map(|(s, n)| (s, n.max(1) as i32)).collect(),
+            "--nominal-steps" => o.nominal_steps = num(value()?)?.max(1) as i32,
             "--threads" => o.threads = num(value()?)? as i32,
             "--sides" => o.sides = list(&value()?),
             "--model" => o.model = PathBuf::from(value()?),
             "--no-load" => o.load = false,
+            "--load" => o.load = true,
             "--no-gen" => o.gen = false,
             "--no-build" => o.build = false,
             "--timeout" => o.timeout = Duration::from_secs(num(value()?)?),
@@ -185,44 +217,47 @@ fn build_runners(sides: &[String]) -> Result<(), String> {
     Ok(())
 }
 
-/// One row group of the result: a job and what it measures.
+/// One row group of the result: a job, how often, and what it measures.
 struct Workload {
     name: String,
     title: String,
     job: Job,
+    reps: usize,
     metrics: &'static [table::Metric],
 }
 
+/// The load workloads first (short), then the sizes in order, so that a run cut short
+/// still has the small results.
 fn workloads(o: &Options) -> Vec<Workload> {
-    let base = Job {
-        model: o.model.display().to_string(),
-        steps: o.steps,
-        threads: o.threads,
-        verbose: o.verbose,
-        ..Job::default()
-    };
+    let base = Job { model: o.model.display().to_string(), threads: o.threads, verbose: o.verbose, ..Job::default() };
     let mut w = Vec::new();
-    for wtype in &o.wtypes {
-        if o.load {
+    if o.load {
+        for wtype in &o.wtypes {
             for mmap in [true, false] {
                 let onoff = if mmap { "on" } else { "off" };
                 w.push(Workload {
                     name: format!("load-{wtype}-mmap-{onoff}"),
-                    title: format!("Model load only, {wtype} weights, mmap {onoff}"),
+                    title: format!("Model load, {wtype} weights, mmap {onoff} (then one 64×64 step)"),
                     job: Job { wtype: wtype.clone(), mmap, load_only: true, ..base.clone() },
+                    reps: o.load_reps,
                     metrics: table::LOAD_METRICS,
                 });
             }
         }
-        if o.gen {
-            for &size in &o.sizes {
+    }
+    if o.gen {
+        for &size in &o.sizes {
+            for wtype in &o.wtypes {
+                let steps = for_size(&o.steps, size, 2);
+                let reps = for_size(&o.reps, size, 1);
                 w.push(Workload {
                     name: format!("gen-{size}-{wtype}"),
                     title: format!(
-                        "{size}×{size}, {wtype} weights, {} steps {}, CFG {}, {} threads",
-                        base.steps, base.sampler, base.cfg, base.threads
+                        "{size}×{size}, {wtype} weights, {steps} steps run (totals also extrapolated to {}), {}, CFG {}, {} threads, {reps} A/B pair(s)",
+                        o.nominal_steps, base.sampler, base.cfg, base.threads
                     ),
-                    job: Job { wtype: wtype.clone(), width: size, height: size, ..base.clone() },
+                    job: Job { wtype: wtype.clone(), width: size, height: size, steps, ..base.clone() },
+                    reps,
                     metrics: table::GEN_METRICS,
                 });
             }
@@ -323,10 +358,10 @@ fn main() -> ExitCode {
     let load_start = child::loadavg();
     let work = workloads(&o);
     let mut runs: Vec<(usize, String, Value)> = Vec::new();
-    let total = work.len() * o.reps * o.sides.len();
+    let total: usize = work.iter().map(|w| w.reps * o.sides.len()).sum();
     let mut n = 0;
     for (wi, w) in work.iter().enumerate() {
-        for rep in 0..o.reps {
+        for rep in 0..w.reps {
             for side in &o.sides {
                 n += 1;
                 let stem = o.out.join(format!("{}-{side}-{rep}", w.name));
@@ -335,13 +370,19 @@ fn main() -> ExitCode {
                     job.out = Some(o.out.join(format!("{}-{side}.ppm", w.name)).display().to_string());
                 }
                 eprint!("sd-bench: [{n}/{total}] {} {side} #{} (load {:.2}) ... ", w.name, rep + 1, child::loadavg());
-                let r = child::run(
+                let mut r = child::run(
                     &runner_path(side),
                     &job.to_args(),
                     &stem.with_extension("json"),
                     &stem.with_extension("log"),
                     o.timeout,
                 );
+                if !job.load_only {
+                    // What the run would have taken with the nominal step count.
+                    if let (Some(wall), Some(step)) = (r["wall_s"].as_f64(), r["step_median_s"].as_f64()) {
+                        r["wall_nominal_s"] = json!(wall + f64::from(o.nominal_steps - job.steps) * step);
+                    }
+                }
                 match r["error"].as_str() {
                     Some(e) => eprintln!("failed: {e}"),
                     None => eprintln!("{:.1}s", r["wall_s"].as_f64().unwrap_or(f64::NAN)),
@@ -349,12 +390,27 @@ fn main() -> ExitCode {
                 runs.push((wi, side.clone(), r));
             }
         }
+        // Written after every workload, so that an interrupted run keeps what it measured.
+        if let Err(e) = write_results(&o, &machine, load_start, &work[..=wi], &runs) {
+            eprintln!("sd-bench: {e}");
+            return ExitCode::FAILURE;
+        }
     }
-    let load_end = child::loadavg();
+    match std::fs::read_to_string(o.out.join("results.md")) {
+        Ok(md) => println!("{md}"),
+        Err(e) => eprintln!("sd-bench: {e}"),
+    }
+    eprintln!("sd-bench: reports in {}", o.out.display());
+    ExitCode::SUCCESS
+}
 
+/// Renders the Markdown tables of the workloads done so far and writes them with every raw
+/// report to `results.md` and `results.json`.
+fn write_results(o: &Options, machine: &Value, load_start: f64, work: &[Workload], runs: &[(usize, String, Value)]) -> Result<(), String> {
+    let load_now = child::loadavg();
     let info = runs.iter().find(|(_, s, r)| s == "reference" && r["error"].is_null()).map(|(_, _, r)| r);
     let mut md = format!(
-        "### sd-bench results\n\nMachine: {} ({} CPUs, {:.0} GiB), commit {}; load average (1 min) {load_start:.2} at start, {load_end:.2} at end.\n",
+        "### sd-bench results\n\nMachine: {} ({} CPUs, {:.0} GiB), commit {}; load average (1 min) {load_start:.2} at start, {load_now:.2} at the last workload's end.\n",
         machine["cpu"].as_str().unwrap_or(""),
         machine["cpus"],
         machine["mem_gib"].as_f64().unwrap_or(0.0),
@@ -364,8 +420,7 @@ fn main() -> ExitCode {
         md += &format!("Reference: stable-diffusion.cpp {} (diffusion-rs-sys 0.1.20).\n", r["version"].as_str().unwrap_or(""));
     }
     md += &format!(
-        "{} repetition(s), sides run in the order {} for every repetition; median (min–max).\n\n",
-        o.reps,
+        "Sides run in the order {} for every repetition; median (min–max) over the repetitions.\n\n",
         o.sides.join(", ")
     );
     for (wi, w) in work.iter().enumerate() {
@@ -381,23 +436,18 @@ fn main() -> ExitCode {
         }
         md.push('\n');
     }
-    println!("{md}");
-
     let all = json!({
         "machine": machine,
         "load_start": load_start,
-        "load_end": load_end,
+        "load_end": load_now,
         "quick": o.quick,
+        "nominal_steps": o.nominal_steps,
         "runs": runs.iter().map(|(wi, side, r)| json!({"workload": work[*wi].name, "side": side, "report": r})).collect::<Vec<_>>(),
     });
     let results = o.out.join("results.json");
-    let md_path = o.out.join("results.md");
-    if let Err(e) = std::fs::write(&results, serde_json::to_string_pretty(&all).unwrap_or_default()).and_then(|_| std::fs::write(&md_path, &md)) {
-        eprintln!("sd-bench: writing {}: {e}", results.display());
-        return ExitCode::FAILURE;
-    }
-    eprintln!("sd-bench: reports in {}", o.out.display());
-    ExitCode::SUCCESS
+    std::fs::write(&results, serde_json::to_string_pretty(&all).unwrap_or_default())
+        .and_then(|_| std::fs::write(o.out.join("results.md"), &md))
+        .map_err(|e| format!("writing {}: {e}", results.display()))
 }
 
 /// `--profile`: one generation per side under perf, CPU time per op category.

@@ -43,7 +43,12 @@ fn symbols(data: &Path) -> Result<Vec<(f64, String)>, String> {
         let Some((pct, rest)) = line.split_once('%') else { continue };
         let Ok(pct) = pct.trim().parse::<f64>() else { continue };
         // "[.] name" (user) or "[k] name" (kernel)
-        let sym = rest.trim().splitn(2, ' ').nth(1).unwrap_or("").trim().to_string();
+        // then perf's empty columns ("-"), which are not part of the name
+        let mut words: Vec<&str> = rest.split_whitespace().skip(1).collect();
+        while words.last() == Some(&"-") {
+            words.pop();
+        }
+        let sym = words.join(" ");
         v.push((pct, sym));
     }
     Ok(v)

@@ -43,10 +43,6 @@ fn run(job: &Job) -> Result<Outcome<'static>, String> {
         picture: None,
         error: None,
     };
-    if job.load_only {
-        return Ok(outcome);
-    }
-
     let method = SampleMethod::parse(&job.sampler).ok_or_else(|| format!("unknown sampler {:?}", job.sampler))?;
     let mut gp = ImgGenParams {
         prompt: job.prompt.clone(),

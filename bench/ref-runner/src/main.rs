@@ -79,11 +79,6 @@ fn run(job: &Job) -> Result<Outcome<'static>, String> {
             picture: None,
             error: None,
         };
-        if job.load_only {
-            sys::free_sd_ctx(ctx);
-            return Ok(outcome);
-        }
-
         let mut gp: sys::sd_img_gen_params_t = std::mem::zeroed();
         sys::sd_img_gen_params_init(&mut gp);
         gp.prompt = prompt.as_ptr();

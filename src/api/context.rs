@@ -168,5 +168,25 @@ pub fn convert(params: &ConvertParams) -> Result<()> {
         "no input model path provided for convert"
     );
     ensure!(!params.output_path.is_empty(), "no output path provided for convert");
-    not_supported("model conversion")
+    use crate::io::source::{Component, ModelSource};
+    let inputs: Vec<ModelSource> = [
+        (Component::Model, &params.model_path),
+        (Component::ClipL, &params.clip_l_path),
+        (Component::ClipG, &params.clip_g_path),
+        (Component::T5xxl, &params.t5xxl_path),
+        (Component::DiffusionModel, &params.diffusion_model_path),
+        (Component::Vae, &params.vae_path),
+    ]
+    .into_iter()
+    .filter_map(|(c, p)| p.as_deref().filter(|p| !p.is_empty()).map(|p| ModelSource::for_convert(c, p)))
+    .collect();
+    let n_threads = if params.n_threads > 0 { params.n_threads as usize } else { crate::graph::backend::physical_cores() as usize };
+    crate::io::convert::convert(
+        &inputs,
+        std::path::Path::new(&params.output_path),
+        params.output_type,
+        params.tensor_type_rules.as_deref().unwrap_or(""),
+        params.convert_name,
+        n_threads,
+    )
 }

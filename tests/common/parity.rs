@@ -47,6 +47,10 @@ fn synth_args(file: &str) -> Option<&'static [&'static str]> {
 /// name, then renamed: other test processes may be looking for it meanwhile).
 pub fn fixture(file: &str) -> PathBuf {
     let dir = fixture_dir();
+    // The reference's own q8_0 conversion is not distributed: ours must render the same.
+    if file == "sd1_ref_q8_0.gguf" {
+        return converted_fixture("sd1.safetensors", "sd1_q8_0.gguf", sd_type_t(8)); // SD_TYPE_Q8_0
+    }
     let path = dir.join(file);
     if path.exists() {
         return path;
@@ -60,6 +64,22 @@ pub fn fixture(file: &str) -> PathBuf {
     let ok = cmd.status().expect("python3 with numpy is needed to generate the synthetic fixtures").success();
     assert!(ok, "synth_model.py {args:?} failed");
     std::fs::rename(&tmp, &path).expect("rename the fixture into place");
+    path
+}
+
+/// `source` converted by our `convert()` into `file` in the fixture cache (made on first
+/// use; convert itself writes a temporary file and renames it).
+pub fn converted_fixture(source: &str, file: &str, ty: sd_type_t) -> PathBuf {
+    let path = fixture_dir().join(file);
+    if path.exists() {
+        return path;
+    }
+    let input = CString::new(fixture(source).to_string_lossy().as_bytes()).unwrap();
+    let output = CString::new(path.to_string_lossy().as_bytes()).unwrap();
+    eprintln!("converting {source} to {file}");
+    // SAFETY: NUL-terminated strings alive during the call; NULLs where optional.
+    let ok = unsafe { convert(input.as_ptr(), std::ptr::null(), output.as_ptr(), ty, std::ptr::null(), CBool::FALSE) };
+    assert!(ok.0 != 0 && path.exists(), "convert {source} -> {file} failed");
     path
 }
 
@@ -131,7 +151,7 @@ pub fn folder(name: &str) -> Folder {
 
 /// Keeps the C strings and arrays a params struct points into alive.
 #[derive(Default)]
-struct Arena {
+pub struct Arena {
     strings: Vec<CString>,
     bytes: Vec<Vec<u8>>,
     floats: Vec<Vec<f32>>,
@@ -139,7 +159,7 @@ struct Arena {
 }
 
 impl Arena {
-    fn str(&mut self, s: &str) -> *const std::ffi::c_char {
+    pub fn str(&mut self, s: &str) -> *const std::ffi::c_char {
         let c = CString::new(s.replace("{fx}", &fixture_dir().to_string_lossy())).expect("no NUL");
         let p = c.as_ptr();
         self.strings.push(c);
@@ -314,6 +334,16 @@ fn compare_latent(golden: &Path, got: &stable_diffusion::tensor::Tensor) -> Diff
 /// Runs the cases of `folder` accepted by `select`, in file order; consecutive cases with
 /// the same context fields share one `sd_ctx_t`.
 pub fn run(folder_name: &str, select: impl Fn(&Case) -> bool) -> Vec<CaseResult> {
+    run_with(folder_name, select, |_, _| {})
+}
+
+/// [`run`], with `setup` adjusting every context's parameters after the case's own (e.g. to
+/// load the same weights from split component files instead of the single checkpoint).
+pub fn run_with(
+    folder_name: &str,
+    select: impl Fn(&Case) -> bool,
+    setup: impl Fn(&mut sd_ctx_params_t, &mut Arena),
+) -> Vec<CaseResult> {
     let f = folder(folder_name);
     let dir = root().join("tests/fixtures/golden").join(folder_name);
     let mut results = Vec::new();
@@ -326,7 +356,8 @@ pub fn run(folder_name: &str, select: impl Fn(&Case) -> bool) -> Vec<CaseResult>
             }
             ensure_fixtures(&f.model, &case.ctx);
             let mut arena = Arena::default();
-            let p = ctx_params(&f.model, &case.ctx, &mut arena);
+            let mut p = ctx_params(&f.model, &case.ctx, &mut arena);
+            setup(&mut p, &mut arena);
             // SAFETY: p and everything it points to are alive during the call.
             let ctx = unsafe { new_sd_ctx(&p) };
             if ctx.is_null() {
@@ -378,7 +409,8 @@ pub fn run(folder_name: &str, select: impl Fn(&Case) -> bool) -> Vec<CaseResult>
             }
             pass = note.is_empty() && diffs.iter().all(|d| d.pass);
         }
-        free_sd_images(images, n);
+        // SAFETY: the images generate_image returned, freed once.
+        unsafe { free_sd_images(images, n) };
         let r = CaseResult { folder: folder_name.into(), name: case.name.clone(), diffs, pass, note, seconds: start.elapsed().as_secs_f32() };
         print_result(&r);
         results.push(r);

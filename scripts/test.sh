@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Runs every test of the project, from a fresh clone too:
 #   1. third-party sources (scripts/fetch-sources.sh) and generated bindings up to date
-#   2. a release build installed into a prefix (scripts/install.sh)
+#   2. a release build installed into a prefix (scripts/install.sh), the synthetic SD1
+#      checkpoint in the fixture cache (scripts/fixtures.sh)
 #   3. cargo test --release (the same build: no second compilation of ggml or dependencies)
 #   4. the C API tests under valgrind, shared and static (tests/c/run.sh)
 #   5. the CMake and pkg-config consumers (tests/cmake-consumer/run.sh)
@@ -53,6 +54,10 @@ echo "=== setup $(stamp)"
 scripts/fetch-sources.sh || fatal "fetch-sources failed"
 python3 scripts/gen-bindings.py --check || fatal "generated bindings are stale"
 scripts/install.sh --prefix "$prefix" --release ${features:+--features "$features"} || fatal "build/install failed"
+# numpy for the synthetic checkpoints (tests generate the ones they need through python3,
+# found first in the venv); the SD1 one, which the parity subset uses, is made now.
+scripts/fixtures.sh --venv "$venv" sd1 || fatal "synthetic fixtures failed"
+export PATH="$venv/bin:$PATH"
 
 cargo_features=()
 [ -n "$features" ] && cargo_features=(--features "$(echo "$features" | sed 's/\([^,]*\)/stable-diffusion\/\1/g')")

@@ -417,7 +417,8 @@ fn write_results(o: &Options, machine: &Value, load_start: f64, work: &[Workload
         machine["commit"].as_str().unwrap_or(""),
     );
     if let Some(r) = info {
-        md += &format!("Reference: stable-diffusion.cpp {} (diffusion-rs-sys 0.1.20).\n", r["version"].as_str().unwrap_or(""));
+        let version = r["version"].as_str().filter(|v| !v.is_empty() && *v != "unknown").unwrap_or("of diffusion-rs-sys 0.1.20");
+        md += &format!("Reference: stable-diffusion.cpp {version}.\n");
     }
     md += &format!(
         "Sides run in the order {} for every repetition; median (min–max) over the repetitions.\n\n",

@@ -2,7 +2,8 @@
 //!
 //! Layers, imported one way only:
 //! `capi` → `api` → `pipeline` → `models` / `runtime` → `graph` → `ggml_sys`;
-//! `io` reads and writes model files. `types`, `error` and `log` are shared by all.
+//! `io` reads and writes model files. `types`, `error`, `log` and `params` (the safe
+//! parameter structs `api` re-exports and `pipeline` consumes) are shared by all.
 
 #[macro_use]
 pub mod log;
@@ -23,6 +24,8 @@ pub mod io;
 pub mod runtime;
 /// cbindgen:ignore
 pub mod models;
+/// cbindgen:ignore
+pub mod params;
 /// cbindgen:ignore
 pub mod pipeline;
 /// cbindgen:ignore

@@ -4,7 +4,7 @@
 //! caller cancel from another thread while a generation runs, so the model set lives
 //! behind a lock and the cancel flag is shared.
 
-use super::params::*;
+use crate::params::*;
 use crate::error::Result;
 use crate::image::Image;
 use crate::pipeline::callbacks::CancelFlag;

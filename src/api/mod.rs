@@ -1,11 +1,10 @@
 //! Safe Rust API: typed params, contexts and images that the C layer converts to and from.
 
 mod context;
-mod params;
 
 pub use crate::types::*;
 pub use context::*;
-pub use params::*;
+pub use crate::params::*;
 
 pub use crate::image::Image;
 pub use crate::runtime::preprocess::CannyParams;

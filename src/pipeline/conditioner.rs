@@ -5,7 +5,7 @@
 
 use super::loader::{read_all_f32, Weights};
 use super::prompt::{apply_token_weights, tokenize_weighted, EmbeddingSet, PadOptions, CHUNK_LEN, SD1_PAD_TOKEN, SD2_PAD_TOKEN};
-use crate::api::Embedding;
+use crate::params::Embedding;
 use crate::error::{Context as _, Result};
 use crate::graph::{Backend, ParamStore, Runner, Scope};
 use crate::models::te::clip::{self, ClipConfig, ClipTextModel, ClipVersion, SD_CLIP_PREFIX};

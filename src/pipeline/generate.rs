@@ -6,7 +6,7 @@
 use super::callbacks::{self, CancelFlag, PreviewConfig};
 use super::imageops::{concat_channels, image_to_tensor, max_pool_3x3, resize_nearest_max, tensor_to_image, zip_channels};
 use super::sd::{Loaded, StableDiffusion};
-use crate::api::{GuidanceParams, ImgGenParams, TilingParams as ApiTiling};
+use crate::params::{GuidanceParams, ImgGenParams, TilingParams as ApiTiling};
 use crate::error::{Error, Result};
 use crate::image::Image;
 use crate::models::diffusion::unet;

@@ -3,7 +3,7 @@
 //! or `wtype` / `tensor_type_rules`), and every model's `ParamStore` is filled tensor by
 //! tensor straight from the file, so a checkpoint is never held in memory as a whole.
 
-use crate::api::CtxParams;
+use crate::params::CtxParams;
 use crate::error::{Context as _, Result};
 use crate::graph::{Backend, ParamStore, TypeMap};
 use crate::io::type_rules::{target_type, TypeRules};

@@ -4,7 +4,7 @@
 
 use super::conditioner::ClipConditioner;
 use super::loader::Weights;
-use crate::api::CtxParams;
+use crate::params::CtxParams;
 use crate::error::{Context as _, Result};
 use crate::graph::{Backend, ParamStore, Runner, Scope};
 use crate::io::SdVersion;

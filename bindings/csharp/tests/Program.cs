@@ -233,6 +233,8 @@ static class Program
         Run("callbacks", Callbacks);
         Run("failures", Failures);
         Run("canny", Canny);
+        Run("generate", () => GenerateTests.Run((what, ok, got) => Check(what, ok, got),
+            Path.GetFullPath(Path.Combine(AppDomain.CurrentDomain.BaseDirectory, "..", "..", ".."))));
         Console.WriteLine(passed + " passed, " + failed + " failed");
         return failed == 0 ? 0 : 1;
     }

@@ -1,0 +1,128 @@
+// Generation through the C# bindings: the synthetic SD1 checkpoint must render the
+// reference's golden picture for case sd1/sampler_euler (tests/fixtures/golden/sd1/cases.json).
+// The checkpoint comes from the fixture cache ($SD_FIXTURE_CACHE, default
+// ~/.cache/sd-rs-fixtures), where scripts/test.sh writes it with scripts/fixtures.sh.
+using System;
+using System.Collections.Generic;
+using System.IO;
+using System.IO.Compression;
+using StableDiffusion;
+
+static class GenerateTests
+{
+    // (width, height, channels, bytes) of an 8-bit non-interlaced PNG.
+    static Tuple<int, int, int, byte[]> ReadPng(string path)
+    {
+        byte[] file = File.ReadAllBytes(path);
+        int pos = 8, w = 0, h = 0, ch = 0;
+        var idat = new MemoryStream();
+        Func<int, int> be32 = o => (file[o] << 24) | (file[o + 1] << 16) | (file[o + 2] << 8) | file[o + 3];
+        while (pos + 8 <= file.Length)
+        {
+            int n = be32(pos);
+            string kind = System.Text.Encoding.ASCII.GetString(file, pos + 4, 4);
+            if (kind == "IHDR")
+            {
+                w = be32(pos + 8);
+                h = be32(pos + 12);
+                if (file[pos + 16] != 8 || file[pos + 20] != 0) throw new Exception("8-bit non-interlaced PNGs only");
+                ch = new Dictionary<int, int> { { 0, 1 }, { 2, 3 }, { 4, 2 }, { 6, 4 } }[file[pos + 17]];
+            }
+            else if (kind == "IDAT") idat.Write(file, pos + 8, n);
+            pos += 12 + n;
+        }
+        // zlib stream: skip the 2-byte header, inflate the deflate body.
+        idat.Position = 2;
+        var raw = new MemoryStream();
+        using (var z = new DeflateStream(idat, CompressionMode.Decompress)) z.CopyTo(raw);
+        byte[] r = raw.ToArray();
+        int stride = w * ch;
+        var outp = new byte[h * stride];
+        for (int y = 0; y < h; y++)
+        {
+            int f = r[y * (stride + 1)], src = y * (stride + 1) + 1, dst = y * stride;
+            for (int i = 0; i < stride; i++)
+            {
+                int a = i >= ch ? outp[dst + i - ch] : 0;
+                int b = y > 0 ? outp[dst - stride + i] : 0;
+                int c = i >= ch && y > 0 ? outp[dst - stride + i - ch] : 0;
+                int pred = 0;
+                if (f == 1) pred = a;
+                else if (f == 2) pred = b;
+                else if (f == 3) pred = (a + b) / 2;
+                else if (f == 4)
+                {
+                    int p = a + b - c, pa = Math.Abs(p - a), pb = Math.Abs(p - b), pc = Math.Abs(p - c);
+                    pred = pa <= pb && pa <= pc ? a : pb <= pc ? b : c;
+                }
+                outp[dst + i] = (byte)(r[src + i] + pred);
+            }
+        }
+        return Tuple.Create(w, h, ch, outp);
+    }
+
+    public static void Run(Action<string, bool, string> check, string repoRoot)
+    {
+        string cache = Environment.GetEnvironmentVariable("SD_FIXTURE_CACHE");
+        if (string.IsNullOrEmpty(cache))
+            cache = Path.Combine(Environment.GetEnvironmentVariable("HOME") ?? ".", ".cache", "sd-rs-fixtures");
+        string model = Path.Combine(cache, "sd1.safetensors");
+        if (!File.Exists(model))
+        {
+            Console.Error.WriteLine("skipped generation: " + model + " is missing (scripts/fixtures.sh sd1 writes it)");
+            return;
+        }
+        var steps = new List<int>();
+        Sd.SetProgressCallback((step, total, t) => { if (total == 4) steps.Add(step); });
+        var p = new sd_ctx_params_t();
+        Native.sd_ctx_params_init(ref p);
+        p.n_threads = 2;
+        p.prediction = Prediction.V;
+        IntPtr modelPath = Sd.AllocString(model), prompt = Sd.AllocString("a lovely cat");
+        try
+        {
+            p.model_path = modelPath;
+            using (var ctx = Native.new_sd_ctx(ref p))
+            {
+                check("new_sd_ctx(sd1)", !ctx.IsInvalid, "");
+                if (ctx.IsInvalid) return;
+                var ip = new sd_img_gen_params_t();
+                Native.sd_img_gen_params_init(ref ip);
+                ip.prompt = prompt;
+                ip.width = 64;
+                ip.height = 64;
+                ip.seed = 42;
+                ip.sample_params.sample_steps = 4;
+                ip.sample_params.sample_method = SampleMethod.EULER;
+                IntPtr images;
+                int count;
+                bool ok = Native.generate_image(ctx, ref ip, out images, out count);
+                var headers = new List<sd_image_t>();
+                var got = Sd.TakeImages(images, count, headers);
+                check("generate_image(sd1)", ok && got.Count == 1, "ok=" + ok + " count=" + count);
+                if (got.Count != 1) return;
+                var want = ReadPng(Path.Combine(repoRoot, "tests", "fixtures", "golden", "sd1", "sampler_euler_0.png"));
+                check("golden size", headers[0].width == want.Item1 && headers[0].height == want.Item2 && headers[0].channel == want.Item3,
+                      headers[0].width + "x" + headers[0].height + "x" + headers[0].channel);
+                int max = 0;
+                long sum = 0;
+                for (int i = 0; i < Math.Min(got[0].Length, want.Item4.Length); i++)
+                {
+                    int d = Math.Abs(got[0][i] - want.Item4[i]);
+                    max = Math.Max(max, d);
+                    sum += d;
+                }
+                double mean = (double)sum / want.Item4.Length;
+                // The tolerance of tests/fixtures/README.md.
+                check("golden sd1/sampler_euler", got[0].Length == want.Item4.Length && max <= 3 && mean <= 0.25, "max " + max + " mean " + mean);
+                check("progress after every step", string.Join(",", steps) == "1,2,3,4", string.Join(",", steps));
+            }
+        }
+        finally
+        {
+            Sd.SetProgressCallback(null);
+            Sd.FreeString(modelPath);
+            Sd.FreeString(prompt);
+        }
+    }
+}

@@ -1,0 +1,88 @@
+"""Generation through the Python layer: the synthetic SD1 checkpoint must render the
+reference's golden picture for case sd1/sampler_euler (tests/fixtures/golden/sd1/cases.json).
+
+The checkpoint comes from the fixture cache ($SD_FIXTURE_CACHE, default
+~/.cache/sd-rs-fixtures), where scripts/test.sh writes it with scripts/fixtures.sh.
+"""
+
+import os
+import struct
+import zlib
+
+import pytest
+
+from conftest import ROOT
+
+CASE = "sampler_euler"
+GOLDEN = os.path.join(ROOT, "tests", "fixtures", "golden", "sd1")
+
+
+def fixture_cache():
+    return os.environ.get("SD_FIXTURE_CACHE") or os.path.join(os.path.expanduser("~"), ".cache", "sd-rs-fixtures")
+
+
+def read_png(path):
+    """(width, height, channels, bytes) of an 8-bit, non-interlaced PNG (no PIL needed)."""
+    with open(path, "rb") as f:
+        data = f.read()
+    assert data[:8] == b"\x89PNG\r\n\x1a\n", path
+    pos, idat, header = 8, b"", None
+    while pos < len(data):
+        (n,) = struct.unpack(">I", data[pos : pos + 4])
+        kind, body = data[pos + 4 : pos + 8], data[pos + 8 : pos + 8 + n]
+        pos += 12 + n
+        if kind == b"IHDR":
+            header = struct.unpack(">IIBBBBB", body)
+        elif kind == b"IDAT":
+            idat += body
+    w, h, depth, color, _, _, interlace = header
+    assert depth == 8 and interlace == 0, "8-bit non-interlaced PNGs only"
+    ch = {0: 1, 2: 3, 4: 2, 6: 4}[color]
+    raw, stride = zlib.decompress(idat), w * ch
+    out, prev = bytearray(), bytearray(stride)
+    for y in range(h):
+        ftype, line = raw[y * (stride + 1)], bytearray(raw[y * (stride + 1) + 1 : (y + 1) * (stride + 1)])
+        for i in range(stride):
+            a = line[i - ch] if i >= ch else 0
+            b, c = prev[i], prev[i - ch] if i >= ch else 0
+            if ftype == 1:
+                line[i] = (line[i] + a) & 255
+            elif ftype == 2:
+                line[i] = (line[i] + b) & 255
+            elif ftype == 3:
+                line[i] = (line[i] + (a + b) // 2) & 255
+            elif ftype == 4:
+                p = a + b - c
+                pa, pb, pc = abs(p - a), abs(p - b), abs(p - c)
+                line[i] = (line[i] + (a if pa <= pb and pa <= pc else b if pb <= pc else c)) & 255
+        out += line
+        prev = line
+    return w, h, ch, bytes(out)
+
+
+def test_generate_matches_golden_case(sd):
+    model = os.path.join(fixture_cache(), "sd1.safetensors")
+    if not os.path.exists(model):
+        pytest.skip(f"{model} is missing: scripts/fixtures.sh sd1 writes it")
+    progress = []
+    sd.set_progress_callback(lambda step, steps, seconds: progress.append((step, steps)))
+    try:
+        with sd.Context(model_path=model, prediction="V_PRED", n_threads=2) as ctx:
+            images = ctx.generate_image(
+                prompt="a lovely cat",
+                width=64,
+                height=64,
+                seed=42,
+                sample_params={"sample_steps": 4, "sample_method": "EULER_SAMPLE_METHOD"},
+            )
+    finally:
+        sd.set_progress_callback(None)
+    assert len(images) == 1
+    img = images[0]
+    w, h, ch, want = read_png(os.path.join(GOLDEN, f"{CASE}_0.png"))
+    assert (img.width, img.height, img.channel) == (w, h, ch)
+    diffs = [abs(a - b) for a, b in zip(img.data, want)]
+    # The tolerance of tests/fixtures/README.md.
+    assert max(diffs) <= 3, f"max |diff| {max(diffs)}"
+    assert sum(diffs) / len(diffs) <= 0.25, f"mean |diff| {sum(diffs) / len(diffs)}"
+    assert [s for s, n in progress if n == 4] == [1, 2, 3, 4], progress

@@ -118,7 +118,7 @@ fn generation_behaviour() {
     reset_records();
     let (ok, a) = generate(ctx, &params(&prompt, 3, 2, 7));
     assert!(ok && a.len() == 2);
-    assert_eq!(*PROGRESS.lock().unwrap(), vec![(1, 3), (2, 3), (3, 3), (1, 3), (2, 3), (3, 3)]);
+    assert_eq!(*PROGRESS.lock().unwrap(), vec![(0, 3), (1, 3), (2, 3), (3, 3), (0, 3), (1, 3), (2, 3), (3, 3)]);
     assert!(a.iter().all(|(w, h, c, d)| (*w, *h, *c) == (64, 64, 3) && d.len() == 64 * 64 * 3));
     assert_ne!(a[0].3, a[1].3, "batch items use different seeds");
     let (_, b) = generate(ctx, &params(&prompt, 3, 1, 7));

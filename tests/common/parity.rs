@@ -47,13 +47,13 @@ fn synth_args(file: &str) -> Option<&'static [&'static str]> {
 /// name, then renamed: other test processes may be looking for it meanwhile).
 pub fn fixture(file: &str) -> PathBuf {
     let dir = fixture_dir();
-    // The reference's own q8_0 conversion is not distributed: ours must render the same.
-    if file == "sd1_ref_q8_0.gguf" {
-        return converted_fixture("sd1.safetensors", "sd1_q8_0.gguf", sd_type_t(8)); // SD_TYPE_Q8_0
-    }
     let path = dir.join(file);
     if path.exists() {
         return path;
+    }
+    // The reference's own q8_0 conversion is not distributed: without it, ours stands in.
+    if file == "sd1_ref_q8_0.gguf" {
+        return our_q8_0();
     }
     let args = synth_args(file).unwrap_or_else(|| panic!("no recipe for fixture {file}"));
     std::fs::create_dir_all(&dir).expect("create the fixture cache");
@@ -65,6 +65,11 @@ pub fn fixture(file: &str) -> PathBuf {
     assert!(ok, "synth_model.py {args:?} failed");
     std::fs::rename(&tmp, &path).expect("rename the fixture into place");
     path
+}
+
+/// The synthetic sd1 checkpoint converted to q8_0 GGUF by our `convert()`.
+pub fn our_q8_0() -> PathBuf {
+    converted_fixture("sd1.safetensors", "sd1_q8_0.gguf", sd_type_t(8)) // SD_TYPE_Q8_0
 }
 
 /// `source` converted by our `convert()` into `file` in the fixture cache (made on first

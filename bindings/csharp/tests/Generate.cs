@@ -115,7 +115,7 @@ static class GenerateTests
                 double mean = (double)sum / want.Item4.Length;
                 // The tolerance of tests/fixtures/README.md.
                 check("golden sd1/sampler_euler", got[0].Length == want.Item4.Length && max <= 3 && mean <= 0.25, "max " + max + " mean " + mean);
-                check("progress after every step", string.Join(",", steps) == "1,2,3,4", string.Join(",", steps));
+                check("progress after every step", string.Join(",", steps) == "0,1,2,3,4", string.Join(",", steps));
             }
         }
         finally

@@ -1,0 +1,434 @@
+//! What both benchmark runners share, so that the two sides are measured the same way.
+//!
+//! A runner loads one model, optionally generates one image, and prints one JSON object on
+//! stdout. Phase times come from the library's own callbacks on both sides: the log
+//! callback (the reference logs how long conditioning, sampling and decoding took, and our
+//! library keeps those messages) and the progress callback (seconds per sampling step).
+//! Load and `generate_image` are timed around the calls by the runner itself.
+//!
+//! The reference prepares its weights lazily: `new_sd_ctx` only reads the metadata and each
+//! module's weights are read (or mapped) the first time the module runs, inside
+//! `generate_image`, logging "loading tensors completed, taking Xs". Those seconds are
+//! summed (`lazy_load_s`), added to the load time (`load_total_s`) and taken out of the
+//! phase they happened in, so that the phases compare compute with compute. Our library
+//! loads everything in `new_sd_ctx`, where nothing needs subtracting.
+
+use serde_json::{json, Value};
+use std::sync::{Mutex, OnceLock};
+use std::time::Instant;
+
+/// One benchmark job, passed from the driver to a runner as command-line flags.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Job {
+    pub model: String,
+    pub width: i32,
+    pub height: i32,
+    pub steps: i32,
+    pub threads: i32,
+    /// Weight type to convert to at load (`f16`, `q8_0`, ...); empty keeps the file's types.
+    pub wtype: String,
+    pub mmap: bool,
+    pub seed: i64,
+    pub cfg: f32,
+    pub sampler: String,
+    pub prompt: String,
+    pub negative_prompt: String,
+    /// Load the model, then one 64×64 single-step generation so that lazily loaded weights
+    /// are in memory too (load time and memory only).
+    pub load_only: bool,
+    /// Write the generated image here (binary PPM) for a side-by-side comparison.
+    pub out: Option<String>,
+    /// Echo every log line of the library on stderr.
+    pub verbose: bool,
+}
+
+impl Default for Job {
+    fn default() -> Self {
+        Job {
+            model: String::new(),
+            width: 256,
+            height: 256,
+            steps: 20,
+            threads: 2,
+            wtype: "f16".into(),
+            mmap: false,
+            seed: 42,
+            cfg: 7.0,
+            sampler: "euler_a".into(),
+            prompt: "a lovely cat sitting on a wooden table, photograph, detailed".into(),
+            negative_prompt: String::new(),
+            load_only: false,
+            out: None,
+            verbose: false,
+        }
+    }
+}
+
+fn parse_num<T: std::str::FromStr>(flag: &str, v: &str) -> Result<T, String> {
+    v.parse().map_err(|_| format!("{flag}: not a number: {v:?}"))
+}
+
+impl Job {
+    /// The flags that reproduce this job (`from_args` reads them back).
+    pub fn to_args(&self) -> Vec<String> {
+        let mut a = vec![
+            "--model".into(),
+            self.model.clone(),
+            "--width".into(),
+            self.width.to_string(),
+            "--height".into(),
+            self.height.to_string(),
+            "--steps".into(),
+            self.steps.to_string(),
+            "--threads".into(),
+            self.threads.to_string(),
+            "--wtype".into(),
+            self.wtype.clone(),
+            "--mmap".into(),
+            (self.mmap as u8).to_string(),
+            "--seed".into(),
+            self.seed.to_string(),
+            "--cfg".into(),
+            self.cfg.to_string(),
+            "--sampler".into(),
+            self.sampler.clone(),
+            "--prompt".into(),
+            self.prompt.clone(),
+            "--negative-prompt".into(),
+            self.negative_prompt.clone(),
+        ];
+        if self.load_only {
+            a.push("--load-only".into());
+        }
+        if let Some(out) = &self.out {
+            a.push("--out".into());
+            a.push(out.clone());
+        }
+        if self.verbose {
+            a.push("--verbose".into());
+        }
+        a
+    }
+
+    pub fn from_args<I: IntoIterator<Item = String>>(args: I) -> Result<Job, String> {
+        let mut job = Job::default();
+        let mut it = args.into_iter();
+        while let Some(flag) = it.next() {
+            let mut value = || it.next().ok_or_else(|| format!("{flag} needs a value"));
+            match flag.as_str() {
+                "--model" => job.model = value()?,
+                "--width" => job.width = parse_num(&flag, &value()?)?,
+                "--height" => job.height = parse_num(&flag, &value()?)?,
+                "--steps" => job.steps = parse_num(&flag, &value()?)?,
+                "--threads" => job.threads = parse_num(&flag, &value()?)?,
+                "--wtype" => job.wtype = value()?,
+                "--mmap" => job.mmap = value()? != "0",
+                "--seed" => job.seed = parse_num(&flag, &value()?)?,
+                "--cfg" => job.cfg = parse_num(&flag, &value()?)?,
+                "--sampler" => job.sampler = value()?,
+                "--prompt" => job.prompt = value()?,
+                "--negative-prompt" => job.negative_prompt = value()?,
+                "--out" => job.out = Some(value()?),
+                "--load-only" => job.load_only = true,
+                "--verbose" => job.verbose = true,
+                _ => return Err(format!("unknown flag {flag:?}")),
+            }
+        }
+        if job.model.is_empty() {
+            return Err("--model is required".into());
+        }
+        Ok(job)
+    }
+}
+
+/// Everything the callbacks saw, with the time (seconds since the recorder started).
+#[derive(Default)]
+struct Events {
+    /// `(t, level, text, generating)`
+    logs: Vec<(f64, String, String, bool)>,
+    /// `(t, step, steps, seconds)` reported while `generate_image` ran.
+    progress: Vec<(f64, i32, i32, f32)>,
+    generating: bool,
+}
+
+struct Recorder {
+    t0: Instant,
+    events: Mutex<Events>,
+    verbose: bool,
+}
+
+static RECORDER: OnceLock<Recorder> = OnceLock::new();
+
+/// Starts recording (call first thing in `main`).
+pub fn start(verbose: bool) {
+    let _ = RECORDER.set(Recorder { t0: Instant::now(), events: Mutex::new(Events::default()), verbose });
+}
+
+fn with_events<R>(f: impl FnOnce(f64, &mut Events) -> R) -> Option<R> {
+    let r = RECORDER.get()?;
+    let t = r.t0.elapsed().as_secs_f64();
+    let mut ev = r.events.lock().unwrap_or_else(|e| e.into_inner());
+    Some(f(t, &mut ev))
+}
+
+/// The log callback of either library.
+pub fn on_log(level: &str, text: &str) {
+    if RECORDER.get().is_some_and(|r| r.verbose) {
+        eprint!("[{level}] {text}");
+    }
+    with_events(|t, ev| {
+        let generating = ev.generating;
+        ev.logs.push((t, level.to_string(), text.trim_end().to_string(), generating))
+    });
+}
+
+/// The progress callback of either library. Loading and tiling report progress too: only
+/// what arrives while `generate_image` runs is kept.
+pub fn on_progress(step: i32, steps: i32, seconds: f32) {
+    with_events(|t, ev| {
+        if ev.generating {
+            ev.progress.push((t, step, steps, seconds));
+        }
+    });
+}
+
+/// Marks the start and the end of `generate_image`.
+pub fn set_generating(on: bool) {
+    with_events(|_, ev| ev.generating = on);
+}
+
+/// Times `f` in seconds.
+pub fn timed<R>(f: impl FnOnce() -> R) -> (f64, R) {
+    let t = Instant::now();
+    let r = f();
+    (t.elapsed().as_secs_f64(), r)
+}
+
+/// The seconds of a log line containing `"<what> completed, taking <x>s"`.
+fn seconds_in(text: &str, what: &str) -> Option<f64> {
+    let key = format!("{what} completed, taking ");
+    let rest = &text[text.find(&key)? + key.len()..];
+    let num: String = rest.chars().take_while(|c| c.is_ascii_digit() || *c == '.').collect();
+    let v: f64 = num.parse().ok()?;
+    // The reference logs some phases in ms ("taking 12 ms"), most in seconds.
+    Some(if rest[num.len()..].trim_start().starts_with("ms") { v / 1000.0 } else { v })
+}
+
+type Log = (f64, String, String, bool);
+
+/// The seconds in the last log line containing `"<what> completed, taking <x>s"`.
+fn logged_seconds(logs: &[Log], what: &str) -> Option<f64> {
+    logs.iter().rev().find_map(|(_, _, text, _)| seconds_in(text, what))
+}
+
+/// The weight loading logged while `generate_image` ran (the reference's lazy loading), in
+/// all and within each phase: `(all, [(phase, seconds)])`. A load counts towards the next
+/// phase that completes after it.
+fn lazy_loads(logs: &[Log], phases: &[&str]) -> (f64, Vec<(String, f64)>) {
+    let (mut all, mut pending) = (0.0, 0.0);
+    let mut per_phase = Vec::new();
+    for (_, _, text, generating) in logs {
+        if !generating {
+            continue;
+        }
+        if let Some(s) = seconds_in(text, "loading tensors") {
+            all += s;
+            pending += s;
+        } else if let Some(p) = phases.iter().find(|p| seconds_in(text, p).is_some()) {
+            per_phase.push((p.to_string(), pending));
+            pending = 0.0;
+        }
+    }
+    (all, per_phase)
+}
+
+/// The peak resident set of this process (kB), from `/proc/self/status`.
+pub fn vm_hwm_kb() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+    line.split_whitespace().nth(1)?.parse().ok()
+}
+
+/// A generated image, for the report (size and a fingerprint) and the optional PPM.
+pub struct Picture<'a> {
+    pub width: u32,
+    pub height: u32,
+    pub channels: u32,
+    pub data: &'a [u8],
+}
+
+impl Picture<'_> {
+    fn write_ppm(&self, path: &str) -> std::io::Result<()> {
+        let mut bytes = format!("P6\n{} {}\n255\n", self.width, self.height).into_bytes();
+        let c = self.channels.max(1) as usize;
+        for px in self.data.chunks(c) {
+            for i in 0..3 {
+                bytes.push(px[i.min(c - 1)]);
+            }
+        }
+        let tmp = format!("{path}.tmp");
+        std::fs::write(&tmp, bytes)?;
+        std::fs::rename(tmp, path)
+    }
+}
+
+/// What a runner measured around the library calls.
+pub struct Outcome<'a> {
+    pub side: &'a str,
+    pub version: String,
+    pub system_info: String,
+    pub load_s: f64,
+    /// `generate_image` wall time (absent for load-only jobs).
+    pub generate_s: Option<f64>,
+    pub picture: Option<Picture<'a>>,
+    /// Why the job failed, if it did.
+    pub error: Option<String>,
+}
+
+impl Outcome<'_> {
+    /// The outcome of a job that failed before anything was measured.
+    pub fn failed(side: &str, error: String) -> Outcome<'_> {
+        Outcome {
+            side,
+            version: String::new(),
+            system_info: String::new(),
+            load_s: f64::NAN,
+            generate_s: None,
+            picture: None,
+            error: Some(error),
+        }
+    }
+}
+
+/// A runner's `main`: reads the job, runs it, prints the report; fails when the job did.
+pub fn runner_main(side: &str, run: impl FnOnce(&Job) -> Result<Outcome<'static>, String>) -> std::process::ExitCode {
+    let job = match Job::from_args(std::env::args().skip(1)) {
+        Ok(j) => j,
+        Err(e) => {
+            eprintln!("{side} runner: {e}");
+            return std::process::ExitCode::from(2);
+        }
+    };
+    let job = if job.load_only { Job { width: 64, height: 64, steps: 1, ..job } } else { job };
+    start(job.verbose);
+    let outcome = run(&job).unwrap_or_else(|e| Outcome::failed(side, e));
+    println!("{}", report(&job, &outcome));
+    if outcome.error.is_some() {
+        std::process::ExitCode::FAILURE
+    } else {
+        std::process::ExitCode::SUCCESS
+    }
+}
+
+/// The median (mean of the middle two for an even count).
+pub fn median(v: &[f64]) -> Option<f64> {
+    if v.is_empty() {
+        return None;
+    }
+    let mut s = v.to_vec();
+    s.sort_by(f64::total_cmp);
+    let n = s.len();
+    Some(if n % 2 == 1 { s[n / 2] } else { (s[n / 2 - 1] + s[n / 2]) / 2.0 })
+}
+
+/// Builds the JSON report of one job from the outcome and the recorded callbacks.
+pub fn report(job: &Job, outcome: &Outcome) -> Value {
+    let (logs, progress) = with_events(|_, ev| (ev.logs.clone(), ev.progress.clone())).unwrap_or_default();
+    let step_s: Vec<f64> = progress
+        .iter()
+        .filter(|(_, step, steps, _)| *step >= 1 && *steps == job.steps)
+        .map(|(_, _, _, s)| *s as f64)
+        .collect();
+    // The first step also pays for first-use work (the reference's lazy UNet weights, graph
+    // and buffer set-up on both sides): the per-step figure is the median of the others.
+    let steady = if step_s.len() >= 2 { &step_s[1..] } else { &step_s[..] };
+    const PHASES: [&str; 3] = ["get_learned_condition", "sampling", "decode_first_stage"];
+    let (lazy_load_s, lazy_per_phase) = lazy_loads(&logs, &PHASES);
+    let phase = |name: &str| {
+        let raw = logged_seconds(&logs, name)?;
+        let lazy: f64 = lazy_per_phase.iter().filter(|(p, _)| p == name).map(|(_, s)| s).sum();
+        Some((raw - lazy).max(0.0))
+    };
+    let mut error = outcome.error.clone();
+    let picture = outcome.picture.as_ref().map(|p| {
+        if let Some(out) = &job.out {
+            if let Err(e) = p.write_ppm(out) {
+                error.get_or_insert(format!("writing {out}: {e}"));
+            }
+        }
+        let mean = p.data.iter().map(|&b| b as f64).sum::<f64>() / p.data.len().max(1) as f64;
+        json!({"width": p.width, "height": p.height, "channels": p.channels, "mean": mean})
+    });
+    let errors: Vec<&str> = logs.iter().filter(|(_, l, _, _)| l == "error").map(|(_, _, t, _)| t.as_str()).collect();
+    json!({
+        "side": outcome.side,
+        "version": outcome.version,
+        "system_info": outcome.system_info,
+        "job": job.to_args(),
+        "load_s": outcome.load_s,
+        "lazy_load_s": lazy_load_s,
+        "load_total_s": outcome.load_s + lazy_load_s,
+        "generate_s": outcome.generate_s,
+        "cond_s": phase("get_learned_condition"),
+        "sampling_s": phase("sampling"),
+        "decode_s": phase("decode_first_stage"),
+        "step_s": step_s,
+        "step_median_s": median(steady),
+        "vm_hwm_kb": vm_hwm_kb(),
+        "image": picture,
+        "error": error,
+        "error_logs": errors,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn job_round_trip() {
+        let job = Job { model: "m.safetensors".into(), load_only: true, out: Some("x.ppm".into()), ..Job::default() };
+        assert_eq!(Job::from_args(job.to_args()).unwrap(), job);
+        assert!(Job::from_args(vec!["--bogus".to_string()]).is_err());
+        assert!(Job::from_args(Vec::<String>::new()).is_err());
+    }
+
+    #[test]
+    fn logged_phase_seconds() {
+        let line = |t: &str| (0.0, "info".to_string(), t.to_string(), true);
+        let logs = vec![
+            line("stable-diffusion.cpp:4095 - get_learned_condition completed, taking 0.31s"),
+            line("stable-diffusion.cpp:4637 - encode_first_stage completed, taking 12 ms"),
+            line("stable-diffusion.cpp:4389 - sampling completed, taking 12.50s"),
+        ];
+        assert_eq!(logged_seconds(&logs, "get_learned_condition"), Some(0.31));
+        assert_eq!(logged_seconds(&logs, "sampling"), Some(12.5));
+        assert_eq!(logged_seconds(&logs, "encode_first_stage"), Some(0.012));
+        assert_eq!(logged_seconds(&logs, "decode_first_stage"), None);
+    }
+
+    #[test]
+    fn lazy_loads_by_phase() {
+        let line = |t: &str, g: bool| (0.0, "info".to_string(), t.to_string(), g);
+        let logs = vec![
+            line("loading tensors completed, taking 9.00s (read: 1s)", false),
+            line("loading tensors completed, taking 0.40s (read: 0.26s)", true),
+            line("get_learned_condition completed, taking 4.00s", true),
+            line("loading tensors completed, taking 1.50s (read: 1.2s)", true),
+            line("loading tensors completed, taking 0.25s (read: 0.2s)", true),
+            line("sampling completed, taking 10.00s", true),
+            line("decode_first_stage completed, taking 3.00s", true),
+        ];
+        let (all, per) = lazy_loads(&logs, &["get_learned_condition", "sampling", "decode_first_stage"]);
+        assert!((all - 2.15).abs() < 1e-9);
+        assert_eq!(per.len(), 3);
+        assert!((per[0].1 - 0.4).abs() < 1e-9 && (per[1].1 - 1.75).abs() < 1e-9 && per[2].1 == 0.0);
+    }
+
+    #[test]
+    fn median_of_even_and_odd() {
+        assert_eq!(median(&[3.0, 1.0, 2.0]), Some(2.0));
+        assert_eq!(median(&[4.0, 1.0, 2.0, 3.0]), Some(2.5));
+        assert_eq!(median(&[]), None);
+    }
+}

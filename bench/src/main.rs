@@ -1,0 +1,493 @@
+//! sd-bench: the same generation on the reference stable-diffusion.cpp and on
+//! libstable-diffusion, each in its own process, alternating reference/ours/... for every
+//! repetition, then medians, ranges and ratios. See BENCHMARKS.md.
+//!
+//! ```sh
+//! cargo run --release --manifest-path bench/Cargo.toml -- --quick   # minutes
+//! cargo run --release --manifest-path bench/Cargo.toml              # the matrix of BENCHMARKS.md
+//! cargo run --release --manifest-path bench/Cargo.toml -- --steps 20 --reps 3   # all 20 steps
+//! ```
+
+mod child;
+mod profile;
+mod table;
+
+use sd_bench_common::Job;
+use serde_json::{json, Value};
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitCode};
+use std::time::Duration;
+
+const USAGE: &str = "\
+usage: sd-bench [--quick] [options]
+
+  --quick              256x256, f16, 3 steps, 1 repetition, no load workloads
+  --reps N|LIST        repetitions (A/B pairs) of every generation workload, one number or
+                       per size as SIZE:N,... (default 256:3,512:1)
+  --load-reps N        repetitions of the load workloads (default 3)
+  --sizes LIST         square sizes, comma-separated (default 256,512)
+  --wtypes LIST        weight types at load (default f16,q8_0)
+  --steps N|LIST       sampling steps actually run, one number or per size as SIZE:N,...
+                       (default 256:4,512:2); the UNet step time is the median of steps
+                       2..n and the total wall time is also extrapolated to --nominal-steps
+  --nominal-steps N    the step count the totals are extrapolated to (default 20)
+  --threads N          threads (default 2)
+  --sides LIST         runners, first is the baseline of the ratios
+                       (default reference,ours; ours-native builds ours with -march=native)
+  --model PATH         checkpoint (default $SD_FIXTURE_CACHE/sd1.safetensors,
+                       SD_FIXTURE_CACHE defaulting to ~/.cache/sd-rs-fixtures)
+  --no-load            skip the load-only workloads (mmap on / off)
+  --no-gen             skip the generation workloads
+  --no-build           use the runners already built
+  --timeout SECS       per run (default 3600)
+  --out DIR            reports, logs and images (default bench/target/sd-bench)
+  --verbose            runners echo the libraries' logs into their log files
+  --profile            instead of timing: each side once under `perf record`, CPU time
+                       per op category (first size and weight type, 2 steps unless --steps)
+";
+
+struct Options {
+    /// `(size, n)`; `size` 0 is the default for sizes not listed.
+    reps: Vec<(i32, usize)>,
+    load_reps: usize,
+    sizes: Vec<i32>,
+    wtypes: Vec<String>,
+    steps: Vec<(i32, i32)>,
+    nominal_steps: i32,
+    threads: i32,
+    sides: Vec<String>,
+    model: PathBuf,
+    load: bool,
+    gen: bool,
+    build: bool,
+    timeout: Duration,
+    out: PathBuf,
+    verbose: bool,
+    quick: bool,
+    profile: bool,
+}
+
+fn default_model() -> PathBuf {
+    let cache = std::env::var_os("SD_FIXTURE_CACHE")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(std::env::var_os("HOME").unwrap_or_default()).join(".cache/sd-rs-fixtures"));
+    cache.join("sd1.safetensors")
+}
+
+fn list(v: &str) -> Vec<String> {
+    v.split(',').map(|s| s.trim().to_string()).filter(|s| !s.is_empty()).collect()
+}
+
+/// `N` (every size) or `SIZE:N,SIZE:N` (size 0 stands for the sizes not listed).
+fn per_size(v: &str) -> Result<Vec<(i32, u64)>, String> {
+    list(v)
+        .into_iter()
+        .map(|item| {
+            let (size, n) = item.split_once(':').unwrap_or(("0", &item));
+            let size = size.parse::<i32>().map_err(|_| format!("not a size: {size:?}"))?;
+            let n = n.parse::<u64>().map_err(|_| format!("not a number: {n:?}"))?;
+            Ok((size, n))
+        })
+        .collect()
+}
+
+/// The value for `size` in a per-size list, else the default entry, else `fallback`.
+fn for_size<T: Copy>(v: &[(i32, T)], size: i32, fallback: T) -> T {
+    v.iter().find(|(s, _)| *s == size).or_else(|| v.iter().find(|(s, _)| *s == 0)).map_or(fallback, |(_, n)| *n)
+}
+
+fn parse_args() -> Result<Options, String> {
+    let mut o = Options {
+        reps: vec![(256, 3), (512, 1), (0, 1)],
+        load_reps: 3,
+        sizes: vec![256, 512],
+        wtypes: list("f16,q8_0"),
+        steps: vec![(256, 4), (512, 2), (0, 2)],
+        nominal_steps: 20,
+        threads: 2,
+        sides: list("reference,ours"),
+        model: default_model(),
+        load: true,
+        gen: true,
+        build: true,
+        timeout: Duration::from_secs(3600),
+        out: Path::new(env!("CARGO_MANIFEST_DIR")).join("target/sd-bench"),
+        verbose: false,
+        quick: false,
+        profile: false,
+    };
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    o.profile = args.iter().any(|a| a == "--profile");
+    if o.profile || args.iter().any(|a| a == "--quick") {
+        o.quick = true;
+        o.reps = vec![(0, 1)];
+        o.sizes = vec![256];
+        o.wtypes = list("f16");
+        o.steps = vec![(0, if o.profile { 2 } else { 3 })];
+        o.load = false;
+    }
+    let mut it = args.into_iter();
+    while let Some(flag) = it.next() {
+        let mut value = || it.next().ok_or_else(|| format!("{flag} needs a value"));
+        let num = |v: String| v.parse::<u64>().map_err(|_| format!("not a number: {v:?}"));
+        match flag.as_str() {
+            "--quick" | "--profile" => {}
+            "--reps" => o.reps = per_size(&value()?)?.into_iter().map(|(s, n)| (s, n.max(1) as usize)).collect(),
+            "--load-reps" => o.load_reps = num(value()?)?.max(1) as usize,
+            "--sizes" => o.sizes = list(&value()?).into_iter().map(|s| num(s).map(|n| n as i32)).collect::<Result<_, _>>()?,
+            "--wtypes" => o.wtypes = list(&value()?),
+            "--steps" => o.steps = per_size(&value()?)?.into_iter().map(|(s, n)| (s, n.max(1) as i32)).collect(),
+            "--nominal-steps" => o.nominal_steps = num(value()?)?.max(1) as i32,
+            "--threads" => o.threads = num(value()?)? as i32,
+            "--sides" => o.sides = list(&value()?),
+            "--model" => o.model = PathBuf::from(value()?),
+            "--no-load" => o.load = false,
+            "--load" => o.load = true,
+            "--no-gen" => o.gen = false,
+            "--no-build" => o.build = false,
+            "--timeout" => o.timeout = Duration::from_secs(num(value()?)?),
+            "--out" => o.out = PathBuf::from(value()?),
+            "--verbose" => o.verbose = true,
+            "-h" | "--help" => return Err(String::new()),
+            _ => return Err(format!("unknown option {flag:?}")),
+        }
+    }
+    for s in &o.sides {
+        if !["reference", "ours", "ours-native"].contains(&s.as_str()) {
+            return Err(format!("unknown side {s:?} (reference, ours, ours-native)"));
+        }
+    }
+    Ok(o)
+}
+
+/// Where the runner binaries are: next to this program (cargo's target/<profile>), the
+/// `native` build of ours in its own target folder so that neither build evicts the other.
+fn runner_path(side: &str) -> PathBuf {
+    let exe = std::env::current_exe().unwrap_or_default();
+    let dir = exe.parent().unwrap_or(Path::new(".")).to_path_buf();
+    match side {
+        "reference" => dir.join("sd-bench-ref"),
+        "ours" => dir.join("sd-bench-ours"),
+        _ => {
+            let profile = dir.file_name().map(PathBuf::from).unwrap_or_else(|| "release".into());
+            dir.parent().unwrap_or(Path::new(".")).join("native").join(profile).join("sd-bench-ours")
+        }
+    }
+}
+
+/// Builds the runners the sides need with cargo (release).
+fn build_runners(sides: &[String]) -> Result<(), String> {
+    let manifest = Path::new(env!("CARGO_MANIFEST_DIR")).join("Cargo.toml");
+    let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
+    let mut builds: Vec<Vec<String>> = Vec::new();
+    let mut plain: Vec<String> = Vec::new();
+    for side in sides {
+        match side.as_str() {
+            "reference" => plain.extend(["-p".into(), "sd-bench-ref".into()]),
+            "ours" => plain.extend(["-p".into(), "sd-bench-ours".into()]),
+            _ => {
+                let target = runner_path("ours-native");
+                let target_dir = target.parent().and_then(Path::parent).unwrap_or(Path::new("."));
+                builds.push(vec![
+                    "-p".into(),
+                    "sd-bench-ours".into(),
+                    "--features".into(),
+                    "native".into(),
+                    "--target-dir".into(),
+                    target_dir.display().to_string(),
+                ]);
+            }
+        }
+    }
+    if !plain.is_empty() {
+        builds.insert(0, plain);
+    }
+    for extra in builds {
+        eprintln!("sd-bench: building runners: cargo build --release {}", extra.join(" "));
+        let status = Command::new(&cargo)
+            .args(["build", "--release", "--manifest-path"])
+            .arg(&manifest)
+            .args(&extra)
+            .status()
+            .map_err(|e| format!("running cargo: {e}"))?;
+        if !status.success() {
+            return Err(format!("cargo build --release {} failed", extra.join(" ")));
+        }
+    }
+    Ok(())
+}
+
+/// One row group of the result: a job, how often, and what it measures.
+struct Workload {
+    name: String,
+    title: String,
+    job: Job,
+    reps: usize,
+    metrics: &'static [table::Metric],
+}
+
+/// The load workloads first (short), then the sizes in order, so that a run cut short
+/// still has the small results.
+fn workloads(o: &Options) -> Vec<Workload> {
+    let base = Job { model: o.model.display().to_string(), threads: o.threads, verbose: o.verbose, ..Job::default() };
+    let mut w = Vec::new();
+    if o.load {
+        for wtype in &o.wtypes {
+            for mmap in [true, false] {
+                let onoff = if mmap { "on" } else { "off" };
+                w.push(Workload {
+                    name: format!("load-{wtype}-mmap-{onoff}"),
+                    title: format!("Model load, {wtype} weights, mmap {onoff} (then one 64×64 step)"),
+                    job: Job { wtype: wtype.clone(), mmap, load_only: true, ..base.clone() },
+                    reps: o.load_reps,
+                    metrics: table::LOAD_METRICS,
+                });
+            }
+        }
+    }
+    if o.gen {
+        for &size in &o.sizes {
+            for wtype in &o.wtypes {
+                let steps = for_size(&o.steps, size, 2);
+                let reps = for_size(&o.reps, size, 1);
+                w.push(Workload {
+                    name: format!("gen-{size}-{wtype}"),
+                    title: format!(
+                        "{size}×{size}, {wtype} weights, {steps} steps run (totals also extrapolated to {}), {}, CFG {}, {} threads, {reps} A/B pair(s)",
+                        o.nominal_steps, base.sampler, base.cfg, base.threads
+                    ),
+                    job: Job { wtype: wtype.clone(), width: size, height: size, steps, ..base.clone() },
+                    reps,
+                    metrics: table::GEN_METRICS,
+                });
+            }
+        }
+    }
+    w
+}
+
+/// Reads the checkpoint once so that every run starts with it in the page cache.
+fn warm_page_cache(path: &Path) -> Result<(), String> {
+    use std::io::Read;
+    let mut f = std::fs::File::open(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let mut buf = vec![0u8; 1 << 20];
+    while f.read(&mut buf).map_err(|e| format!("{}: {e}", path.display()))? > 0 {}
+    Ok(())
+}
+
+/// A binary PPM as written by the runners: (width, height, RGB bytes).
+fn read_ppm(path: &Path) -> Option<(usize, usize, Vec<u8>)> {
+    let bytes = std::fs::read(path).ok()?;
+    let mut fields = Vec::new();
+    let mut pos = 0;
+    while fields.len() < 4 {
+        while bytes.get(pos)?.is_ascii_whitespace() {
+            pos += 1;
+        }
+        let start = pos;
+        while !bytes.get(pos)?.is_ascii_whitespace() {
+            pos += 1;
+        }
+        fields.push(String::from_utf8_lossy(&bytes[start..pos]).to_string());
+    }
+    let (w, h) = (fields[1].parse().ok()?, fields[2].parse().ok()?);
+    let data = bytes.get(pos + 1..)?.to_vec();
+    (fields[0] == "P6" && data.len() == w * h * 3).then_some((w, h, data))
+}
+
+/// Mean absolute difference (0–255) between the first-run images of two sides.
+fn image_diff(a: &Path, b: &Path) -> Option<f64> {
+    let (wa, ha, da) = read_ppm(a)?;
+    let (wb, hb, db) = read_ppm(b)?;
+    if (wa, ha) != (wb, hb) {
+        return None;
+    }
+    Some(da.iter().zip(&db).map(|(&x, &y)| (x as f64 - y as f64).abs()).sum::<f64>() / da.len() as f64)
+}
+
+fn machine() -> Value {
+    let cpuinfo = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
+    let cpu = cpuinfo
+        .lines()
+        .find(|l| l.starts_with("model name"))
+        .and_then(|l| l.split(':').nth(1))
+        .unwrap_or("unknown")
+        .trim()
+        .to_string();
+    let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(0);
+    let mem_kb: u64 = std::fs::read_to_string("/proc/meminfo")
+        .ok()
+        .and_then(|m| m.lines().next()?.split_whitespace().nth(1)?.parse().ok())
+        .unwrap_or(0);
+    let commit = Command::new("git")
+        .args(["rev-parse", "--short=8", "HEAD"])
+        .current_dir(env!("CARGO_MANIFEST_DIR"))
+        .output()
+        .ok()
+        .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+        .unwrap_or_default();
+    json!({"cpu": cpu, "cpus": cores, "mem_gib": mem_kb as f64 / 1048576.0, "commit": commit})
+}
+
+fn main() -> ExitCode {
+    let o = match parse_args() {
+        Ok(o) => o,
+        Err(e) => {
+            if !e.is_empty() {
+                eprintln!("sd-bench: {e}\n");
+            }
+            eprint!("{USAGE}");
+            return ExitCode::from(2);
+        }
+    };
+    if o.build {
+        if let Err(e) = build_runners(&o.sides) {
+            eprintln!("sd-bench: {e}");
+            return ExitCode::FAILURE;
+        }
+    }
+    if let Err(e) = warm_page_cache(&o.model).and_then(|_| std::fs::create_dir_all(&o.out).map_err(|e| e.to_string())) {
+        eprintln!("sd-bench: {e}");
+        return ExitCode::FAILURE;
+    }
+
+    if o.profile {
+        return run_profile(&o);
+    }
+    let machine = machine();
+    let load_start = child::loadavg();
+    let work = workloads(&o);
+    let mut runs: Vec<(usize, String, Value)> = Vec::new();
+    let total: usize = work.iter().map(|w| w.reps * o.sides.len()).sum();
+    let mut n = 0;
+    for (wi, w) in work.iter().enumerate() {
+        for rep in 0..w.reps {
+            for side in &o.sides {
+                n += 1;
+                let stem = o.out.join(format!("{}-{side}-{rep}", w.name));
+                let mut job = w.job.clone();
+                if rep == 0 && !job.load_only {
+                    job.out = Some(o.out.join(format!("{}-{side}.ppm", w.name)).display().to_string());
+                }
+                eprint!("sd-bench: [{n}/{total}] {} {side} #{} (load {:.2}) ... ", w.name, rep + 1, child::loadavg());
+                let mut r = child::run(
+                    &runner_path(side),
+                    &job.to_args(),
+                    &stem.with_extension("json"),
+                    &stem.with_extension("log"),
+                    o.timeout,
+                );
+                if !job.load_only {
+                    // What the run would have taken with the nominal step count.
+                    if let (Some(wall), Some(step)) = (r["wall_s"].as_f64(), r["step_median_s"].as_f64()) {
+                        r["wall_nominal_s"] = json!(wall + f64::from(o.nominal_steps - job.steps) * step);
+                    }
+                }
+                match r["error"].as_str() {
+                    Some(e) => eprintln!("failed: {e}"),
+                    None => eprintln!("{:.1}s", r["wall_s"].as_f64().unwrap_or(f64::NAN)),
+                }
+                runs.push((wi, side.clone(), r));
+            }
+        }
+        // Written after every workload, so that an interrupted run keeps what it measured.
+        if let Err(e) = write_results(&o, &machine, load_start, &work[..=wi], &runs) {
+            eprintln!("sd-bench: {e}");
+            return ExitCode::FAILURE;
+        }
+    }
+    match std::fs::read_to_string(o.out.join("results.md")) {
+        Ok(md) => println!("{md}"),
+        Err(e) => eprintln!("sd-bench: {e}"),
+    }
+    eprintln!("sd-bench: reports in {}", o.out.display());
+    ExitCode::SUCCESS
+}
+
+/// Renders the Markdown tables of the workloads done so far and writes them with every raw
+/// report to `results.md` and `results.json`.
+fn write_results(o: &Options, machine: &Value, load_start: f64, work: &[Workload], runs: &[(usize, String, Value)]) -> Result<(), String> {
+    let load_now = child::loadavg();
+    let info = runs.iter().find(|(_, s, r)| s == "reference" && r["error"].is_null()).map(|(_, _, r)| r);
+    let mut md = format!(
+        "### sd-bench results\n\nMachine: {} ({} CPUs, {:.0} GiB), commit {}; load average (1 min) {load_start:.2} at start, {load_now:.2} at the last workload's end.\n",
+        machine["cpu"].as_str().unwrap_or(""),
+        machine["cpus"],
+        machine["mem_gib"].as_f64().unwrap_or(0.0),
+        machine["commit"].as_str().unwrap_or(""),
+    );
+    if let Some(r) = info {
+        let version = r["version"].as_str().filter(|v| !v.is_empty() && *v != "unknown").unwrap_or("of diffusion-rs-sys 0.1.20");
+        md += &format!("Reference: stable-diffusion.cpp {version}.\n");
+    }
+    md += &format!(
+        "Sides run in the order {} for every repetition; median (min–max) over the repetitions.\n\n",
+        o.sides.join(", ")
+    );
+    for (wi, w) in work.iter().enumerate() {
+        let runs_of = |side: &str| runs.iter().filter(|(i, s, _)| *i == wi && s == side).map(|(_, _, r)| r.clone()).collect();
+        md += &table::render(&w.title, &o.sides, &runs_of, w.metrics);
+        if !w.job.load_only {
+            let img = |side: &str| o.out.join(format!("{}-{side}.ppm", w.name));
+            for side in o.sides.iter().skip(1) {
+                if let Some(d) = image_diff(&img(&o.sides[0]), &img(side)) {
+                    md += &format!("\nImage {side} vs {}: mean |difference| {d:.2} / 255.\n", o.sides[0]);
+                }
+            }
+        }
+        md.push('\n');
+    }
+    let all = json!({
+        "machine": machine,
+        "load_start": load_start,
+        "load_end": load_now,
+        "quick": o.quick,
+        "nominal_steps": o.nominal_steps,
+        "runs": runs.iter().map(|(wi, side, r)| json!({"workload": work[*wi].name, "side": side, "report": r})).collect::<Vec<_>>(),
+    });
+    let results = o.out.join("results.json");
+    std::fs::write(&results, serde_json::to_string_pretty(&all).unwrap_or_default())
+        .and_then(|_| std::fs::write(o.out.join("results.md"), &md))
+        .map_err(|e| format!("writing {}: {e}", results.display()))
+}
+
+/// `--profile`: one generation per side under perf, CPU time per op category.
+fn run_profile(o: &Options) -> ExitCode {
+    let Some(w) = workloads(o).into_iter().find(|w| !w.job.load_only) else {
+        eprintln!("sd-bench: --profile needs a generation workload");
+        return ExitCode::from(2);
+    };
+    let mut rows = Vec::new();
+    let mut md = format!("### sd-bench profile: {}\n\n", w.title);
+    for side in &o.sides {
+        let stem = o.out.join(format!("profile-{}-{side}", w.name));
+        let data = stem.with_extension("perf.data");
+        let args = profile::record_args(&data, &runner_path(side), &w.job.to_args());
+        eprint!("sd-bench: profiling {side} (load {:.2}) ... ", child::loadavg());
+        let r = child::run(Path::new("perf"), &args, &stem.with_extension("json"), &stem.with_extension("log"), o.timeout);
+        if let Some(e) = r["error"].as_str() {
+            eprintln!("failed: {e}");
+            md += &format!("{side}: failed: {e}\n\n");
+            continue;
+        }
+        eprintln!("{:.1}s", r["wall_s"].as_f64().unwrap_or(f64::NAN));
+        match profile::categorise(&data) {
+            Ok((cats, syms)) => {
+                md += &format!("{side} top symbols (self time):\n\n");
+                for (pct, sym) in syms.iter().take(12) {
+                    md += &format!("    {pct:6.2} %  {sym}\n");
+                }
+                md.push('\n');
+                rows.push((side.clone(), cats, r["cpu_s"].as_f64().unwrap_or(0.0)));
+            }
+            Err(e) => md += &format!("{side}: {e}\n\n"),
+        }
+    }
+    md += &profile::render(&w.title, &rows);
+    println!("{md}");
+    if let Err(e) = std::fs::write(o.out.join("profile.md"), &md) {
+        eprintln!("sd-bench: {e}");
+        return ExitCode::FAILURE;
+    }
+    ExitCode::SUCCESS
+}

@@ -73,7 +73,7 @@ def test_generate_matches_golden_case(sd):
                 width=64,
                 height=64,
                 seed=42,
-                sample_params={"sample_steps": 4, "sample_method": "EULER_SAMPLE_METHOD"},
+                sample_params={"sample_steps": 4, "sample_method": "EULER"},
             )
     finally:
         sd.set_progress_callback(None)

@@ -10,4 +10,4 @@ scripts/install-deps.sh
 scripts/fetch-sources.sh
 scripts/install.sh --prefix ./prefix "$@"
 scripts/fixtures.sh sd1
-./prefix/bin/sd-cli -p "a lovely cat" -W 256 -H 256 --steps 20 -o output.png
+./prefix/bin/sd-cli -p "a lovely cat" -W 256 -H 256 --steps 10 -o output.png

@@ -131,6 +131,59 @@ impl ParamStore {
         Ok(())
     }
 
+    /// [`load`](Self::load) with up to `threads` workers filling host tensors at once:
+    /// reading, converting and quantizing weights (e.g. `wtype = q8_0`) is CPU-bound.
+    /// Device buffers are filled one by one through a staging copy.
+    pub fn load_parallel(&mut self, threads: usize, fill: impl Fn(&str, &TensorSpec, &mut [u8]) -> Result<()> + Sync) -> Result<()> {
+        let buf = self.buffer.context("parameters loaded before allocation")?;
+        // SAFETY: valid buffer.
+        let host = unsafe { g::ggml_backend_buffer_is_host(buf.as_ptr()) };
+        let threads = threads.clamp(1, self.entries.len().max(1));
+        if !host || threads == 1 {
+            return self.load(|name, spec, dst| fill(name, spec, dst));
+        }
+        /// A tensor's bytes in the host buffer: disjoint from every other tensor's.
+        struct Dst(*mut u8, usize);
+        // SAFETY: each Dst is handed to exactly one worker (by the shared counter).
+        unsafe impl Sync for Dst {}
+        let jobs: Vec<(&str, TensorSpec, Dst)> = self
+            .entries
+            .iter()
+            .map(|(name, w)| {
+                let spec = Self::spec(*w);
+                // SAFETY: allocated host tensor.
+                let data = unsafe { (*w.raw()).data as *mut u8 };
+                let n = spec.nbytes;
+                (name.as_str(), spec, Dst(data, n))
+            })
+            .collect();
+        let next = std::sync::atomic::AtomicUsize::new(0);
+        let failed: parking_lot::Mutex<Option<(usize, crate::error::Error)>> = parking_lot::Mutex::new(None);
+        std::thread::scope(|s| {
+            for _ in 0..threads {
+                s.spawn(|| loop {
+                    let i = next.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+                    if i >= jobs.len() || failed.lock().is_some() {
+                        break;
+                    }
+                    let (name, spec, dst) = &jobs[i];
+                    // SAFETY: this worker alone took index i; the range is the tensor's data.
+                    let bytes = unsafe { std::slice::from_raw_parts_mut(dst.0, dst.1) };
+                    if let Err(e) = fill(name, spec, bytes) {
+                        let mut f = failed.lock();
+                        if f.as_ref().is_none_or(|(j, _)| i < *j) {
+                            *f = Some((i, e));
+                        }
+                    }
+                });
+            }
+        });
+        match failed.into_inner() {
+            Some((_, e)) => Err(e),
+            None => Ok(()),
+        }
+    }
+
     /// Writes one tensor's data (e.g. a LoRA-patched weight).
     pub fn set_data(&self, w: W, bytes: &[u8]) -> Result<()> {
         let spec = Self::spec(w);

@@ -35,7 +35,7 @@ impl ClipConditioner {
         cfg.force_f32_token_embedding = !embeddings.is_empty();
         let mut store = ParamStore::new(16 + 16 * cfg.n_layer as usize)?;
         let model = ClipTextModel::new(&mut Scope::new(&mut store, weights.types(), SD_CLIP_PREFIX), &cfg);
-        weights.load(&mut store, &backend, "text encoder")?;
+        weights.load(&mut store, &backend, "text encoder", n_threads.max(1) as usize)?;
 
         let mut set = EmbeddingSet::new(&[cfg.hidden_size as usize]);
         for e in embeddings {

@@ -98,10 +98,10 @@ impl Weights {
     }
 
     /// Allocates `store` on `backend` and fills every declared tensor from the files.
-    pub fn load(&self, store: &mut ParamStore, backend: &Backend, what: &str) -> Result<()> {
+    pub fn load(&self, store: &mut ParamStore, backend: &Backend, what: &str, threads: usize) -> Result<()> {
         let start = Instant::now();
         store.alloc(backend).with_context(|| format!("{what}: allocating weights"))?;
-        fill(&self.files, store)?;
+        fill(&self.files, store, threads)?;
         sd_info!(
             "{what}: loaded {} tensors ({:.2} MB) in {:.2}s",
             store.len(),
@@ -113,8 +113,8 @@ impl Weights {
 }
 
 /// Fills every tensor of an allocated `store` from `files`, checking presence and shape.
-pub fn fill(files: &ModelFiles, store: &mut ParamStore) -> Result<()> {
-    store.load(|name, spec, dst| {
+pub fn fill(files: &ModelFiles, store: &mut ParamStore, threads: usize) -> Result<()> {
+    store.load_parallel(threads, |name, spec, dst| {
         let ts = files.get(name).with_context(|| format!("tensor '{name}' not found in the model files"))?;
         let mut want = [1i64; 4];
         want[..spec.ne.len()].copy_from_slice(&spec.ne);

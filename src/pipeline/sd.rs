@@ -40,7 +40,7 @@ impl<M> Loaded<M> {
     ) -> Result<Loaded<M>> {
         let mut store = ParamStore::new(STORE_CAPACITY)?;
         let model = declare(&mut Scope::new(&mut store, weights.types(), prefix));
-        weights.load(&mut store, &backend, what)?;
+        weights.load(&mut store, &backend, what, n_threads.max(1) as usize)?;
         Ok(Loaded { model, _store: store, runner: Runner::new(backend, n_threads) })
     }
 }

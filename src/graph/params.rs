@@ -256,3 +256,51 @@ impl<'s> Scope<'s> {
         self.store.declare(&name, ty, ne)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::graph::context::F32;
+
+    fn store(n: usize) -> (ParamStore, Backend) {
+        let backend = Backend::cpu().unwrap();
+        let mut s = ParamStore::new(n).unwrap();
+        for i in 0..n {
+            s.declare(&format!("t{i}"), F32, &[3 + i as i64]);
+        }
+        s.alloc(&backend).unwrap();
+        (s, backend)
+    }
+
+    #[test]
+    fn parallel_load_fills_every_tensor_like_the_serial_one() {
+        let fill = |name: &str, spec: &TensorSpec, dst: &mut [u8]| -> Result<()> {
+            let i: f32 = name[1..].parse().unwrap();
+            for (k, v) in dst.chunks_exact_mut(4).enumerate() {
+                v.copy_from_slice(&(i * 100.0 + k as f32).to_le_bytes());
+            }
+            assert_eq!(dst.len(), spec.nbytes);
+            Ok(())
+        };
+        let (mut a, _ba) = store(37);
+        let (mut b, _bb) = store(37);
+        a.load(fill).unwrap();
+        b.load_parallel(4, fill).unwrap();
+        for i in 0..37 {
+            let name = format!("t{i}");
+            assert_eq!(a.get_data(a.get(&name).unwrap()).unwrap(), b.get_data(b.get(&name).unwrap()).unwrap(), "{name}");
+        }
+    }
+
+    #[test]
+    fn parallel_load_reports_the_first_failing_tensor() {
+        let (mut s, _b) = store(20);
+        let err = s
+            .load_parallel(3, |name, _, _| match name {
+                "t5" | "t11" => Err(crate::error::Error::new(format!("{name} is broken"))),
+                _ => Ok(()),
+            })
+            .unwrap_err();
+        assert!(err.to_string().contains("t5 is broken"), "{err}");
+    }
+}

@@ -2,6 +2,7 @@
 //! (`tests/tools/clip_reference.py`), plus a small safetensors loader with the checkpoint →
 //! internal name mapping of the text encoders (what `io`'s conversion must also produce).
 
+use crate::testutil::f16_to_f32;
 use crate::error::{Context as _, Result};
 use crate::graph::{GgmlType, ParamStore, TypeMap, F16, F32};
 use std::collections::HashMap;
@@ -172,22 +173,6 @@ impl Weights {
     }
 }
 
-fn f16_to_f32(h: u16) -> f32 {
-    let sign = ((h >> 15) as u32) << 31;
-    let exp = ((h >> 10) & 0x1f) as i32;
-    let man = (h & 0x3ff) as u32;
-    let bits = match exp {
-        0 if man == 0 => sign,
-        0 => {
-            // subnormal: value = man * 2^-24
-            let v = man as f32 * (1.0 / 16_777_216.0);
-            return if sign != 0 { -v } else { v };
-        }
-        0x1f => sign | 0x7f80_0000 | (man << 13),
-        e => sign | (((e - 15 + 127) as u32) << 23) | (man << 13),
-    };
-    f32::from_bits(bits)
-}
 
 #[test]
 fn open_clip_names_map_to_internal_ones() {

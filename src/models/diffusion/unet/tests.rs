@@ -7,6 +7,7 @@
 //! Checkpoint names are already the reference's internal UNet names
 //! (`model.diffusion_model.…`, LDM layout), so no name mapping is needed.
 
+use crate::testutil::f16_to_f32;
 use super::*;
 use crate::graph::{Backend, GgmlType, ParamStore, TypeMap, F16};
 use std::collections::HashMap;
@@ -98,27 +99,6 @@ impl SafeTensorsFile {
     }
 }
 
-fn f16_to_f32(h: u16) -> f32 {
-    let sign = ((h >> 15) as u32) << 31;
-    let exp = ((h >> 10) & 0x1f) as u32;
-    let man = (h & 0x3ff) as u32;
-    let bits = match exp {
-        0 if man == 0 => sign,
-        0 => {
-            // Subnormal: renormalise.
-            let mut e = 127 - 15 + 1;
-            let mut m = man;
-            while m & 0x400 == 0 {
-                m <<= 1;
-                e -= 1;
-            }
-            sign | (e << 23) | ((m & 0x3ff) << 13)
-        }
-        0x1f => sign | 0x7f80_0000 | (man << 13),
-        _ => sign | ((exp + 127 - 15) << 23) | (man << 13),
-    };
-    f32::from_bits(bits)
-}
 
 /// Deterministic values in [-amp, amp).
 fn pseudo_random(n: usize, seed: u64, amp: f32) -> Vec<f32> {

@@ -210,6 +210,8 @@ fn build_ggml(manifest_dir: &Path, src: &Path, out_dir: &Path) -> PathBuf {
         .arg(format!("-DGGML_BACKEND_DL={}", on_off(dynamic)))
         .arg(format!("-DGGML_CPU_ALL_VARIANTS={}", on_off(dynamic && !variants.is_empty())))
         .arg(format!("-DGGML_NATIVE={}", on_off(native)))
+        // llamafile's tiled GEMM kernels (sgemm.cpp) instead of one dot product per output.
+        .arg("-DGGML_LLAMAFILE=ON")
         .arg(format!("-DGGML_OPENMP={}", on_off(feature("openmp"))))
         .arg(format!("-DGGML_CUDA={}", on_off(feature("cuda"))))
         .arg(format!("-DGGML_VULKAN={}", on_off(feature("vulkan"))))

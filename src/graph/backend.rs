@@ -258,25 +258,53 @@ impl Backend {
         cstr(unsafe { g::ggml_backend_name(self.raw.as_ptr()) })
     }
 
-    /// Sets the thread count where the backend has one (CPU).
-    pub fn set_n_threads(&self, n: i32) {
-        type SetThreads = unsafe extern "C" fn(g::ggml_backend_t, libc::c_int);
-        // SAFETY: looks up ggml's documented setter on this backend's registry.
+    /// A function this backend's module exports by name (null when it has none).
+    fn proc_address(&self, name: &std::ffi::CStr) -> *mut libc::c_void {
+        // SAFETY: registry lookups on a valid backend; nulls are checked.
         unsafe {
             let dev = g::ggml_backend_get_device(self.raw.as_ptr());
             if dev.is_null() {
-                return;
+                return std::ptr::null_mut();
             }
             let reg = g::ggml_backend_dev_backend_reg(dev);
             if reg.is_null() {
-                return;
+                return std::ptr::null_mut();
             }
-            let p = g::ggml_backend_reg_get_proc_address(reg, c"ggml_backend_set_n_threads".as_ptr());
-            if !p.is_null() {
+            g::ggml_backend_reg_get_proc_address(reg, name.as_ptr()) as *mut libc::c_void
+        }
+    }
+
+    /// Sets the thread count where the backend has one (CPU).
+    pub fn set_n_threads(&self, n: i32) {
+        type SetThreads = unsafe extern "C" fn(g::ggml_backend_t, libc::c_int);
+        let p = self.proc_address(c"ggml_backend_set_n_threads");
+        if !p.is_null() {
+            // SAFETY: ggml's documented signature for this name.
+            unsafe {
                 let f: SetThreads = std::mem::transmute(p);
                 f(self.raw.as_ptr(), n.max(1));
             }
         }
+    }
+
+    /// On the CPU: compute matrix products with ggml's reference kernels (one dot product
+    /// per output, as stable-diffusion.cpp's build does) instead of the tiled GEMM kernels.
+    /// Returns false where the backend has no such switch.
+    pub fn set_reference_kernels(&self, on: bool) -> bool {
+        type SetUseRef = unsafe extern "C" fn(g::ggml_backend_t, bool);
+        if !self.is_cpu {
+            return false;
+        }
+        let p = self.proc_address(c"ggml_backend_cpu_set_use_ref");
+        if p.is_null() {
+            return false;
+        }
+        // SAFETY: ggml's documented signature for this name, on a CPU backend.
+        unsafe {
+            let f: SetUseRef = std::mem::transmute(p);
+            f(self.raw.as_ptr(), on);
+        }
+        true
     }
 }
 
@@ -297,6 +325,8 @@ mod tests {
         assert!(list.lines().any(|l| l.starts_with("CPU\t")), "{list}");
         let b = Backend::cpu().unwrap();
         b.set_n_threads(2);
+        assert!(b.set_reference_kernels(true));
+        assert!(b.set_reference_kernels(false));
         assert!(b.is_cpu());
         assert!(system_info().starts_with("System Info: \n"));
         assert!(physical_cores() >= 1);

@@ -19,6 +19,12 @@ pub const F32: GgmlType = g::GGML_TYPE_F32;
 pub const F16: GgmlType = g::GGML_TYPE_F16;
 pub const I32: GgmlType = g::GGML_TYPE_I32;
 
+/// Whether `ty` stores blocks of elements (q8_0, q4_K, …) rather than single values.
+pub fn is_block_quantized(ty: GgmlType) -> bool {
+    // SAFETY: pure lookup.
+    unsafe { g::ggml_blck_size(ty) > 1 }
+}
+
 /// An owned ggml context.
 pub struct Ctx {
     raw: NonNull<g::ggml_context>,
@@ -73,6 +79,13 @@ pub struct Graph {
     pub conv_direct: bool,
     pub circular_x: bool,
     pub circular_y: bool,
+    /// Whether the graph runs on the CPU backend, where large intermediates are split up to
+    /// bound the compute buffer (see `nn::conv_2d` and `nn::attention`).
+    pub on_cpu: bool,
+    /// On the CPU, bytes above which an im2col matrix is built piecewise (direct conv).
+    pub cpu_im2col_limit: usize,
+    /// On the CPU, bytes of attention scores materialised at once.
+    pub cpu_scores_limit: usize,
     /// The backend the graph will run on (null while unknown), to ask what it supports.
     pub(crate) backend: g::ggml_backend_t,
 }
@@ -91,6 +104,9 @@ impl Graph {
             conv_direct: false,
             circular_x: false,
             circular_y: false,
+            on_cpu: false,
+            cpu_im2col_limit: super::nn::CPU_IM2COL_LIMIT,
+            cpu_scores_limit: super::nn::CPU_SCORES_LIMIT,
             backend: std::ptr::null_mut(),
         })
     }

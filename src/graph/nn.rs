@@ -129,6 +129,22 @@ impl Conv2d {
     }
 }
 
+/// Above this size an im2col matrix is not materialised on the CPU: the direct convolution
+/// builds it in small pieces instead. Its values and dot products are the same, so the
+/// result is bit-identical, while the VAE's full-resolution layers need ~1 GB less.
+pub(crate) const CPU_IM2COL_LIMIT: usize = 128 << 20;
+
+/// Bytes of the im2col matrix `ggml_conv_2d` would build for kernel `w` over `x`.
+fn im2col_bytes(w: T<'_>, x: T<'_>, stride: (i32, i32), padding: (i32, i32), dilation: (i32, i32)) -> usize {
+    let [kw, kh, ic, _] = w.ne();
+    let [iw, ih, _, n] = x.ne();
+    let out = |i: i64, k: i64, s: i32, p: i32, d: i32| (i + 2 * p as i64 - d as i64 * (k - 1) - 1) / s as i64 + 1;
+    let ow = out(iw, kw, stride.0, padding.0, dilation.0).max(0);
+    let oh = out(ih, kh, stride.1, padding.1, dilation.1).max(0);
+    let elem = if w.ty() == F32 { 4 } else { 2 };
+    (ow * oh * n * kw * kh * ic) as usize * elem
+}
+
 /// Convolution with (x, y)-ordered stride/padding/dilation, honouring the graph's
 /// circular-padding and direct-convolution options.
 #[allow(clippy::too_many_arguments)]
@@ -157,7 +173,7 @@ pub fn conv_2d<'g>(
         p0 = 0;
         p1 = 0;
     }
-    x = if g.conv_direct {
+    x = if g.conv_direct || (g.on_cpu && im2col_bytes(w, x, stride, (p0, p1), dilation) > g.cpu_im2col_limit) {
         w.conv_2d_direct(x, stride.0, stride.1, p0, p1, dilation.0, dilation.1)
     } else {
         w.conv_2d(x, stride.0, stride.1, p0, p1, dilation.0, dilation.1)
@@ -304,6 +320,16 @@ pub fn embedding_lookup<'g>(table: T<'g>, ids: T<'g>) -> T<'g> {
     e.reshape(&[en[0], en[1] / n, n])
 }
 
+/// Bound on the f32 attention scores materialised at once on the CPU (the UNet at 512²
+/// would otherwise hold 8 heads × 4096² scores = 512 MiB).
+pub(crate) const CPU_SCORES_LIMIT: usize = 64 << 20;
+
+/// How many query rows of scores fit in `limit` bytes (at least one).
+fn score_rows_per_chunk(l_q: i64, l_k: i64, heads: i64, limit: usize) -> i64 {
+    let per_row = (l_k * heads).max(1) as usize * 4;
+    ((limit / per_row) as i64).clamp(1, l_q.max(1))
+}
+
 /// Multi-head attention like the reference's.
 ///
 /// Without `skip_reshape`: q [C, L_q, N], k/v [C_kv, L_k, N] → [C, L_q, N].
@@ -378,13 +404,37 @@ pub fn attention<'g>(
         Some(x) => x,
         None => {
             let v = v.permute(1, 2, 0, 3).contiguous().reshape(&[l_k, d_head, n_kv_head * n]);
-            let mut kq = k.mul_mat_f32(q);
-            kq = kq.scale_inplace(sc);
-            if let Some(m) = mask {
-                kq = kq.add_inplace(m);
-            }
-            let kq = kq.soft_max_inplace();
-            v.mul_mat(kq).reshape(&[d_head, l_q, n_head, n]).permute(0, 2, 1, 3)
+            let scores = |q: T<'g>| {
+                let mut kq = k.mul_mat_f32(q);
+                kq = kq.scale_inplace(sc);
+                if let Some(m) = mask {
+                    kq = kq.add_inplace(m);
+                }
+                v.mul_mat(kq.soft_max_inplace())
+            };
+            let rows = score_rows_per_chunk(l_q, l_k, n_head * n, g.cpu_scores_limit);
+            let out = if g.on_cpu && mask.is_none() && rows < l_q {
+                // Query rows are independent: computing them in chunks gives the same
+                // numbers while only one chunk's scores exist at a time.
+                let qn = q.ne();
+                let nb = q.nb();
+                let mut acc: Option<T<'g>> = None;
+                let mut start = 0;
+                while start < l_q {
+                    let len = rows.min(l_q - start);
+                    let qc = q.view(&[qn[0], len, qn[2], qn[3]], &[nb[1], nb[2], nb[3]], start as usize * nb[1]).cont();
+                    let part = scores(qc);
+                    acc = Some(match acc {
+                        Some(a) => a.concat(part, 1),
+                        None => part,
+                    });
+                    start += len;
+                }
+                acc.expect("at least one chunk")
+            } else {
+                scores(q)
+            };
+            out.reshape(&[d_head, l_q, n_head, n]).permute(0, 2, 1, 3)
         }
     };
     kqv.contiguous().reshape(&[d_head * n_head, l_q, n])

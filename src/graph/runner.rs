@@ -13,18 +13,36 @@ use std::ptr::NonNull;
 use std::sync::Arc;
 
 /// Options a graph is built with (set per model / context).
-#[derive(Clone, Copy, Debug, Default)]
+#[derive(Clone, Copy, Debug)]
 pub struct GraphOptions {
     pub flash_attn: bool,
     pub conv_direct: bool,
     pub circular_x: bool,
     pub circular_y: bool,
+    /// See `Graph::cpu_im2col_limit` / `Graph::cpu_scores_limit`.
+    pub cpu_im2col_limit: usize,
+    pub cpu_scores_limit: usize,
+}
+
+impl Default for GraphOptions {
+    fn default() -> Self {
+        GraphOptions {
+            flash_attn: false,
+            conv_direct: false,
+            circular_x: false,
+            circular_y: false,
+            cpu_im2col_limit: super::nn::CPU_IM2COL_LIMIT,
+            cpu_scores_limit: super::nn::CPU_SCORES_LIMIT,
+        }
+    }
 }
 
 pub struct Runner {
     backend: Arc<Backend>,
     n_threads: i32,
     galloc: Option<NonNull<g::ggml_gallocr>>,
+    /// Size of the compute buffer last reported, so growth is logged once.
+    buffer_bytes: usize,
     pub options: GraphOptions,
 }
 
@@ -33,7 +51,7 @@ unsafe impl Send for Runner {}
 
 impl Runner {
     pub fn new(backend: Arc<Backend>, n_threads: i32) -> Runner {
-        Runner { backend, n_threads: n_threads.max(1), galloc: None, options: GraphOptions::default() }
+        Runner { backend, n_threads: n_threads.max(1), galloc: None, buffer_bytes: 0, options: GraphOptions::default() }
     }
 
     pub fn backend(&self) -> &Arc<Backend> {
@@ -64,6 +82,9 @@ impl Runner {
         graph.circular_x = self.options.circular_x;
         graph.circular_y = self.options.circular_y;
         graph.backend = self.backend.raw();
+        graph.on_cpu = self.backend.is_cpu();
+        graph.cpu_im2col_limit = self.options.cpu_im2col_limit;
+        graph.cpu_scores_limit = self.options.cpu_scores_limit;
         let outputs = build(&graph)?;
         ensure!(!outputs.is_empty(), "graph has no output");
         // SAFETY: the graph context was sized for MAX_NODES nodes.
@@ -85,6 +106,14 @@ impl Runner {
             // SAFETY: as above.
             let ok = unsafe { g::ggml_gallocr_alloc_graph(galloc.as_ptr(), gf) };
             ensure!(ok, "could not allocate the compute buffer on {} (out of memory?)", self.backend.name());
+        }
+        if let Some(a) = self.galloc {
+            // SAFETY: valid allocator; buffer 0 is the only one (one backend).
+            let bytes = unsafe { g::ggml_gallocr_get_buffer_size(a.as_ptr(), 0) };
+            if bytes != self.buffer_bytes {
+                self.buffer_bytes = bytes;
+                sd_debug!("compute buffer size: {:.2} MB ({})", bytes as f64 / (1024.0 * 1024.0), self.backend.name());
+            }
         }
 
         for input in graph.inputs.borrow().iter() {
@@ -121,6 +150,7 @@ impl Runner {
             // SAFETY: we own the allocator.
             unsafe { g::ggml_gallocr_free(a.as_ptr()) };
         }
+        self.buffer_bytes = 0;
     }
 
     /// Releases the compute buffer (e.g. after the last sampling step).
@@ -239,5 +269,78 @@ mod tests {
         let d = y.data();
         assert!((d[0] + 1.0).abs() < 1e-3 && (d[1] - 1.0).abs() < 1e-3, "{d:?}");
         assert!((d[2] + 1.0).abs() < 1e-3 && (d[3] - 3.0).abs() < 1e-3, "{d:?}");
+    }
+
+    fn pattern(n: usize, seed: u32) -> Vec<f32> {
+        let mut state = seed.wrapping_mul(2654435761).wrapping_add(1);
+        (0..n)
+            .map(|_| {
+                state ^= state << 13;
+                state ^= state >> 17;
+                state ^= state << 5;
+                (state % 2001) as f32 / 1000.0 - 1.0
+            })
+            .collect()
+    }
+
+    /// Scores computed a few query rows at a time, and convolutions whose im2col matrix is
+    /// built piecewise, give exactly the numbers of the one-piece graphs.
+    #[test]
+    fn split_attention_and_direct_conv_are_bit_identical() {
+        let backend = Arc::new(Backend::cpu().unwrap());
+        let (c, l_q, l_k, heads) = (16i64, 37i64, 29i64, 2i64);
+        let q = pattern((c * l_q) as usize, 1);
+        let k = pattern((c * l_k) as usize, 2);
+        let v = pattern((c * l_k) as usize, 3);
+        let attend = |limit: usize| {
+            let mut runner = Runner::new(backend.clone(), 2);
+            runner.options.cpu_scores_limit = limit;
+            runner
+                .compute(|g| {
+                    let q = g.input_f32(&q, &[c, l_q, 1]);
+                    let k = g.input_f32(&k, &[c, l_k, 1]);
+                    let v = g.input_f32(&v, &[c, l_k, 1]);
+                    Ok(crate::graph::nn::attention(g, q, k, v, heads, None, false, false, 1.0))
+                })
+                .unwrap()
+        };
+        let whole = attend(usize::MAX);
+        // 5 rows of scores per chunk: 8 chunks, the last one shorter.
+        let split = attend((5 * l_k * heads * 4) as usize);
+        assert_eq!(whole.shape(), split.shape());
+        assert!(whole.data().iter().zip(split.data()).all(|(a, b)| a.to_bits() == b.to_bits()));
+
+        let mut store = ParamStore::new(4).unwrap();
+        let types = TypeMap::new();
+        let conv = {
+            let mut s = Scope::new(&mut store, &types, "");
+            Conv2d::new(&mut s, "conv", 6, 5, (3, 3), (2, 1), (1, 1), true)
+        };
+        store.alloc(&backend).unwrap();
+        store
+            .load(|name, spec, dst| {
+                let n = spec.ne.iter().product::<i64>() as usize;
+                let vals = pattern(n, if name.ends_with("bias") { 4 } else { 5 });
+                if spec.ty == F32 {
+                    dst.copy_from_slice(&f32_bytes(&vals));
+                } else {
+                    let mut h = vec![0u16; n];
+                    // SAFETY: h holds n values.
+                    unsafe { g::ggml_fp32_to_fp16_row(vals.as_ptr(), h.as_mut_ptr(), n as i64) };
+                    dst.copy_from_slice(&h.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>());
+                }
+                Ok(())
+            })
+            .unwrap();
+        let x = pattern(11 * 9 * 6 * 2, 6);
+        let convolve = |limit: usize| {
+            let mut runner = Runner::new(backend.clone(), 2);
+            runner.options.cpu_im2col_limit = limit;
+            runner.compute(|g| Ok(conv.forward(g, g.input_f32(&x, &[11, 9, 6, 2])))).unwrap()
+        };
+        let im2col = convolve(usize::MAX);
+        let direct = convolve(0);
+        assert_eq!(im2col.shape(), direct.shape());
+        assert!(im2col.data().iter().zip(direct.data()).all(|(a, b)| a.to_bits() == b.to_bits()));
     }
 }

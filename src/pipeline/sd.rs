@@ -111,6 +111,20 @@ impl Backends {
     }
 }
 
+/// Whether CPU matrix products should use ggml's reference kernels rather than its tiled
+/// GEMM (llamafile) kernels. The tiled kernels sum in another order: with f16/f32 weights
+/// pictures stay within max 1 / mean ~0.06 of the reference's (like f16 vs f32 weights), but
+/// quantized weights re-quantize every activation, which turns those last-bit differences
+/// into whole quantization steps; such models use the reference kernels and render the
+/// reference's pictures exactly. `SD_CPU_REFERENCE_KERNELS=1`/`0` forces either choice.
+fn reference_kernels_wanted(types: &crate::graph::TypeMap) -> bool {
+    match std::env::var("SD_CPU_REFERENCE_KERNELS").as_deref().map(str::trim) {
+        Ok("1") | Ok("on") | Ok("true") => true,
+        Ok("0") | Ok("off") | Ok("false") => false,
+        _ => types.values().any(|&t| crate::graph::is_block_quantized(t)),
+    }
+}
+
 /// Everything loaded by `new_sd_ctx` for an SD 1.x / 2.x model.
 pub struct StableDiffusion {
     pub version: SdVersion,
@@ -160,6 +174,12 @@ impl StableDiffusion {
         let te_backend = backend_for("te")?;
         let diffusion_backend = backend_for("diffusion")?;
         let vae_backend = backend_for("vae")?;
+        let reference_kernels = reference_kernels_wanted(weights.types());
+        for b in backends.0.values() {
+            if b.set_reference_kernels(reference_kernels) && reference_kernels {
+                sd_info!("{}: using ggml's reference matrix kernels (quantized weights or SD_CPU_REFERENCE_KERNELS)", b.name());
+            }
+        }
 
         let cond = ClipConditioner::new(&weights, sd2, &params.embeddings, te_backend, n_threads)?;
 

@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::parity::{full, report, run};
+use common::parity::{full, report, run, run_with};
 use std::sync::Mutex;
 
 /// The tests of this file load the same multi-GB model: one at a time.
@@ -40,4 +40,13 @@ fn sd1_extra_all_cases() {
     }
     let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     report(&run("sd1-extra", |_| true));
+}
+
+/// With mmap on, CPU weights stored in their final type are computed from the mapped file in
+/// place (no copy); the pictures are the same.
+#[test]
+fn sd1_mmap_in_place() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let pick = if full() { &["sampler_euler", "img2img", "batch_2"][..] } else { &["sampler_euler"][..] };
+    report(&run_with("sd1", |c| pick.contains(&c.name.as_str()), |p, _| p.enable_mmap = true.into()));
 }

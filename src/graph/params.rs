@@ -8,6 +8,11 @@ use ggml_sys as g;
 use std::collections::HashMap;
 use std::ffi::CString;
 use std::ptr::NonNull;
+use std::sync::Arc;
+
+/// Bytes that already hold some weights (a memory-mapped model file), shared with the store
+/// so they outlive every tensor placed in them.
+pub type HostRegion = Arc<dyn AsRef<[u8]> + Send + Sync>;
 
 /// What a declared tensor looks like (for loaders).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -26,6 +31,12 @@ pub struct ParamStore {
     entries: Vec<(String, W)>,
     index: HashMap<String, usize>,
     buffer: Option<NonNull<g::ggml_backend_buffer>>,
+    allocated: bool,
+    /// Per entry: whether its data lives in a borrowed host region (not in `buffer`).
+    in_place: Vec<bool>,
+    /// Buffers wrapping borrowed regions (they do not own the memory) and the regions.
+    borrowed: Vec<NonNull<g::ggml_backend_buffer>>,
+    regions: Vec<HostRegion>,
 }
 
 // SAFETY: the store exclusively owns its context and buffer.
@@ -40,6 +51,10 @@ impl ParamStore {
             entries: Vec::new(),
             index: HashMap::new(),
             buffer: None,
+            allocated: false,
+            in_place: Vec::new(),
+            borrowed: Vec::new(),
+            regions: Vec::new(),
         })
     }
 
@@ -47,7 +62,7 @@ impl ParamStore {
     pub fn declare(&mut self, name: &str, ty: GgmlType, ne: &[i64]) -> W {
         assert!(!self.index.contains_key(name), "parameter {name} declared twice");
         assert!(self.entries.len() < self.capacity, "parameter store full");
-        assert!(self.buffer.is_none(), "parameter {name} declared after allocation");
+        assert!(!self.allocated && self.borrowed.is_empty(), "parameter {name} declared after allocation");
         assert!(!ne.is_empty() && ne.len() <= 4 && ne.iter().all(|&d| d > 0), "bad shape {ne:?} for {name}");
         // SAFETY: metadata-only context with room for the tensor (checked above).
         let p = unsafe { g::ggml_new_tensor(self.ctx.raw(), ty, ne.len() as i32, ne.as_ptr()) };
@@ -58,6 +73,7 @@ impl ParamStore {
         }
         self.index.insert(name.to_string(), self.entries.len());
         self.entries.push((name.to_string(), w));
+        self.in_place.push(false);
         w
     }
 
@@ -92,9 +108,75 @@ impl ParamStore {
         self.entries.iter().map(|(_, w)| Self::spec(*w).nbytes).sum()
     }
 
-    /// Allocates one backend buffer holding every declared tensor.
+    /// Before [`alloc`](Self::alloc), on the CPU: lets tensors use bytes that already hold
+    /// them exactly (a mapped model file, no type conversion) instead of a copy, like the
+    /// reference does with mmap. `find` gives the region and the tensor's offset in it; a
+    /// tensor it declines, or that does not fit, is allocated and filled as usual.
+    /// Returns how many tensors were placed.
+    pub fn place_in_host_regions(
+        &mut self,
+        backend: &Backend,
+        find: impl Fn(&str, &TensorSpec) -> Option<(HostRegion, usize)>,
+    ) -> Result<usize> {
+        ensure!(!self.allocated, "weights placed after allocation");
+        if !backend.is_cpu() {
+            return Ok(0);
+        }
+        // SAFETY: valid backend.
+        let dev = unsafe { g::ggml_backend_get_device(backend.raw()) };
+        if dev.is_null() {
+            return Ok(0);
+        }
+        let mut buffers: HashMap<usize, NonNull<g::ggml_backend_buffer>> = HashMap::new();
+        let mut placed = 0;
+        for (i, (name, w)) in self.entries.iter().enumerate() {
+            let spec = Self::spec(*w);
+            let Some((region, offset)) = find(name, &spec) else { continue };
+            let bytes: &[u8] = (*region).as_ref();
+            if offset.checked_add(spec.nbytes).is_none_or(|end| end > bytes.len()) {
+                continue;
+            }
+            let base = bytes.as_ptr() as usize;
+            // ggml wraps only 32-byte aligned memory (a mapping starts on a page).
+            if base % 32 != 0 {
+                continue;
+            }
+            let buf = match buffers.get(&base) {
+                Some(b) => *b,
+                None => {
+                    // SAFETY: the region stays alive (kept in `regions`) as long as the buffer,
+                    // which never frees or writes the memory it wraps.
+                    let b = unsafe {
+                        g::ggml_backend_dev_buffer_from_host_ptr(dev, bytes.as_ptr() as *mut _, bytes.len(), bytes.len())
+                    };
+                    let Some(b) = NonNull::new(b) else { continue };
+                    // SAFETY: valid buffer.
+                    unsafe { g::ggml_backend_buffer_set_usage(b.as_ptr(), g::GGML_BACKEND_BUFFER_USAGE_WEIGHTS) };
+                    self.borrowed.push(b);
+                    self.regions.push(region.clone());
+                    buffers.insert(base, b);
+                    b
+                }
+            };
+            // SAFETY: an unallocated tensor of the store's context; [offset, offset + nbytes)
+            // lies inside the buffer (checked above), as ggml requires.
+            let status = unsafe { g::ggml_backend_tensor_alloc(buf.as_ptr(), w.raw(), bytes.as_ptr().add(offset) as *mut _) };
+            if status == g::GGML_STATUS_SUCCESS {
+                self.in_place[i] = true;
+                placed += 1;
+            }
+        }
+        Ok(placed)
+    }
+
+    /// Allocates one backend buffer holding every declared tensor (but those placed in
+    /// host regions).
     pub fn alloc(&mut self, backend: &Backend) -> Result<()> {
-        if self.buffer.is_some() || self.entries.is_empty() {
+        if self.allocated || self.entries.is_empty() {
+            return Ok(());
+        }
+        if self.in_place.iter().all(|&p| p) {
+            self.allocated = true;
             return Ok(());
         }
         // SAFETY: context and backend are valid; returns null on failure.
@@ -105,17 +187,24 @@ impl ParamStore {
         // SAFETY: valid buffer.
         unsafe { g::ggml_backend_buffer_set_usage(buf.as_ptr(), g::GGML_BACKEND_BUFFER_USAGE_WEIGHTS) };
         self.buffer = Some(buf);
+        self.allocated = true;
         Ok(())
+    }
+
+    /// Declared tensors that still need their bytes written (not placed in a host region).
+    fn to_fill(&self) -> impl Iterator<Item = &(String, W)> {
+        self.entries.iter().zip(&self.in_place).filter(|(_, &p)| !p).map(|(e, _)| e)
     }
 
     /// Fills every tensor: `fill(name, spec, dst)` writes exactly `spec.nbytes` bytes.
     /// Host buffers are filled in place; device buffers through a staging copy.
     pub fn load(&mut self, mut fill: impl FnMut(&str, &TensorSpec, &mut [u8]) -> Result<()>) -> Result<()> {
-        let buf = self.buffer.context("parameters loaded before allocation")?;
+        ensure!(self.allocated, "parameters loaded before allocation");
+        let Some(buf) = self.buffer else { return Ok(()) };
         // SAFETY: valid buffer.
         let host = unsafe { g::ggml_backend_buffer_is_host(buf.as_ptr()) };
         let mut staging = Vec::new();
-        for (name, w) in &self.entries {
+        for (name, w) in self.to_fill() {
             let spec = Self::spec(*w);
             if host {
                 // SAFETY: the tensor's data lives in a host buffer of nbytes bytes, exclusively ours.
@@ -135,7 +224,8 @@ impl ParamStore {
     /// reading, converting and quantizing weights (e.g. `wtype = q8_0`) is CPU-bound.
     /// Device buffers are filled one by one through a staging copy.
     pub fn load_parallel(&mut self, threads: usize, fill: impl Fn(&str, &TensorSpec, &mut [u8]) -> Result<()> + Sync) -> Result<()> {
-        let buf = self.buffer.context("parameters loaded before allocation")?;
+        ensure!(self.allocated, "parameters loaded before allocation");
+        let Some(buf) = self.buffer else { return Ok(()) };
         // SAFETY: valid buffer.
         let host = unsafe { g::ggml_backend_buffer_is_host(buf.as_ptr()) };
         let threads = threads.clamp(1, self.entries.len().max(1));
@@ -147,8 +237,7 @@ impl ParamStore {
         // SAFETY: each Dst is handed to exactly one worker (by the shared counter).
         unsafe impl Sync for Dst {}
         let jobs: Vec<(&str, TensorSpec, Dst)> = self
-            .entries
-            .iter()
+            .to_fill()
             .map(|(name, w)| {
                 let spec = Self::spec(*w);
                 // SAFETY: allocated host tensor.
@@ -188,7 +277,9 @@ impl ParamStore {
     pub fn set_data(&self, w: W, bytes: &[u8]) -> Result<()> {
         let spec = Self::spec(w);
         ensure!(bytes.len() == spec.nbytes, "tensor data size mismatch: {} != {}", bytes.len(), spec.nbytes);
-        ensure!(self.buffer.is_some(), "parameters written before allocation");
+        ensure!(self.allocated, "parameters written before allocation");
+        let placed = self.entries.iter().zip(&self.in_place).any(|((_, e), &p)| p && e.raw() == w.raw());
+        ensure!(!placed, "tensor data is a read-only mapping of the model file (load without mmap to modify weights)");
         // SAFETY: allocated tensor of exactly this size.
         unsafe { g::ggml_backend_tensor_set(w.raw(), bytes.as_ptr() as *const _, 0, bytes.len()) };
         Ok(())
@@ -197,7 +288,7 @@ impl ParamStore {
     /// Reads one tensor's raw bytes.
     pub fn get_data(&self, w: W) -> Result<Vec<u8>> {
         let spec = Self::spec(w);
-        ensure!(self.buffer.is_some(), "parameters read before allocation");
+        ensure!(self.allocated, "parameters read before allocation");
         let mut out = vec![0u8; spec.nbytes];
         // SAFETY: allocated tensor of exactly this size.
         unsafe { g::ggml_backend_tensor_get(w.raw(), out.as_mut_ptr() as *mut _, 0, out.len()) };
@@ -211,6 +302,12 @@ impl Drop for ParamStore {
             // SAFETY: we own the buffer; the context's tensors point into it and die with it.
             unsafe { g::ggml_backend_buffer_free(b.as_ptr()) };
         }
+        for b in self.borrowed.drain(..) {
+            // SAFETY: wrapper buffers we created; freeing one leaves the region untouched.
+            unsafe { g::ggml_backend_buffer_free(b.as_ptr()) };
+        }
+        // Only now may the regions (dropped with the store) go away.
+        self.regions.clear();
     }
 }
 
@@ -302,5 +399,61 @@ mod tests {
             })
             .unwrap_err();
         assert!(err.to_string().contains("t5 is broken"), "{err}");
+    }
+
+    /// 32-byte aligned bytes standing in for a mapped file.
+    #[repr(C, align(32))]
+    #[derive(Clone, Copy)]
+    struct Block([u8; 32]);
+    struct Region(Vec<Block>);
+    impl AsRef<[u8]> for Region {
+        fn as_ref(&self) -> &[u8] {
+            // SAFETY: plain bytes, 32 per block.
+            unsafe { std::slice::from_raw_parts(self.0.as_ptr() as *const u8, self.0.len() * 32) }
+        }
+    }
+
+    #[test]
+    fn tensors_placed_in_a_host_region_are_read_from_it_and_never_copied_or_written() {
+        let backend = Backend::cpu().unwrap();
+        let mut s = ParamStore::new(3).unwrap();
+        for (name, n) in [("a", 4), ("b", 2), ("c", 3)] {
+            s.declare(name, F32, &[n]);
+        }
+        let mut blocks = vec![Block([0; 32]); 4];
+        // "a" at byte offset 12 (not aligned: mapped tensors need not be), "c" past the end.
+        let vals: Vec<u8> = [1.5f32, -2.0, 3.25, 4.0].iter().flat_map(|v| v.to_le_bytes()).collect();
+        blocks[0].0[12..28].copy_from_slice(&vals);
+        let region: HostRegion = Arc::new(Region(blocks));
+        let placed = s
+            .place_in_host_regions(&backend, |name, _| match name {
+                "a" => Some((region.clone(), 12)),
+                "c" => Some((region.clone(), 120)),
+                _ => None,
+            })
+            .unwrap();
+        assert_eq!(placed, 1);
+        s.alloc(&backend).unwrap();
+        let mut filled = Vec::new();
+        // Both fill paths skip the placed tensor (writing it would change `vals`).
+        s.load_parallel(2, |_, _, dst| {
+            dst.fill(7);
+            Ok(())
+        })
+        .unwrap();
+        s.load(|name, _, dst| {
+            filled.push(name.to_string());
+            dst.fill(7);
+            Ok(())
+        })
+        .unwrap();
+        assert_eq!(filled, ["b", "c"]);
+        let a = s.get("a").unwrap();
+        assert_eq!(s.get_data(a).unwrap(), vals);
+        assert_eq!(s.get_data(s.get("b").unwrap()).unwrap(), vec![7u8; 8]);
+        assert!(s.set_data(a, &[0u8; 16]).is_err());
+        drop(region);
+        // The store still holds the region.
+        assert_eq!(s.get_data(a).unwrap(), vals);
     }
 }

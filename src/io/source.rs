@@ -183,7 +183,7 @@ struct ModelFile {
     len: u64,
     modified: Option<SystemTime>,
     handle: OnceCell<File>,
-    map: OnceCell<Option<memmap2::Mmap>>,
+    map: OnceCell<Option<std::sync::Arc<memmap2::Mmap>>>,
     zip: Mutex<Option<zip::ZipArchive<File>>>,
 }
 
@@ -223,7 +223,7 @@ impl ModelFile {
         Ok(())
     }
 
-    fn mapping(&self) -> Result<Option<&memmap2::Mmap>> {
+    fn mapping(&self) -> Result<Option<&std::sync::Arc<memmap2::Mmap>>> {
         let f = self.handle()?;
         let map = self.map.get_or_init(|| {
             // SAFETY: the mapping is read-only and private to us. Another process that
@@ -233,7 +233,7 @@ impl ModelFile {
             match unsafe { memmap2::Mmap::map(f) } {
                 Ok(m) if m.len() as u64 == self.len => {
                     sd_info!("using mmap for '{}'", self.path.display());
-                    Some(m)
+                    Some(std::sync::Arc::new(m))
                 }
                 _ => {
                     sd_warn!("failed to memory-map '{}' (falling back to read())", self.path.display());
@@ -637,6 +637,20 @@ impl ModelFiles {
         let Some(m) = file.mapping()? else { return Ok(None) };
         let (start, len) = (ts.offset as usize, ts.nbytes() as usize);
         Ok(m.get(start..start.saturating_add(len)))
+    }
+
+    /// The whole mapping of the file holding `ts` and the tensor's offset in it, when its
+    /// stored bytes are already `ty` (mmap on, native dtype, not compressed in a zip): a
+    /// CPU backend can compute from them directly. The mapping lives as long as any clone.
+    pub fn shared_mapping(&self, ts: &TensorStorage, ty: SdType) -> Result<Option<(std::sync::Arc<memmap2::Mmap>, usize)>> {
+        if !self.mmap || ts.source() != SourceDtype::Native || ts.zip_entry.is_some() || ts.ty() != ty {
+            return Ok(None);
+        }
+        let Some(file) = self.files.get(ts.file_index) else { return Ok(None) };
+        let Some(m) = file.mapping()? else { return Ok(None) };
+        let start = ts.offset as usize;
+        let fits = start.checked_add(ts.nbytes() as usize).is_some_and(|end| end <= m.len());
+        Ok(fits.then(|| (m.clone(), start)))
     }
 
     /// Reads a tensor by name as f32 values.

@@ -5,6 +5,7 @@
 
 use crate::params::CtxParams;
 use crate::error::{Context as _, Result};
+use crate::graph::params::HostRegion;
 use crate::graph::{Backend, ParamStore, TypeMap};
 use crate::io::type_rules::{target_type, TypeRules};
 use crate::io::{Component, ModelFiles, SdVersion, TensorStorage};
@@ -97,9 +98,26 @@ impl Weights {
         self.files.get(name)
     }
 
-    /// Allocates `store` on `backend` and fills every declared tensor from the files.
+    /// Allocates `store` on `backend` and fills every declared tensor from the files. With
+    /// mmap on a CPU backend, tensors stored in the wanted type are computed from the mapped
+    /// file in place (no copy; pages are read when first used), like the reference.
     pub fn load(&self, store: &mut ParamStore, backend: &Backend, what: &str, threads: usize) -> Result<()> {
         let start = Instant::now();
+        let placed = store.place_in_host_regions(backend, |name, spec| {
+            let ts = self.files.get(name)?;
+            let mut want = [1i64; 4];
+            want[..spec.ne.len()].copy_from_slice(&spec.ne);
+            let ty = SdType::from_raw(spec.ty)?;
+            // A mismatching shape is left to `fill`, which names it.
+            if ts.ne() != want {
+                return None;
+            }
+            let (map, offset) = self.files.shared_mapping(ts, ty).ok()??;
+            Some((map as HostRegion, offset))
+        })?;
+        if placed > 0 {
+            sd_debug!("{what}: {placed} tensors used in place from the mapped file");
+        }
         store.alloc(backend).with_context(|| format!("{what}: allocating weights"))?;
         fill(&self.files, store, threads)?;
         sd_info!(

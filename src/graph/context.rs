@@ -86,6 +86,8 @@ pub struct Graph {
     pub cpu_im2col_limit: usize,
     /// On the CPU, bytes of attention scores materialised at once.
     pub cpu_scores_limit: usize,
+    /// On the CPU, build im2col matrices with our op (`graph::im2col`) instead of ggml's.
+    pub cpu_fast_im2col: bool,
     /// The backend the graph will run on (null while unknown), to ask what it supports.
     pub(crate) backend: g::ggml_backend_t,
 }
@@ -107,6 +109,7 @@ impl Graph {
             on_cpu: false,
             cpu_im2col_limit: super::nn::CPU_IM2COL_LIMIT,
             cpu_scores_limit: super::nn::CPU_SCORES_LIMIT,
+            cpu_fast_im2col: true,
             backend: std::ptr::null_mut(),
         })
     }

@@ -3,6 +3,7 @@
 pub mod backend;
 pub mod context;
 pub mod eval_callback;
+pub(crate) mod im2col;
 pub mod nn;
 pub mod ops;
 pub mod params;

@@ -134,6 +134,54 @@ impl Conv2d {
 /// result is bit-identical, while the VAE's full-resolution layers need ~1 GB less.
 pub(crate) const CPU_IM2COL_LIMIT: usize = 128 << 20;
 
+/// On the CPU, the im2col matrix of an f16/f32 kernel by our faster op (same values).
+fn cpu_im2col<'g>(g: &'g Graph, w: T<'g>, x: T<'g>, stride: (i32, i32), padding: (i32, i32), dilation: (i32, i32)) -> Option<T<'g>> {
+    if !g.on_cpu || !g.cpu_fast_im2col || (w.ty() != F16 && w.ty() != F32) {
+        return None;
+    }
+    super::im2col::im2col_f16(g, w.ne(), x, stride, padding, dilation, None)
+}
+
+/// ggml_conv_2d's composition around an im2col matrix `[K, OW, OH, N]`: the same matrix
+/// product, giving `[OW, OH, OC, N]`.
+fn product_with_kernel<'g>(cols: T<'g>, w: T<'g>) -> T<'g> {
+    let [kw, kh, ic, oc] = w.ne();
+    let [k, ow, oh, n] = cols.ne();
+    cols.reshape(&[k, ow * oh * n]).mul_mat(w.reshape(&[kw * kh * ic, oc])).reshape(&[ow, oh, n, oc]).permute(0, 1, 3, 2).cont()
+}
+
+/// Size of the im2col matrix of one band of a banded convolution.
+const BAND_IM2COL_BYTES: usize = 32 << 20;
+
+/// A convolution whose im2col matrix is too large, as bands of output rows each within
+/// `cpu_im2col_limit`, written into one output: every element is the same dot product.
+/// (With the tiled GEMM kernels, a band whose pixel count is a multiple of 4 while the whole
+/// image's is not takes the tiled path: last-bit differences, as with any float weights.)
+fn conv_in_bands<'g>(g: &'g Graph, w: T<'g>, x: T<'g>, stride: (i32, i32), padding: (i32, i32), dilation: (i32, i32)) -> Option<T<'g>> {
+    if !g.cpu_fast_im2col || (w.ty() != F16 && w.ty() != F32) {
+        return None;
+    }
+    let [kw, kh, ic, oc] = w.ne();
+    let n = x.ne()[3];
+    let (ow, oh) = super::im2col::output_size(x.ne(), w.ne(), stride, padding, dilation);
+    let row_bytes = (ow * n * kw * kh * ic).max(1) as usize * 2;
+    let band = ((g.cpu_im2col_limit.min(BAND_IM2COL_BYTES) / row_bytes) as i64).clamp(1, oh.max(1));
+    let first = super::im2col::im2col_f16(g, w.ne(), x, stride, padding, dilation, Some((0, band)))?;
+    // The output grows out of the first band (zero rows appended), so it is allocated only
+    // when the convolution runs, not for the whole graph like a fresh tensor would be.
+    let mut acc = product_with_kernel(first, w).pad(0, (oh - band) as i32, 0, 0);
+    let nb = acc.nb();
+    debug_assert_eq!(acc.ne(), [ow, oh, oc, n]);
+    let mut y0 = band;
+    while y0 < oh {
+        let rows = band.min(oh - y0);
+        let cols = super::im2col::im2col_f16(g, w.ne(), x, stride, padding, dilation, Some((y0, rows)))?;
+        acc = acc.set_inplace(product_with_kernel(cols, w), nb[1], nb[2], nb[3], y0 as usize * nb[1]);
+        y0 += rows;
+    }
+    Some(acc)
+}
+
 /// Bytes of the im2col matrix `ggml_conv_2d` would build for kernel `w` over `x`.
 fn im2col_bytes(w: T<'_>, x: T<'_>, stride: (i32, i32), padding: (i32, i32), dilation: (i32, i32)) -> usize {
     let [kw, kh, ic, _] = w.ne();
@@ -173,8 +221,14 @@ pub fn conv_2d<'g>(
         p0 = 0;
         p1 = 0;
     }
-    x = if g.conv_direct || (g.on_cpu && im2col_bytes(w, x, stride, (p0, p1), dilation) > g.cpu_im2col_limit) {
-        w.conv_2d_direct(x, stride.0, stride.1, p0, p1, dilation.0, dilation.1)
+    let big = g.on_cpu && im2col_bytes(w, x, stride, (p0, p1), dilation) > g.cpu_im2col_limit;
+    let direct = |x: T<'g>| w.conv_2d_direct(x, stride.0, stride.1, p0, p1, dilation.0, dilation.1);
+    x = if g.conv_direct {
+        direct(x)
+    } else if big {
+        conv_in_bands(g, w, x, stride, (p0, p1), dilation).unwrap_or_else(|| direct(x))
+    } else if let Some(cols) = cpu_im2col(g, w, x, stride, (p0, p1), dilation) {
+        product_with_kernel(cols, w)
     } else {
         w.conv_2d(x, stride.0, stride.1, p0, p1, dilation.0, dilation.1)
     };

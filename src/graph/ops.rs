@@ -188,6 +188,13 @@ impl<'g> T<'g> {
         }
     }
 
+    /// Writes `b` into the view of `self` with strides `nb1..nb3` at byte `offset`; the
+    /// result is that view of `self` (no copy of `self`).
+    pub fn set_inplace(self, b: T<'g>, nb1: usize, nb2: usize, nb3: usize, offset: usize) -> T<'g> {
+        // SAFETY: live tensors; ggml checks the view lies within `self`.
+        self.wrap(unsafe { g::ggml_set_inplace(self.ctx(), self.raw(), b.raw(), nb1, nb2, nb3, offset) })
+    }
+
     pub fn concat(self, b: T<'g>, dim: i32) -> T<'g> {
         // SAFETY: live tensors.
         self.wrap(unsafe { g::ggml_concat(self.ctx(), self.raw(), b.raw(), dim) })

@@ -22,6 +22,7 @@ pub struct GraphOptions {
     /// See `Graph::cpu_im2col_limit` / `Graph::cpu_scores_limit`.
     pub cpu_im2col_limit: usize,
     pub cpu_scores_limit: usize,
+    pub cpu_fast_im2col: bool,
 }
 
 impl Default for GraphOptions {
@@ -33,6 +34,7 @@ impl Default for GraphOptions {
             circular_y: false,
             cpu_im2col_limit: super::nn::CPU_IM2COL_LIMIT,
             cpu_scores_limit: super::nn::CPU_SCORES_LIMIT,
+            cpu_fast_im2col: true,
         }
     }
 }
@@ -85,6 +87,7 @@ impl Runner {
         graph.on_cpu = self.backend.is_cpu();
         graph.cpu_im2col_limit = self.options.cpu_im2col_limit;
         graph.cpu_scores_limit = self.options.cpu_scores_limit;
+        graph.cpu_fast_im2col = self.options.cpu_fast_im2col;
         let outputs = build(&graph)?;
         ensure!(!outputs.is_empty(), "graph has no output");
         // SAFETY: the graph context was sized for MAX_NODES nodes.
@@ -288,6 +291,9 @@ mod tests {
     #[test]
     fn split_attention_and_direct_conv_are_bit_identical() {
         let backend = Arc::new(Backend::cpu().unwrap());
+        // One dot product per output: the tiled kernels pick their code path by the row
+        // count (a multiple of 4 or not), which a band of rows can change.
+        assert!(backend.set_reference_kernels(true));
         let (c, l_q, l_k, heads) = (16i64, 37i64, 29i64, 2i64);
         let q = pattern((c * l_q) as usize, 1);
         let k = pattern((c * l_k) as usize, 2);
@@ -333,14 +339,45 @@ mod tests {
             })
             .unwrap();
         let x = pattern(11 * 9 * 6 * 2, 6);
-        let convolve = |limit: usize| {
-            let mut runner = Runner::new(backend.clone(), 2);
+        let convolve = |limit: usize, fast: bool, threads: i32| {
+            let mut runner = Runner::new(backend.clone(), threads);
             runner.options.cpu_im2col_limit = limit;
+            runner.options.cpu_fast_im2col = fast;
             runner.compute(|g| Ok(conv.forward(g, g.input_f32(&x, &[11, 9, 6, 2])))).unwrap()
         };
-        let im2col = convolve(usize::MAX);
-        let direct = convolve(0);
-        assert_eq!(im2col.shape(), direct.shape());
-        assert!(im2col.data().iter().zip(direct.data()).all(|(a, b)| a.to_bits() == b.to_bits()));
+        let same = |a: &Tensor, b: &Tensor| a.shape() == b.shape() && a.data().iter().zip(b.data()).all(|(x, y)| x.to_bits() == y.to_bits());
+        let ggml_im2col = convolve(usize::MAX, false, 2);
+        assert!(same(&ggml_im2col, &convolve(0, false, 2)), "direct convolution");
+        assert!(same(&ggml_im2col, &convolve(usize::MAX, true, 2)), "our im2col");
+        assert!(same(&ggml_im2col, &convolve(usize::MAX, true, 3)), "our im2col, 3 threads");
+        // In bands of output rows: 1 row (limit 0), and 2 + 2 + 1 rows (K = 54, OW = 11, N = 2).
+        assert!(same(&ggml_im2col, &convolve(0, true, 2)), "bands of 1 row");
+        assert!(same(&ggml_im2col, &convolve(2 * 11 * 2 * 54 * 2, true, 3)), "bands of 2 rows");
+    }
+
+    /// Our im2col op against ggml's on dilated, strided, padded and 1×1 kernels.
+    #[test]
+    fn our_im2col_matches_ggml_bit_for_bit() {
+        let backend = Arc::new(Backend::cpu().unwrap());
+        let x = pattern(13 * 10 * 3 * 2, 9);
+        for (kw, kh, st, pad, dil) in [(3, 3, (1, 1), (1, 1), (1, 1)), (3, 2, (2, 3), (2, 0), (2, 1)), (1, 1, (1, 1), (0, 0), (1, 1)), (4, 4, (2, 2), (3, 1), (1, 2))] {
+            let run = |fast: bool| {
+                let mut runner = Runner::new(backend.clone(), 2);
+                runner.options.cpu_fast_im2col = fast;
+                runner
+                    .compute(|g| {
+                        let xt = g.input_f32(&x, &[13, 10, 3, 2]);
+                        let shape = g.new_tensor(F32, &[kw, kh, 3, 1]);
+                        Ok(match crate::graph::im2col::im2col_f16(g, shape.ne(), xt, st, pad, dil, None).filter(|_| fast) {
+                            Some(t) => t,
+                            None => shape.im2col(xt, st.0, st.1, pad.0, pad.1, dil.0, dil.1, true, crate::graph::F16),
+                        })
+                    })
+                    .unwrap()
+            };
+            let (ours, theirs) = (run(true), run(false));
+            assert_eq!(ours.shape(), theirs.shape(), "kernel {kw}x{kh}");
+            assert!(ours.data().iter().zip(theirs.data()).all(|(a, b)| a.to_bits() == b.to_bits()), "kernel {kw}x{kh} {st:?} {pad:?} {dil:?}");
+        }
     }
 }

@@ -69,25 +69,45 @@ pub(crate) struct PendingInput {
     pub bytes: Vec<u8>,
 }
 
-/// A computation being described.
-pub struct Graph {
-    ctx: Ctx,
-    pub(crate) inputs: RefCell<Vec<PendingInput>>,
+/// Options a graph is built with (set per model / context).
+#[derive(Clone, Copy, Debug)]
+pub struct GraphOptions {
     /// Whether attention may use ggml_flash_attn_ext.
     pub flash_attn: bool,
     /// Whether convolutions use ggml_conv_2d_direct instead of im2col.
     pub conv_direct: bool,
     pub circular_x: bool,
     pub circular_y: bool,
-    /// Whether the graph runs on the CPU backend, where large intermediates are split up to
-    /// bound the compute buffer (see `nn::conv_2d` and `nn::attention`).
-    pub on_cpu: bool,
-    /// On the CPU, bytes above which an im2col matrix is built piecewise (direct conv).
+    /// On the CPU, bytes above which a convolution's im2col matrix is built in bands.
     pub cpu_im2col_limit: usize,
     /// On the CPU, bytes of attention scores materialised at once.
     pub cpu_scores_limit: usize,
     /// On the CPU, build im2col matrices with our op (`graph::im2col`) instead of ggml's.
     pub cpu_fast_im2col: bool,
+}
+
+impl Default for GraphOptions {
+    fn default() -> Self {
+        GraphOptions {
+            flash_attn: false,
+            conv_direct: false,
+            circular_x: false,
+            circular_y: false,
+            cpu_im2col_limit: super::nn::CPU_IM2COL_LIMIT,
+            cpu_scores_limit: super::nn::CPU_SCORES_LIMIT,
+            cpu_fast_im2col: true,
+        }
+    }
+}
+
+/// A computation being described.
+pub struct Graph {
+    ctx: Ctx,
+    pub(crate) inputs: RefCell<Vec<PendingInput>>,
+    pub options: GraphOptions,
+    /// Whether the graph runs on the CPU backend, where large intermediates are split up to
+    /// bound the compute buffer (see `nn::conv_2d` and `nn::attention`).
+    pub on_cpu: bool,
     /// The backend the graph will run on (null while unknown), to ask what it supports.
     pub(crate) backend: g::ggml_backend_t,
 }
@@ -102,14 +122,8 @@ impl Graph {
         Ok(Graph {
             ctx: Ctx::with_size(size, true)?,
             inputs: RefCell::new(Vec::new()),
-            flash_attn: false,
-            conv_direct: false,
-            circular_x: false,
-            circular_y: false,
+            options: GraphOptions::default(),
             on_cpu: false,
-            cpu_im2col_limit: super::nn::CPU_IM2COL_LIMIT,
-            cpu_scores_limit: super::nn::CPU_SCORES_LIMIT,
-            cpu_fast_im2col: true,
             backend: std::ptr::null_mut(),
         })
     }

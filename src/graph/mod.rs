@@ -10,6 +10,6 @@ pub mod params;
 pub mod runner;
 
 pub use backend::Backend;
-pub use context::{is_block_quantized, GgmlType, Graph, F16, F32, I32, T, W};
+pub use context::{is_block_quantized, GgmlType, Graph, GraphOptions, F16, F32, I32, T, W};
 pub use params::{ParamStore, Scope, TensorSpec, TypeMap};
-pub use runner::{GraphOptions, Runner};
+pub use runner::Runner;

@@ -136,7 +136,7 @@ pub(crate) const CPU_IM2COL_LIMIT: usize = 128 << 20;
 
 /// On the CPU, the im2col matrix of an f16/f32 kernel by our faster op (same values).
 fn cpu_im2col<'g>(g: &'g Graph, w: T<'g>, x: T<'g>, stride: (i32, i32), padding: (i32, i32), dilation: (i32, i32)) -> Option<T<'g>> {
-    if !g.on_cpu || !g.cpu_fast_im2col || (w.ty() != F16 && w.ty() != F32) {
+    if !g.on_cpu || !g.options.cpu_fast_im2col || (w.ty() != F16 && w.ty() != F32) {
         return None;
     }
     super::im2col::im2col_f16(g, w.ne(), x, stride, padding, dilation, None)
@@ -158,14 +158,14 @@ const BAND_IM2COL_BYTES: usize = 32 << 20;
 /// (With the tiled GEMM kernels, a band whose pixel count is a multiple of 4 while the whole
 /// image's is not takes the tiled path: last-bit differences, as with any float weights.)
 fn conv_in_bands<'g>(g: &'g Graph, w: T<'g>, x: T<'g>, stride: (i32, i32), padding: (i32, i32), dilation: (i32, i32)) -> Option<T<'g>> {
-    if !g.cpu_fast_im2col || (w.ty() != F16 && w.ty() != F32) {
+    if !g.options.cpu_fast_im2col || (w.ty() != F16 && w.ty() != F32) {
         return None;
     }
     let [kw, kh, ic, oc] = w.ne();
     let n = x.ne()[3];
     let (ow, oh) = super::im2col::output_size(x.ne(), w.ne(), stride, padding, dilation);
     let row_bytes = (ow * n * kw * kh * ic).max(1) as usize * 2;
-    let band = ((g.cpu_im2col_limit.min(BAND_IM2COL_BYTES) / row_bytes) as i64).clamp(1, oh.max(1));
+    let band = ((g.options.cpu_im2col_limit.min(BAND_IM2COL_BYTES) / row_bytes) as i64).clamp(1, oh.max(1));
     let first = super::im2col::im2col_f16(g, w.ne(), x, stride, padding, dilation, Some((0, band)))?;
     // The output grows out of the first band (zero rows appended), so it is allocated only
     // when the convolution runs, not for the whole graph like a fresh tensor would be.
@@ -185,10 +185,9 @@ fn conv_in_bands<'g>(g: &'g Graph, w: T<'g>, x: T<'g>, stride: (i32, i32), paddi
 /// Bytes of the im2col matrix `ggml_conv_2d` would build for kernel `w` over `x`.
 fn im2col_bytes(w: T<'_>, x: T<'_>, stride: (i32, i32), padding: (i32, i32), dilation: (i32, i32)) -> usize {
     let [kw, kh, ic, _] = w.ne();
-    let [iw, ih, _, n] = x.ne();
-    let out = |i: i64, k: i64, s: i32, p: i32, d: i32| (i + 2 * p as i64 - d as i64 * (k - 1) - 1) / s as i64 + 1;
-    let ow = out(iw, kw, stride.0, padding.0, dilation.0).max(0);
-    let oh = out(ih, kh, stride.1, padding.1, dilation.1).max(0);
+    let n = x.ne()[3];
+    let (ow, oh) = super::im2col::output_size(x.ne(), w.ne(), stride, padding, dilation);
+    let (ow, oh) = (ow.max(0), oh.max(0));
     let elem = if w.ty() == F32 { 4 } else { 2 };
     (ow * oh * n * kw * kh * ic) as usize * elem
 }
@@ -216,14 +215,14 @@ pub fn conv_2d<'g>(
         w = w.reshape(&[1, 1, wn[0], wn[1]]);
     }
     let (mut p0, mut p1) = padding;
-    if (p0 != 0 || p1 != 0) && (g.circular_x || g.circular_y) {
+    if (p0 != 0 || p1 != 0) && (g.options.circular_x || g.options.circular_y) {
         x = pad_circular(g, x, [p0, p1, 0, 0], [p0, p1, 0, 0]);
         p0 = 0;
         p1 = 0;
     }
-    let big = g.on_cpu && im2col_bytes(w, x, stride, (p0, p1), dilation) > g.cpu_im2col_limit;
+    let big = g.on_cpu && im2col_bytes(w, x, stride, (p0, p1), dilation) > g.options.cpu_im2col_limit;
     let direct = |x: T<'g>| w.conv_2d_direct(x, stride.0, stride.1, p0, p1, dilation.0, dilation.1);
-    x = if g.conv_direct {
+    x = if g.options.conv_direct {
         direct(x)
     } else if big {
         conv_in_bands(g, w, x, stride, (p0, p1), dilation).unwrap_or_else(|| direct(x))
@@ -248,15 +247,15 @@ pub fn conv_2d<'g>(
 pub fn pad_circular<'g>(g: &'g Graph, x: T<'g>, l: [i32; 4], r: [i32; 4]) -> T<'g> {
     let (mut l, mut r) = (l, r);
     let mut x = x;
-    if g.circular_x && g.circular_y {
+    if g.options.circular_x && g.options.circular_y {
         return x.pad_ext_circular(l, r);
     }
-    if g.circular_x && (l[0] != 0 || r[0] != 0) {
+    if g.options.circular_x && (l[0] != 0 || r[0] != 0) {
         x = x.pad_ext_circular([l[0], 0, 0, 0], [r[0], 0, 0, 0]);
         l[0] = 0;
         r[0] = 0;
     }
-    if g.circular_y && (l[1] != 0 || r[1] != 0) {
+    if g.options.circular_y && (l[1] != 0 || r[1] != 0) {
         x = x.pad_ext_circular([0, l[1], 0, 0], [0, r[1], 0, 0]);
         l[1] = 0;
         r[1] = 0;
@@ -466,7 +465,7 @@ pub fn attention<'g>(
                 }
                 v.mul_mat(kq.soft_max_inplace())
             };
-            let rows = score_rows_per_chunk(l_q, l_k, n_head * n, g.cpu_scores_limit);
+            let rows = score_rows_per_chunk(l_q, l_k, n_head * n, g.options.cpu_scores_limit);
             let out = if g.on_cpu && mask.is_none() && rows < l_q {
                 // Query rows are independent: computing them in chunks gives the same
                 // numbers while only one chunk's scores exist at a time.

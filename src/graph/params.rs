@@ -22,6 +22,15 @@ pub struct TensorSpec {
     pub nbytes: usize,
 }
 
+impl TensorSpec {
+    /// The shape padded to 4 dimensions with 1s, as model files report it.
+    pub fn ne4(&self) -> [i64; 4] {
+        let mut ne = [1i64; 4];
+        ne[..self.ne.len()].copy_from_slice(&self.ne);
+        ne
+    }
+}
+
 /// Tensor types found in the model files (after wtype / tensor_type_rules), by name.
 pub type TypeMap = HashMap<String, GgmlType>;
 

@@ -5,39 +5,12 @@
 //! every step.
 
 use super::backend::Backend;
-use super::context::{Graph, MAX_NODES, T};
+use super::context::{Graph, GraphOptions, MAX_NODES, T};
 use crate::error::{Context as _, Result};
 use crate::tensor::Tensor;
 use ggml_sys as g;
 use std::ptr::NonNull;
 use std::sync::Arc;
-
-/// Options a graph is built with (set per model / context).
-#[derive(Clone, Copy, Debug)]
-pub struct GraphOptions {
-    pub flash_attn: bool,
-    pub conv_direct: bool,
-    pub circular_x: bool,
-    pub circular_y: bool,
-    /// See `Graph::cpu_im2col_limit` / `Graph::cpu_scores_limit`.
-    pub cpu_im2col_limit: usize,
-    pub cpu_scores_limit: usize,
-    pub cpu_fast_im2col: bool,
-}
-
-impl Default for GraphOptions {
-    fn default() -> Self {
-        GraphOptions {
-            flash_attn: false,
-            conv_direct: false,
-            circular_x: false,
-            circular_y: false,
-            cpu_im2col_limit: super::nn::CPU_IM2COL_LIMIT,
-            cpu_scores_limit: super::nn::CPU_SCORES_LIMIT,
-            cpu_fast_im2col: true,
-        }
-    }
-}
 
 pub struct Runner {
     backend: Arc<Backend>,
@@ -79,15 +52,9 @@ impl Runner {
         F: for<'g> FnOnce(&'g Graph) -> Result<Vec<T<'g>>>,
     {
         let mut graph = Graph::new()?;
-        graph.flash_attn = self.options.flash_attn;
-        graph.conv_direct = self.options.conv_direct;
-        graph.circular_x = self.options.circular_x;
-        graph.circular_y = self.options.circular_y;
+        graph.options = self.options;
         graph.backend = self.backend.raw();
         graph.on_cpu = self.backend.is_cpu();
-        graph.cpu_im2col_limit = self.options.cpu_im2col_limit;
-        graph.cpu_scores_limit = self.options.cpu_scores_limit;
-        graph.cpu_fast_im2col = self.options.cpu_fast_im2col;
         let outputs = build(&graph)?;
         ensure!(!outputs.is_empty(), "graph has no output");
         // SAFETY: the graph context was sized for MAX_NODES nodes.

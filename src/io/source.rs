@@ -627,18 +627,6 @@ impl ModelFiles {
         }
     }
 
-    /// The tensor's bytes inside the memory map, when memory mapping is on and the file
-    /// holds exactly the storage type (no conversion, not compressed).
-    pub fn mapped(&self, ts: &TensorStorage) -> Result<Option<&[u8]>> {
-        if !self.mmap || ts.source() != SourceDtype::Native || ts.zip_entry.is_some() {
-            return Ok(None);
-        }
-        let Some(file) = self.files.get(ts.file_index) else { return Ok(None) };
-        let Some(m) = file.mapping()? else { return Ok(None) };
-        let (start, len) = (ts.offset as usize, ts.nbytes() as usize);
-        Ok(m.get(start..start.saturating_add(len)))
-    }
-
     /// The whole mapping of the file holding `ts` and the tensor's offset in it, when its
     /// stored bytes are already `ty` (mmap on, native dtype, not compressed in a zip): a
     /// CPU backend can compute from them directly. The mapping lives as long as any clone.
@@ -739,7 +727,8 @@ mod tests {
             m.read_tensor(&ts, SdType::Bf16, &mut bf).unwrap();
             assert!(m.read_tensor(&ts, SdType::F32, &mut bf).unwrap_err().to_string().contains("destination has 128 bytes"));
             assert!(m.read_tensor(&ts, SdType::Q4K, &mut q).unwrap_err().to_string().contains("cannot be stored as q4_K"));
-            assert_eq!(m.mapped(&ts).unwrap().is_some(), mmap);
+            assert_eq!(m.shared_mapping(&ts, ts.ty()).unwrap().is_some(), mmap);
+            assert!(m.shared_mapping(&ts, SdType::Q8_0).unwrap().is_none(), "a converted type is never mapped");
             assert_eq!(m.metadata()["modelspec.title"], "t");
         }
     }

@@ -105,11 +105,9 @@ impl Weights {
         let start = Instant::now();
         let placed = store.place_in_host_regions(backend, |name, spec| {
             let ts = self.files.get(name)?;
-            let mut want = [1i64; 4];
-            want[..spec.ne.len()].copy_from_slice(&spec.ne);
             let ty = SdType::from_raw(spec.ty)?;
             // A mismatching shape is left to `fill`, which names it.
-            if ts.ne() != want {
+            if ts.ne() != spec.ne4() {
                 return None;
             }
             let (map, offset) = self.files.shared_mapping(ts, ty).ok()??;
@@ -134,8 +132,7 @@ impl Weights {
 pub fn fill(files: &ModelFiles, store: &mut ParamStore, threads: usize) -> Result<()> {
     store.load_parallel(threads, |name, spec, dst| {
         let ts = files.get(name).with_context(|| format!("tensor '{name}' not found in the model files"))?;
-        let mut want = [1i64; 4];
-        want[..spec.ne.len()].copy_from_slice(&spec.ne);
+        let want = spec.ne4();
         ensure!(
             ts.ne() == want,
             "tensor '{name}' has wrong shape in model file: got {:?}, expected {:?}",

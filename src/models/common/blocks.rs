@@ -146,7 +146,7 @@ impl CrossAttention {
         let q = self.to_q.forward(g, x);
         let k = self.to_k.forward(g, context);
         let v = self.to_v.forward(g, context);
-        let h = nn::attention(g, q, k, v, self.n_head, None, false, g.flash_attn, 1.0);
+        let h = nn::attention(g, q, k, v, self.n_head, None, false, g.options.flash_attn, 1.0);
         self.to_out.forward(g, h)
     }
 }

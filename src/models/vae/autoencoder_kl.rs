@@ -207,13 +207,13 @@ impl AttnBlock {
         let out = if self.linear {
             let t = tokens(h_);
             let (q, k, v) = (self.q.forward(g, t), self.k.forward(g, t), self.v.forward(g, t));
-            let a = crate::graph::nn::attention(g, q, k, v, 1, None, false, g.flash_attn, 1.0);
+            let a = crate::graph::nn::attention(g, q, k, v, 1, None, false, g.options.flash_attn, 1.0);
             image(self.proj_out.forward(g, a))
         } else {
             let q = tokens(self.q.forward(g, h_));
             let k = tokens(self.k.forward(g, h_));
             let v = tokens(self.v.forward(g, h_));
-            let a = crate::graph::nn::attention(g, q, k, v, 1, None, false, g.flash_attn, 1.0);
+            let a = crate::graph::nn::attention(g, q, k, v, 1, None, false, g.options.flash_attn, 1.0);
             self.proj_out.forward(g, image(a))
         };
         out.add(x)

@@ -25,22 +25,25 @@ pub fn model_tests_enabled(what: &str) -> bool {
     on
 }
 
-/// `file` in the fixture cache, written by `tests/fixtures/synth_model.py ARCH` on first use
-/// (to a temporary name, then renamed: other test processes may look for it concurrently).
-pub fn synthetic_fixture(arch: &str, file: &str) -> std::io::Result<PathBuf> {
-    let dir = fixture_cache();
-    let path = dir.join(file);
+/// `file` of tests/fixtures/recipes.tsv in the fixture cache, made on first use by
+/// `scripts/fixtures.sh` (one writer per file across threads and processes, numpy in its
+/// own virtual environment). The error carries the script's message.
+pub fn synthetic_fixture(file: &str) -> std::io::Result<PathBuf> {
+    let path = fixture_cache().join(file);
     if path.exists() {
         return Ok(path);
     }
-    std::fs::create_dir_all(&dir)?;
-    let tmp = dir.join(format!("{file}.tmp.{}", std::process::id()));
-    let status = Command::new("python3").arg(repo().join("tests/fixtures/synth_model.py")).arg(arch).arg(&tmp).status()?;
-    if !status.success() {
-        let _ = std::fs::remove_file(&tmp);
-        return Err(std::io::Error::other(format!("synth_model.py {arch} failed ({status})")));
+    let out = Command::new(repo().join("scripts/fixtures.sh"))
+        .arg(file)
+        .output()
+        .map_err(|e| std::io::Error::other(format!("cannot run scripts/fixtures.sh: {e}")))?;
+    if !out.status.success() || !path.exists() {
+        return Err(std::io::Error::other(format!(
+            "scripts/fixtures.sh {file} failed ({}): {}",
+            out.status,
+            String::from_utf8_lossy(&out.stderr).trim()
+        )));
     }
-    std::fs::rename(&tmp, &path)?;
     Ok(path)
 }
 

@@ -29,25 +29,10 @@ pub fn fixture_dir() -> PathBuf {
         .unwrap_or_else(|| PathBuf::from(std::env::var("HOME").unwrap_or_else(|_| ".".into())).join(".cache/sd-rs-fixtures"))
 }
 
-/// The synth_model.py arguments that make a fixture file.
-fn synth_args(file: &str) -> Option<&'static [&'static str]> {
-    Some(match file {
-        "sd1.safetensors" => &["sd1"],
-        "sd2.safetensors" => &["sd2"],
-        "sd1_inpaint.safetensors" => &["sd1-inpaint"],
-        "taesd.safetensors" => &["taesd"],
-        "vae.safetensors" => &["sd1-vae"],
-        "emb_sd1_f32.safetensors" => &["embedding-sd1", "--dtype", "f32"],
-        "emb_sd1_f16.safetensors" => &["embedding-sd1"],
-        _ => return None,
-    })
-}
-
-/// A synthetic checkpoint in the fixture cache, generated on first use (to a temporary
-/// name, then renamed: other test processes may be looking for it meanwhile).
+/// A synthetic checkpoint in the fixture cache (tests/fixtures/recipes.tsv), made on first
+/// use by scripts/fixtures.sh (one writer per file across processes, renamed into place).
 pub fn fixture(file: &str) -> PathBuf {
-    let dir = fixture_dir();
-    let path = dir.join(file);
+    let path = fixture_dir().join(file);
     if path.exists() {
         return path;
     }
@@ -55,15 +40,14 @@ pub fn fixture(file: &str) -> PathBuf {
     if file == "sd1_ref_q8_0.gguf" {
         return our_q8_0();
     }
-    let args = synth_args(file).unwrap_or_else(|| panic!("no recipe for fixture {file}"));
-    std::fs::create_dir_all(&dir).expect("create the fixture cache");
-    let tmp = dir.join(format!("{file}.tmp.{}", std::process::id()));
-    let mut cmd = Command::new("python3");
-    cmd.arg(root().join("tests/fixtures/synth_model.py")).arg(args[0]).arg(&tmp).args(&args[1..]);
-    eprintln!("generating fixture {file} (python3 + numpy, may take minutes)");
-    let ok = cmd.status().expect("python3 with numpy is needed to generate the synthetic fixtures").success();
-    assert!(ok, "synth_model.py {args:?} failed");
-    std::fs::rename(&tmp, &path).expect("rename the fixture into place");
+    eprintln!("generating fixture {file} (scripts/fixtures.sh; may take minutes)");
+    let out = Command::new(root().join("scripts/fixtures.sh")).arg(file).output().expect("run scripts/fixtures.sh");
+    assert!(
+        out.status.success() && path.exists(),
+        "scripts/fixtures.sh {file} failed ({}): {}",
+        out.status,
+        String::from_utf8_lossy(&out.stderr).trim()
+    );
     path
 }
 

@@ -18,8 +18,8 @@ use crate::testutil::repo;
 
 /// A synthetic checkpoint in the shared fixture cache, generated on first use (written to a
 /// temporary name, then renamed, as other test runs may look for it concurrently).
-pub fn fixture(arch: &str, file: &str) -> PathBuf {
-    crate::testutil::synthetic_fixture(arch, file).expect("python3 with numpy is needed to generate the synthetic fixtures")
+pub fn fixture(file: &str) -> PathBuf {
+    crate::testutil::synthetic_fixture(file).unwrap_or_else(|e| panic!("synthetic fixture {file}: {e}"))
 }
 
 /// A safetensors file read into memory, with its names under `prefix`.
@@ -214,7 +214,7 @@ pub fn load_kl(decode_only: bool) -> (ParamStore, super::AutoEncoderKL, PathBuf)
 /// The synthetic SD VAE with its detected configuration changed by `tweak`.
 pub fn load_kl_with(decode_only: bool, tweak: impl FnOnce(&mut super::VaeConfig)) -> (ParamStore, super::AutoEncoderKL, PathBuf) {
     use super::autoencoder_kl::PREFIX;
-    let path = fixture("sd1-vae", "vae.safetensors");
+    let path = fixture("vae.safetensors");
     let (store, vae) = load(&path, "", PREFIX, |s, types, file| {
         let mut cfg = super::VaeConfig::detect(types, PREFIX, |n| file.shape_of(n), super::LatentFamily::Sd1, decode_only);
         tweak(&mut cfg);
@@ -226,7 +226,7 @@ pub fn load_kl_with(decode_only: bool, tweak: impl FnOnce(&mut super::VaeConfig)
 /// The synthetic TAESD, loaded on the CPU.
 pub fn load_tae(decode_only: bool) -> (ParamStore, super::TinyAutoEncoder, PathBuf) {
     use super::tae::PREFIX;
-    let path = fixture("taesd", "taesd.safetensors");
+    let path = fixture("taesd.safetensors");
     let (store, tae) = load(&path, PREFIX, PREFIX, |s, types, file| {
         let cfg = super::TaeConfig::detect(types, PREFIX, |n| file.shape_of(n), decode_only);
         super::TinyAutoEncoder::new(s, &cfg)

@@ -121,7 +121,8 @@ fn unpack_archive_subdir(archive: &Path, subdir: &str, dest: &Path) {
 
 /// Distinguishes shared build folders of different configurations.
 fn config_tag() -> String {
-    let mut tag = format!("ggml-n{GGML_MAX_NAME}");
+    // r2: llamafile off (the first configuration had it on).
+    let mut tag = format!("ggml-r2-n{GGML_MAX_NAME}");
     for f in ["native", "openmp", "cuda", "vulkan", "metal", "rpc"] {
         if feature(f) {
             tag.push('-');
@@ -210,8 +211,9 @@ fn build_ggml(manifest_dir: &Path, src: &Path, out_dir: &Path) -> PathBuf {
         .arg(format!("-DGGML_BACKEND_DL={}", on_off(dynamic)))
         .arg(format!("-DGGML_CPU_ALL_VARIANTS={}", on_off(dynamic && !variants.is_empty())))
         .arg(format!("-DGGML_NATIVE={}", on_off(native)))
-        // llamafile's tiled GEMM kernels (sgemm.cpp) instead of one dot product per output.
-        .arg("-DGGML_LLAMAFILE=ON")
+        // Like stable-diffusion.cpp's build: one dot product per output (llamafile's tiled
+        // GEMM sums in another order, which SDXL amplifies past the golden tolerance).
+        .arg("-DGGML_LLAMAFILE=OFF")
         .arg(format!("-DGGML_OPENMP={}", on_off(feature("openmp"))))
         .arg(format!("-DGGML_CUDA={}", on_off(feature("cuda"))))
         .arg(format!("-DGGML_VULKAN={}", on_off(feature("vulkan"))))

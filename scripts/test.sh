@@ -55,9 +55,9 @@ scripts/fetch-sources.sh || fatal "fetch-sources failed"
 python3 scripts/gen-bindings.py --check || fatal "generated bindings are stale"
 scripts/install.sh --prefix "$prefix" --release ${features:+--features "$features"} || fatal "build/install failed"
 # numpy for the synthetic checkpoints (tests generate the ones they need through python3,
-# found first in the venv); the SD1 one, which the parity subset uses, is made now.
+# found first in the venv); SD1 and SDXL, which the parity subsets and bindings use, are made now.
 export SD_FIXTURE_VENV=$venv
-scripts/fixtures.sh sd1 || fatal "synthetic fixtures failed"
+scripts/fixtures.sh sd1 sdxl || fatal "synthetic fixtures failed"
 export PATH="$venv/bin:$PATH"
 
 cargo_features=()

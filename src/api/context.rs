@@ -8,7 +8,7 @@ use crate::params::*;
 use crate::error::Result;
 use crate::image::Image;
 use crate::pipeline::callbacks::CancelFlag;
-use crate::pipeline::StableDiffusion;
+use crate::pipeline::ModelSet;
 use crate::runtime::defaults::{self, ModelFamily};
 use crate::types::{CancelMode, Prediction, SampleMethod, Scheduler};
 use parking_lot::Mutex;
@@ -31,14 +31,14 @@ pub struct Context {
     cancel: Arc<CancelFlag>,
     family: ModelFamily,
     prediction: Prediction,
-    sd: Mutex<StableDiffusion>,
+    sd: Mutex<ModelSet>,
 }
 
 impl Context {
     /// Loads the models named by `params`.
     pub fn new(params: &CtxParams) -> Result<Context> {
-        let sd = StableDiffusion::new(params)?;
-        Ok(Context { cancel: Arc::new(CancelFlag::new()), family: sd.family, prediction: sd.prediction, sd: Mutex::new(sd) })
+        let sd = ModelSet::new(params)?;
+        Ok(Context { cancel: Arc::new(CancelFlag::new()), family: sd.family(), prediction: sd.prediction, sd: Mutex::new(sd) })
     }
 
     pub fn supports_image_generation(&self) -> bool {

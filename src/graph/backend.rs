@@ -286,26 +286,6 @@ impl Backend {
             }
         }
     }
-
-    /// On the CPU: compute matrix products with ggml's reference kernels (one dot product
-    /// per output, as stable-diffusion.cpp's build does) instead of the tiled GEMM kernels.
-    /// Returns false where the backend has no such switch.
-    pub fn set_reference_kernels(&self, on: bool) -> bool {
-        type SetUseRef = unsafe extern "C" fn(g::ggml_backend_t, bool);
-        if !self.is_cpu {
-            return false;
-        }
-        let p = self.proc_address(c"ggml_backend_cpu_set_use_ref");
-        if p.is_null() {
-            return false;
-        }
-        // SAFETY: ggml's documented signature for this name, on a CPU backend.
-        unsafe {
-            let f: SetUseRef = std::mem::transmute(p);
-            f(self.raw.as_ptr(), on);
-        }
-        true
-    }
 }
 
 impl Drop for Backend {
@@ -325,8 +305,6 @@ mod tests {
         assert!(list.lines().any(|l| l.starts_with("CPU\t")), "{list}");
         let b = Backend::cpu().unwrap();
         b.set_n_threads(2);
-        assert!(b.set_reference_kernels(true));
-        assert!(b.set_reference_kernels(false));
         assert!(b.is_cpu());
         assert!(system_info().starts_with("System Info: \n"));
         assert!(physical_cores() >= 1);

@@ -4,6 +4,7 @@ pub mod backend;
 pub mod context;
 pub mod eval_callback;
 pub(crate) mod im2col;
+pub mod loaded;
 pub mod nn;
 pub mod ops;
 pub mod params;
@@ -11,5 +12,6 @@ pub mod runner;
 
 pub use backend::Backend;
 pub use context::{is_block_quantized, GgmlType, Graph, GraphOptions, F16, F32, I32, T, W};
+pub use loaded::Loaded;
 pub use params::{ParamStore, Scope, TensorSpec, TypeMap};
 pub use runner::Runner;

@@ -1,7 +1,12 @@
 //! Networks, one file per family like the reference's src/model/: text encoders (`te`),
 //! diffusion models, autoencoders (`vae`), shared blocks (`common`), adapters and upscalers.
+//! The pipeline sees them through three traits: `diffusion::DiffusionModel`,
+//! `vae::FirstStage` and (in the pipeline, since it owns prompt parsing) the conditioner.
 
 pub mod common;
+pub mod condition;
 pub mod diffusion;
 pub mod te;
 pub mod vae;
+
+pub use condition::Condition;

@@ -6,7 +6,8 @@
 use crate::params::CtxParams;
 use crate::error::{Context as _, Result};
 use crate::graph::params::HostRegion;
-use crate::graph::{Backend, ParamStore, TypeMap};
+use crate::graph::{Backend, Loaded, ParamStore, Runner, Scope, TypeMap};
+use std::sync::Arc;
 use crate::io::type_rules::{target_type, TypeRules};
 use crate::io::{Component, ModelFiles, SdVersion, TensorStorage};
 use crate::types::SdType;
@@ -125,6 +126,27 @@ impl Weights {
             start.elapsed().as_secs_f32()
         );
         Ok(())
+    }
+}
+
+/// Weight tensors one network may declare (the SD UNet has about 700, SDXL's 1,700).
+const STORE_CAPACITY: usize = 4096;
+
+impl Weights {
+    /// A network declared by `declare` under `prefix`, its weights filled from the files on
+    /// `backend`, with a runner of `n_threads`. `what` names it in logs and errors.
+    pub fn load_model<M>(
+        &self,
+        backend: Arc<Backend>,
+        n_threads: i32,
+        prefix: &str,
+        what: &str,
+        declare: impl FnOnce(&mut Scope) -> M,
+    ) -> Result<Loaded<M>> {
+        let mut store = ParamStore::new(STORE_CAPACITY)?;
+        let model = declare(&mut Scope::new(&mut store, self.types(), prefix));
+        self.load(&mut store, &backend, what, n_threads.max(1) as usize)?;
+        Ok(Loaded::new(model, store, Runner::new(backend, n_threads)))
     }
 }
 

@@ -1,13 +1,14 @@
-//! Generation orchestration: loading the model set, prompts to conditioning, the sampling
-//! loop, decoding.
+//! Generation orchestration: the model families (what to load for a detected version),
+//! prompts to conditioning, the sampling loop, decoding.
 
 pub mod callbacks;
-pub mod conditioner;
+pub mod conditioning;
+pub mod devices;
+pub mod families;
 pub mod generate;
 pub mod imageops;
 pub mod loader;
 pub mod prompt;
-pub mod sd;
 
+pub use families::ModelSet;
 pub use generate::capture_final_latents;
-pub use sd::StableDiffusion;

@@ -144,6 +144,8 @@ pub struct Arena {
     strings: Vec<CString>,
     bytes: Vec<Vec<u8>>,
     floats: Vec<Vec<f32>>,
+    ints: Vec<Vec<c_int>>,
+    images: Vec<Vec<sd_image_t>>,
     embeddings: Vec<Vec<sd_embedding_t>>,
 }
 
@@ -172,15 +174,18 @@ fn num(v: &Value) -> f64 {
     v.as_f64().unwrap_or_else(|| panic!("{v} is not a number"))
 }
 
-/// Files a context's fields refer to, generated when missing.
+/// Files a context's fields refer to (`{fx}/...`), generated when missing.
 fn ensure_fixtures(model: &str, ctx: &Value) {
-    fixture(model);
-    let mut refs = Vec::new();
-    if let Some(s) = ctx["taesd_path"].as_str() {
-        refs.push(s.to_string());
+    if !model.is_empty() && ctx["model_path"].as_str() != Some("") {
+        fixture(model);
     }
-    if let Some(a) = ctx["embeddings"].as_array() {
-        refs.extend(a.iter().filter_map(|e| e["path"].as_str().map(str::to_string)));
+    let mut refs = Vec::new();
+    for v in ctx.as_object().expect("ctx object").values() {
+        match v {
+            Value::String(s) => refs.push(s.clone()),
+            Value::Array(a) => refs.extend(a.iter().filter_map(|e| e["path"].as_str().map(str::to_string))),
+            _ => {}
+        }
     }
     for r in refs {
         if let Some(f) = r.strip_prefix("{fx}/") {
@@ -196,15 +201,26 @@ fn ctx_params(model: &str, ctx: &Value, arena: &mut Arena) -> sd_ctx_params_t {
         sd_ctx_params_init(p.as_mut_ptr());
         p.assume_init()
     };
-    p.model_path = arena.str(&fixture(model).to_string_lossy());
+    if !model.is_empty() {
+        p.model_path = arena.str(&fixture(model).to_string_lossy());
+    }
     p.n_threads = 2;
     for (k, v) in ctx.as_object().expect("ctx object") {
         match k.as_str() {
             "prediction" => p.prediction = prediction_t(enum_value(v)),
             "rng_type" => p.rng_type = rng_type_t(enum_value(v)),
             "sampler_rng_type" => p.sampler_rng_type = rng_type_t(enum_value(v)),
+            "model_path" => p.model_path = arena.str(v.as_str().unwrap()),
             "taesd_path" => p.taesd_path = arena.str(v.as_str().unwrap()),
             "vae_path" => p.vae_path = arena.str(v.as_str().unwrap()),
+            "diffusion_model_path" => p.diffusion_model_path = arena.str(v.as_str().unwrap()),
+            "clip_l_path" => p.clip_l_path = arena.str(v.as_str().unwrap()),
+            "clip_g_path" => p.clip_g_path = arena.str(v.as_str().unwrap()),
+            "t5xxl_path" => p.t5xxl_path = arena.str(v.as_str().unwrap()),
+            "llm_path" => p.llm_path = arena.str(v.as_str().unwrap()),
+            "control_net_path" => p.control_net_path = arena.str(v.as_str().unwrap()),
+            "wtype" => p.wtype = sd_type_t(enum_value(v)),
+            "force_sdxl_vae_conv_scale" => p.force_sdxl_vae_conv_scale = CBool(v.as_bool().unwrap() as u8),
             "tae_preview_only" => p.tae_preview_only = CBool(v.as_bool().unwrap() as u8),
             "flash_attn" => p.flash_attn = CBool(v.as_bool().unwrap() as u8),
             "embeddings" => {
@@ -243,6 +259,12 @@ fn gen_params(params: &Value, arena: &mut Arena) -> sd_img_gen_params_t {
             "clip_skip" => p.clip_skip = num(v) as c_int,
             "strength" => p.strength = num(v) as f32,
             "init_image" => p.init_image = arena.image(v.as_str().unwrap()),
+            "ref_images" => {
+                let list: Vec<sd_image_t> = v.as_array().unwrap().iter().map(|f| arena.image(f.as_str().unwrap())).collect();
+                p.ref_images = list.as_ptr() as *mut sd_image_t;
+                p.ref_images_count = list.len() as c_int;
+                arena.images.push(list);
+            }
             "mask_image" => p.mask_image = arena.image(v.as_str().unwrap()),
             "sample_params.sample_steps" => sp.sample_steps = num(v) as c_int,
             "sample_params.sample_method" => sp.sample_method = sample_method_t(enum_value(v)),
@@ -250,6 +272,18 @@ fn gen_params(params: &Value, arena: &mut Arena) -> sd_img_gen_params_t {
             "sample_params.eta" => sp.eta = num(v) as f32,
             "sample_params.guidance.txt_cfg" => sp.guidance.txt_cfg = num(v) as f32,
             "sample_params.guidance.img_cfg" => sp.guidance.img_cfg = num(v) as f32,
+            "sample_params.guidance.distilled_guidance" => sp.guidance.distilled_guidance = num(v) as f32,
+            "sample_params.guidance.slg.scale" => sp.guidance.slg.scale = num(v) as f32,
+            "sample_params.guidance.slg.layer_start" => sp.guidance.slg.layer_start = num(v) as f32,
+            "sample_params.guidance.slg.layer_end" => sp.guidance.slg.layer_end = num(v) as f32,
+            "sample_params.guidance.slg.layers" => {
+                let mut l: Vec<c_int> = v.as_array().unwrap().iter().map(|x| num(x) as c_int).collect();
+                sp.guidance.slg.layers = l.as_mut_ptr();
+                sp.guidance.slg.layer_count = l.len();
+                arena.ints.push(l);
+            }
+            "sample_params.flow_shift" => sp.flow_shift = num(v) as f32,
+            "sample_params.shifted_timestep" => sp.shifted_timestep = num(v) as c_int,
             "custom_sigmas" | "sample_params.custom_sigmas" => {
                 let mut s: Vec<f32> = v.as_array().unwrap().iter().map(|x| num(x) as f32).collect();
                 sp.custom_sigmas = s.as_mut_ptr();
@@ -408,6 +442,50 @@ pub fn run_with(
         free_sd_ctx(ctx);
     }
     results
+}
+
+/// Renders the first case of `folder` accepted by `select` (context from `setup` after the
+/// case's own fields) and returns each image's RGB bytes.
+pub fn render_with(folder_name: &str, select: impl Fn(&Case) -> bool, setup: impl Fn(&mut sd_ctx_params_t, &mut Arena)) -> Vec<Vec<u8>> {
+    let f = folder(folder_name);
+    let case = f.cases.iter().find(|c| select(c)).expect("a case");
+    ensure_fixtures(&f.model, &case.ctx);
+    let mut arena = Arena::default();
+    let mut p = ctx_params(&f.model, &case.ctx, &mut arena);
+    setup(&mut p, &mut arena);
+    // SAFETY: p and everything it points to are alive during the call.
+    let ctx = unsafe { new_sd_ctx(&p) };
+    assert!(!ctx.is_null(), "new_sd_ctx failed for {folder_name}/{}", case.name);
+    let mut g_arena = Arena::default();
+    let gp = gen_params(&case.params, &mut g_arena);
+    let mut images: *mut sd_image_t = std::ptr::null_mut();
+    let mut n: c_int = 0;
+    // SAFETY: valid context and params; out-pointers are writable.
+    let ok = unsafe { generate_image(ctx, &gp, &mut images, &mut n) };
+    let out = (0..n as usize)
+        .map(|i| {
+            // SAFETY: n images were returned, each width * height * channel bytes.
+            let img = unsafe { &*images.add(i) };
+            unsafe { std::slice::from_raw_parts(img.data, (img.width * img.height * img.channel) as usize) }.to_vec()
+        })
+        .collect();
+    // SAFETY: freed once, as returned.
+    unsafe { free_sd_images(images, n) };
+    free_sd_ctx(ctx);
+    assert!(ok.0 != 0, "generate_image failed for {folder_name}/{}", case.name);
+    out
+}
+
+/// A golden picture's bytes.
+pub fn golden_image(folder_name: &str, file: &str) -> Vec<u8> {
+    read_png(&root().join("tests/fixtures/golden").join(folder_name).join(file)).3
+}
+
+/// (max, mean) |difference| of two byte images of the same size.
+pub fn diff_bytes(a: &[u8], b: &[u8]) -> (f64, f64) {
+    assert_eq!(a.len(), b.len(), "image sizes differ");
+    let d: Vec<f64> = a.iter().zip(b).map(|(&x, &y)| (x as f64 - y as f64).abs()).collect();
+    (d.iter().cloned().fold(0.0, f64::max), d.iter().sum::<f64>() / d.len() as f64)
 }
 
 pub fn print_result(r: &CaseResult) {

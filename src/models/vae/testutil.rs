@@ -216,7 +216,7 @@ pub fn load_kl_with(decode_only: bool, tweak: impl FnOnce(&mut super::VaeConfig)
     use super::autoencoder_kl::PREFIX;
     let path = fixture("vae.safetensors");
     let (store, vae) = load(&path, "", PREFIX, |s, types, file| {
-        let mut cfg = super::VaeConfig::detect(types, PREFIX, |n| file.shape_of(n), super::LatentFamily::Sd1, decode_only);
+        let mut cfg = super::VaeConfig::detect(types, PREFIX, |n| file.shape_of(n), 0.18215, decode_only);
         tweak(&mut cfg);
         super::AutoEncoderKL::new(s, &cfg)
     });

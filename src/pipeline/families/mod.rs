@@ -1,0 +1,283 @@
+//! Model families as plug-ins. One table, keyed by the detected [`SdVersion`], says for each
+//! version which parts to build, its latent format, preview projection, prediction rule and
+//! what it supports; each family group has one builder file that assembles a [`ModelSet`]
+//! from the files. The sampling pipeline talks to the set's three parts (conditioner,
+//! diffusion model, first stage) through traits and reads family facts from the table, so
+//! it never asks which version it runs. Adding a family: its networks under `models/`, a
+//! conditioner under `conditioning/` when it needs a new one, an [`Arch`] variant with a
+//! builder file here, and its rows in [`spec`].
+
+mod unet;
+
+use super::conditioning::clip::ClipSet;
+use super::conditioning::Conditioner;
+use super::devices::Devices;
+use super::loader::Weights;
+use crate::error::Result;
+use crate::graph::Runner;
+use crate::io::SdVersion;
+use crate::models::diffusion::unet::UNetVersion;
+use crate::models::diffusion::DiffusionModel;
+use crate::models::vae::FirstStage;
+use crate::params::CtxParams;
+use crate::runtime::defaults::ModelFamily;
+use crate::runtime::denoiser::Denoiser;
+use crate::runtime::preview::{self, Projection};
+use crate::types::{Prediction, RngType};
+
+/// How diffusion latents look.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct LatentFormat {
+    pub channels: usize,
+    /// Pixels per latent pixel (the autoencoder's downsampling).
+    pub vae_scale: usize,
+    /// The diffusion model's own downsampling of the latent (8 for the UNets).
+    pub down_factor: usize,
+    /// diffusion latent = (VAE latent - shift) · scale.
+    pub scale_factor: f32,
+    pub shift_factor: f32,
+}
+
+impl LatentFormat {
+    /// Image sides are aligned up to a multiple of this.
+    pub fn size_multiple(&self) -> usize {
+        self.vae_scale * self.down_factor
+    }
+}
+
+/// Which networks a family is built from (one builder per variant).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Arch {
+    /// The LDM UNet with CLIP text encoders and an AutoencoderKL (or TAESD).
+    Unet { unet: UNetVersion, text: ClipSet },
+}
+
+/// Extra latent channels the diffusion model takes next to the noisy latent.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Concat {
+    None,
+    /// Inpainting: the latent mask and the masked image's latent.
+    Inpaint,
+    /// Instruct-pix2pix: the reference image's latent.
+    Edit,
+}
+
+/// How the prediction type is chosen when the context does not set it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PredictionRule {
+    Fixed(Prediction),
+    /// SD 2.x: run the UNet once and look (the reference's v-parameterisation probe).
+    ProbeV,
+    /// SDXL: `edm_vpred.sigma_max` → EDM-v (CosXL), `v_pred` → v, else eps.
+    SdxlMarkers,
+}
+
+/// Everything the pipeline needs to know about a model version.
+#[derive(Debug)]
+pub struct FamilySpec {
+    /// Key of the sampler / scheduler defaults.
+    pub defaults: ModelFamily,
+    pub arch: Arch,
+    pub latent: LatentFormat,
+    /// Latent → RGB projection for `PREVIEW_PROJ`.
+    pub preview: &'static Projection,
+    pub concat: Concat,
+    pub prediction: PredictionRule,
+    /// `shifted_timestep` is honoured (SDXL only, as in the reference).
+    pub shifted_timestep: bool,
+    /// An empty negative prompt becomes a zero context (SDXL, unless EDM-v).
+    pub zero_empty_negative: bool,
+    /// Its first stage is its own tiny autoencoder (SDXS).
+    pub tae_first_stage: bool,
+}
+
+impl FamilySpec {
+    /// 3-way guidance (`img_cfg`) applies: models with concatenated image channels.
+    pub fn supports_img_cfg(&self) -> bool {
+        self.concat != Concat::None
+    }
+}
+
+const SD_LATENT: LatentFormat = LatentFormat { channels: 4, vae_scale: 8, down_factor: 8, scale_factor: 0.18215, shift_factor: 0.0 };
+const SDXL_LATENT: LatentFormat = LatentFormat { scale_factor: 0.13025, ..SD_LATENT };
+
+const fn unet_family(defaults: ModelFamily, unet: UNetVersion, concat: Concat) -> FamilySpec {
+    let sdxl = matches!(defaults, ModelFamily::Sdxl);
+    let sd2 = matches!(defaults, ModelFamily::Sd2);
+    FamilySpec {
+        defaults,
+        arch: Arch::Unet { unet, text: if sdxl { ClipSet::LBigG } else if sd2 { ClipSet::H } else { ClipSet::L } },
+        latent: if sdxl { SDXL_LATENT } else { SD_LATENT },
+        preview: if sdxl { &preview::SDXL } else { &preview::SD },
+        concat,
+        prediction: if sdxl {
+            PredictionRule::SdxlMarkers
+        } else if sd2 {
+            PredictionRule::ProbeV
+        } else {
+            PredictionRule::Fixed(Prediction::Eps)
+        },
+        shifted_timestep: sdxl,
+        zero_empty_negative: sdxl,
+        tae_first_stage: false,
+    }
+}
+
+const fn with_tae(spec: FamilySpec) -> FamilySpec {
+    FamilySpec { tae_first_stage: true, ..spec }
+}
+
+use Concat::{Edit, Inpaint};
+use ModelFamily as F;
+use UNetVersion as U;
+
+static SD1: FamilySpec = unet_family(F::Sd1, U::Sd1, Concat::None);
+static SD1_INPAINT: FamilySpec = unet_family(F::Sd1, U::Sd1, Inpaint);
+static SD1_PIX2PIX: FamilySpec = unet_family(F::Sd1, U::Sd1, Edit);
+static SD1_TINY: FamilySpec = unet_family(F::Sd1, U::Sd1Tiny, Concat::None);
+static SDXS_512: FamilySpec = with_tae(unet_family(F::Sd1, U::Sdxs512Ds, Concat::None));
+static SD2: FamilySpec = unet_family(F::Sd2, U::Sd2, Concat::None);
+static SD2_INPAINT: FamilySpec = unet_family(F::Sd2, U::Sd2, Inpaint);
+static SD2_TINY: FamilySpec = unet_family(F::Sd2, U::Sd2Tiny, Concat::None);
+static SDXS_09: FamilySpec = with_tae(unet_family(F::Sd2, U::Sdxs09, Concat::None));
+static SDXL: FamilySpec = unet_family(F::Sdxl, U::Sdxl, Concat::None);
+static SDXL_INPAINT: FamilySpec = unet_family(F::Sdxl, U::Sdxl, Inpaint);
+static SDXL_PIX2PIX: FamilySpec = unet_family(F::Sdxl, U::Sdxl, Edit);
+static SDXL_VEGA: FamilySpec = unet_family(F::Sdxl, U::SdxlVega, Concat::None);
+static SDXL_SSD1B: FamilySpec = unet_family(F::Sdxl, U::SdxlSsd1b, Concat::None);
+
+/// The family of `version`, if this build can generate with it.
+pub fn spec(version: SdVersion) -> Option<&'static FamilySpec> {
+    use SdVersion as V;
+    Some(match version {
+        V::Sd1 => &SD1,
+        V::Sd1Inpaint => &SD1_INPAINT,
+        V::Sd1Pix2Pix => &SD1_PIX2PIX,
+        V::Sd1TinyUnet => &SD1_TINY,
+        V::Sdxs512Ds => &SDXS_512,
+        V::Sd2 => &SD2,
+        V::Sd2Inpaint => &SD2_INPAINT,
+        V::Sd2TinyUnet => &SD2_TINY,
+        V::Sdxs09 => &SDXS_09,
+        V::Sdxl => &SDXL,
+        V::SdxlInpaint => &SDXL_INPAINT,
+        V::SdxlPix2Pix => &SDXL_PIX2PIX,
+        V::SdxlVega => &SDXL_VEGA,
+        V::SdxlSsd1b => &SDXL_SSD1B,
+        _ => return None,
+    })
+}
+
+/// What a family builder gets.
+pub struct BuildCtx<'a> {
+    pub params: &'a CtxParams,
+    pub weights: &'a Weights,
+    pub version: SdVersion,
+    pub spec: &'static FamilySpec,
+    pub devices: &'a mut Devices,
+    pub n_threads: i32,
+}
+
+/// The parts a builder returns.
+pub struct Parts {
+    pub cond: Box<dyn Conditioner>,
+    pub diffusion: Box<dyn DiffusionModel>,
+    pub first_stage: Box<dyn FirstStage>,
+    /// A separate decoder for previews only (`tae_preview_only`).
+    pub preview: Option<Box<dyn FirstStage>>,
+    pub prediction: Prediction,
+    pub denoiser: Denoiser,
+}
+
+/// Everything `new_sd_ctx` loaded.
+pub struct ModelSet {
+    pub version: SdVersion,
+    pub spec: &'static FamilySpec,
+    pub prediction: Prediction,
+    pub denoiser: Denoiser,
+    pub rng_type: RngType,
+    pub sampler_rng_type: Option<RngType>,
+    pub n_threads: i32,
+    pub cond: Box<dyn Conditioner>,
+    pub diffusion: Box<dyn DiffusionModel>,
+    pub first_stage: Box<dyn FirstStage>,
+    pub preview: Option<Box<dyn FirstStage>>,
+}
+
+impl ModelSet {
+    /// Opens the files of `params`, detects the version and builds its family.
+    pub fn new(params: &CtxParams) -> Result<ModelSet> {
+        let weights = Weights::open(params)?;
+        let version = weights.version();
+        let spec = spec(version)
+            .ok_or_else(|| crate::error::Error::new(format!("{} models are not supported yet in this build of libstable-diffusion", version.name())))?;
+        let n_threads = if params.n_threads <= 0 { crate::graph::backend::physical_cores() } else { params.n_threads };
+        let mut devices = Devices::new(params)?;
+        let mut ctx = BuildCtx { params, weights: &weights, version, spec, devices: &mut devices, n_threads };
+        let parts = match spec.arch {
+            Arch::Unet { unet, text } => unet::build(&mut ctx, unet, text)?,
+        };
+        if params.flash_attn {
+            sd_info!("Using flash attention");
+        }
+        sd_info!(
+            "running in {} mode",
+            match parts.prediction {
+                Prediction::Eps => "eps-prediction",
+                Prediction::V => "v-prediction",
+                Prediction::EdmV => "v-prediction EDM",
+                Prediction::Flow | Prediction::FluxFlow | Prediction::SefiFlow | Prediction::Minit2iFlow => "flow",
+            }
+        );
+        Ok(ModelSet {
+            version,
+            spec,
+            prediction: parts.prediction,
+            denoiser: parts.denoiser,
+            rng_type: params.rng_type,
+            sampler_rng_type: params.sampler_rng_type,
+            n_threads,
+            cond: parts.cond,
+            diffusion: parts.diffusion,
+            first_stage: parts.first_stage,
+            preview: parts.preview,
+        })
+    }
+
+    pub fn family(&self) -> ModelFamily {
+        self.spec.defaults
+    }
+
+    /// Every graph runner of the set.
+    pub fn runners(&mut self) -> Vec<&mut Runner> {
+        let mut v = self.cond.runners();
+        v.extend(self.diffusion.runners());
+        v.extend(self.first_stage.runners());
+        if let Some(p) = self.preview.as_mut() {
+            v.extend(p.runners());
+        }
+        v
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_unet_version_has_a_family_and_later_families_are_refused() {
+        for v in SdVersion::ALL {
+            match spec(*v) {
+                Some(s) => {
+                    assert!(v.is_unet(), "{v}");
+                    assert_eq!(s.latent.size_multiple(), 64);
+                    assert_eq!(s.supports_img_cfg(), v.is_inpaint() || matches!(v, SdVersion::Sd1Pix2Pix | SdVersion::SdxlPix2Pix));
+                }
+                None => assert!(!v.is_unet() || *v == SdVersion::Svd, "{v}"),
+            }
+        }
+        assert_eq!(spec(SdVersion::SdxlVega).unwrap().latent.scale_factor, 0.13025);
+        assert_eq!(spec(SdVersion::Sd2).unwrap().prediction, PredictionRule::ProbeV);
+        assert!(spec(SdVersion::Sdxs512Ds).unwrap().tae_first_stage);
+    }
+}

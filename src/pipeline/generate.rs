@@ -249,10 +249,11 @@ fn encode_first_stage(
 /// request's area (at most 1024²), its aspect ratio kept, sides rounded to 16.
 fn ref_image_for_vae(img: &Image, r: &Request) -> Result<Tensor> {
     let t = rgb_tensor(img, img.width as usize, img.height as usize)?;
-    let (w, h) = (t.ne(0) as f64, t.ne(1) as f64);
-    let area = (1024.0 * 1024.0f64).min((r.width * r.height) as f64);
-    let vae_w = (area * w / h).sqrt();
-    let vae_h = vae_w * h / w;
+    let (w, h) = (t.ne(0) as i64, t.ne(1) as i64);
+    let area = (1024 * 1024).min((r.width * r.height) as i64);
+    // Integer division before the root, as the reference computes it.
+    let vae_w = ((area * w / h) as f64).sqrt();
+    let vae_h = vae_w * h as f64 / w as f64;
     let round16 = |v: f64| ((v / 16.0).round() * 16.0) as usize;
     let (tw, th) = (round16(vae_w), round16(vae_h));
     ensure!(tw > 0 && th > 0, "reference image of {}x{} is too small", img.width, img.height);

@@ -2,6 +2,8 @@
 
 pub mod backend;
 pub mod context;
+pub(crate) mod cut;
+pub mod devices;
 pub mod eval_callback;
 pub(crate) mod im2col;
 pub mod nn;
@@ -10,6 +12,7 @@ pub mod params;
 pub mod runner;
 
 pub use backend::Backend;
+pub use devices::{DeviceMap, DeviceOptions, Module, Placement, WeightHome};
 pub use context::{is_block_quantized, GgmlType, Graph, GraphOptions, F16, F32, I32, T, W};
 pub use params::{ParamStore, Scope, TensorSpec, TypeMap};
 pub use runner::Runner;

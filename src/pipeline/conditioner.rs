@@ -7,18 +7,18 @@ use super::loader::{read_all_f32, Weights};
 use super::prompt::{apply_token_weights, tokenize_weighted, EmbeddingSet, PadOptions, CHUNK_LEN, SD1_PAD_TOKEN, SD2_PAD_TOKEN};
 use crate::params::Embedding;
 use crate::error::{Context as _, Result};
-use crate::graph::{Backend, ParamStore, Runner, Scope};
+use crate::graph::{ParamStore, Placement, Runner, Scope};
 use crate::models::te::clip::{self, ClipConfig, ClipTextModel, ClipVersion, SD_CLIP_PREFIX};
 use crate::models::te::tokenizer::ClipTokenizer;
 use crate::tensor::Tensor;
-use std::sync::Arc;
 use std::time::Instant;
 
 /// One CLIP text encoder with its weights and textual-inversion embeddings.
 pub struct ClipConditioner {
     model: ClipTextModel,
     // Holds the weights `model` refers to; dropped with it.
-    _store: ParamStore,
+    store: ParamStore,
+    placement: Placement,
     runner: Runner,
     tokenizer: &'static ClipTokenizer,
     pad_token: u32,
@@ -28,14 +28,17 @@ pub struct ClipConditioner {
 impl ClipConditioner {
     /// The text encoder of an SD 1.x (`sd2 == false`) or SD 2.x checkpoint, with the
     /// embeddings of `embeddings` (files of any float type).
-    pub fn new(weights: &Weights, sd2: bool, embeddings: &[Embedding], backend: Arc<Backend>, n_threads: i32) -> Result<Self> {
+    pub fn new(weights: &Weights, sd2: bool, embeddings: &[Embedding], placement: Placement, n_threads: i32) -> Result<Self> {
         let version = if sd2 { ClipVersion::OpenClipVitH14 } else { ClipVersion::OpenAiVitL14 };
         let mut cfg = ClipConfig::detect(weights.types(), SD_CLIP_PREFIX, version);
         // Like the reference: with embeddings configured the token table stays f32.
         cfg.force_f32_token_embedding = !embeddings.is_empty();
         let mut store = ParamStore::new(16 + 16 * cfg.n_layer as usize)?;
         let model = ClipTextModel::new(&mut Scope::new(&mut store, weights.types(), SD_CLIP_PREFIX), &cfg);
-        weights.load(&mut store, &backend, "text encoder", n_threads.max(1) as usize)?;
+        match placement.weights_backend() {
+            Some(b) => weights.load(&mut store, b, "text encoder", n_threads.max(1) as usize)?,
+            None => sd_info!("text encoder: weights are read from the model files for each use (params_backend disk)"),
+        }
 
         let mut set = EmbeddingSet::new(&[cfg.hidden_size as usize]);
         for e in embeddings {
@@ -49,8 +52,9 @@ impl ClipConditioner {
         }
         Ok(ClipConditioner {
             model,
-            _store: store,
-            runner: Runner::new(backend, n_threads),
+            store,
+            runner: Runner::for_placement(&placement, n_threads),
+            placement,
             tokenizer: ClipTokenizer::shared()?,
             pad_token: if sd2 { SD2_PAD_TOKEN } else { SD1_PAD_TOKEN },
             embeddings: set,
@@ -66,7 +70,16 @@ impl ClipConditioner {
     }
 
     /// The cross-attention context of `text`: [hidden, 77 · chunks, 1].
-    pub fn encode(&mut self, text: &str, clip_skip: i32) -> Result<Tensor> {
+    pub fn encode(&mut self, weights: &Weights, text: &str, clip_skip: i32) -> Result<Tensor> {
+        let threads = self.runner.n_threads().max(1) as usize;
+        self.store.begin_phase(&self.placement, |store, b| weights.load(store, b, "text encoder", threads))?;
+        let out = self.encode_loaded(text, clip_skip);
+        self.runner.release();
+        self.store.end_phase(&self.placement);
+        out
+    }
+
+    fn encode_loaded(&mut self, text: &str, clip_skip: i32) -> Result<Tensor> {
         let start = Instant::now();
         let tokens = tokenize_weighted(self.tokenizer, text, &self.embeddings, &PadOptions::clip_chunks(self.pad_token));
         let custom = if self.embeddings.token_count() > 0 { Some(self.embeddings.custom_rows(0)?) } else { None };
@@ -78,7 +91,6 @@ impl ClipConditioner {
             apply_token_weights(&mut hidden, weights, CHUNK_LEN)?;
             data.extend_from_slice(hidden.data());
         }
-        self.runner.release();
         let n = data.len() / dim;
         ensure!(n > 0, "the prompt produced no tokens");
         sd_debug!("computing condition graph completed, taking {} ms", start.elapsed().as_millis());

@@ -5,6 +5,7 @@
 
 use super::callbacks::{self, CancelFlag, PreviewConfig};
 use super::imageops::{concat_channels, image_to_tensor, max_pool_3x3, resize_nearest_max, tensor_to_image, zip_channels};
+use super::loader::Weights;
 use super::sd::{Loaded, StableDiffusion};
 use crate::params::{GuidanceParams, ImgGenParams, TilingParams as ApiTiling};
 use crate::error::{Error, Result};
@@ -238,12 +239,16 @@ fn rgb_tensor(img: &Image, w: usize, h: usize) -> Result<Tensor> {
 /// the generation's noise generator.
 fn encode_first_stage(
     first_stage: &mut Loaded<Vae>,
+    weights: &Weights,
     image: &Tensor,
     tiling: &TilingParams,
     circular: (bool, bool),
     rng: &mut dyn Rng,
 ) -> Result<Tensor> {
-    let out = first_stage.model.encode(&mut first_stage.runner, image, tiling, circular)?;
+    first_stage.begin(weights)?;
+    let out = first_stage.model.encode(&mut first_stage.runner, image, tiling, circular);
+    first_stage.end();
+    let out = out?;
     let latents = first_stage.model.output_to_latents(&out, |n| rng.randn(n))?;
     Ok(first_stage.model.vae_to_diffusion_latents(&latents))
 }
@@ -282,7 +287,7 @@ fn prepare(
     let latent_mask = resize_nearest_max(&mask, &[lw, lh, 1, 1])?;
 
     let init_latent = match &init_image {
-        Some(img) => encode_first_stage(&mut sd.first_stage, img, tiling, circular, rngs.noise())
+        Some(img) => encode_first_stage(&mut sd.first_stage, &sd.weights, img, tiling, circular, rngs.noise())
             .map_err(|e| Error::new(format!("failed to encode init image: {e}")))?,
         None => Tensor::zeros(&[lw, lh, 4, 1]),
     };
@@ -293,7 +298,7 @@ fn prepare(
         let masked_latent = match &init_image {
             Some(img) => {
                 let masked = zip_channels(img, &mask, |i, m| (1.0 - m) * (i - 0.5) + 0.5)?;
-                encode_first_stage(&mut sd.first_stage, &masked, tiling, circular, rngs.noise())
+                encode_first_stage(&mut sd.first_stage, &sd.weights, &masked, tiling, circular, rngs.noise())
                     .map_err(|e| Error::new(format!("failed to encode masked init image: {e}")))?
             }
             None => Tensor::zeros(init_latent.shape()),
@@ -308,16 +313,16 @@ fn prepare(
 
     let start = Instant::now();
     let pass_concat = passes_concat(p.ref_image_args.as_str());
-    let cond = Condition { context: sd.cond.encode(&p.prompt, p.clip_skip)?, concat: concat.clone().filter(|_| pass_concat) };
+    let cond = Condition { context: sd.cond.encode(&sd.weights, &p.prompt, p.clip_skip)?, concat: concat.clone().filter(|_| pass_concat) };
     let uncond = if r.use_uncond {
-        Some(Condition { context: sd.cond.encode(&p.negative_prompt, p.clip_skip)?, concat: concat.filter(|_| pass_concat) })
+        Some(Condition { context: sd.cond.encode(&sd.weights, &p.negative_prompt, p.clip_skip)?, concat: concat.filter(|_| pass_concat) })
     } else {
         None
     };
     let img_uncond = if r.use_img_uncond {
         let context = match &uncond {
             Some(u) => u.context.clone(),
-            None => sd.cond.encode(&p.negative_prompt, p.clip_skip)?,
+            None => sd.cond.encode(&sd.weights, &p.negative_prompt, p.clip_skip)?,
         };
         Some(Condition { context, concat: img_uncond_concat })
     } else {
@@ -358,15 +363,24 @@ fn guide(g: &GuidanceParams, cond: &Tensor, uncond: Option<&Tensor>, img_uncond:
 }
 
 /// Shows `latent` through the preview callback, decoded as configured.
-fn send_preview(sd_family_latents: &Tensor, step: i32, noisy: bool, config: &PreviewConfig, decoder: &mut Loaded<Vae>, tiling: &TilingParams, circular: (bool, bool)) {
+#[allow(clippy::too_many_arguments)]
+fn send_preview(
+    sd_family_latents: &Tensor,
+    step: i32,
+    noisy: bool,
+    config: &PreviewConfig,
+    decoder: &mut Loaded<Vae>,
+    weights: &Weights,
+    tiling: &TilingParams,
+    circular: (bool, bool),
+) {
     let image = match config.mode {
         Preview::Proj => preview::project(sd_family_latents, Some(preview::for_sd_family(false))),
         Preview::Vae | Preview::Tae => {
             let lat = decoder.model.diffusion_to_vae_latents(sd_family_latents);
-            decoder
-                .model
-                .decode(&mut decoder.runner, &lat, tiling, circular, None)
-                .and_then(|t| tensor_to_image(&t, 0))
+            let out = decoder.begin(weights).and_then(|_| decoder.model.decode(&mut decoder.runner, &lat, tiling, circular, None));
+            decoder.end();
+            out.and_then(|t| tensor_to_image(&t, 0))
         }
         Preview::None => return,
     };
@@ -394,7 +408,8 @@ fn sample(
     rng: &mut dyn Rng,
     cancel: &CancelFlag,
 ) -> Result<Tensor> {
-    let StableDiffusion { unet, denoiser, first_stage, preview_vae, .. } = sd;
+    let StableDiffusion { unet, denoiser, first_stage, preview_vae, weights, .. } = sd;
+    let weights: &Weights = weights;
     let denoiser: &Denoiser = denoiser;
     let decoder = match preview_vae {
         Some(p) => p,
@@ -408,6 +423,7 @@ fn sample(
     let mut last_progress = Instant::now();
 
     let x_t = denoiser.noise_scaling(plan.sigmas[0], noise, init)?;
+    unet.begin(weights)?;
     let mut model = |x: &Tensor, sigma: f32, step: i32| -> Result<ModelOutput> {
         if cancel.stop_now() {
             sd_debug!("cancelling generation");
@@ -422,7 +438,7 @@ fn sample(
         let s = denoiser.shifted_scalings(r.shifted_timestep, t, s);
         let input = x.map(|v| v * s.c_in);
         if preview.noisy && preview.due(step.abs()) {
-            send_preview(&input, step, true, &preview, decoder, tiling, circular);
+            send_preview(&input, step, true, &preview, decoder, weights, tiling, circular);
         }
         let mut run = |c: &Condition| {
             unet::compute(&mut unet.runner, &unet.model, &input, &[t], &c.context, c.concat.as_ref(), None, None, 1.0)
@@ -438,7 +454,7 @@ fn sample(
         let uncond_denoised = needs_uncond.then(|| to_denoised(img_out.as_ref().or(uncond_out.as_ref()).unwrap_or(&cond_out)));
         let denoised = blend(&denoised, init, mask)?;
         if preview.denoised && preview.due(step.abs()) {
-            send_preview(&denoised, step, false, &preview, decoder, tiling, circular);
+            send_preview(&denoised, step, false, &preview, decoder, weights, tiling, circular);
         }
         if step > 0 || step == -steps {
             let now = Instant::now();
@@ -458,7 +474,7 @@ fn sample(
         extra_args,
         Some(denoiser),
     );
-    unet.runner.release();
+    unet.end();
     let x0 = result?;
     Ok(denoiser.inverse_noise_scaling(*plan.sigmas.last().unwrap_or(&0.0), x0))
 }
@@ -475,6 +491,16 @@ fn decode_all(sd: &mut StableDiffusion, latents: &[Tensor], tiling: &TilingParam
     sd_info!("decoding {} latents", latents.len());
     let start = Instant::now();
     let fs = &mut sd.first_stage;
+    fs.begin(&sd.weights)?;
+    let images = decode_each(fs, latents, tiling, circular, cancel);
+    fs.end();
+    let images = images?;
+    sd_info!("decode_first_stage completed, taking {:.2}s", start.elapsed().as_secs_f32());
+    ensure!(!images.is_empty(), "cancelled before any latent images were decoded");
+    Ok(images)
+}
+
+fn decode_each(fs: &mut Loaded<Vae>, latents: &[Tensor], tiling: &TilingParams, circular: (bool, bool), cancel: &CancelFlag) -> Result<Vec<Image>> {
     let mut images = Vec::new();
     for (i, lat) in latents.iter().enumerate() {
         if cancel.stop_now() {
@@ -497,8 +523,6 @@ fn decode_all(sd: &mut StableDiffusion, latents: &[Tensor], tiling: &TilingParam
         images.push(tensor_to_image(&decoded, 0)?);
         sd_info!("latent {} decoded, taking {:.2}s", i + 1, t.elapsed().as_secs_f32());
     }
-    sd_info!("decode_first_stage completed, taking {:.2}s", start.elapsed().as_secs_f32());
-    ensure!(!images.is_empty(), "cancelled before any latent images were decoded");
     Ok(images)
 }
 

@@ -128,6 +128,13 @@ impl Weights {
     }
 }
 
+impl Weights {
+    /// Fills an allocated `store` (e.g. one spread over several devices) from the files.
+    pub fn fill(&self, store: &mut ParamStore, threads: usize) -> Result<()> {
+        fill(&self.files, store, threads)
+    }
+}
+
 /// Fills every tensor of an allocated `store` from `files`, checking presence and shape.
 pub fn fill(files: &ModelFiles, store: &mut ParamStore, threads: usize) -> Result<()> {
     store.load_parallel(threads, |name, spec, dst| {

@@ -6,7 +6,7 @@ use super::conditioner::ClipConditioner;
 use super::loader::Weights;
 use crate::params::CtxParams;
 use crate::error::{Context as _, Result};
-use crate::graph::{Backend, ParamStore, Runner, Scope};
+use crate::graph::{DeviceMap, DeviceOptions, Module, ParamStore, Placement, Runner, Scope};
 use crate::io::SdVersion;
 use crate::models::diffusion::unet::{self, UNetConfig, UNetModel};
 use crate::models::vae::{self, AutoEncoderKL, LatentFamily, TaeConfig, TinyAutoEncoder, Vae, VaeConfig};
@@ -15,24 +15,23 @@ use crate::runtime::denoiser::Denoiser;
 use crate::runtime::schedulers::TIMESTEPS;
 use crate::tensor::Tensor;
 use crate::types::{Prediction, RngType};
-use std::collections::HashMap;
-use std::sync::Arc;
 
 /// Weight tensors a model may declare (the SD UNet has about 700).
 const STORE_CAPACITY: usize = 4096;
 
-/// A network with the store holding its weights and the runner computing its graphs.
+/// A network with the store holding its weights, where it computes and its graph runner.
 pub struct Loaded<M> {
     pub model: M,
     // The model's weight handles point into this store: it lives as long as the model.
-    _store: ParamStore,
+    store: ParamStore,
+    pub placement: Placement,
     pub runner: Runner,
 }
 
 impl<M> Loaded<M> {
     fn load(
         weights: &Weights,
-        backend: Arc<Backend>,
+        placement: Placement,
         n_threads: i32,
         prefix: &str,
         what: &str,
@@ -40,74 +39,31 @@ impl<M> Loaded<M> {
     ) -> Result<Loaded<M>> {
         let mut store = ParamStore::new(STORE_CAPACITY)?;
         let model = declare(&mut Scope::new(&mut store, weights.types(), prefix));
-        weights.load(&mut store, &backend, what, n_threads.max(1) as usize)?;
-        Ok(Loaded { model, _store: store, runner: Runner::new(backend, n_threads) })
-    }
-}
-
-/// Which device each part computes on: `DEVICE` for all, or `module=DEVICE` entries
-/// (modules `te`, `diffusion`, `vae` and the reference's aliases), comma-separated.
-#[derive(Debug, Default, Clone, PartialEq)]
-struct DeviceSpec {
-    default: Option<String>,
-    modules: HashMap<&'static str, String>,
-}
-
-impl DeviceSpec {
-    fn parse(spec: Option<&str>) -> Result<DeviceSpec> {
-        let mut out = DeviceSpec::default();
-        for part in spec.unwrap_or("").split(',').map(str::trim).filter(|p| !p.is_empty()) {
-            let Some((key, value)) = part.split_once('=') else {
-                out.default = Some(part.to_string());
-                continue;
-            };
-            let (key, value) = (key.trim(), value.trim());
-            ensure!(!key.is_empty() && !value.is_empty(), "invalid backend assignment '{part}'");
-            let k: String = key.to_ascii_lowercase().chars().filter(|c| *c != '-' && *c != '_').collect();
-            let module = match k.as_str() {
-                "all" | "default" | "*" => {
-                    out.default = Some(value.to_string());
-                    continue;
-                }
-                "diffusion" | "model" | "unet" | "dit" => "diffusion",
-                "te" | "clip" | "text" | "textencoder" | "textencoders" | "conditioner" | "cond" | "llm" | "t5" | "t5xxl" => "te",
-                "vae" | "firststage" | "autoencoder" | "tae" => "vae",
-                "clipvision" | "vision" | "controlnet" | "control" | "photomaker" | "photomakerid" | "pmid" | "photo" | "upscaler"
-                | "esrgan" | "hires" | "detector" | "adetailer" | "yolo" => continue,
-                _ => bail!("unknown backend module '{key}'"),
-            };
-            out.modules.insert(module, value.to_string());
+        let threads = n_threads.max(1) as usize;
+        if !placement.split.is_empty() {
+            let (devices, shares) = placement.split_devices();
+            store.alloc_split(&devices, &shares).with_context(|| format!("{what}: allocating weights"))?;
+            weights.fill(&mut store, threads)?;
+        } else if let Some(b) = placement.weights_backend() {
+            weights.load(&mut store, b, what, threads)?;
+        } else {
+            sd_info!("{what}: weights are read from the model files for each use (params_backend disk)");
         }
-        Ok(out)
+        let runner = Runner::for_placement(&placement, n_threads);
+        Ok(Loaded { model, store, placement, runner })
     }
 
-    fn device(&self, module: &str) -> Option<&str> {
-        self.modules.get(module).or(self.default.as_ref()).map(String::as_str).filter(|d| {
-            let d = d.to_ascii_lowercase();
-            !(d == "default" || d == "auto" || d == "disk")
-        })
+    /// Makes the weights usable on the compute device for a phase (uploads or reads them
+    /// when they live elsewhere; see `ParamStore::begin_phase`).
+    pub fn begin(&mut self, weights: &Weights) -> Result<()> {
+        let threads = self.runner.n_threads().max(1) as usize;
+        self.store.begin_phase(&self.placement, |store, b| weights.load(store, b, "weights", threads))
     }
-}
 
-/// Backends by device name, initialised once per context.
-#[derive(Default)]
-struct Backends(HashMap<String, Arc<Backend>>);
-
-impl Backends {
-    fn get(&mut self, device: Option<&str>) -> Result<Arc<Backend>> {
-        let key = device.unwrap_or("CPU").to_ascii_lowercase();
-        if let Some(b) = self.0.get(&key) {
-            return Ok(b.clone());
-        }
-        let b = Arc::new(match device {
-            None => Backend::cpu()?,
-            Some(name) => {
-                let found = crate::graph::backend::devices().into_iter().find(|d| d.name.eq_ignore_ascii_case(name));
-                Backend::by_name(found.map_or(name.to_string(), |d| d.name).as_str())?
-            }
-        });
-        self.0.insert(key, b.clone());
-        Ok(b)
+    /// Ends a phase: frees the compute buffer and any phase copy of the weights.
+    pub fn end(&mut self) {
+        self.runner.release();
+        self.store.end_phase(&self.placement);
     }
 }
 
@@ -140,6 +96,9 @@ pub struct StableDiffusion {
     pub first_stage: Loaded<Vae>,
     /// TAESD for previews only (`tae_preview_only`).
     pub preview_vae: Option<Loaded<Vae>>,
+    /// The model files (weights read per phase with `params_backend=disk`).
+    pub weights: Weights,
+    pub devices: DeviceMap,
 }
 
 /// Whether `version` is one of the SD 1.x / SD 2.x UNet models this pipeline runs, and
@@ -159,33 +118,30 @@ impl StableDiffusion {
         let sd2 = unet_family(version)?;
         let n_threads = if params.n_threads <= 0 { crate::graph::backend::physical_cores() } else { params.n_threads };
 
-        let runtime = DeviceSpec::parse(params.backend.as_deref()).context("backend")?;
-        let weights_on = DeviceSpec::parse(params.params_backend.as_deref()).context("params_backend")?;
-        let mut backends = Backends::default();
-        let mut backend_for = |module: &str| -> Result<Arc<Backend>> {
-            let run = runtime.device(module);
-            if let Some(p) = weights_on.device(module) {
-                if !p.eq_ignore_ascii_case(run.unwrap_or("CPU")) {
-                    sd_warn!("{module}: keeping weights on the compute device (params backend '{p}' is not supported separately)");
-                }
-            }
-            backends.get(run)
-        };
-        let te_backend = backend_for("te")?;
-        let diffusion_backend = backend_for("diffusion")?;
-        let vae_backend = backend_for("vae")?;
+        let devices = DeviceMap::new(&DeviceOptions {
+            backend: params.backend.as_deref(),
+            params_backend: params.params_backend.as_deref(),
+            split_mode: params.split_mode.as_deref(),
+            max_vram: params.max_vram.as_deref(),
+            rpc_servers: params.rpc_servers.as_deref(),
+            stream_layers: params.stream_layers,
+            auto_fit: params.auto_fit,
+        })?;
+        let te_place = devices.placement(Module::Te)?;
+        let diffusion_place = devices.placement(Module::Diffusion)?;
+        let vae_place = devices.placement(Module::Vae)?;
         let reference_kernels = reference_kernels_wanted(weights.types());
-        for b in backends.0.values() {
+        for b in devices.backends() {
             if b.set_reference_kernels(reference_kernels) && reference_kernels {
                 sd_info!("{}: using ggml's reference matrix kernels (quantized weights or SD_CPU_REFERENCE_KERNELS)", b.name());
             }
         }
 
-        let cond = ClipConditioner::new(&weights, sd2, &params.embeddings, te_backend, n_threads)?;
+        let cond = ClipConditioner::new(&weights, sd2, &params.embeddings, te_place, n_threads)?;
 
         let shape_of = |n: &str| weights.shape_of(n);
         let unet_cfg = UNetConfig::detect(&shape_of, "model.diffusion_model.", None)?;
-        let mut unet = Loaded::load(&weights, diffusion_backend, n_threads, "model.diffusion_model.", "diffusion model", |s| {
+        let mut unet = Loaded::load(&weights, diffusion_place, n_threads, "model.diffusion_model.", "diffusion model", |s| {
             UNetModel::new(s, &unet_cfg)
         })?;
         unet.runner.options.flash_attn = params.flash_attn || params.diffusion_flash_attn;
@@ -195,22 +151,22 @@ impl StableDiffusion {
         let has_tae = weights.has_prefix(vae::tae::PREFIX);
         let sdxs = matches!(version, SdVersion::Sdxs512Ds | SdVersion::Sdxs09);
         let tae_preview_only = params.tae_preview_only && !sdxs;
-        let load_tae = |decode_only: bool, backend: Arc<Backend>| -> Result<Loaded<Vae>> {
+        let load_tae = |decode_only: bool, placement: Placement| -> Result<Loaded<Vae>> {
             let cfg = TaeConfig::detect(weights.types(), vae::tae::PREFIX, |n| weights.shape_of(n), decode_only);
-            Loaded::load(&weights, backend, n_threads, vae::tae::PREFIX, "TAE", |s| Vae::Tiny(TinyAutoEncoder::new(s, &cfg)))
+            Loaded::load(&weights, placement, n_threads, vae::tae::PREFIX, "TAE", |s| Vae::Tiny(TinyAutoEncoder::new(s, &cfg)))
         };
         ensure!(!sdxs || has_tae, "{} models need their tiny autoencoder (taesd_path)", version.name());
         let (mut first_stage, mut preview_vae) = if has_tae && !tae_preview_only {
             sd_info!("using TAE for encoding / decoding");
-            (load_tae(false, vae_backend.clone())?, None)
+            (load_tae(false, vae_place.clone())?, None)
         } else {
             sd_info!("using VAE for encoding / decoding");
             let prefix = vae::autoencoder_kl::PREFIX;
             let cfg = VaeConfig::detect(weights.types(), prefix, |n| weights.shape_of(n), family, false);
-            let kl = Loaded::load(&weights, vae_backend.clone(), n_threads, prefix, "VAE", |s| Vae::Kl(AutoEncoderKL::new(s, &cfg)))?;
+            let kl = Loaded::load(&weights, vae_place.clone(), n_threads, prefix, "VAE", |s| Vae::Kl(AutoEncoderKL::new(s, &cfg)))?;
             let preview = if has_tae {
                 sd_info!("using TAE for preview");
-                Some(load_tae(true, vae_backend)?)
+                Some(load_tae(true, vae_place)?)
             } else {
                 None
             };
@@ -237,6 +193,8 @@ impl StableDiffusion {
             unet,
             first_stage,
             preview_vae,
+            weights,
+            devices,
         };
         let prediction = match params.prediction {
             Some(p) => p,
@@ -288,8 +246,10 @@ impl StableDiffusion {
         let context = Tensor::full(&[self.unet.model.config.context_dim as usize, 2, 1], 0.5);
         let concat = self.is_inpaint().then(|| Tensor::zeros(&[8, 8, self.unet.model.config.in_channels as usize - 4, 1]));
         let start = std::time::Instant::now();
-        let out = unet::compute(&mut self.unet.runner, &self.unet.model, &x, &[999.0], &context, concat.as_ref(), None, None, 1.0)?;
-        self.unet.runner.release();
+        self.unet.begin(&self.weights)?;
+        let out = unet::compute(&mut self.unet.runner, &self.unet.model, &x, &[999.0], &context, concat.as_ref(), None, None, 1.0);
+        self.unet.end();
+        let out = out?;
         let mean = out.data().iter().zip(x.data()).map(|(&o, &i)| (o - i) as f64).sum::<f64>() / out.len() as f64;
         sd_debug!("check is_using_v_parameterization_for_sd2, taking {:.2}s", start.elapsed().as_secs_f32());
         Ok(mean < -1.0)
@@ -316,22 +276,5 @@ fn load_alphas_cumprod(weights: &Weights) -> Option<Vec<f32>> {
             sd_warn!("ignore alphas_cumprod from model file: {e}");
             None
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn device_specs() {
-        let s = DeviceSpec::parse(Some("CUDA0, vae = CPU,text-encoder=Vulkan0")).unwrap();
-        assert_eq!(s.device("diffusion"), Some("CUDA0"));
-        assert_eq!(s.device("vae"), Some("CPU"));
-        assert_eq!(s.device("te"), Some("Vulkan0"));
-        assert_eq!(DeviceSpec::parse(None).unwrap().device("vae"), None);
-        assert_eq!(DeviceSpec::parse(Some("auto")).unwrap().device("vae"), None);
-        assert!(DeviceSpec::parse(Some("bogus=CPU")).is_err());
-        assert!(DeviceSpec::parse(Some("vae=")).is_err());
     }
 }

@@ -8,6 +8,10 @@
 #   5. the CMake and pkg-config consumers (tests/cmake-consumer/run.sh)
 #   6. the Python bindings' pytest suite, in a virtual environment
 #   7. the C# bindings' tests under mono
+#   8. devices (a second build with --features vulkan,rpc; tests/devices.rs): golden SD 1.x
+#      cases on Mesa's software Vulkan device (lavapipe), with the text encoder on the CPU,
+#      weights off the device and a memory budget (suite `vulkan`), and on ggml RPC devices
+#      served by rpc-server on loopback, including a layer split over two (suite `rpc`)
 # Every suite runs even if an earlier one failed; the summary names the failures.
 #
 #   scripts/test.sh [--features LIST] [--only SUITE,...]
@@ -83,6 +87,18 @@ python_suite() {
 }
 suite python python_suite
 suite csharp bindings/csharp/run.sh "$prefix"
+
+# One extra build serves both device suites. lavapipe is a CPU-type Vulkan device, which
+# ggml lists only when asked for by index (GGML_VK_VISIBLE_DEVICES); the heavy model tests
+# run one at a time.
+device_features=(--features stable-diffusion/vulkan,stable-diffusion/rpc)
+device_suite() { # test-name-filter env...
+    local filter=$1
+    shift
+    env "$@" cargo test --release "${device_features[@]}" --test devices -- --test-threads=1 "$filter"
+}
+suite vulkan device_suite vulkan_ SD_TEST_VULKAN=1 GGML_VK_VISIBLE_DEVICES=0
+suite rpc device_suite rpc_ SD_TEST_RPC=1
 
 echo
 echo "=== summary $(stamp)"

@@ -147,8 +147,12 @@ fn device_info(dev: g::ggml_backend_dev_t) -> DeviceInfo {
         };
         let reg = g::ggml_backend_dev_backend_reg(dev);
         let registry = if reg.is_null() { String::new() } else { cstr(g::ggml_backend_reg_name(reg)) };
+        // An RPC device's memory is a round trip to its server, which may be gone since it
+        // was added (ggml aborts then): asked for only where needed (`device_memory`).
         let (mut free, mut total) = (0usize, 0usize);
-        g::ggml_backend_dev_memory(dev, &mut free, &mut total);
+        if registry != "RPC" {
+            g::ggml_backend_dev_memory(dev, &mut free, &mut total);
+        }
         DeviceInfo {
             name: cstr(g::ggml_backend_dev_name(dev)),
             description: cstr(g::ggml_backend_dev_description(dev)),
@@ -166,6 +170,16 @@ pub fn devices() -> Vec<DeviceInfo> {
     ensure_loaded();
     // SAFETY: registry calls with indices below the reported count.
     unsafe { (0..g::ggml_backend_dev_count()).map(|i| device_info(g::ggml_backend_dev_get(i))).collect() }
+}
+
+/// Free and total memory of a device by exact name (asks an RPC device's server).
+pub fn device_memory(name: &str) -> (usize, usize) {
+    let (mut free, mut total) = (0usize, 0usize);
+    if let Some(dev) = device_handle(name) {
+        // SAFETY: a registered device.
+        unsafe { g::ggml_backend_dev_memory(dev, &mut free, &mut total) };
+    }
+    (free, total)
 }
 
 /// The registry's device handle of a device listed by [`devices`], by exact name.

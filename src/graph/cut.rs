@@ -22,6 +22,15 @@ use std::ptr::NonNull;
 
 const CUT_PREFIX: &str = "sd_cut:";
 
+/// Most device bytes any segmented run of this process held at once since the last call
+/// (compute buffer, uploaded weights and kept cut outputs): what `max_vram` bounds.
+static PEAK: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// Returns and resets the peak device memory of segmented runs (0: none ran).
+pub fn take_peak_device_bytes() -> usize {
+    PEAK.swap(0, std::sync::atomic::Ordering::Relaxed)
+}
+
 impl Graph {
     /// Marks `t` as the output `group` hands to the rest of the graph: with a `max_vram`
     /// budget the graph may be cut after it. Tensors marked with one group form one piece.
@@ -61,10 +70,12 @@ struct Closure {
     internal: Vec<*mut g::ggml_tensor>,
     weights: Vec<*mut g::ggml_tensor>,
     cut_inputs: Vec<*mut g::ggml_tensor>,
+    /// Leaves that are neither weights nor cut inputs (graph inputs, shape operands).
+    leaves: Vec<*mut g::ggml_tensor>,
 }
 
 fn closure(outputs: &[*mut g::ggml_tensor], produced: &HashSet<*mut g::ggml_tensor>, available: &HashSet<*mut g::ggml_tensor>) -> Closure {
-    let mut c = Closure { internal: Vec::new(), weights: Vec::new(), cut_inputs: Vec::new() };
+    let mut c = Closure { internal: Vec::new(), weights: Vec::new(), cut_inputs: Vec::new(), leaves: Vec::new() };
     let mut seen = HashSet::new();
     let mut stack: Vec<*mut g::ggml_tensor> = outputs.to_vec();
     while let Some(t) = stack.pop() {
@@ -80,6 +91,8 @@ fn closure(outputs: &[*mut g::ggml_tensor], produced: &HashSet<*mut g::ggml_tens
                 // SAFETY: live tensor.
                 let base = unsafe { if (*t).view_src.is_null() { t } else { (*t).view_src } };
                 c.weights.push(base);
+            } else {
+                c.leaves.push(t);
             }
             continue;
         }
@@ -316,8 +329,8 @@ pub(crate) fn compute_segments(runner: &mut Runner, graph: &Graph, gf: *mut g::g
             // SAFETY: src is a live cache tensor with storage.
             let _ = unsafe { bind_as_leaf(t, (*src).data, (*src).buffer) };
         }
-        // Everything this segment computes gets fresh storage.
-        for &t in &c.internal {
+        // Everything this segment computes, and its other leaves, get fresh storage.
+        for &t in c.internal.iter().chain(&c.leaves) {
             // SAFETY: live graph tensor; its old storage (an earlier segment's) is gone.
             unsafe {
                 (*t).data = std::ptr::null_mut();
@@ -394,6 +407,7 @@ pub(crate) fn compute_segments(runner: &mut Runner, graph: &Graph, gf: *mut g::g
         available.extend(outs.iter().copied());
     }
     runner.peak_device_bytes = runner.peak_device_bytes.max(peak);
+    PEAK.fetch_max(peak, std::sync::atomic::Ordering::Relaxed);
     Ok(result)
 }
 

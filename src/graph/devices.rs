@@ -234,12 +234,8 @@ impl Placement {
     /// Every compute device (the main one first) and each one's share of a layer split:
     /// its free memory, as the reference sizes the ranges.
     pub fn split_devices(&self) -> (Vec<Arc<Backend>>, Vec<f64>) {
-        let list = backend::devices();
         let devices: Vec<Arc<Backend>> = std::iter::once(self.compute.clone()).chain(self.split.iter().cloned()).collect();
-        let shares = devices
-            .iter()
-            .map(|b| list.iter().find(|d| d.name == b.device_name()).map_or(1.0, |d| (d.memory_free.max(1)) as f64))
-            .collect();
+        let shares = devices.iter().map(|b| backend::device_memory(&b.device_name()).0.max(1) as f64).collect();
         (devices, shares)
     }
 
@@ -484,7 +480,10 @@ impl DeviceMap {
                 WeightHome::Backend(home)
             }
         };
-        let info = backend::devices().into_iter().find(|d| d.name == compute.device_name());
+        let mut info = backend::devices().into_iter().find(|d| d.name == compute.device_name());
+        if let Some(d) = info.as_mut().filter(|d| d.memory_total == 0 && !self.max_vram.is_off()) {
+            (d.memory_free, d.memory_total) = backend::device_memory(&d.name);
+        }
         let mut max_vram = info.as_ref().map_or(0, |d| self.max_vram.bytes_for(d));
         if max_vram > 0 && (compute.is_cpu() || !devices.is_empty()) {
             if log && !compute.is_cpu() {

@@ -12,6 +12,7 @@ pub mod params;
 pub mod runner;
 
 pub use backend::Backend;
+pub use cut::take_peak_device_bytes;
 pub use devices::{DeviceMap, DeviceOptions, Module, Placement, WeightHome};
 pub use context::{is_block_quantized, GgmlType, Graph, GraphOptions, F16, F32, I32, T, W};
 pub use params::{ParamStore, Scope, TensorSpec, TypeMap};

@@ -40,6 +40,9 @@ pub struct Runner {
     pub(crate) peak_device_bytes: usize,
     /// The segment plan of the last segmented graph, by graph signature.
     pub(crate) cut_plan: Option<(String, Vec<(usize, usize)>)>,
+    /// Tests: segment on the CPU too (normally a budget only applies to other devices).
+    #[cfg(test)]
+    pub(crate) segment_on_cpu: bool,
     pub options: GraphOptions,
 }
 
@@ -61,6 +64,8 @@ impl Runner {
             resident: None,
             peak_device_bytes: 0,
             cut_plan: None,
+            #[cfg(test)]
+            segment_on_cpu: false,
             options: GraphOptions::default(),
         }
     }
@@ -116,7 +121,11 @@ impl Runner {
             unsafe { g::ggml_build_forward_expand(gf, o) };
         }
 
-        if self.max_vram > 0 && !self.backend.is_cpu() && self.split.is_empty() && super::cut::has_cuts(gf) {
+        #[cfg(test)]
+        let device = !self.backend.is_cpu() || self.segment_on_cpu;
+        #[cfg(not(test))]
+        let device = !self.backend.is_cpu();
+        if self.max_vram > 0 && device && self.split.is_empty() && super::cut::has_cuts(gf) {
             let out = super::cut::compute_segments(self, &graph, gf, &raw_outputs)?;
             return self.checked(out);
         }
@@ -434,7 +443,7 @@ mod tests {
     use super::*;
     use crate::graph::nn::{Conv2d, GroupNorm, Linear};
     use crate::graph::params::{ParamStore, Scope, TypeMap};
-    use crate::graph::F32;
+    use crate::graph::{take_peak_device_bytes, F32};
 
     fn f32_bytes(v: &[f32]) -> Vec<u8> {
         v.iter().flat_map(|x| x.to_le_bytes()).collect()
@@ -614,5 +623,100 @@ mod tests {
             assert_eq!(ours.shape(), theirs.shape(), "kernel {kw}x{kh}");
             assert!(ours.data().iter().zip(theirs.data()).all(|(a, b)| a.to_bits() == b.to_bits()), "kernel {kw}x{kh} {st:?} {pad:?} {dil:?}");
         }
+    }
+
+    /// A chain of layers with cut points and a long skip connection, run whole and in
+    /// segments under a small budget: the same numbers, and the segments stay under it.
+    #[test]
+    fn segments_under_a_budget_compute_the_same_numbers() {
+        let backend = Arc::new(Backend::cpu().unwrap());
+        let mut store = ParamStore::new(64).unwrap();
+        let types = TypeMap::new();
+        let layers: Vec<Linear> = {
+            let mut s = Scope::new(&mut store, &types, "");
+            (0..6).map(|i| Linear::new(&mut s, &format!("l{i}"), 64, 64, true)).collect()
+        };
+        store.alloc(&backend).unwrap();
+        store
+            .load(|name, spec, dst| {
+                let n = spec.ne.iter().product::<i64>() as usize;
+                let v: Vec<f32> = pattern(n, name.len() as u32 + name.as_bytes()[1] as u32).iter().map(|x| x * 0.1).collect();
+                if spec.ty == F32 {
+                    dst.copy_from_slice(&f32_bytes(&v));
+                } else {
+                    let mut h = vec![0u16; n];
+                    // SAFETY: h holds n values.
+                    unsafe { g::ggml_fp32_to_fp16_row(v.as_ptr(), h.as_mut_ptr(), n as i64) };
+                    dst.copy_from_slice(&h.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>());
+                }
+                Ok(())
+            })
+            .unwrap();
+        let x = pattern(64 * 5, 7);
+        let run = |budget: usize| {
+            let mut r = Runner::new(backend.clone(), 2);
+            r.max_vram = budget;
+            r.segment_on_cpu = true;
+            let out = r
+                .compute(|g| {
+                    let mut h = g.input_f32(&x, &[64, 5]);
+                    let mut first = None;
+                    for (i, l) in layers.iter().enumerate() {
+                        h = g.mark_cut(l.forward(g, h).gelu(), &format!("layer.{i}"));
+                        first.get_or_insert(h);
+                    }
+                    Ok(h.add(first.unwrap()))
+                })
+                .unwrap();
+            (out, r.cut_plan.map_or(0, |(_, ranges)| ranges.len()))
+        };
+        let (whole, _) = run(0);
+        take_peak_device_bytes();
+        let budget = 40 * 1024;
+        let (split, segments) = run(budget);
+        let peak = take_peak_device_bytes();
+        assert!(segments > 2, "{segments} segments");
+        assert!(peak > 0 && peak <= budget, "peak {peak} over budget {budget}");
+        assert_eq!(whole.shape(), split.shape());
+        assert!(whole.data().iter().zip(split.data()).all(|(a, b)| a.to_bits() == b.to_bits()));
+    }
+
+    /// Weights moved to another buffer for a while compute the same and are bound back.
+    #[test]
+    fn staged_weights_compute_the_same_and_return_home() {
+        let backend = Arc::new(Backend::cpu().unwrap());
+        let mut store = ParamStore::new(4).unwrap();
+        let types = TypeMap::new();
+        let lin = {
+            let mut s = Scope::new(&mut store, &types, "");
+            Linear::new(&mut s, "lin", 8, 4, true)
+        };
+        store.alloc(&backend).unwrap();
+        store.load(|_, spec, dst| {
+            let n = spec.ne.iter().product::<i64>() as usize;
+            let v = pattern(n, 3);
+            if spec.ty == F32 {
+                dst.copy_from_slice(&f32_bytes(&v));
+            } else {
+                let mut h = vec![0u16; n];
+                // SAFETY: h holds n values.
+                unsafe { g::ggml_fp32_to_fp16_row(v.as_ptr(), h.as_mut_ptr(), n as i64) };
+                dst.copy_from_slice(&h.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>());
+            }
+            Ok(())
+        })
+        .unwrap();
+        let x = pattern(16, 9);
+        let mut r = Runner::new(backend.clone(), 2);
+        let before = r.compute(|g| Ok(lin.forward(g, g.input_f32(&x, &[8, 2])))).unwrap();
+        let w = store.entries().next().unwrap().1;
+        let home = unsafe { (*w.raw()).data };
+        let tensors: Vec<*mut g::ggml_tensor> = store.entries().map(|(_, w)| w.raw()).collect();
+        let staged = Staged::new(&backend, &tensors).unwrap();
+        assert_ne!(unsafe { (*w.raw()).data }, home);
+        let during = r.compute(|g| Ok(lin.forward(g, g.input_f32(&x, &[8, 2])))).unwrap();
+        drop(staged);
+        assert_eq!(unsafe { (*w.raw()).data }, home);
+        assert_eq!(before.data(), during.data());
     }
 }

@@ -279,9 +279,11 @@ pub fn live_rpc_endpoints() -> std::collections::HashSet<String> {
     LIVE_RPC.lock().iter().filter(|(_, n)| *n > 0).map(|(e, _)| e.clone()).collect()
 }
 
-// SAFETY: a ggml backend may be used from any thread as long as calls are not concurrent;
-// `Backend` is only used through `&mut`/owned access.
+// SAFETY: a ggml backend may be used from any thread as long as calls are not concurrent.
+// Backends are shared (`Arc`) only between the parts of one context (its `DeviceMap`,
+// placements and runners), and the C API lets one thread use a context at a time.
 unsafe impl Send for Backend {}
+unsafe impl Sync for Backend {}
 
 impl Backend {
     /// The CPU backend.

@@ -668,7 +668,7 @@ mod tests {
                     Ok(h.add(first.unwrap()))
                 })
                 .unwrap();
-            (out, r.cut_plan.map_or(0, |(_, ranges)| ranges.len()))
+            (out, r.cut_plan.take().map_or(0, |(_, ranges)| ranges.len()))
         };
         let (whole, _) = run(0);
         take_peak_device_bytes();

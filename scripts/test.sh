@@ -97,7 +97,11 @@ device_suite() { # test-name-filter env...
     shift
     env "$@" cargo test --release "${device_features[@]}" --test devices -- --test-threads=1 "$filter"
 }
-suite vulkan device_suite vulkan_ SD_TEST_VULKAN=1 GGML_VK_VISIBLE_DEVICES=0
+# GGML_VK_DISABLE_F16: ggml-vulkan accumulates matrix products in f16 where the graph does
+# not ask for f32 (as the reference's graphs do not); that moves 64x64 pictures by up to 6
+# grey levels (mean 0.9), outside the golden tolerance made on the CPU. f32 on the device
+# keeps the comparison meaningful.
+suite vulkan device_suite vulkan_ SD_TEST_VULKAN=1 GGML_VK_VISIBLE_DEVICES=0 GGML_VK_DISABLE_F16=1
 suite rpc device_suite rpc_ SD_TEST_RPC=1
 
 echo

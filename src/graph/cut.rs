@@ -22,11 +22,11 @@ use std::ptr::NonNull;
 
 const CUT_PREFIX: &str = "sd_cut:";
 
-/// Most device bytes any segmented run of this process held at once since the last call
-/// (compute buffer, uploaded weights and kept cut outputs): what `max_vram` bounds.
-static PEAK: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+/// Most device bytes any run under a `max_vram` budget held at once since the last call
+/// (compute buffer, uploaded weights and kept cut outputs): what the budget bounds.
+pub(crate) static PEAK: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
 
-/// Returns and resets the peak device memory of segmented runs (0: none ran).
+/// Returns and resets the peak device memory of runs under a budget (0: none ran).
 pub fn take_peak_device_bytes() -> usize {
     PEAK.swap(0, std::sync::atomic::Ordering::Relaxed)
 }

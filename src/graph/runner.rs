@@ -133,7 +133,7 @@ impl Runner {
         // Weights the devices cannot read where they are: a copy for this graph.
         let foreign: Vec<*mut g::ggml_tensor> =
             weight_leaves(gf).into_iter().filter(|&t| !self.usable_here(unsafe { (*t).buffer })).collect();
-        let _staged = if foreign.is_empty() { None } else { Some(Staged::new(&self.backend, &foreign)?) };
+        let staged_now = if foreign.is_empty() { None } else { Some(Staged::new(&self.backend, &foreign)?) };
 
         let scheduled = !self.split.is_empty() || (!self.backend.is_cpu() && !all_supported(&self.backend, gf));
         if scheduled {
@@ -157,6 +157,11 @@ impl Runner {
         };
         ensure!(status == g::GGML_STATUS_SUCCESS, "graph computation failed on {} (status {status})", self.backend.device_name());
         let out = raw_outputs.into_iter().map(read_f32).collect::<Result<Vec<_>>>()?;
+        if self.max_vram > 0 && !self.backend.is_cpu() && self.sched.is_none() {
+            let held = self.buffer_bytes + staged_now.as_ref().map_or(0, |s| s.bytes);
+            self.peak_device_bytes = self.peak_device_bytes.max(held);
+            super::cut::PEAK.fetch_max(held, std::sync::atomic::Ordering::Relaxed);
+        }
         self.checked(out)
     }
 

@@ -338,7 +338,9 @@ impl Backend {
         }
     }
 
-    /// Whether this backend can compute on tensors stored in `buffer` as they are.
+    /// Whether this backend can compute on tensors stored in `buffer` (null, or a live
+    /// buffer of some tensor) as they are.
+    #[allow(clippy::not_unsafe_ptr_arg_deref)]
     pub fn can_use_buffer(&self, buffer: g::ggml_backend_buffer_t) -> bool {
         if buffer.is_null() {
             return false;

@@ -172,7 +172,7 @@ fn subgraph(outputs: &[*mut g::ggml_tensor]) -> Result<SubGraph> {
 /// Compute buffer bytes of a segment, measured on `backend`'s buffer type.
 fn measure(backend: &Backend, outputs: &[*mut g::ggml_tensor], cut_inputs: &[*mut g::ggml_tensor]) -> Result<usize> {
     // A dummy address: the allocator skips tensors that have data (they live elsewhere).
-    let bindings: Vec<Binding> = cut_inputs.iter().map(|&t| bind_as_leaf(t, 1usize as *mut libc::c_void, std::ptr::null_mut())).collect();
+    let bindings: Vec<Binding> = cut_inputs.iter().map(|&t| bind_as_leaf(t, std::ptr::dangling_mut::<libc::c_void>(), std::ptr::null_mut())).collect();
     let result = (|| {
         let sg = subgraph(outputs)?;
         // SAFETY: valid backend; the allocator is freed below.

@@ -590,7 +590,7 @@ pub fn probe_rpc_server(endpoint: &str) -> Result<(u8, u8, u8)> {
     s.read_exact(&mut rsp).map_err(io)?;
     let (major, minor, patch) = (rsp[0], rsp[1], rsp[2]);
     ensure!(
-        major == RPC_PROTO_MAJOR && minor <= RPC_PROTO_MINOR,
+        major == RPC_PROTO_MAJOR && minor.cmp(&RPC_PROTO_MINOR) != std::cmp::Ordering::Greater,
         "RPC server {endpoint} speaks RPC protocol {major}.{minor}.{patch}; this build needs {RPC_PROTO_MAJOR}.x (at most {RPC_PROTO_MAJOR}.{RPC_PROTO_MINOR}): use an rpc-server built from the same ggml"
     );
     Ok((major, minor, patch))

@@ -535,12 +535,12 @@ impl Staged {
             unsafe {
                 let n = g::ggml_nbytes(*t);
                 staged.bytes += n;
-                let mut src = *home;
+                let src = *home;
                 if !home.buffer.is_null() && g::ggml_backend_buffer_is_host(home.buffer) {
                     g::ggml_backend_tensor_set(*t, home.data, 0, n);
                 } else {
                     tmp.resize(n, 0u8);
-                    g::ggml_backend_tensor_get(&mut src, tmp.as_mut_ptr() as *mut _, 0, n);
+                    g::ggml_backend_tensor_get(&src, tmp.as_mut_ptr() as *mut _, 0, n);
                     g::ggml_backend_tensor_set(*t, tmp.as_ptr() as *const _, 0, n);
                 }
             }

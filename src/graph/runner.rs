@@ -291,7 +291,11 @@ impl Runner {
                         current = d.raw();
                     }
                 }
-                if matches!((*node).op, g::GGML_OP_NONE | g::GGML_OP_VIEW | g::GGML_OP_RESHAPE | g::GGML_OP_PERMUTE | g::GGML_OP_TRANSPOSE) {
+                // Views (in-place ops included) live where their source does: the
+                // scheduler places them itself.
+                if !(*node).view_src.is_null()
+                    || matches!((*node).op, g::GGML_OP_NONE | g::GGML_OP_VIEW | g::GGML_OP_RESHAPE | g::GGML_OP_PERMUTE | g::GGML_OP_TRANSPOSE)
+                {
                     continue;
                 }
                 if g::ggml_backend_supports_op(current, node) {

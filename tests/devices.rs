@@ -149,12 +149,22 @@ impl RpcServer {
     fn start() -> RpcServer {
         let port = TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
         let endpoint = format!("127.0.0.1:{port}");
-        let child = Command::new(env!("CARGO_BIN_EXE_rpc-server"))
-            .args(["-H", "127.0.0.1", "-p", &port.to_string(), "-d", "CPU", "-t", "2"])
-            .stdout(Stdio::null())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("start rpc-server");
+        use std::os::unix::process::CommandExt;
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_rpc-server"));
+        cmd.args(["-H", "127.0.0.1", "-p", &port.to_string(), "-d", "CPU", "-t", "2"]).stdout(Stdio::null()).stderr(Stdio::inherit());
+        // SAFETY: only async-signal-safe calls between fork and exec. The server dies with
+        // this process (even when it aborts) and keeps none of its descriptors (a held
+        // `flock` on a lock file, say).
+        unsafe {
+            cmd.pre_exec(|| {
+                libc::prctl(libc::PR_SET_PDEATHSIG, libc::SIGKILL);
+                for fd in 3..1024 {
+                    libc::close(fd);
+                }
+                Ok(())
+            });
+        }
+        let child = cmd.spawn().expect("start rpc-server");
         let mut s = RpcServer { child, endpoint };
         let start = Instant::now();
         while stable_diffusion::graph::devices::probe_rpc_server(&s.endpoint).is_err() {

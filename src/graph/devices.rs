@@ -411,6 +411,8 @@ impl DeviceMap {
             } else if p.max_vram == 0 {
                 sd_warn!("--stream-layers has no effect without --max-vram; ignoring");
                 stream_layers = false;
+            } else {
+                sd_warn!("--stream-layers: leading segments' weights stay on the device; prefetching the next segment's weights during compute is not supported yet");
             }
         }
         Ok(DeviceMap { stream_layers, ..map })

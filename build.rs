@@ -15,6 +15,8 @@ fn main() {
     println!("cargo:rustc-cdylib-link-arg=-Wl,-soname,libstable-diffusion.so.{major}");
     // Installed next to the ggml libraries it needs.
     println!("cargo:rustc-cdylib-link-arg=-Wl,-rpath,$ORIGIN");
+    // rpc-server, installed into PREFIX/bin, finds ggml in PREFIX/lib.
+    println!("cargo:rustc-link-arg-bins=-Wl,-rpath,$ORIGIN/../lib");
 
     let commit = Command::new("git")
         .args(["rev-parse", "--short=8", "HEAD"])

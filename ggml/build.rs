@@ -33,6 +33,7 @@ fn main() {
     println!("cargo:rerun-if-changed=build.rs");
     println!("cargo:rerun-if-changed=wrapper.h");
     println!("cargo:rerun-if-changed=cmake/CMakeLists.txt");
+    println!("cargo:rerun-if-changed=cmake/vulkan-compat.hpp");
     println!("cargo:rerun-if-env-changed=GGML_SOURCE_DIR");
     println!("cargo:rerun-if-env-changed=SD_GGML_CPU_VARIANTS");
     println!("cargo:rustc-check-cfg=cfg(ggml_generated_bindings)");
@@ -181,10 +182,12 @@ fn build_ggml(manifest_dir: &Path, src: &Path, out_dir: &Path) -> PathBuf {
     let _lock = lock_dir(&build_dir);
     if wrapper_dir != manifest_dir.join("cmake") {
         fs::create_dir_all(&wrapper_dir).unwrap();
-        let wrapper = fs::read(manifest_dir.join("cmake/CMakeLists.txt")).unwrap();
-        let dest = wrapper_dir.join("CMakeLists.txt");
-        if fs::read(&dest).ok().as_deref() != Some(&wrapper[..]) {
-            fs::write(&dest, wrapper).unwrap();
+        for file in ["CMakeLists.txt", "vulkan-compat.hpp"] {
+            let wrapper = fs::read(manifest_dir.join("cmake").join(file)).unwrap();
+            let dest = wrapper_dir.join(file);
+            if fs::read(&dest).ok().as_deref() != Some(&wrapper[..]) {
+                fs::write(&dest, wrapper).unwrap();
+            }
         }
     }
 

@@ -33,7 +33,9 @@ usage: sd-bench [--quick] [options]
   --nominal-steps N    the step count the totals are extrapolated to (default 20)
   --threads N          threads (default 2)
   --sides LIST         runners, first is the baseline of the ratios
-                       (default reference,ours; ours-native builds ours with -march=native)
+                       (default reference,ours; ours-native builds ours with -march=native,
+                       ours-vulkan computes on the first Vulkan device (lavapipe without a GPU),
+                       ours-rpc on this CPU through ggml's RPC server on loopback)
   --model PATH         checkpoint (default $SD_FIXTURE_CACHE/sd1.safetensors,
                        SD_FIXTURE_CACHE defaulting to ~/.cache/sd-rs-fixtures)
   --no-load            skip the load-only workloads (mmap on / off)
@@ -153,8 +155,8 @@ fn parse_args() -> Result<Options, String> {
         }
     }
     for s in &o.sides {
-        if !["reference", "ours", "ours-native"].contains(&s.as_str()) {
-            return Err(format!("unknown side {s:?} (reference, ours, ours-native)"));
+        if !["reference", "ours", "ours-native", "ours-vulkan", "ours-rpc"].contains(&s.as_str()) {
+            return Err(format!("unknown side {s:?} (reference, ours, ours-native, ours-vulkan, ours-rpc)"));
         }
     }
     Ok(o)
@@ -168,9 +170,10 @@ fn runner_path(side: &str) -> PathBuf {
     match side {
         "reference" => dir.join("sd-bench-ref"),
         "ours" => dir.join("sd-bench-ours"),
-        _ => {
+        other => {
             let profile = dir.file_name().map(PathBuf::from).unwrap_or_else(|| "release".into());
-            dir.parent().unwrap_or(Path::new(".")).join("native").join(profile).join("sd-bench-ours")
+            let variant = other.strip_prefix("ours-").unwrap_or("native");
+            dir.parent().unwrap_or(Path::new(".")).join(variant).join(profile).join("sd-bench-ours")
         }
     }
 }
@@ -185,14 +188,14 @@ fn build_runners(sides: &[String]) -> Result<(), String> {
         match side.as_str() {
             "reference" => plain.extend(["-p".into(), "sd-bench-ref".into()]),
             "ours" => plain.extend(["-p".into(), "sd-bench-ours".into()]),
-            _ => {
-                let target = runner_path("ours-native");
+            other => {
+                let target = runner_path(other);
                 let target_dir = target.parent().and_then(Path::parent).unwrap_or(Path::new("."));
                 builds.push(vec![
                     "-p".into(),
                     "sd-bench-ours".into(),
                     "--features".into(),
-                    "native".into(),
+                    other.strip_prefix("ours-").unwrap_or("native").into(),
                     "--target-dir".into(),
                     target_dir.display().to_string(),
                 ]);

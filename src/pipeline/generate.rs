@@ -242,7 +242,10 @@ fn encode_first_stage(
     circular: (bool, bool),
     rng: &mut dyn Rng,
 ) -> Result<Tensor> {
-    first_stage.encode_latents(image, tiling, circular, &mut |n| rng.randn(n))
+    first_stage.begin()?;
+    let out = first_stage.encode_latents(image, tiling, circular, &mut |n| rng.randn(n));
+    first_stage.end();
+    out
 }
 
 /// A reference image at the size the reference encodes it (`resize_before_vae`): about the
@@ -357,9 +360,27 @@ fn prepare(
     let denoise_mask = if concat_kind == Concat::Inpaint { max_pool_3x3(&latent_mask) } else { latent_mask };
 
     let start = Instant::now();
-    let pass_concat = passes_concat(p.ref_image_args.as_str());
     let base = CondRequest { text: &p.prompt, clip_skip: p.clip_skip, width: w, height: h, zero_out_masked: false };
-    let mut cond = ms.cond.encode(&base)?;
+    ms.cond.begin()?;
+    let conds = encode_conditions(ms, &base, p, r, concat, img_uncond_concat);
+    ms.cond.end();
+    let (cond, uncond, img_uncond) = conds?;
+    sd_info!("get_learned_condition completed, taking {:.2}s", start.elapsed().as_secs_f32());
+    Ok(Prepared { init_latent, denoise_mask, cond, uncond, img_uncond })
+}
+
+/// The request's conditions: prompt, negative prompt (when guidance needs it) and the
+/// image-unconditioned one (3-way guidance), with the concatenated latent channels.
+fn encode_conditions(
+    ms: &mut ModelSet,
+    base: &CondRequest<'_>,
+    p: &ImgGenParams,
+    r: &Request,
+    concat: Option<Tensor>,
+    img_uncond_concat: Option<Tensor>,
+) -> Result<(Condition, Option<Condition>, Option<Condition>)> {
+    let pass_concat = passes_concat(p.ref_image_args.as_str());
+    let mut cond = ms.cond.encode(base)?;
     if cond.concat.is_none() && pass_concat {
         cond.concat = concat.clone();
     }
@@ -389,9 +410,7 @@ fn prepare(
     } else {
         None
     };
-    ms.cond.release();
-    sd_info!("get_learned_condition completed, taking {:.2}s", start.elapsed().as_secs_f32());
-    Ok(Prepared { init_latent, denoise_mask, cond, uncond, img_uncond })
+    Ok((cond, uncond, img_uncond))
 }
 
 /// `pass_to_dit` of the request's reference-image arguments (default true): whether the
@@ -439,7 +458,9 @@ fn send_preview(
         Preview::Proj => preview::project(latents, Some(projection)),
         Preview::Vae | Preview::Tae => {
             let lat = decoder.diffusion_to_vae(latents);
-            decoder.decode(&lat, tiling, circular, None).and_then(|t| tensor_to_image(&t, 0))
+            let out = decoder.begin().and_then(|_| decoder.decode(&lat, tiling, circular, None));
+            decoder.end();
+            out.and_then(|t| tensor_to_image(&t, 0))
         }
         Preview::None => return,
     };
@@ -481,6 +502,7 @@ fn sample(
     let mut last_progress = Instant::now();
 
     let x_t = denoiser.noise_scaling(plan.sigmas[0], noise, init)?;
+    diffusion.begin()?;
     let mut model = |x: &Tensor, sigma: f32, step: i32| -> Result<ModelOutput> {
         if cancel.stop_now() {
             sd_debug!("cancelling generation");
@@ -533,7 +555,7 @@ fn sample(
         &r.extra,
         Some(denoiser),
     );
-    diffusion.release();
+    diffusion.end();
     let x0 = result?;
     Ok(denoiser.inverse_noise_scaling(*plan.sigmas.last().unwrap_or(&0.0), x0))
 }
@@ -550,6 +572,16 @@ fn decode_all(ms: &mut ModelSet, latents: &[Tensor], tiling: &TilingParams, circ
     sd_info!("decoding {} latents", latents.len());
     let start = Instant::now();
     let fs = ms.first_stage.as_mut();
+    fs.begin()?;
+    let images = decode_each(fs, latents, tiling, circular, cancel);
+    fs.end();
+    let images = images?;
+    sd_info!("decode_first_stage completed, taking {:.2}s", start.elapsed().as_secs_f32());
+    ensure!(!images.is_empty(), "cancelled before any latent images were decoded");
+    Ok(images)
+}
+
+fn decode_each(fs: &mut dyn FirstStage, latents: &[Tensor], tiling: &TilingParams, circular: (bool, bool), cancel: &CancelFlag) -> Result<Vec<Image>> {
     let mut images = Vec::new();
     for (i, lat) in latents.iter().enumerate() {
         if cancel.stop_now() {
@@ -572,8 +604,6 @@ fn decode_all(ms: &mut ModelSet, latents: &[Tensor], tiling: &TilingParams, circ
         images.push(tensor_to_image(&decoded, 0)?);
         sd_info!("latent {} decoded, taking {:.2}s", i + 1, t.elapsed().as_secs_f32());
     }
-    sd_info!("decode_first_stage completed, taking {:.2}s", start.elapsed().as_secs_f32());
-    ensure!(!images.is_empty(), "cancelled before any latent images were decoded");
     Ok(images)
 }
 

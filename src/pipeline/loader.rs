@@ -6,7 +6,7 @@
 use crate::params::CtxParams;
 use crate::error::{Context as _, Result};
 use crate::graph::params::HostRegion;
-use crate::graph::{Backend, Loaded, ParamStore, Runner, Scope, TypeMap};
+use crate::graph::{Backend, Loaded, ParamStore, Placement, Runner, Scope, TypeMap, WeightSource};
 use std::sync::Arc;
 use crate::io::type_rules::{target_type, TypeRules};
 use crate::io::{Component, ModelFiles, SdVersion, TensorStorage};
@@ -133,20 +133,44 @@ impl Weights {
 const STORE_CAPACITY: usize = 4096;
 
 impl Weights {
-    /// A network declared by `declare` under `prefix`, its weights filled from the files on
-    /// `backend`, with a runner of `n_threads`. `what` names it in logs and errors.
+    /// A network declared by `declare` under `prefix`, its weights placed as `placement`
+    /// says (on the compute device, on another backend, spread over a layer split, or left
+    /// on disk to be read for each phase), with a runner of `n_threads`. `what` names it in
+    /// logs and errors.
     pub fn load_model<M>(
-        &self,
-        backend: Arc<Backend>,
+        self: &Arc<Self>,
+        placement: Placement,
         n_threads: i32,
         prefix: &str,
-        what: &str,
+        what: &'static str,
         declare: impl FnOnce(&mut Scope) -> M,
     ) -> Result<Loaded<M>> {
         let mut store = ParamStore::new(STORE_CAPACITY)?;
         let model = declare(&mut Scope::new(&mut store, self.types(), prefix));
-        self.load(&mut store, &backend, what, n_threads.max(1) as usize)?;
-        Ok(Loaded::new(model, store, Runner::new(backend, n_threads)))
+        let threads = n_threads.max(1) as usize;
+        if !placement.split.is_empty() {
+            let (devices, shares) = placement.split_devices();
+            store.alloc_split(&devices, &shares).with_context(|| format!("{what}: allocating weights"))?;
+            self.fill(&mut store, threads)?;
+        } else if let Some(b) = placement.weights_backend() {
+            self.load(&mut store, b, what, threads)?;
+        } else {
+            sd_info!("{what}: weights are read from the model files for each use (params_backend disk)");
+        }
+        let runner = Runner::for_placement(&placement, n_threads);
+        let source: Arc<dyn WeightSource> = self.clone();
+        Ok(Loaded::new(model, store, placement, runner, Some(source), what))
+    }
+
+    /// Fills an allocated `store` (e.g. one spread over several devices) from the files.
+    pub fn fill(&self, store: &mut ParamStore, threads: usize) -> Result<()> {
+        fill(&self.files, store, threads)
+    }
+}
+
+impl WeightSource for Weights {
+    fn load(&self, store: &mut ParamStore, backend: &Backend, what: &str, threads: usize) -> Result<()> {
+        Weights::load(self, store, backend, what, threads)
     }
 }
 

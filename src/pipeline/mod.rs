@@ -3,7 +3,6 @@
 
 pub mod callbacks;
 pub mod conditioning;
-pub mod devices;
 pub mod families;
 pub mod generate;
 pub mod imageops;

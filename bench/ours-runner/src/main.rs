@@ -9,7 +9,40 @@ use stable_diffusion::types::LogLevel;
 use std::process::ExitCode;
 use std::sync::Arc;
 
-const SIDE: &str = if cfg!(feature = "native") { "ours-native" } else { "ours" };
+const SIDE: &str = if cfg!(feature = "native") {
+    "ours-native"
+} else if cfg!(feature = "vulkan") {
+    "ours-vulkan"
+} else if cfg!(feature = "rpc") {
+    "ours-rpc"
+} else {
+    "ours"
+};
+
+/// Where the `ours-vulkan` / `ours-rpc` sides compute: the first Vulkan device (lavapipe is
+/// listed only when asked for by index), or this machine's CPU served by ggml's RPC server
+/// on a loopback port in a thread of this process (the cost of the protocol and the copies
+/// over TCP, not of a second machine).
+fn device_setup(cp: &mut CtxParams, threads: i32) -> Result<(), String> {
+    if cfg!(feature = "vulkan") {
+        cp.backend = Some("vulkan".into());
+    } else if cfg!(feature = "rpc") {
+        let port = std::net::TcpListener::bind("127.0.0.1:0").and_then(|l| l.local_addr()).map_err(|e| e.to_string())?.port();
+        let endpoint = format!("127.0.0.1:{port}");
+        let ep = endpoint.clone();
+        std::thread::spawn(move || stable_diffusion::graph::devices::serve_rpc(&ep, &["CPU".to_string()], threads.max(1) as usize, None));
+        let start = std::time::Instant::now();
+        while stable_diffusion::graph::devices::probe_rpc_server(&endpoint).is_err() {
+            if start.elapsed().as_secs() > 60 {
+                return Err(format!("the RPC server on {endpoint} did not start"));
+            }
+            std::thread::sleep(std::time::Duration::from_millis(100));
+        }
+        cp.rpc_servers = Some(endpoint);
+        cp.backend = Some("rpc".into());
+    }
+    Ok(())
+}
 
 fn run(job: &Job) -> Result<Outcome<'static>, String> {
     stable_diffusion::log::set_sink(Some(Arc::new(|level: LogLevel, text: &str| {
@@ -29,6 +62,7 @@ fn run(job: &Job) -> Result<Outcome<'static>, String> {
         enable_mmap: job.mmap,
         ..CtxParams::default()
     };
+    device_setup(&mut cp, job.threads)?;
     if !job.wtype.is_empty() {
         cp.wtype = Some(SdType::parse(&job.wtype).ok_or_else(|| format!("unknown weight type {:?}", job.wtype))?);
     }
@@ -75,5 +109,9 @@ fn run(job: &Job) -> Result<Outcome<'static>, String> {
 }
 
 fn main() -> ExitCode {
+    if cfg!(feature = "vulkan") && std::env::var_os("GGML_VK_VISIBLE_DEVICES").is_none() {
+        // Before any thread or ggml exists: lists lavapipe too (ggml hides CPU-type devices).
+        std::env::set_var("GGML_VK_VISIBLE_DEVICES", "0");
+    }
     common::runner_main(SIDE, run)
 }

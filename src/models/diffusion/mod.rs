@@ -5,7 +5,7 @@ pub mod unet;
 
 use super::condition::Condition;
 use crate::error::Result;
-use crate::graph::Runner;
+use crate::graph::Components;
 use crate::tensor::Tensor;
 
 /// One denoiser evaluation's inputs (the reference's `DiffusionParams`).
@@ -26,19 +26,10 @@ impl<'a> DiffusionInput<'a> {
     }
 }
 
-/// A loaded diffusion network of some family.
-pub trait DiffusionModel: Send {
+/// A loaded diffusion network of some family. Its networks' phase hooks (`Components::begin`
+/// / `end`) bracket a sampling run.
+pub trait DiffusionModel: Components + Send {
     /// The model output for `input` (noise, v or velocity as the family predicts):
     /// `[W, H, C_out, N]`.
     fn compute(&mut self, input: &DiffusionInput<'_>) -> Result<Tensor>;
-
-    /// Every graph runner of the model (graph options, compute-buffer release).
-    fn runners(&mut self) -> Vec<&mut Runner>;
-
-    /// Frees compute buffers (after the last step).
-    fn release(&mut self) {
-        for r in self.runners() {
-            r.release();
-        }
-    }
 }

@@ -20,7 +20,7 @@ pub fn have_numpy() -> bool {
     if !crate::testutil::model_tests_enabled("CLIP vs numpy") {
         return false;
     }
-    let ok = Command::new("python3").args(["-c", "import numpy"]).status().map(|s| s.success()).unwrap_or(false);
+    let ok = Command::new(crate::testutil::numpy_python()).args(["-c", "import numpy"]).status().map(|s| s.success()).unwrap_or(false);
     if !ok {
         eprintln!("skipping: python3 with numpy is needed for the CLIP reference");
     }
@@ -40,7 +40,7 @@ pub fn clip_weights(arch: &str) -> PathBuf {
 }
 
 fn run_script(args: &[&str]) {
-    let st = Command::new("python3").arg(SCRIPT).args(args).status().expect("python3");
+    let st = Command::new(crate::testutil::numpy_python()).arg(SCRIPT).args(args).status().expect("python3");
     assert!(st.success(), "clip_reference.py {args:?} failed");
 }
 

@@ -11,7 +11,7 @@
 
 use super::{CondRequest, Conditioner};
 use crate::error::{Context as _, Result};
-use crate::graph::{Backend, Loaded, Runner};
+use crate::graph::{Component, Components, Loaded, Placement};
 use crate::models::te::clip::{self, ClipConfig, ClipTextModel, ClipVersion, SDXL_CLIP_G_PREFIX, SD_CLIP_PREFIX};
 use crate::models::te::tokenizer::{ClipTokenizer, EOS_TOKEN};
 use crate::models::Condition;
@@ -49,7 +49,7 @@ pub struct ClipConditioner {
 impl ClipConditioner {
     /// The encoders of `set` from `weights`, with the textual-inversion `embeddings` (files
     /// of any float type; each encoder gets the rows of its own width).
-    pub fn new(weights: &Weights, set: ClipSet, embeddings: &[Embedding], backend: Arc<Backend>, n_threads: i32) -> Result<Self> {
+    pub fn new(weights: &Arc<Weights>, set: ClipSet, embeddings: &[Embedding], placement: &Placement, n_threads: i32) -> Result<Self> {
         let specs: &[(ClipVersion, &str)] = match set {
             ClipSet::L => &[(ClipVersion::OpenAiVitL14, SD_CLIP_PREFIX)],
             ClipSet::H => &[(ClipVersion::OpenClipVitH14, SD_CLIP_PREFIX)],
@@ -74,7 +74,7 @@ impl ClipConditioner {
                     ClipVersion::OpenClipVitBigG14 => "OpenCLIP ViT-bigG",
                 }
             );
-            encoders.push(weights.load_model(backend.clone(), n_threads, prefix, "text encoder", |s| ClipTextModel::new(s, &cfg))?);
+            encoders.push(weights.load_model(placement.clone(), n_threads, prefix, "text encoder", |s| ClipTextModel::new(s, &cfg))?);
         }
 
         let dims: Vec<usize> = encoders.iter().map(|e| e.model.cfg.hidden_size as usize).collect();
@@ -134,6 +134,12 @@ fn size_embedding(values: &[f32], dim: usize) -> Vec<f32> {
     out
 }
 
+impl Components for ClipConditioner {
+    fn components(&mut self) -> Vec<&mut dyn Component> {
+        self.encoders.iter_mut().map(|e| e as &mut dyn Component).collect()
+    }
+}
+
 impl Conditioner for ClipConditioner {
     fn encode(&mut self, req: &CondRequest<'_>) -> Result<Condition> {
         let start = Instant::now();
@@ -162,7 +168,6 @@ impl Conditioner for ClipConditioner {
             }
             data.extend_from_slice(hidden.data());
         }
-        self.release();
         let n = data.len() / dim;
         ensure!(n > 0, "the prompt produced no tokens");
         sd_debug!("computing condition graph completed, taking {} ms", start.elapsed().as_millis());
@@ -171,10 +176,6 @@ impl Conditioner for ClipConditioner {
             None => None,
         };
         Ok(Condition { crossattn: Some(Tensor::from_vec(&[dim, n, 1], data)?), vector, concat: None })
-    }
-
-    fn runners(&mut self) -> Vec<&mut Runner> {
-        self.encoders.iter_mut().map(|e| &mut e.runner).collect()
     }
 }
 

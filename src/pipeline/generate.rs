@@ -609,6 +609,7 @@ fn decode_each(fs: &mut dyn FirstStage, latents: &[Tensor], tiling: &TilingParam
 
 /// Text/image to image: `batch_count` RGB images, fewer when new latents were cancelled.
 pub fn generate(ms: &mut ModelSet, p: &ImgGenParams, cancel: &CancelFlag) -> Result<Vec<Image>> {
+    ms.weights.validate()?;
     check_params(p)?;
     let t0 = Instant::now();
     let mut r = resolve_request(ms, p);

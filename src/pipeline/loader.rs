@@ -99,11 +99,19 @@ impl Weights {
         self.files.get(name)
     }
 
+    /// Fails, naming the file, when a file that loaded weights compute from in place (mmap)
+    /// changed since it was opened: call it before every use of the weights, as a truncated
+    /// file would fault the computation instead (DESIGN.md, "Model files").
+    pub fn validate(&self) -> Result<()> {
+        self.files.validate_in_use()
+    }
+
     /// Allocates `store` on `backend` and fills every declared tensor from the files. With
     /// mmap on a CPU backend, tensors stored in the wanted type are computed from the mapped
     /// file in place (no copy; pages are read when first used), like the reference.
     pub fn load(&self, store: &mut ParamStore, backend: &Backend, what: &str, threads: usize) -> Result<()> {
         let start = Instant::now();
+        self.files.validate()?;
         let placed = store.place_in_host_regions(backend, |name, spec| {
             let ts = self.files.get(name)?;
             let ty = SdType::from_raw(spec.ty)?;

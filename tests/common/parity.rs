@@ -317,6 +317,10 @@ pub struct CaseResult {
     pub pass: bool,
     pub note: String,
     pub seconds: f32,
+    /// What we rendered: the bytes of every returned picture and the bits of every final
+    /// latent captured, to compare runs of our own with each other.
+    pub pixels: Vec<Vec<u8>>,
+    pub latent_bits: Vec<Vec<u32>>,
 }
 
 fn compare_image(golden: &Path, got: &sd_image_t) -> Diff {
@@ -391,6 +395,8 @@ pub fn run_with(
                     pass: false,
                     note: "new_sd_ctx failed".into(),
                     seconds: start.elapsed().as_secs_f32(),
+                    pixels: vec![],
+                    latent_bits: vec![],
                 });
                 continue;
             }
@@ -407,6 +413,17 @@ pub fn run_with(
         let ok = ok.0 != 0;
         let mut diffs = Vec::new();
         let mut note = String::new();
+        let latent_bits = latents.iter().map(|t| t.data().iter().map(|v| v.to_bits()).collect()).collect();
+        let pixels = (0..if ok { n.max(0) as usize } else { 0 })
+            // SAFETY: n images of width * height * channel bytes were returned.
+            .map(|i| unsafe {
+                let img = &*images.add(i);
+                if img.data.is_null() {
+                    return Vec::new();
+                }
+                std::slice::from_raw_parts(img.data, (img.width * img.height * img.channel) as usize).to_vec()
+            })
+            .collect();
         let pass;
         if case.crashed {
             note = format!("reference crashed; ours returned {}", if ok { "images" } else { "false" });
@@ -434,7 +451,16 @@ pub fn run_with(
         }
         // SAFETY: the images generate_image returned, freed once.
         unsafe { free_sd_images(images, n) };
-        let r = CaseResult { folder: folder_name.into(), name: case.name.clone(), diffs, pass, note, seconds: start.elapsed().as_secs_f32() };
+        let r = CaseResult {
+            folder: folder_name.into(),
+            name: case.name.clone(),
+            diffs,
+            pass,
+            note,
+            seconds: start.elapsed().as_secs_f32(),
+            pixels,
+            latent_bits,
+        };
         print_result(&r);
         results.push(r);
     }

@@ -4,4 +4,5 @@
 pub mod common;
 pub mod diffusion;
 pub mod te;
+pub mod upscaler;
 pub mod vae;

@@ -8,6 +8,8 @@ pub mod imageops;
 pub mod loader;
 pub mod prompt;
 pub mod sd;
+pub mod upscaler;
 
 pub use generate::capture_final_latents;
 pub use sd::StableDiffusion;
+pub use upscaler::Upscaler;

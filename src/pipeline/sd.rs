@@ -30,7 +30,8 @@ pub struct Loaded<M> {
 }
 
 impl<M> Loaded<M> {
-    fn load(
+    /// Declares the model's weights under `prefix` and fills them from `weights`.
+    pub(crate) fn load(
         weights: &Weights,
         backend: Arc<Backend>,
         n_threads: i32,
@@ -48,13 +49,13 @@ impl<M> Loaded<M> {
 /// Which device each part computes on: `DEVICE` for all, or `module=DEVICE` entries
 /// (modules `te`, `diffusion`, `vae` and the reference's aliases), comma-separated.
 #[derive(Debug, Default, Clone, PartialEq)]
-struct DeviceSpec {
+pub(crate) struct DeviceSpec {
     default: Option<String>,
     modules: HashMap<&'static str, String>,
 }
 
 impl DeviceSpec {
-    fn parse(spec: Option<&str>) -> Result<DeviceSpec> {
+    pub(crate) fn parse(spec: Option<&str>) -> Result<DeviceSpec> {
         let mut out = DeviceSpec::default();
         for part in spec.unwrap_or("").split(',').map(str::trim).filter(|p| !p.is_empty()) {
             let Some((key, value)) = part.split_once('=') else {
@@ -72,8 +73,9 @@ impl DeviceSpec {
                 "diffusion" | "model" | "unet" | "dit" => "diffusion",
                 "te" | "clip" | "text" | "textencoder" | "textencoders" | "conditioner" | "cond" | "llm" | "t5" | "t5xxl" => "te",
                 "vae" | "firststage" | "autoencoder" | "tae" => "vae",
-                "clipvision" | "vision" | "controlnet" | "control" | "photomaker" | "photomakerid" | "pmid" | "photo" | "upscaler"
-                | "esrgan" | "hires" | "detector" | "adetailer" | "yolo" => continue,
+                "upscaler" | "esrgan" | "hires" => "upscaler",
+                "clipvision" | "vision" | "controlnet" | "control" | "photomaker" | "photomakerid" | "pmid" | "photo" | "detector"
+                | "adetailer" | "yolo" => continue,
                 _ => bail!("unknown backend module '{key}'"),
             };
             out.modules.insert(module, value.to_string());
@@ -81,7 +83,7 @@ impl DeviceSpec {
         Ok(out)
     }
 
-    fn device(&self, module: &str) -> Option<&str> {
+    pub(crate) fn device(&self, module: &str) -> Option<&str> {
         self.modules.get(module).or(self.default.as_ref()).map(String::as_str).filter(|d| {
             let d = d.to_ascii_lowercase();
             !(d == "default" || d == "auto" || d == "disk")
@@ -91,10 +93,10 @@ impl DeviceSpec {
 
 /// Backends by device name, initialised once per context.
 #[derive(Default)]
-struct Backends(HashMap<String, Arc<Backend>>);
+pub(crate) struct Backends(HashMap<String, Arc<Backend>>);
 
 impl Backends {
-    fn get(&mut self, device: Option<&str>) -> Result<Arc<Backend>> {
+    pub(crate) fn get(&mut self, device: Option<&str>) -> Result<Arc<Backend>> {
         let key = device.unwrap_or("CPU").to_ascii_lowercase();
         if let Some(b) = self.0.get(&key) {
             return Ok(b.clone());
@@ -108,6 +110,18 @@ impl Backends {
         });
         self.0.insert(key, b.clone());
         Ok(b)
+    }
+
+    /// The compute backend of `module` under `runtime` (`backend`); weights stay on it,
+    /// whatever `weights_on` (`params_backend`) asks.
+    pub(crate) fn for_module(&mut self, runtime: &DeviceSpec, weights_on: &DeviceSpec, module: &str) -> Result<Arc<Backend>> {
+        let run = runtime.device(module);
+        if let Some(p) = weights_on.device(module) {
+            if !p.eq_ignore_ascii_case(run.unwrap_or("CPU")) {
+                sd_warn!("{module}: keeping weights on the compute device (params backend '{p}' is not supported separately)");
+            }
+        }
+        self.get(run)
     }
 }
 
@@ -162,15 +176,7 @@ impl StableDiffusion {
         let runtime = DeviceSpec::parse(params.backend.as_deref()).context("backend")?;
         let weights_on = DeviceSpec::parse(params.params_backend.as_deref()).context("params_backend")?;
         let mut backends = Backends::default();
-        let mut backend_for = |module: &str| -> Result<Arc<Backend>> {
-            let run = runtime.device(module);
-            if let Some(p) = weights_on.device(module) {
-                if !p.eq_ignore_ascii_case(run.unwrap_or("CPU")) {
-                    sd_warn!("{module}: keeping weights on the compute device (params backend '{p}' is not supported separately)");
-                }
-            }
-            backends.get(run)
-        };
+        let mut backend_for = |module: &str| backends.for_module(&runtime, &weights_on, module);
         let te_backend = backend_for("te")?;
         let diffusion_backend = backend_for("diffusion")?;
         let vae_backend = backend_for("vae")?;

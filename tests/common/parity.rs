@@ -285,7 +285,8 @@ pub struct CaseResult {
     pub seconds: f32,
 }
 
-fn compare_image(golden: &Path, got: &sd_image_t) -> Diff {
+/// A returned picture against a golden PNG.
+pub fn compare_image(golden: &Path, got: &sd_image_t) -> Diff {
     let (w, h, c, want) = read_png(golden);
     let what = golden.file_name().unwrap().to_string_lossy().to_string();
     if (got.width, got.height, got.channel) != (w, h, c) {

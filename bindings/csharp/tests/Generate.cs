@@ -11,7 +11,7 @@ using StableDiffusion;
 static class GenerateTests
 {
     // (width, height, channels, bytes) of an 8-bit non-interlaced PNG.
-    static Tuple<int, int, int, byte[]> ReadPng(string path)
+    public static Tuple<int, int, int, byte[]> ReadPng(string path)
     {
         byte[] file = File.ReadAllBytes(path);
         int pos = 8, w = 0, h = 0, ch = 0;
@@ -61,6 +61,24 @@ static class GenerateTests
         return Tuple.Create(w, h, ch, outp);
     }
 
+    // A returned image against a golden PNG, within the tolerance of tests/fixtures/README.md.
+    public static void CheckGolden(Action<string, bool, string> check, string dir, string file, sd_image_t header, byte[] got)
+    {
+        var want = ReadPng(Path.Combine(dir, file));
+        check("golden size " + file, header.width == want.Item1 && header.height == want.Item2 && header.channel == want.Item3,
+              header.width + "x" + header.height + "x" + header.channel);
+        int max = 0;
+        long sum = 0;
+        for (int i = 0; i < Math.Min(got.Length, want.Item4.Length); i++)
+        {
+            int d = Math.Abs(got[i] - want.Item4[i]);
+            max = Math.Max(max, d);
+            sum += d;
+        }
+        double mean = (double)sum / want.Item4.Length;
+        check("golden " + Path.GetFileName(dir) + "/" + file, got.Length == want.Item4.Length && max <= 3 && mean <= 0.25, "max " + max + " mean " + mean);
+    }
+
     public static void Run(Action<string, bool, string> check, string repoRoot)
     {
         string cache = Environment.GetEnvironmentVariable("SD_FIXTURE_CACHE");
@@ -101,20 +119,7 @@ static class GenerateTests
                 var got = Sd.TakeImages(images, count, headers);
                 check("generate_image(sd1)", ok && got.Count == 1, "ok=" + ok + " count=" + count);
                 if (got.Count != 1) return;
-                var want = ReadPng(Path.Combine(repoRoot, "tests", "fixtures", "golden", "sd1", "sampler_euler_0.png"));
-                check("golden size", headers[0].width == want.Item1 && headers[0].height == want.Item2 && headers[0].channel == want.Item3,
-                      headers[0].width + "x" + headers[0].height + "x" + headers[0].channel);
-                int max = 0;
-                long sum = 0;
-                for (int i = 0; i < Math.Min(got[0].Length, want.Item4.Length); i++)
-                {
-                    int d = Math.Abs(got[0][i] - want.Item4[i]);
-                    max = Math.Max(max, d);
-                    sum += d;
-                }
-                double mean = (double)sum / want.Item4.Length;
-                // The tolerance of tests/fixtures/README.md.
-                check("golden sd1/sampler_euler", got[0].Length == want.Item4.Length && max <= 3 && mean <= 0.25, "max " + max + " mean " + mean);
+                CheckGolden(check, Path.Combine(repoRoot, "tests", "fixtures", "golden", "sd1"), "sampler_euler_0.png", headers[0], got[0]);
                 check("progress after every step", string.Join(",", steps) == "0,1,2,3,4", string.Join(",", steps));
             }
         }

@@ -605,18 +605,20 @@ mod tests {
         assert!(same(&ggml_im2col, &convolve(2 * 11 * 2 * 54 * 2, true, 3)), "bands of 2 rows");
     }
 
-    /// Our im2col op against ggml's on dilated, strided, padded and 1×1 kernels.
+    /// Our im2col op against ggml's on dilated, strided, padded and 1×1 kernels, on images
+    /// narrower and wider than one block of output pixels.
     #[test]
     fn our_im2col_matches_ggml_bit_for_bit() {
         let backend = Arc::new(Backend::cpu().unwrap());
-        let x = pattern(13 * 10 * 3 * 2, 9);
-        for (kw, kh, st, pad, dil) in [(3, 3, (1, 1), (1, 1), (1, 1)), (3, 2, (2, 3), (2, 0), (2, 1)), (1, 1, (1, 1), (0, 0), (1, 1)), (4, 4, (2, 2), (3, 1), (1, 2))] {
+        let kernels = [(3, 3, (1, 1), (1, 1), (1, 1)), (3, 2, (2, 3), (2, 0), (2, 1)), (1, 1, (1, 1), (0, 0), (1, 1)), (4, 4, (2, 2), (3, 1), (1, 2))];
+        for ((kw, kh, st, pad, dil), (w, h)) in kernels.into_iter().flat_map(|k| [(k, (13, 10)), (k, (41, 7))]) {
+            let x = pattern(w as usize * h as usize * 3 * 2, 9);
             let run = |fast: bool| {
                 let mut runner = Runner::new(backend.clone(), 2);
                 runner.options.cpu_fast_im2col = fast;
                 runner
                     .compute(|g| {
-                        let xt = g.input_f32(&x, &[13, 10, 3, 2]);
+                        let xt = g.input_f32(&x, &[w, h, 3, 2]);
                         let shape = g.new_tensor(F32, &[kw, kh, 3, 1]);
                         Ok(match crate::graph::im2col::im2col_f16(g, shape.ne(), xt, st, pad, dil, None).filter(|_| fast) {
                             Some(t) => t,
@@ -626,8 +628,8 @@ mod tests {
                     .unwrap()
             };
             let (ours, theirs) = (run(true), run(false));
-            assert_eq!(ours.shape(), theirs.shape(), "kernel {kw}x{kh}");
-            assert!(ours.data().iter().zip(theirs.data()).all(|(a, b)| a.to_bits() == b.to_bits()), "kernel {kw}x{kh} {st:?} {pad:?} {dil:?}");
+            assert_eq!(ours.shape(), theirs.shape(), "kernel {kw}x{kh} on {w}x{h}");
+            assert!(ours.data().iter().zip(theirs.data()).all(|(a, b)| a.to_bits() == b.to_bits()), "kernel {kw}x{kh} {st:?} {pad:?} {dil:?} on {w}x{h}");
         }
     }
 

@@ -71,6 +71,25 @@ impl Weights {
         Ok(Weights { files, types, version })
     }
 
+    /// Lists one file of a family the caller already knows (an upscaler model), names
+    /// converted for `version`; weights keep the file's types. Read without mmap, like the
+    /// reference loads upscalers.
+    pub fn open_file(path: &str, version: SdVersion) -> Result<Weights> {
+        let mut files = ModelFiles::new();
+        files.set_mmap(false);
+        files
+            .add(path, "")
+            .map_err(|e| crate::error::Error::new(format!("init model loader from file failed: '{path}': {e}")))?;
+        files.convert_names(Some(version));
+        let types = files.tensors().iter().map(|ts| (ts.name().to_string(), ts.ty().raw())).collect();
+        Ok(Weights { files, types, version })
+    }
+
+    /// Internal names of every tensor in the files.
+    pub fn names(&self) -> impl Iterator<Item = &str> {
+        self.files.tensors().iter().map(TensorStorage::name)
+    }
+
     pub fn version(&self) -> SdVersion {
         self.version
     }

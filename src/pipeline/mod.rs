@@ -8,6 +8,8 @@ pub mod generate;
 pub mod imageops;
 pub mod loader;
 pub mod prompt;
+pub mod upscaler;
 
 pub use families::ModelSet;
 pub use generate::capture_final_latents;
+pub use upscaler::Upscaler;

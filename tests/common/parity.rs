@@ -323,7 +323,8 @@ pub struct CaseResult {
     pub latent_bits: Vec<Vec<u32>>,
 }
 
-fn compare_image(golden: &Path, got: &sd_image_t) -> Diff {
+/// A returned picture against a golden PNG.
+pub fn compare_image(golden: &Path, got: &sd_image_t) -> Diff {
     let (w, h, c, want) = read_png(golden);
     let what = golden.file_name().unwrap().to_string_lossy().to_string();
     if (got.width, got.height, got.channel) != (w, h, c) {

@@ -3,7 +3,7 @@
 //! `sd_bench_common`.
 
 use sd_bench_common::{self as common, Job, Outcome, Picture};
-use stable_diffusion::api::{self, Context, CtxParams, ImgGenParams, SampleMethod, SdType};
+use stable_diffusion::api::{self, Context, CtxParams, Image, ImgGenParams, SampleMethod, SdType, UpscalerContext, UpscalerParams};
 use stable_diffusion::pipeline::callbacks;
 use stable_diffusion::types::LogLevel;
 use std::process::ExitCode;
@@ -44,6 +44,49 @@ fn device_setup(cp: &mut CtxParams, threads: i32) -> Result<(), String> {
     Ok(())
 }
 
+/// An ESRGAN upscale of the test image (`job.upscale_model`).
+fn run_upscale(job: &Job) -> Result<Outcome<'static>, String> {
+    let params = UpscalerParams {
+        esrgan_path: job.upscale_model.clone(),
+        direct: false,
+        n_threads: job.threads,
+        tile_size: job.tile_size,
+        backend: None,
+        params_backend: None,
+    };
+    let (load_s, up) = common::timed(|| UpscalerContext::new(&params));
+    let up = up.map_err(|e| format!("new_upscaler_ctx: {e}"))?;
+    let (w, h) = (job.width as u32, job.height as u32);
+    let input = Image { width: w, height: h, channels: 3, data: common::test_image(w, h) };
+    common::set_generating(true);
+    let (upscale_s, result) = common::timed(|| up.upscale(&input, 4));
+    common::set_generating(false);
+    let mut outcome = outcome(load_s);
+    outcome.generate_s = Some(upscale_s);
+    match result {
+        Ok(img) => outcome.picture = Some(picture(img)),
+        Err(e) => outcome.error = Some(format!("upscale: {e}")),
+    }
+    Ok(outcome)
+}
+
+fn outcome(load_s: f64) -> Outcome<'static> {
+    Outcome {
+        side: SIDE,
+        version: format!("{} ({})", api::version(), api::commit()),
+        system_info: stable_diffusion::graph::backend::system_info(),
+        load_s,
+        generate_s: None,
+        picture: None,
+        error: None,
+    }
+}
+
+fn picture(img: Image) -> Picture<'static> {
+    let data: &'static [u8] = Box::leak(img.data.into_boxed_slice());
+    Picture { width: img.width, height: img.height, channels: img.channels, data }
+}
+
 fn run(job: &Job) -> Result<Outcome<'static>, String> {
     stable_diffusion::log::set_sink(Some(Arc::new(|level: LogLevel, text: &str| {
         let level = match level {
@@ -55,6 +98,9 @@ fn run(job: &Job) -> Result<Outcome<'static>, String> {
         common::on_log(level, text);
     })));
     callbacks::set_progress(Some(Arc::new(common::on_progress)));
+    if job.is_upscale() {
+        return run_upscale(job);
+    }
 
     let mut cp = CtxParams {
         model_path: Some(job.model.clone()),
@@ -68,15 +114,7 @@ fn run(job: &Job) -> Result<Outcome<'static>, String> {
     }
     let (load_s, ctx) = common::timed(|| Context::new(&cp));
     let ctx = ctx.map_err(|e| format!("loading: {e}"))?;
-    let mut outcome = Outcome {
-        side: SIDE,
-        version: format!("{} ({})", api::version(), api::commit()),
-        system_info: stable_diffusion::graph::backend::system_info(),
-        load_s,
-        generate_s: None,
-        picture: None,
-        error: None,
-    };
+    let mut outcome = outcome(load_s);
     let method = SampleMethod::parse(&job.sampler).ok_or_else(|| format!("unknown sampler {:?}", job.sampler))?;
     let mut gp = ImgGenParams {
         prompt: job.prompt.clone(),
@@ -98,9 +136,7 @@ fn run(job: &Job) -> Result<Outcome<'static>, String> {
     outcome.generate_s = Some(generate_s);
     match images {
         Ok(images) if !images.is_empty() => {
-            let img = images.into_iter().next().expect("checked non-empty");
-            let data: &'static [u8] = Box::leak(img.data.into_boxed_slice());
-            outcome.picture = Some(Picture { width: img.width, height: img.height, channels: img.channels, data });
+            outcome.picture = Some(picture(images.into_iter().next().expect("checked non-empty")));
         }
         Ok(_) => outcome.error = Some("generate_image returned no image".into()),
         Err(e) => outcome.error = Some(format!("generate_image: {e}")),

@@ -9,6 +9,7 @@ pub mod generate;
 pub mod imageops;
 pub mod loader;
 pub mod prompt;
+pub mod ref_images;
 
 pub use families::ModelSet;
 pub use generate::capture_final_latents;

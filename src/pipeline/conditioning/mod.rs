@@ -2,6 +2,9 @@
 //! kind of conditioner (the reference keeps ten of them in one 3,200-line header).
 
 pub mod clip;
+pub mod flux;
+pub mod sd3;
+pub mod t5;
 
 use crate::error::Result;
 use crate::graph::Runner;
@@ -27,9 +30,14 @@ pub trait Conditioner: Send {
     /// Every graph runner (graph options, compute-buffer release).
     fn runners(&mut self) -> Vec<&mut Runner>;
 
+    /// Frees compute buffers and the weights that are only loaded while encoding.
     fn release(&mut self) {
         for r in self.runners() {
             r.release();
         }
+        self.unload();
     }
+
+    /// Frees weights loaded for encoding only (T5); nothing by default.
+    fn unload(&mut self) {}
 }

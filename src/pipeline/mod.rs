@@ -8,6 +8,7 @@ pub mod imageops;
 pub mod loader;
 pub mod prompt;
 pub mod sd;
+pub mod t5;
 
 pub use generate::capture_final_latents;
 pub use sd::StableDiffusion;

@@ -97,7 +97,7 @@ pub struct T5Encoder {
     prefix: String,
     cfg: T5Config,
     tokenizer: &'static T5Tokenizer,
-    backend: Arc<Backend>,
+    /// Computes the graphs; its backend also holds the weights.
     runner: Runner,
     load_threads: usize,
     residency: Residency,
@@ -124,8 +124,7 @@ impl T5Encoder {
             weights,
             prefix: prefix.to_string(),
             cfg,
-            runner: Runner::new(backend.clone(), n_threads),
-            backend,
+            runner: Runner::new(backend, n_threads),
             load_threads: n_threads.max(1) as usize,
             residency,
             loaded: None,
@@ -164,7 +163,7 @@ impl T5Encoder {
         }
         let mut store = ParamStore::new(T5Model::tensor_count(&self.cfg))?;
         let model = T5Model::new(&mut Scope::new(&mut store, self.weights.types(), &self.prefix), &self.cfg);
-        self.weights.load(&mut store, &self.backend, "t5", self.load_threads)?;
+        self.weights.load(&mut store, self.runner.backend(), "t5", self.load_threads)?;
         self.loaded = Some((model, store));
         Ok(())
     }
@@ -217,6 +216,12 @@ mod tests {
 
     fn tok() -> &'static T5Tokenizer {
         T5Tokenizer::shared(T5Vocab::T5).unwrap()
+    }
+
+    #[test]
+    fn encoder_can_move_between_threads() {
+        fn send<T: Send>() {}
+        send::<T5Encoder>();
     }
 
     #[test]

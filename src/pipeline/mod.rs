@@ -10,6 +10,7 @@ pub mod imageops;
 pub mod loader;
 pub mod prompt;
 pub mod ref_images;
+pub mod t5;
 
 pub use families::ModelSet;
 pub use generate::capture_final_latents;

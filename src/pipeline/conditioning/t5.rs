@@ -1,31 +1,25 @@
-//! The T5-XXL part of the DiT conditioners (SD3, Flux, Chroma): tokenizing a prompt into
-//! weighted chunks with their attention mask, and encoding chunks.
+//! The T5-XXL part of the DiT conditioners (SD3, Flux, Chroma) over `pipeline::t5`.
 //!
-//! T5's weights are not kept through sampling: they are loaded by the first encoding of a
-//! generation and freed when the conditioner is released (after the prompt and the negative
-//! prompt), unless the context asks for eager loading, which keeps them resident.
+//! T5's weights are not kept through sampling: the first encoding of a generation loads
+//! them, they serve the prompt and the negative prompt, and the conditioner's release (after
+//! conditioning, before sampling) frees them again. With the context's `eager_load` they are
+//! loaded at creation and stay resident.
 
 use crate::error::Result;
 use crate::graph::{Backend, Runner};
+use crate::models::te::t5::T5XXL_PREFIX;
+use crate::models::te::t5_tokenizer::T5Vocab;
 use crate::pipeline::loader::Weights;
-use crate::pipeline::prompt::WeightedTokens;
+use crate::pipeline::prompt::PadOptions;
+use crate::pipeline::t5::{tokenize_weighted_t5, Residency, T5Encoder};
 use crate::tensor::Tensor;
 use std::sync::Arc;
 
-/// Where the T5 encoder's weights live (`t5xxl_path` files are put there).
-pub const T5XXL_PREFIX: &str = "text_encoders.t5xxl.transformer.";
+pub use crate::pipeline::t5::{attend_padding, T5Tokens};
 
-/// Weighted T5 tokens (chunks ending in EOS, padded) and their additive attention mask
-/// (0 for prompt tokens and EOS, -inf for padding).
-#[derive(Clone, Debug, Default)]
-pub struct T5Tokens {
-    pub tokens: WeightedTokens,
-    pub mask: Vec<f32>,
-}
-
-/// A T5 encoder and its tokenizer.
+/// A T5 encoder for one conditioner.
 pub struct T5Text {
-    width: usize,
+    encoder: T5Encoder,
 }
 
 impl T5Text {
@@ -34,38 +28,38 @@ impl T5Text {
         if !weights.has_prefix(T5XXL_PREFIX) {
             return Ok(None);
         }
-        let _ = (backend, n_threads, resident);
-        bail!("T5-XXL text encoding is not available in this build yet")
+        let residency = if resident { Residency::Resident } else { Residency::OnDemand };
+        let encoder = T5Encoder::new(weights.clone(), T5XXL_PREFIX, T5Vocab::T5, backend, n_threads, residency)?;
+        Ok(Some(T5Text { encoder }))
     }
 
     /// Width of the hidden states (4096 for T5-XXL).
     pub fn width(&self) -> usize {
-        self.width
+        self.encoder.config().model_dim as usize
     }
 
-    /// `text` as weighted T5 tokens in chunks of `chunk_len` (each piece of the attention
-    /// syntax tokenized on its own).
-    pub fn tokenize(&self, _text: &str, _chunk_len: usize) -> T5Tokens {
-        T5Tokens::default()
+    /// `text` as weighted T5 tokens in chunks of `chunk_len`, each ending in EOS.
+    pub fn tokenize(&self, text: &str, chunk_len: usize) -> T5Tokens {
+        tokenize_weighted_t5(self.encoder.tokenizer(), text, &PadOptions::t5_chunks(chunk_len))
     }
 
-    /// Hidden states `[width, L, 1]` of one chunk, attending only where `mask` is 0 when given.
-    pub fn encode(&mut self, _ids: &[u32], _mask: Option<&[f32]>) -> Result<Tensor> {
-        bail!("T5-XXL text encoding is not available in this build yet")
+    /// Hidden states `[width, L, 1]` of one chunk (attending only where `mask` is 0 when
+    /// given). The weights stay loaded until [`release`](Self::release).
+    pub fn encode(&mut self, ids: &[u32], mask: Option<&[f32]>) -> Result<Tensor> {
+        self.encoder.load()?;
+        self.encoder.encode(ids, mask)
     }
 
     /// Frees the weights (unless resident) and the compute buffer.
-    pub fn release(&mut self) {}
+    pub fn release(&mut self) {
+        if self.encoder.residency() == Residency::OnDemand {
+            self.encoder.unload();
+        } else {
+            self.encoder.runner_mut().release();
+        }
+    }
 
     pub fn runner(&mut self) -> Option<&mut Runner> {
-        None
-    }
-}
-
-/// Lets the first `extra` padding positions of an additive mask be attended (Chroma's
-/// `chroma_t5_mask_pad`).
-pub fn attend_padding(mask: &mut [f32], extra: usize) {
-    for m in mask.iter_mut().filter(|m| m.is_infinite()).take(extra) {
-        *m = 0.0;
+        Some(self.encoder.runner_mut())
     }
 }

@@ -4,6 +4,8 @@
 # scripts/third-party.tsv into third_party/ (git-ignored), e.g.
 #   third_party/ggml                              ggml tree of llama-cpp-sys-2 0.1.161
 #   third_party/clip/bpe_simple_vocab_16e6.txt    CLIP BPE vocabulary of instant-clip-tokenizer 0.1.0
+#   third_party/sd-vocab/*.hpp                    the reference's other tokenizer tables (T5, UMT5,
+#                                                 Qwen2, Mistral, Gemma, GPT-OSS) of diffusion-rs-sys 0.1.20
 # `cargo build` does the same by itself when a file is missing (scripts/third_party.rs);
 # this script is for doing it ahead, e.g. before going offline.
 # Set GGML_SOURCE_DIR at build time to use a ggml tree of your own instead.

@@ -89,7 +89,7 @@ fn esrgan_golden_cases() {
         } else {
             for (i, file) in golden.iter().enumerate() {
                 // SAFETY: n images were returned.
-                r.diffs.push(compare_image(&dir.join(file), unsafe { &*out.add(i) }));
+                r.diffs.push(compare_image(&dir.join(file), unsafe { &*out.add(i) }, None));
             }
             r.pass = r.diffs.iter().all(|d| d.pass);
         }

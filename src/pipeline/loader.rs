@@ -58,17 +58,22 @@ impl Weights {
         })?;
         sd_info!("Version: {}", version.name());
         files.convert_names(Some(version));
+        Ok(Self::from_files(files, version, params.wtype, params.tensor_type_rules.as_deref().unwrap_or("")))
+    }
 
-        let rules = TypeRules::parse(params.tensor_type_rules.as_deref().unwrap_or(""));
+    /// Files already listed with internal names, each weight typed by `wtype` and the
+    /// `tensor_type_rules` text.
+    pub fn from_files(files: ModelFiles, version: SdVersion, wtype: Option<SdType>, type_rules: &str) -> Weights {
+        let rules = TypeRules::parse(type_rules);
         let types = files
             .tensors()
             .iter()
             .map(|ts| {
-                let ty = target_type(ts, params.wtype, &rules).unwrap_or(ts.ty());
+                let ty = target_type(ts, wtype, &rules).unwrap_or(ts.ty());
                 (ts.name().to_string(), ty.raw())
             })
             .collect();
-        Ok(Weights { files, types, version })
+        Weights { files, types, version }
     }
 
     /// Lists one file of a family the caller already knows (an upscaler model), names
@@ -182,7 +187,7 @@ impl Weights {
         } else if let Some(b) = placement.weights_backend() {
             self.load(&mut store, b, what, threads)?;
         } else {
-            sd_info!("{what}: weights are read from the model files for each use (params_backend disk)");
+            sd_info!("{what}: weights are read from the model files for each use");
         }
         let runner = Runner::for_placement(&placement, n_threads);
         let source: Arc<dyn WeightSource> = self.clone();

@@ -8,6 +8,8 @@ pub mod generate;
 pub mod imageops;
 pub mod loader;
 pub mod prompt;
+pub mod ref_images;
+pub mod t5;
 pub mod upscaler;
 
 pub use families::ModelSet;

@@ -2,6 +2,9 @@
 //! kind of conditioner (the reference keeps ten of them in one 3,200-line header).
 
 pub mod clip;
+pub mod flux;
+pub mod sd3;
+pub mod t5;
 
 use crate::error::Result;
 use crate::graph::Components;

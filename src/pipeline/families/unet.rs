@@ -3,14 +3,13 @@
 //! a tiny autoencoder, like the reference's `FrozenCLIPEmbedderWithCustomWords`,
 //! `UNetModelRunner` and `AutoEncoderKL`.
 
-use super::{BuildCtx, Concat, Parts, PredictionRule};
+use super::{first_stage, BuildCtx, Concat, Parts, PredictionRule};
 use crate::error::Result;
 use crate::graph::{Component, Loaded, Module, Placement};
 use crate::io::SdVersion;
 use crate::models::condition::Condition;
 use crate::models::diffusion::unet::{UNetConfig, UNetModel, UNetVersion};
 use crate::models::diffusion::{DiffusionInput, DiffusionModel};
-use crate::models::vae::{self, AutoEncoderKL, FirstStage, TaeConfig, TinyAutoEncoder, Vae, VaeConfig};
 use crate::pipeline::conditioning::clip::{ClipConditioner, ClipSet};
 use crate::pipeline::loader::Weights;
 use crate::runtime::denoiser::Denoiser;
@@ -20,10 +19,6 @@ use crate::types::Prediction;
 
 /// Where the UNet's weights live in a checkpoint (and where split files are put).
 const UNET_PREFIX: &str = "model.diffusion_model.";
-
-/// The reference scales every VAE convolution's input by this for SDXL when no separate
-/// VAE is given: the original SDXL VAE overflows f16.
-const SDXL_VAE_CONV_SCALE: f32 = 1.0 / 32.0;
 
 pub(super) fn build(ctx: &mut BuildCtx<'_>, unet_version: UNetVersion, text: ClipSet) -> Result<Parts> {
     let (params, weights, spec, n_threads) = (ctx.params, ctx.weights, ctx.spec, ctx.n_threads);
@@ -48,11 +43,7 @@ pub(super) fn build(ctx: &mut BuildCtx<'_>, unet_version: UNetVersion, text: Cli
         sd_info!("Using Conv2d direct in the diffusion model");
     }
 
-    let (mut first_stage, mut preview) = first_stage(ctx, vae_place)?;
-    for v in std::iter::once(&mut first_stage).chain(preview.as_mut()) {
-        v.runner.options.flash_attn = params.flash_attn;
-        v.runner.options.conv_direct = params.vae_conv_direct;
-    }
+    let (first_stage, preview) = first_stage::build(ctx, vae_place)?;
 
     let alphas_cumprod = load_alphas_cumprod(weights);
     let prediction = match params.prediction {
@@ -83,8 +74,6 @@ pub(super) fn build(ctx: &mut BuildCtx<'_>, unet_version: UNetVersion, text: Cli
         prediction.name(),
         ctx.version.name()
     );
-    let first_stage: Box<dyn FirstStage> = Box::new(first_stage);
-    let preview = preview.map(|p| Box::new(p) as Box<dyn FirstStage>);
     Ok(Parts {
         cond: Box::new(cond),
         diffusion: Box::new(unet),
@@ -92,49 +81,8 @@ pub(super) fn build(ctx: &mut BuildCtx<'_>, unet_version: UNetVersion, text: Cli
         preview,
         prediction,
         denoiser: Denoiser::new(prediction, alphas_cumprod.as_deref()),
+        default_flow_shift: None,
     })
-}
-
-/// The first stage (AutoencoderKL, or the tiny autoencoder when given and not for previews
-/// only) and the preview-only decoder, with the reference's rules.
-fn first_stage(ctx: &BuildCtx<'_>, place: Placement) -> Result<(Loaded<Vae>, Option<Loaded<Vae>>)> {
-    let (params, weights, spec, n_threads) = (ctx.params, ctx.weights, ctx.spec, ctx.n_threads);
-    let has_tae = weights.has_prefix(vae::tae::PREFIX);
-    ensure!(!spec.tae_first_stage || has_tae, "{} models need their tiny autoencoder (taesd_path)", ctx.version.name());
-    let tae_preview_only = params.tae_preview_only && !spec.tae_first_stage;
-    let load_tae = |decode_only: bool, place: Placement| -> Result<Loaded<Vae>> {
-        let cfg = TaeConfig::detect(weights.types(), vae::tae::PREFIX, |n| weights.shape_of(n), decode_only);
-        weights.load_model(place, n_threads, vae::tae::PREFIX, "TAE", |s| Vae::Tiny(TinyAutoEncoder::new(s, &cfg)))
-    };
-    if has_tae && !tae_preview_only {
-        sd_info!("using TAE for encoding / decoding");
-        return Ok((load_tae(false, place)?, None));
-    }
-    sd_info!("using VAE for encoding / decoding");
-    let prefix = vae::autoencoder_kl::PREFIX;
-    let mut cfg = VaeConfig::detect(weights.types(), prefix, |n| weights.shape_of(n), spec.latent.scale_factor, false);
-    cfg.shift_factor = spec.latent.shift_factor;
-    cfg.raw_encoder_latents = ctx.version == SdVersion::Sd1Pix2Pix;
-    let conv_scale = (spec.defaults == crate::runtime::defaults::ModelFamily::Sdxl)
-        && (params.vae_path.as_deref().unwrap_or("").is_empty() || params.force_sdxl_vae_conv_scale);
-    let kl = weights.load_model(place.clone(), n_threads, prefix, "VAE", |s| {
-        let mut m = AutoEncoderKL::new(s, &cfg);
-        if conv_scale {
-            sd_warn!(
-                "No valid VAE specified with --vae or --force-sdxl-vae-conv-scale flag set, using Conv2D scale {:.3}",
-                SDXL_VAE_CONV_SCALE
-            );
-            m.set_conv2d_scale(SDXL_VAE_CONV_SCALE);
-        }
-        Vae::Kl(m)
-    })?;
-    let preview = if has_tae {
-        sd_info!("using TAE for preview");
-        Some(load_tae(true, place)?)
-    } else {
-        None
-    };
-    Ok((kl, preview))
 }
 
 /// SD 2.x checkpoints come with eps or v prediction and do not say which: like the

@@ -82,7 +82,7 @@ fn esrgan_golden_cases() {
         let mut n: c_int = 0;
         // SAFETY: live context, image of w*h*c bytes, writable out-pointers.
         let ok = unsafe { upscale(ctx, img, factor, &mut out, &mut n) }.0 != 0;
-        let mut r = CaseResult { folder: "esrgan".into(), name: name.clone(), diffs: vec![], pass: false, note: String::new(), seconds: 0.0 };
+        let mut r = CaseResult { folder: "esrgan".into(), name: name.clone(), diffs: vec![], pass: false, note: String::new(), seconds: 0.0, pixels: vec![], latent_bits: vec![] };
         let golden: Vec<&str> = case["images"].as_array().unwrap().iter().map(|i| i.as_str().unwrap()).collect();
         if Some(ok) != case["ok"].as_bool() || n as usize != golden.len() {
             r.note = format!("returned {ok} with {n} images, reference {:?} with {}", case["ok"], golden.len());

@@ -17,7 +17,7 @@
 use super::{DiffusionInput, DiffusionModel};
 use crate::error::{Context as _, Result};
 use crate::graph::nn::{LayerNorm, Linear};
-use crate::graph::{Graph, Loaded, Runner, Scope, TypeMap, F32, T};
+use crate::graph::{Component, Components, Graph, Loaded, Scope, TypeMap, F32, T};
 use crate::models::common::dit::{chunk, modulate, pad_and_patchify, timestep_embedding, unpatchify_and_crop, RmsNorm};
 use crate::models::common::rope;
 use crate::tensor::Tensor;
@@ -681,6 +681,12 @@ pub struct Flux {
     pub options: FluxOptions,
 }
 
+impl Components for Flux {
+    fn components(&mut self) -> Vec<&mut dyn Component> {
+        vec![&mut self.model]
+    }
+}
+
 impl DiffusionModel for Flux {
     fn compute(&mut self, input: &DiffusionInput<'_>) -> Result<Tensor> {
         let cond = input.cond;
@@ -717,9 +723,6 @@ impl DiffusionModel for Flux {
         })
     }
 
-    fn runners(&mut self) -> Vec<&mut Runner> {
-        vec![&mut self.model.runner]
-    }
 }
 
 #[cfg(test)]

@@ -12,7 +12,7 @@
 use super::{DiffusionInput, DiffusionModel};
 use crate::error::{Context as _, Result};
 use crate::graph::nn::{self, Conv2d, LayerNorm, Linear};
-use crate::graph::{Graph, Loaded, Runner, Scope, TypeMap, F32, T, W};
+use crate::graph::{Graph, Loaded, Scope, TypeMap, F32, T, W};
 use crate::models::common::dit::{chunk, modulate, timestep_embedding, unpatchify_and_crop, RmsNorm};
 use crate::tensor::Tensor;
 
@@ -466,7 +466,4 @@ impl DiffusionModel for Loaded<MmditModel> {
         })
     }
 
-    fn runners(&mut self) -> Vec<&mut Runner> {
-        vec![&mut self.runner]
-    }
 }

@@ -5,8 +5,7 @@
 
 use super::{first_stage, BuildCtx, Concat, Parts, PredictionRule};
 use crate::error::Result;
-use crate::graph::{Component, Loaded, Module, Placement};
-use crate::io::SdVersion;
+use crate::graph::{Component, Loaded, Module};
 use crate::models::condition::Condition;
 use crate::models::diffusion::unet::{UNetConfig, UNetModel, UNetVersion};
 use crate::models::diffusion::{DiffusionInput, DiffusionModel};

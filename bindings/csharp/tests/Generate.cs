@@ -11,7 +11,7 @@ using StableDiffusion;
 static class GenerateTests
 {
     // (width, height, channels, bytes) of an 8-bit non-interlaced PNG.
-    static Tuple<int, int, int, byte[]> ReadPng(string path)
+    public static Tuple<int, int, int, byte[]> ReadPng(string path)
     {
         byte[] file = File.ReadAllBytes(path);
         int pos = 8, w = 0, h = 0, ch = 0;

@@ -1,5 +1,6 @@
 //! Safe wrappers over ggml: backends, contexts, tensors, weights and graph execution.
 
+pub mod adapter;
 pub mod backend;
 pub mod context;
 pub mod eval_callback;
@@ -9,6 +10,7 @@ pub mod ops;
 pub mod params;
 pub mod runner;
 
+pub use adapter::{LayerOp, WeightAdapter};
 pub use backend::Backend;
 pub use context::{is_block_quantized, GgmlType, Graph, GraphOptions, F16, F32, I32, T, W};
 pub use params::{ParamStore, Scope, TensorSpec, TypeMap};

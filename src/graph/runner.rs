@@ -4,6 +4,7 @@
 //! The compute buffer is kept between runs so a sampling loop does not reallocate it at
 //! every step.
 
+use super::adapter::WeightAdapter;
 use super::backend::Backend;
 use super::context::{Graph, GraphOptions, MAX_NODES, T};
 use crate::error::{Context as _, Result};
@@ -19,6 +20,8 @@ pub struct Runner {
     /// Size of the compute buffer last reported, so growth is logged once.
     buffer_bytes: usize,
     pub options: GraphOptions,
+    /// Handed to every graph this runner builds (run-time LoRAs).
+    adapter: Option<Arc<dyn WeightAdapter>>,
 }
 
 // SAFETY: the allocator is owned exclusively by the runner.
@@ -26,7 +29,16 @@ unsafe impl Send for Runner {}
 
 impl Runner {
     pub fn new(backend: Arc<Backend>, n_threads: i32) -> Runner {
-        Runner { backend, n_threads: n_threads.max(1), galloc: None, buffer_bytes: 0, options: GraphOptions::default() }
+        Runner { backend, n_threads: n_threads.max(1), galloc: None, buffer_bytes: 0, options: GraphOptions::default(), adapter: None }
+    }
+
+    /// Sets (or clears) the adapter the layers of every later graph consult.
+    pub fn set_adapter(&mut self, adapter: Option<Arc<dyn WeightAdapter>>) {
+        self.adapter = adapter;
+    }
+
+    pub fn adapter(&self) -> Option<&Arc<dyn WeightAdapter>> {
+        self.adapter.as_ref()
     }
 
     pub fn backend(&self) -> &Arc<Backend> {
@@ -51,14 +63,33 @@ impl Runner {
     where
         F: for<'g> FnOnce(&'g Graph) -> Result<Vec<T<'g>>>,
     {
-        let mut graph = Graph::new()?;
+        self.run(build, read_f32)
+    }
+
+    /// Builds a graph with `build` and returns the raw bytes of each output in its own type
+    /// (e.g. weights computed in f16 or q8_0).
+    pub fn compute_bytes<F>(&mut self, build: F) -> Result<Vec<Vec<u8>>>
+    where
+        F: for<'g> FnOnce(&'g Graph) -> Result<Vec<T<'g>>>,
+    {
+        self.run(build, read_bytes)
+    }
+
+    /// Builds, allocates and computes a graph and reads its outputs with `read`.
+    fn run<F, R>(&mut self, build: F, read: fn(*mut g::ggml_tensor) -> Result<R>) -> Result<Vec<R>>
+    where
+        F: for<'g> FnOnce(&'g Graph) -> Result<Vec<T<'g>>>,
+    {
+        let extra = self.adapter.as_ref().map_or(0, |a| a.extra_nodes());
+        let mut graph = Graph::with_nodes(MAX_NODES + extra)?;
         graph.options = self.options;
         graph.backend = self.backend.raw();
         graph.on_cpu = self.backend.is_cpu();
+        graph.adapter = self.adapter.clone();
         let outputs = build(&graph)?;
         ensure!(!outputs.is_empty(), "graph has no output");
-        // SAFETY: the graph context was sized for MAX_NODES nodes.
-        let gf = unsafe { g::ggml_new_graph_custom(graph.ctx(), MAX_NODES, false) };
+        // SAFETY: the graph context was sized for max_nodes nodes.
+        let gf = unsafe { g::ggml_new_graph_custom(graph.ctx(), graph.max_nodes, false) };
         ensure!(!gf.is_null(), "could not create a compute graph");
         let raw_outputs: Vec<*mut g::ggml_tensor> = outputs.iter().map(|t| t.set_output().raw()).collect();
         for &o in &raw_outputs {
@@ -100,8 +131,7 @@ impl Runner {
         // SAFETY: allocated graph on this backend.
         let status = unsafe { g::ggml_backend_graph_compute(self.backend.raw(), gf) };
         ensure!(status == g::GGML_STATUS_SUCCESS, "graph computation failed on {} (status {status})", self.backend.name());
-
-        raw_outputs.into_iter().map(read_f32).collect()
+        raw_outputs.into_iter().map(read).collect()
     }
 
     fn allocator(&mut self) -> Result<NonNull<g::ggml_gallocr>> {
@@ -133,6 +163,17 @@ impl Drop for Runner {
     fn drop(&mut self) {
         self.free_allocator();
     }
+}
+
+/// Reads a computed tensor's bytes as they are.
+fn read_bytes(t: *mut g::ggml_tensor) -> Result<Vec<u8>> {
+    // SAFETY: t is a computed tensor of an allocated graph.
+    let (nbytes, contiguous) = unsafe { (g::ggml_nbytes(t), g::ggml_is_contiguous(t)) };
+    ensure!(contiguous, "graph output is not contiguous");
+    let mut bytes = vec![0u8; nbytes];
+    // SAFETY: bytes holds nbytes.
+    unsafe { g::ggml_backend_tensor_get(t, bytes.as_mut_ptr() as *mut _, 0, nbytes) };
+    Ok(bytes)
 }
 
 /// Reads a computed tensor as f32 (converting f16/bf16), always as 4 dims.
@@ -167,6 +208,7 @@ mod tests {
     use crate::graph::nn::{Conv2d, GroupNorm, Linear};
     use crate::graph::params::{ParamStore, Scope, TypeMap};
     use crate::graph::F32;
+    use crate::testutil::pattern;
 
     fn f32_bytes(v: &[f32]) -> Vec<u8> {
         v.iter().flat_map(|x| x.to_le_bytes()).collect()
@@ -239,18 +281,6 @@ mod tests {
         let d = y.data();
         assert!((d[0] + 1.0).abs() < 1e-3 && (d[1] - 1.0).abs() < 1e-3, "{d:?}");
         assert!((d[2] + 1.0).abs() < 1e-3 && (d[3] - 3.0).abs() < 1e-3, "{d:?}");
-    }
-
-    fn pattern(n: usize, seed: u32) -> Vec<f32> {
-        let mut state = seed.wrapping_mul(2654435761).wrapping_add(1);
-        (0..n)
-            .map(|_| {
-                state ^= state << 13;
-                state ^= state >> 17;
-                state ^= state << 5;
-                (state % 2001) as f32 / 1000.0 - 1.0
-            })
-            .collect()
     }
 
     /// Scores computed a few query rows at a time, and convolutions whose im2col matrix is

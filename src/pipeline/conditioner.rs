@@ -65,6 +65,11 @@ impl ClipConditioner {
         &mut self.runner
     }
 
+    /// The weights and runner LoRAs update.
+    pub fn lora_target(&mut self) -> super::lora::LoraTarget<'_> {
+        super::lora::LoraTarget { store: &mut self._store, runner: &mut self.runner }
+    }
+
     /// The cross-attention context of `text`: [hidden, 77 · chunks, 1].
     pub fn encode(&mut self, text: &str, clip_skip: i32) -> Result<Tensor> {
         let start = Instant::now();

@@ -104,7 +104,6 @@ fn check_params(sd: &StableDiffusion, p: &ImgGenParams) -> Result<()> {
         p.strength
     );
     ensure!(p.sample_params.guidance.txt_cfg.is_finite(), "cfg scale must be a finite number");
-    ensure!(p.loras.is_empty(), "LoRAs are not supported yet in this build of libstable-diffusion");
     if p.hires.enabled && p.hires.upscaler != crate::types::HiresUpscaler::None {
         bail!("the hires fix is not supported yet in this build of libstable-diffusion");
     }
@@ -506,6 +505,7 @@ fn decode_all(sd: &mut StableDiffusion, latents: &[Tensor], tiling: &TilingParam
 pub fn generate(sd: &mut StableDiffusion, p: &ImgGenParams, cancel: &CancelFlag) -> Result<Vec<Image>> {
     check_params(sd, p)?;
     let t0 = Instant::now();
+    sd.apply_loras(&p.loras)?;
     let r = resolve_request(sd, p);
     sd_info!("generate_image {}x{}", r.width, r.height);
     let tiling = runtime_tiling(&p.vae_tiling_params);

@@ -6,6 +6,7 @@ pub mod conditioner;
 pub mod generate;
 pub mod imageops;
 pub mod loader;
+pub mod lora;
 pub mod prompt;
 pub mod sd;
 

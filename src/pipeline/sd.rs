@@ -4,6 +4,7 @@
 
 use super::conditioner::ClipConditioner;
 use super::loader::Weights;
+use super::lora::{LoraSet, LoraTarget};
 use crate::params::CtxParams;
 use crate::error::{Context as _, Result};
 use crate::graph::{Backend, ParamStore, Runner, Scope};
@@ -42,6 +43,11 @@ impl<M> Loaded<M> {
         let model = declare(&mut Scope::new(&mut store, weights.types(), prefix));
         weights.load(&mut store, &backend, what, n_threads.max(1) as usize)?;
         Ok(Loaded { model, _store: store, runner: Runner::new(backend, n_threads) })
+    }
+
+    /// The weights and runner LoRAs update.
+    pub fn lora_target(&mut self) -> LoraTarget<'_> {
+        LoraTarget { store: &mut self._store, runner: &mut self.runner }
     }
 }
 
@@ -140,6 +146,9 @@ pub struct StableDiffusion {
     pub first_stage: Loaded<Vae>,
     /// TAESD for previews only (`tae_preview_only`).
     pub preview_vae: Option<Loaded<Vae>>,
+    /// The model files, kept to undo merged LoRAs.
+    weights: Weights,
+    pub loras: LoraSet,
 }
 
 /// Whether `version` is one of the SD 1.x / SD 2.x UNet models this pipeline runs, and
@@ -225,6 +234,7 @@ impl StableDiffusion {
         }
 
         let alphas_cumprod = load_alphas_cumprod(&weights);
+        let loras = LoraSet::new(params.lora_apply_mode, &weights);
         let mut sd = StableDiffusion {
             version,
             family: if sd2 { ModelFamily::Sd2 } else { ModelFamily::Sd1 },
@@ -237,6 +247,8 @@ impl StableDiffusion {
             unet,
             first_stage,
             preview_vae,
+            weights,
+            loras,
         };
         let prediction = match params.prediction {
             Some(p) => p,
@@ -278,6 +290,12 @@ impl StableDiffusion {
 
     pub fn is_inpaint(&self) -> bool {
         self.version.is_inpaint()
+    }
+
+    /// Brings the model to the LoRAs of a request (text encoder, UNet, VAE).
+    pub fn apply_loras(&mut self, wanted: &[crate::params::Lora]) -> Result<()> {
+        let mut targets = [self.cond.lora_target(), self.unet.lora_target(), self.first_stage.lora_target()];
+        self.loras.apply(wanted, &self.weights, &mut targets, self.n_threads)
     }
 
     /// SD 2.x checkpoints come with eps or v prediction and do not say which: like the

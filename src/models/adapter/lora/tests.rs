@@ -77,7 +77,7 @@ fn model(ne: &[i64], ty: GgmlType, values: &[f32], backend: &Backend) -> (ParamS
     let w = store.declare("model.w.weight", ty, ne);
     store.alloc(backend).unwrap();
     let bytes = if ty == F32 { f32_bytes(values) } else { f16_bytes(values) };
-    store.load(|_, _, dst| Ok(dst.copy_from_slice(&bytes))).unwrap();
+    store.load(|_, _, dst| { dst.copy_from_slice(&bytes); Ok(()) }).unwrap();
     (store, w)
 }
 
@@ -196,35 +196,76 @@ fn mapped_weights_are_never_written_and_come_back_by_pointer() {
     assert_eq!(store.get_data(w).unwrap(), file);
 }
 
+/// Dequantized values of a q8_0 / q4_K tensor.
+fn dequantized(bytes: &[u8], ty: crate::types::SdType, rows: u64, cols: u64) -> Vec<f32> {
+    let mut out = vec![0u8; (rows * cols) as usize * 4];
+    crate::io::dtype::convert_rows(bytes, ty, &mut out, crate::types::SdType::F32, rows, cols).unwrap();
+    out.chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect()
+}
+
 #[test]
-fn quantized_weights_merge_through_f32() {
+fn quantized_weights_take_loras_in_both_modes() {
+    use crate::types::SdType;
     let backend = backend();
-    let (ne, n) = ([64i64, 4], 256usize);
-    let base = pattern(n, 9);
-    let mut q = vec![0u8; n / 32 * 34];
-    crate::io::dtype::convert_rows(&f32_bytes(&base), crate::types::SdType::F32, &mut q, crate::types::SdType::Q8_0, 4, 64).unwrap();
-    let mut store = ParamStore::new(2).unwrap();
-    let w = store.declare("model.w.weight", ggml_sys::GGML_TYPE_Q8_0, &ne);
-    store.alloc(&backend).unwrap();
-    store.load(|_, _, dst| Ok(dst.copy_from_slice(&q))).unwrap();
-    let mut lora = Lora::new("q", 2).unwrap();
-    let diff = pattern(n, 11).iter().map(|v| v * 0.1).collect::<Vec<_>>();
-    let d = lora.declare(&TensorDecl { name: "diff", ty: F32, ne: &ne }).unwrap();
-    lora.add_patch(w, Patch { pieces: vec![Piece { update: Update::Diff(d), scale: 1.0 }] });
-    lora.load(&backend, |_, _, dst| Ok(dst.copy_from_slice(&f32_bytes(&diff)))).unwrap();
-    let mut merged = Merged::default();
-    let read = |_: &str, _: &TensorSpec, dst: &mut [u8]| -> Result<()> {
-        dst.copy_from_slice(&q);
-        Ok(())
-    };
-    merged.apply(&mut store, &backend, 2, std::slice::from_ref(&lora), &read).unwrap();
-    let mut got = vec![0u8; n * 4];
-    crate::io::dtype::convert_rows(&store.get_data(w).unwrap(), crate::types::SdType::Q8_0, &mut got, crate::types::SdType::F32, 4, 64).unwrap();
-    let got: Vec<f32> = got.chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect();
-    let want: Vec<f32> = base.iter().zip(&diff).map(|(a, b)| a + b).collect();
-    assert!(max_rel(&got, &want) < 0.02, "{}", max_rel(&got, &want));
-    merged.apply(&mut store, &backend, 2, &[], &read).unwrap();
-    assert_eq!(store.get_data(w).unwrap(), q);
+    let cases = reference();
+    let (rows, cols) = (6u64, 256u64);
+    for ty in [SdType::Q8_0, SdType::Q4K] {
+        let base = pattern((rows * cols) as usize, 9);
+        let mut q = vec![0u8; crate::io::dtype::nbytes(ty, &[cols as i64, rows as i64]).unwrap() as usize];
+        crate::io::dtype::convert_rows(&f32_bytes(&base), SdType::F32, &mut q, ty, rows, cols).unwrap();
+        let mut store = ParamStore::new(2).unwrap();
+        let types: TypeMap = [("m.weight".to_string(), ty.raw())].into_iter().collect();
+        let layer = Linear::new(&mut Scope::new(&mut store, &types, ""), "m", cols as i64, rows as i64, false);
+        assert_eq!(layer.weight.ty(), ty.raw());
+        store.alloc(&backend).unwrap();
+        store.load(|_, _, dst| {
+            dst.copy_from_slice(&q);
+            Ok(())
+        })
+        .unwrap();
+        // A rank-2 LoRA [256 -> 6] built from the numpy case's factor values.
+        let mut case = cases["cases"].as_array().unwrap().iter().find(|c| c["name"] == "lora_linear_alpha").unwrap().clone();
+        let down = pattern(2 * cols as usize, 13);
+        let up = pattern(rows as usize * 2, 14);
+        case["pieces"][0]["tensors"] = serde_json::json!({
+            "lora_down": {"shape": [2, cols], "data": down},
+            "lora_up": {"shape": [rows, 2], "data": up},
+        });
+        let delta: Vec<f32> = (0..rows as usize)
+            .flat_map(|o| {
+                let (up, down) = (&up, &down);
+                (0..cols as usize).map(move |i| (up[o * 2] * down[i] + up[o * 2 + 1] * down[cols as usize + i]) * -0.7 * 1.5 / 2.0)
+            })
+            .collect();
+        let want: Vec<f32> = dequantized(&q, ty, rows, cols).iter().zip(&delta).map(|(a, b)| a + b).collect();
+
+        // Immediately: the weight is requantized with the update.
+        let lora = lora_of(&case, F16, layer.weight, &backend);
+        let mut merged = Merged::default();
+        let read = |_: &str, _: &TensorSpec, dst: &mut [u8]| -> Result<()> {
+            dst.copy_from_slice(&q);
+            Ok(())
+        };
+        merged.apply(&mut store, &backend, 2, std::slice::from_ref(&lora), &read).unwrap();
+        let got = dequantized(&store.get_data(layer.weight).unwrap(), ty, rows, cols);
+        assert!(max_rel(&got, &want) < 0.1, "{ty:?}: {}", max_rel(&got, &want));
+        merged.apply(&mut store, &backend, 2, &[], &read).unwrap();
+        assert_eq!(store.get_data(layer.weight).unwrap(), q, "{ty:?}: restored");
+
+        // At run time: the weight stays, the layer's output gets the update.
+        let x = pattern(cols as usize * 3, 15);
+        let mut runner = Runner::new(backend.clone(), 2);
+        runner.set_adapter(Some(Arc::new(RuntimeLoras::new(vec![lora], &store).unwrap())));
+        let got = run_layer(&mut runner, &x, &[cols as i64, 3], Layer::Lin(layer));
+        let exact: Vec<f32> = (0..3)
+            .flat_map(|n| {
+                let (x, want) = (&x, &want);
+                (0..rows as usize).map(move |o| (0..cols as usize).map(|i| want[o * cols as usize + i] * x[n * cols as usize + i]).sum::<f32>())
+            })
+            .collect();
+        assert!(max_rel(&got, &exact) < 0.02, "{ty:?}: {}", max_rel(&got, &exact));
+        assert_eq!(store.get_data(layer.weight).unwrap(), q);
+    }
 }
 
 #[test]
@@ -293,7 +334,7 @@ fn runtime_layers_match_merged_weights() {
             };
             store.alloc(&backend).unwrap();
             let ty = if is_conv { F16 } else { F32 };
-            store.load(|_, _, dst| Ok(dst.copy_from_slice(&if ty == F32 { f32_bytes(values) } else { f16_bytes(values) }))).unwrap();
+            store.load(|_, _, dst| { dst.copy_from_slice(&if ty == F32 { f32_bytes(values) } else { f16_bytes(values) }); Ok(()) }).unwrap();
             (store, layer)
         };
         let (store, layer) = build(&base);
@@ -329,7 +370,7 @@ fn runtime_tucker_convolution_is_lycoris_update() {
     let types = TypeMap::new();
     let conv = Conv2d::new(&mut Scope::new(&mut store, &types, ""), "m", ne[2], ne[3], (ne[1], ne[0]), (1, 1), (1, 1), false);
     store.alloc(&backend).unwrap();
-    store.load(|_, _, dst| Ok(dst.fill(0))).unwrap();
+    store.load(|_, _, dst| { dst.fill(0); Ok(()) }).unwrap();
     let lora = lora_of(case, F16, conv.weight, &backend);
     let mut runner = Runner::new(backend.clone(), 2);
     runner.set_adapter(Some(Arc::new(RuntimeLoras::new(vec![lora], &store).unwrap())));
@@ -337,4 +378,47 @@ fn runtime_tucker_convolution_is_lycoris_update() {
     x4.push(1);
     let got = runner.compute(|g| Ok(conv.forward(g, g.input_f32(&x, &x4)))).unwrap();
     assert!(max_rel(got.data(), &expected) < 3e-3, "{}", max_rel(got.data(), &expected));
+}
+
+/// Timing (not a check): merging and restoring rank-4 LoRAs on 200 MB of f16 weights.
+/// `cargo test --release --lib merge_speed -- --ignored --nocapture`
+#[test]
+#[ignore]
+fn merge_speed() {
+    let backend = backend();
+    let (n_w, inp, out, r) = (16usize, 1280i64, 5120i64, 4i64);
+    let mut store = ParamStore::new(n_w).unwrap();
+    let ws: Vec<W> = (0..n_w).map(|i| store.declare(&format!("w{i}.weight"), F16, &[inp, out])).collect();
+    store.alloc(&backend).unwrap();
+    let base = f16_bytes(&pattern((inp * out) as usize, 1));
+    store.load(|_, _, dst| {
+        dst.copy_from_slice(&base);
+        Ok(())
+    })
+    .unwrap();
+    let mut lora = Lora::new("speed", 2 * n_w).unwrap();
+    for (i, &w) in ws.iter().enumerate() {
+        let down = lora.declare(&TensorDecl { name: &format!("{i}.down"), ty: F16, ne: &[inp, r] }).unwrap();
+        let up = lora.declare(&TensorDecl { name: &format!("{i}.up"), ty: F16, ne: &[r, out] }).unwrap();
+        lora.add_patch(w, Patch { pieces: vec![Piece { update: Update::Lora { down, up, mid: None }, scale: 0.5 }] });
+    }
+    lora.load(&backend, |_, spec, dst| {
+        dst.copy_from_slice(&f16_bytes(&pattern(dst.len() / 2, spec.ne[0] as u32)));
+        Ok(())
+    })
+    .unwrap();
+    let read = |_: &str, _: &TensorSpec, dst: &mut [u8]| -> Result<()> {
+        dst.copy_from_slice(&base);
+        Ok(())
+    };
+    let mut merged = Merged::default();
+    for (what, loras) in [("apply", std::slice::from_ref(&lora)), ("switch", std::slice::from_ref(&lora)), ("remove", &[][..])] {
+        let t = std::time::Instant::now();
+        if what == "switch" {
+            // Same weights, again from the originals.
+            merged.apply(&mut store, &backend, 2, &[], &read).unwrap();
+        }
+        let r = merged.apply(&mut store, &backend, 2, loras, &read).unwrap();
+        eprintln!("{what}: {:.3}s ({} MB of weights) {r:?}", t.elapsed().as_secs_f32(), n_w as i64 * inp * out * 2 / 1_000_000);
+    }
 }

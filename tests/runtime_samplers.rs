@@ -8,6 +8,7 @@
 
 use serde_json::Value;
 use stable_diffusion::error::Result;
+use stable_diffusion::runtime::args::ExtraArgs;
 use stable_diffusion::runtime::rng::{new_rng, randn};
 use stable_diffusion::runtime::samplers::{sample, ModelOutput};
 use stable_diffusion::tensor::Tensor;
@@ -54,7 +55,7 @@ fn samplers_match_reference_bits() {
             })
         };
         let out =
-            sample(method, &mut model, x, sigmas, rng.as_mut(), eta, is_flow, extra, None).unwrap();
+            sample(method, &mut model, x, sigmas, rng.as_mut(), eta, is_flow, &ExtraArgs::parse(extra), None).unwrap();
 
         let want_calls: Vec<(u32, i32)> = case["calls"]
             .as_array()

@@ -4,6 +4,7 @@
 //! one step) or crashed (GITS at one step) we must give a finite schedule or a clean error.
 
 use serde_json::Value;
+use stable_diffusion::runtime::args::ExtraArgs;
 use stable_diffusion::runtime::defaults::ModelFamily;
 use stable_diffusion::runtime::denoiser::Denoiser;
 use stable_diffusion::types::{Prediction, Scheduler};
@@ -24,7 +25,7 @@ fn sigmas_for(
 ) -> stable_diffusion::error::Result<Vec<f32>> {
     let mut d = Denoiser::new(pred, None);
     let seq_len = ((size / 8) * (size / 8)) as i32;
-    d.get_sigmas(steps, seq_len, scheduler, ModelFamily::Sd1, None)
+    d.get_sigmas(steps, seq_len, scheduler, ModelFamily::Sd1, &ExtraArgs::default())
 }
 
 fn check_file(file: &str, pred: Prediction) -> (usize, usize, f64) {

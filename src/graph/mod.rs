@@ -3,8 +3,11 @@
 pub mod adapter;
 pub mod backend;
 pub mod context;
+pub(crate) mod cut;
+pub mod devices;
 pub mod eval_callback;
 pub(crate) mod im2col;
+pub mod loaded;
 pub mod nn;
 pub mod ops;
 pub mod params;
@@ -12,6 +15,9 @@ pub mod runner;
 
 pub use adapter::{LayerOp, WeightAdapter};
 pub use backend::Backend;
+pub use cut::take_peak_device_bytes;
+pub use devices::{DeviceMap, DeviceOptions, Module, Placement, WeightHome};
 pub use context::{is_block_quantized, GgmlType, Graph, GraphOptions, F16, F32, I32, T, W};
+pub use loaded::{Component, Components, Loaded, WeightSource, WeightsMut};
 pub use params::{ParamStore, Scope, TensorSpec, TypeMap};
 pub use runner::Runner;

@@ -1,30 +1,34 @@
-//! `generate_image` for the UNet models: resolving the request like the reference (size
-//! alignment, seed, guidance, sampler, schedule), preparing the latents (txt2img,
-//! img2img, masks, inpainting), the conditioning, the sampling loop with classifier-free
-//! guidance, and decoding.
+//! `generate_image` for every family: resolving the request like the reference (size
+//! alignment, seed, guidance, sampler, schedule), preparing the latents (txt2img, img2img,
+//! masks, inpainting, edit references), the conditioning, the sampling loop with
+//! classifier-free guidance, and decoding. Family facts come from the model set's
+//! [`FamilySpec`](super::families::FamilySpec); the networks are reached through the
+//! conditioner, diffusion-model and first-stage traits.
 
 use super::callbacks::{self, CancelFlag, PreviewConfig};
-use super::imageops::{concat_channels, image_to_tensor, max_pool_3x3, resize_nearest_max, tensor_to_image, zip_channels};
-use super::sd::{Loaded, StableDiffusion};
-use crate::params::{GuidanceParams, ImgGenParams, TilingParams as ApiTiling};
+use super::conditioning::CondRequest;
+use super::families::{Concat, ModelSet};
+use super::imageops::{concat_channels, image_to_tensor, max_pool_3x3, resize_nearest, resize_nearest_max, tensor_to_image, zip_channels};
 use crate::error::{Error, Result};
 use crate::image::Image;
-use crate::models::diffusion::unet;
-use crate::models::vae::{self, Vae};
+use crate::models::diffusion::DiffusionInput;
+use crate::models::vae::FirstStage;
+use crate::models::Condition;
+use crate::params::{GuidanceParams, ImgGenParams, TilingParams as ApiTiling};
 use crate::runtime::defaults::{default_sample_method, default_scheduler, resolve_eta, unset_if_infinite};
 use crate::runtime::denoiser::Denoiser;
+use crate::runtime::args::ExtraArgs;
+use super::ref_images::RefImageParams;
 use crate::runtime::preview;
 use crate::runtime::rng::{randn_like, resolve_seed, GenerationRngs, Rng};
 use crate::runtime::samplers::{self, ModelOutput};
 use crate::runtime::schedulers;
 use crate::runtime::tiling::{retry_tiling, TilingParams};
 use crate::tensor::Tensor;
-use crate::types::{Preview, SampleMethod};
+use crate::types::{Prediction, Preview, SampleMethod};
 use std::cell::RefCell;
 use std::time::Instant;
 
-/// Pixels per latent pixel times the UNet's total downsampling: sizes are aligned to this.
-const SIZE_MULTIPLE: i32 = (vae::SCALE as i32) * 8;
 /// Largest side accepted (before alignment).
 const MAX_SIDE: i32 = 16384;
 
@@ -58,6 +62,10 @@ struct Request {
     use_uncond: bool,
     use_img_uncond: bool,
     shifted_timestep: i32,
+    /// `extra_sample_args`, parsed once.
+    extra: ExtraArgs,
+    /// `ref_image_args` over the family's preset, parsed once.
+    refs: RefImageParams,
 }
 
 /// Sampler, schedule and eta.
@@ -68,23 +76,18 @@ struct Plan {
     eta: f32,
 }
 
-/// Text conditioning plus the UNet's concatenated latent channels (inpainting).
-#[derive(Clone)]
-struct Condition {
-    context: Tensor,
-    concat: Option<Tensor>,
-}
-
 /// What the sampling of every image of a batch shares.
 struct Prepared {
     init_latent: Tensor,
     denoise_mask: Tensor,
+    /// Reference latents the diffusion model takes as extra tokens (empty otherwise).
+    ref_latents: Vec<Tensor>,
     cond: Condition,
     uncond: Option<Condition>,
     img_uncond: Option<Condition>,
 }
 
-fn check_params(sd: &StableDiffusion, p: &ImgGenParams) -> Result<()> {
+fn check_params(p: &ImgGenParams) -> Result<()> {
     ensure!(
         (1..=MAX_SIDE).contains(&p.width) && (1..=MAX_SIDE).contains(&p.height),
         "image size {}x{} is not supported (each side must be 1 to {MAX_SIDE})",
@@ -110,13 +113,8 @@ fn check_params(sd: &StableDiffusion, p: &ImgGenParams) -> Result<()> {
     if p.cache.mode != crate::types::CacheMode::Disabled {
         sd_warn!("step caching ({}) is not supported for this model; ignoring it", p.cache.mode.name());
     }
-    if p.control_image.is_some() {
-        sd_warn!("a control image was given but no ControlNet is loaded; ignoring it");
-    }
-    if !p.ref_images.is_empty() {
-        sd_warn!("{} does not use reference images; ignoring them", sd.version.name());
-    }
-    for (what, img) in [("init image", &p.init_image), ("mask image", &p.mask_image)] {
+    let images = [("init image", p.init_image.as_ref()), ("mask image", p.mask_image.as_ref())];
+    for (what, img) in images.into_iter().chain(p.ref_images.iter().map(|r| ("reference image", Some(r)))) {
         if let Some(img) = img {
             ensure!(
                 img.width > 0 && img.height > 0 && img.data.len() == img.width as usize * img.height as usize * img.channels as usize,
@@ -134,28 +132,28 @@ fn check_params(sd: &StableDiffusion, p: &ImgGenParams) -> Result<()> {
     if let Some(img) = &p.mask_image {
         ensure!(img.channels == 1 || img.channels >= 3, "mask image with {} channels is not supported", img.channels);
     }
+    for img in &p.ref_images {
+        ensure!(img.channels == 1 || img.channels >= 3, "reference image with {} channels is not supported", img.channels);
+    }
     Ok(())
 }
 
-fn align_up(v: i32) -> i32 {
-    v + (SIZE_MULTIPLE - v % SIZE_MULTIPLE) % SIZE_MULTIPLE
+fn align_up(v: i32, multiple: i32) -> i32 {
+    v + (multiple - v % multiple) % multiple
 }
 
-fn resolve_request(sd: &StableDiffusion, p: &ImgGenParams) -> Request {
-    let (width, height) = (align_up(p.width), align_up(p.height));
+fn resolve_request(ms: &ModelSet, p: &ImgGenParams) -> Request {
+    let multiple = ms.spec.latent.size_multiple() as i32;
+    let (width, height) = (align_up(p.width, multiple), align_up(p.height, multiple));
     if (width, height) != (p.width, p.height) {
-        sd_warn!(
-            "align generation request up {}x{} to {width}x{height} (multiple={SIZE_MULTIPLE})",
-            p.width,
-            p.height
-        );
+        sd_warn!("align generation request up {}x{} to {width}x{height} (multiple={multiple})", p.width, p.height);
     }
     let mut guidance = p.sample_params.guidance.clone();
     let img_cfg_set = guidance.img_cfg.is_finite();
     if !img_cfg_set {
         guidance.img_cfg = 1.0;
     }
-    if !sd.is_inpaint() {
+    if !ms.spec.supports_img_cfg(!p.ref_images.is_empty()) {
         if img_cfg_set && guidance.img_cfg != 1.0 {
             sd_warn!("3-conditioning CFG is not supported with this model, disabling it for better performance");
         }
@@ -171,7 +169,7 @@ fn resolve_request(sd: &StableDiffusion, p: &ImgGenParams) -> Request {
         }
     }
     let mut shifted_timestep = p.sample_params.shifted_timestep;
-    if shifted_timestep > 0 {
+    if shifted_timestep > 0 && !ms.spec.shifted_timestep {
         sd_warn!("timestep shifting is only supported for SDXL models!");
         shifted_timestep = 0;
     }
@@ -183,12 +181,15 @@ fn resolve_request(sd: &StableDiffusion, p: &ImgGenParams) -> Request {
         use_uncond,
         use_img_uncond,
         shifted_timestep,
+        extra: ExtraArgs::parse(p.sample_params.extra_sample_args.as_deref()),
+        refs: RefImageParams::resolve(&p.ref_image_args, ms.spec.ref_image_preset),
     }
 }
 
-fn resolve_plan(sd: &mut StableDiffusion, p: &ImgGenParams, r: &Request) -> Result<Plan> {
+fn resolve_plan(ms: &mut ModelSet, p: &ImgGenParams, r: &Request) -> Result<Plan> {
     let sp = &p.sample_params;
-    let method = sp.sample_method.unwrap_or_else(|| default_sample_method(Some(sd.family)));
+    let family = ms.family();
+    let method = sp.sample_method.unwrap_or_else(|| default_sample_method(Some(family)));
     let mut sample_steps = sp.sample_steps.max(0) as usize;
     let sigmas = if !sp.custom_sigmas.is_empty() {
         let sigmas = schedulers::custom_sigmas(&sp.custom_sigmas)?;
@@ -200,11 +201,12 @@ fn resolve_plan(sd: &mut StableDiffusion, p: &ImgGenParams, r: &Request) -> Resu
         }
         sigmas
     } else {
-        let scheduler = sp.scheduler.unwrap_or_else(|| default_scheduler(Some((sd.family, sd.prediction)), method));
-        let seq_len = ((r.width / vae::SCALE) * (r.height / vae::SCALE)) as i32;
-        sd.denoiser.get_sigmas(sample_steps as u32, seq_len, scheduler, sd.family, sp.extra_sample_args.as_deref())?
+        let scheduler = sp.scheduler.unwrap_or_else(|| default_scheduler(Some((family, ms.prediction)), method));
+        let scale = ms.spec.latent.vae_scale;
+        let seq_len = ((r.width / scale) * (r.height / scale)) as i32;
+        ms.denoiser.get_sigmas(sample_steps as u32, seq_len, scheduler, family, &r.extra)?
     };
-    let eta = resolve_eta(unset_if_infinite(sp.eta), method, sd.family);
+    let eta = resolve_eta(unset_if_infinite(sp.eta), method, family);
     sd_info!("sampling using {} method", method.name());
     Ok(Plan { method, sample_steps, sigmas, eta })
 }
@@ -236,35 +238,66 @@ fn rgb_tensor(img: &Image, w: usize, h: usize) -> Result<Tensor> {
 /// Image [W, H, 3, 1] in [0, 1] → diffusion latents, sampling the VAE's distribution with
 /// the generation's noise generator.
 fn encode_first_stage(
-    first_stage: &mut Loaded<Vae>,
+    first_stage: &mut dyn FirstStage,
     image: &Tensor,
     tiling: &TilingParams,
     circular: (bool, bool),
     rng: &mut dyn Rng,
 ) -> Result<Tensor> {
-    let out = first_stage.model.encode(&mut first_stage.runner, image, tiling, circular)?;
-    let latents = first_stage.model.output_to_latents(&out, |n| rng.randn(n))?;
-    Ok(first_stage.model.vae_to_diffusion_latents(&latents))
+    first_stage.begin()?;
+    let out = first_stage.encode_latents(image, tiling, circular, &mut |n| rng.randn(n));
+    first_stage.end();
+    out
+}
+
+/// A reference image at the size the reference encodes it: with `resize_before_vae`, about
+/// the request's area (at most `vae_input_max_pixels`, default 1024²) with its aspect ratio,
+/// or the request's size (`resize_vae_to_target`), sides rounded to 16.
+fn ref_image_for_vae(img: &Image, r: &Request) -> Result<Tensor> {
+    let t = rgb_tensor(img, img.width as usize, img.height as usize)?;
+    if !r.refs.resize_before_vae {
+        return Ok(t);
+    }
+    let (w, h) = (t.ne(0) as f64, t.ne(1) as f64);
+    let (vae_w, vae_h) = if r.refs.resize_vae_to_target {
+        (r.width as f64, r.height as f64)
+    } else {
+        // Integer pixel counts and a truncating integer division, as the reference computes them.
+        let target = if r.refs.vae_input_max_pixels > 0 { r.refs.vae_input_max_pixels as i64 } else { 1024 * 1024 };
+        let area = target.min((r.width * r.height) as i64);
+        let vae_w = ((area * t.ne(0) as i64 / t.ne(1) as i64) as f64).sqrt();
+        (vae_w, vae_w * h / w)
+    };
+    let round16 = |v: f64| ((v / 16.0).round() * 16.0) as usize;
+    let (tw, th) = (round16(vae_w), round16(vae_h));
+    ensure!(tw > 0 && th > 0, "reference image of {}x{} is too small", img.width, img.height);
+    if (tw, th) == (t.ne(0), t.ne(1)) {
+        return Ok(t);
+    }
+    sd_debug!("resize vae ref image from {}x{} to {th}x{tw}", t.ne(1), t.ne(0));
+    resize_nearest(&t, &[tw, th, 3, 1])
 }
 
 fn prepare(
-    sd: &mut StableDiffusion,
+    ms: &mut ModelSet,
     p: &ImgGenParams,
-    r: &Request,
+    r: &mut Request,
     plan: &mut Plan,
     tiling: &TilingParams,
     circular: (bool, bool),
     rngs: &mut GenerationRngs,
 ) -> Result<Prepared> {
     let (w, h) = (r.width, r.height);
-    let (lw, lh) = (w / vae::SCALE, h / vae::SCALE);
+    let latent = ms.spec.latent;
+    let (lw, lh) = (w / latent.vae_scale, h / latent.vae_scale);
+    let concat_kind = ms.spec.concat;
     let start = Instant::now();
     let mut init_image = None;
     if let Some(img) = &p.init_image {
         sd_info!("IMG2IMG");
         if p.strength < 1.0 {
             let sigmas =
-                sd.denoiser.img2img_sigmas(&plan.sigmas, plan.sample_steps, p.strength, p.sample_params.extra_sample_args.as_deref());
+                ms.denoiser.img2img_sigmas(&plan.sigmas, plan.sample_steps, p.strength, &r.extra);
             plan.sample_steps = sigmas.len() - 1;
             plan.sigmas = sigmas;
         }
@@ -274,71 +307,174 @@ fn prepare(
         Some(m) => Some(image_to_tensor(m, Some((w, h)))?.map(f32::round)),
         None => None,
     };
-    if sd.is_inpaint() && (init_image.is_none() || mask.is_none()) {
+    let inpaint = matches!(concat_kind, Concat::Inpaint | Concat::FluxFill | Concat::Flex2);
+    if inpaint && (init_image.is_none() || mask.is_none()) {
         sd_warn!("inpainting model requires both an init image and a mask image.");
     }
     let mask = mask.unwrap_or_else(|| Tensor::full(&[w, h, 1, 1], 1.0));
     let latent_mask = resize_nearest_max(&mask, &[lw, lh, 1, 1])?;
 
-    let init_latent = match &init_image {
-        Some(img) => encode_first_stage(&mut sd.first_stage, img, tiling, circular, rngs.noise())
-            .map_err(|e| Error::new(format!("failed to encode init image: {e}")))?,
-        None => Tensor::zeros(&[lw, lh, 4, 1]),
+    let mut encode = |what: &str, img: &Tensor| {
+        encode_first_stage(ms.first_stage.as_mut(), img, tiling, circular, rngs.noise()).map_err(|e| Error::new(format!("failed to encode {what}: {e}")))
     };
+    let init_latent = match &init_image {
+        Some(img) => encode("init image", img)?,
+        None => Tensor::zeros(&[lw, lh, latent.channels, 1]),
+    };
+    // Like the reference, a control image is encoded whenever one is given (before the
+    // reference images); only the control families read it.
+    let takes_control = matches!(concat_kind, Concat::FluxControls | Concat::Flex2);
+    let control_latent = match &p.control_image {
+        Some(img) => {
+            if !takes_control {
+                sd_warn!("a control image was given but no ControlNet is loaded; ignoring it");
+            }
+            Some(encode("control image", &rgb_tensor(img, w, h)?)?)
+        }
+        None => None,
+    };
+
+    // Reference images, in the reference's order (after the init and control images):
+    // encoded for the families that read them.
+    let mut ref_latents = Vec::new();
+    if concat_kind == Concat::Edit || (ms.spec.ref_latents && !p.ref_images.is_empty()) {
+        let mut refs: Vec<Tensor> = p.ref_images.iter().map(|img| ref_image_for_vae(img, r)).collect::<Result<_>>()?;
+        if refs.is_empty() {
+            sd_warn!("This model needs at least one reference image; using an empty reference");
+            refs.push(Tensor::zeros(&[w, h, 3, 1]));
+            r.guidance.img_cfg = r.guidance.txt_cfg;
+            r.use_img_uncond = false;
+        }
+        sd_info!("EDIT mode");
+        for (i, img) in refs.iter().enumerate() {
+            ref_latents.push(encode(&format!("reference image {i}"), img)?);
+        }
+    } else if !p.ref_images.is_empty() {
+        sd_warn!("{} does not use reference images; ignoring them", ms.version.name());
+    }
 
     let mut concat = None;
     let mut img_uncond_concat = None;
-    if sd.is_inpaint() {
-        let masked_latent = match &init_image {
-            Some(img) => {
-                let masked = zip_channels(img, &mask, |i, m| (1.0 - m) * (i - 0.5) + 0.5)?;
-                encode_first_stage(&mut sd.first_stage, &masked, tiling, circular, rngs.noise())
-                    .map_err(|e| Error::new(format!("failed to encode masked init image: {e}")))?
-            }
-            None => Tensor::zeros(init_latent.shape()),
-        };
-        concat = Some(concat_channels(&latent_mask, &masked_latent)?);
-        img_uncond_concat = Some(concat_channels(&latent_mask, &Tensor::zeros(masked_latent.shape()))?);
+    let masked_latent = |encode: &mut dyn FnMut(&str, &Tensor) -> Result<Tensor>| -> Result<Tensor> {
+        match &init_image {
+            Some(img) => encode("masked init image", &zip_channels(img, &mask, |i, m| (1.0 - m) * (i - 0.5) + 0.5)?),
+            None => Ok(Tensor::zeros(init_latent.shape())),
+        }
+    };
+    match concat_kind {
+        Concat::Inpaint => {
+            let masked_latent = masked_latent(&mut encode)?;
+            concat = Some(concat_channels(&latent_mask, &masked_latent)?);
+            img_uncond_concat = Some(concat_channels(&latent_mask, &Tensor::zeros(masked_latent.shape()))?);
+        }
+        Concat::FluxFill => {
+            let masked_latent = masked_latent(&mut encode)?;
+            let patches = mask_patches(&mask, latent.vae_scale)?;
+            concat = Some(concat_channels(&masked_latent, &patches)?);
+            img_uncond_concat = Some(concat_channels(&Tensor::zeros(masked_latent.shape()), &patches)?);
+        }
+        Concat::Flex2 => {
+            let masked_latent = zip_channels(&init_latent, &latent_mask, |l, m| (1.0 - m) * l)?;
+            let zeros = Tensor::zeros(masked_latent.shape());
+            let control = control_latent.clone().unwrap_or_else(|| zeros.clone());
+            concat = Some(concat_channels(&concat_channels(&masked_latent, &latent_mask)?, &control)?);
+            img_uncond_concat = Some(concat_channels(&concat_channels(&zeros, &latent_mask)?, &zeros)?);
+        }
+        Concat::FluxControls => {
+            let control = control_latent.clone().unwrap_or_else(|| Tensor::zeros(init_latent.shape()));
+            img_uncond_concat = Some(Tensor::zeros(control.shape()));
+            concat = Some(control);
+        }
+        Concat::Edit => {
+            let first = &ref_latents[0];
+            let shape = [init_latent.ne(0), init_latent.ne(1), first.ne(2), first.ne(3)];
+            let edit = resize_nearest(first, &shape)?;
+            img_uncond_concat = Some(Tensor::zeros(edit.shape()));
+            concat = Some(edit);
+        }
+        Concat::None => {}
     }
-    if p.init_image.is_some() {
+    if p.init_image.is_some() || !p.ref_images.is_empty() {
         sd_info!("encode_first_stage completed, taking {:.2}s", start.elapsed().as_secs_f32());
     }
-    let denoise_mask = if sd.is_inpaint() { max_pool_3x3(&latent_mask) } else { latent_mask };
+    let denoise_mask = if inpaint { max_pool_3x3(&latent_mask) } else { latent_mask };
+    // Edit models read their reference through the concatenated channels instead.
+    if concat_kind == Concat::Edit {
+        ref_latents.clear();
+    }
 
     let start = Instant::now();
-    let pass_concat = passes_concat(p.ref_image_args.as_str());
-    let cond = Condition { context: sd.cond.encode(&p.prompt, p.clip_skip)?, concat: concat.clone().filter(|_| pass_concat) };
-    let uncond = if r.use_uncond {
-        Some(Condition { context: sd.cond.encode(&p.negative_prompt, p.clip_skip)?, concat: concat.filter(|_| pass_concat) })
-    } else {
-        None
-    };
-    let img_uncond = if r.use_img_uncond {
-        let context = match &uncond {
-            Some(u) => u.context.clone(),
-            None => sd.cond.encode(&p.negative_prompt, p.clip_skip)?,
-        };
-        Some(Condition { context, concat: img_uncond_concat })
-    } else {
-        None
-    };
+    let base = CondRequest { text: &p.prompt, clip_skip: p.clip_skip, width: w, height: h, zero_out_masked: false };
+    ms.cond.begin()?;
+    let conds = encode_conditions(ms, &base, p, r, !ref_latents.is_empty(), concat, img_uncond_concat);
+    ms.cond.end();
+    let (cond, uncond, img_uncond) = conds?;
     sd_info!("get_learned_condition completed, taking {:.2}s", start.elapsed().as_secs_f32());
-    Ok(Prepared { init_latent, denoise_mask, cond, uncond, img_uncond })
+    Ok(Prepared { init_latent, denoise_mask, ref_latents, cond, uncond, img_uncond })
 }
 
-/// `pass_to_dit` of the request's reference-image arguments (default true): whether the
-/// concatenated latent channels reach the diffusion model.
-fn passes_concat(ref_image_args: &str) -> bool {
-    let mut pass = true;
-    for (k, v) in crate::runtime::args::parse_key_value_args(Some(ref_image_args), "reference image args") {
-        if k == "pass_to_dit" {
-            match crate::runtime::args::parse_strict_bool(&v) {
-                Some(b) => pass = b,
-                None => sd_warn!("ignoring invalid reference image arg '{k}={v}'"),
+/// The request's conditions: prompt, negative prompt (when guidance needs it) and the
+/// image-unconditioned one (3-way guidance), with the concatenated latent channels.
+fn encode_conditions(
+    ms: &mut ModelSet,
+    base: &CondRequest<'_>,
+    p: &ImgGenParams,
+    r: &Request,
+    has_ref_latents: bool,
+    concat: Option<Tensor>,
+    img_uncond_concat: Option<Tensor>,
+) -> Result<(Condition, Option<Condition>, Option<Condition>)> {
+    let pass_concat = r.refs.pass_to_dit;
+    let mut cond = ms.cond.encode(base)?;
+    if cond.concat.is_none() && pass_concat {
+        cond.concat = concat.clone();
+    }
+    // SDXL turns an empty negative prompt into a zero context (unless EDM-v).
+    let zero_negative = ms.spec.zero_empty_negative && p.negative_prompt.is_empty() && ms.prediction != Prediction::EdmV;
+    let negative = CondRequest { text: &p.negative_prompt, zero_out_masked: zero_negative, ..base.clone() };
+    let uncond = if r.use_uncond {
+        let mut u = ms.cond.encode(&negative)?;
+        if u.concat.is_none() && pass_concat {
+            u.concat = concat.clone();
+        }
+        Some(u)
+    } else {
+        None
+    };
+    // Kontext-style 3-way guidance needs its own pass without the reference latents.
+    let ref_latent_img_cfg = r.use_img_uncond && has_ref_latents && ms.spec.ref_latent_img_cfg;
+    let img_uncond = if r.use_img_uncond {
+        Some(match &uncond {
+            Some(u) if !ref_latent_img_cfg => Condition { concat: img_uncond_concat, ..u.clone() },
+            _ => {
+                let mut c = ms.cond.encode(&negative)?;
+                if c.concat.is_none() && pass_concat {
+                    c.concat = img_uncond_concat;
+                }
+                c
             }
+        })
+    } else {
+        None
+    };
+    Ok((cond, uncond, img_uncond))
+}
+
+/// The full-resolution mask [W, H, 1, 1] as one channel per pixel of each `p`×`p` block:
+/// [W/p, H/p, p·p, 1], channel `(y % p)·p + x % p` (Flux Fill).
+fn mask_patches(mask: &Tensor, p: usize) -> Result<Tensor> {
+    let (w, h) = (mask.ne(0), mask.ne(1));
+    ensure!(w % p == 0 && h % p == 0, "mask of {w}x{h} is not a multiple of {p}");
+    let (lw, lh) = (w / p, h / p);
+    let src = mask.data();
+    let mut out = vec![0f32; w * h];
+    for y in 0..h {
+        for x in 0..w {
+            let ch = (y % p) * p + x % p;
+            out[(ch * lh + y / p) * lw + x / p] = src[y * w + x];
         }
     }
-    pass
+    Tensor::from_vec(&[lw, lh, p * p, 1], out)
 }
 
 /// Classifier-free guidance, in the reference's order of float operations.
@@ -356,16 +492,66 @@ fn guide(g: &GuidanceParams, cond: &Tensor, uncond: Option<&Tensor>, img_uncond:
     }
 }
 
-/// Shows `latent` through the preview callback, decoded as configured.
-fn send_preview(sd_family_latents: &Tensor, step: i32, noisy: bool, config: &PreviewConfig, decoder: &mut Loaded<Vae>, tiling: &TilingParams, circular: (bool, bool)) {
+/// Skip-layer guidance: on the steps strictly between `layer_start` and `layer_end` (as
+/// fractions of the schedule's length), the prediction moves away from a pass that skips
+/// `layers` by `scale`; with `slg_uncond` (extra sample arg) the unconditional pass skips
+/// them instead.
+struct SkipLayerGuidance {
+    layers: Vec<i32>,
+    scale: f32,
+    uncond: bool,
+    start_step: i32,
+    stop_step: i32,
+}
+
+impl SkipLayerGuidance {
+    fn new(p: &crate::params::SlgParams, extra: &ExtraArgs, supported: bool, schedule_len: usize) -> SkipLayerGuidance {
+        let mut uncond = false;
+        for (k, v) in extra.pairs() {
+            if k == "slg_uncond" {
+                match crate::runtime::args::parse_strict_bool(v) {
+                    Some(b) => uncond = b,
+                    None => sd_warn!("ignoring invalid SLG extra sample arg '{k}={v}'"),
+                }
+            }
+        }
+        let mut enabled = (p.scale != 0.0 || uncond) && !p.layers.is_empty();
+        if enabled && !supported {
+            sd_warn!("SLG is incompatible with this model type");
+            enabled = false;
+        }
+        SkipLayerGuidance {
+            layers: if enabled { p.layers.clone() } else { Vec::new() },
+            scale: if enabled { p.scale } else { 0.0 },
+            uncond,
+            start_step: (p.layer_start * schedule_len as f32) as i32,
+            stop_step: (p.layer_end * schedule_len as f32) as i32,
+        }
+    }
+
+    fn enabled_for_step(&self, step: i32) -> bool {
+        !self.layers.is_empty() && step > self.start_step && step < self.stop_step
+    }
+}
+
+/// Shows `latents` through the preview callback, decoded as configured.
+fn send_preview(
+    latents: &Tensor,
+    step: i32,
+    noisy: bool,
+    config: &PreviewConfig,
+    projection: &preview::Projection,
+    decoder: &mut dyn FirstStage,
+    tiling: &TilingParams,
+    circular: (bool, bool),
+) {
     let image = match config.mode {
-        Preview::Proj => preview::project(sd_family_latents, Some(preview::for_sd_family(false))),
+        Preview::Proj => preview::project(latents, Some(projection)),
         Preview::Vae | Preview::Tae => {
-            let lat = decoder.model.diffusion_to_vae_latents(sd_family_latents);
-            decoder
-                .model
-                .decode(&mut decoder.runner, &lat, tiling, circular, None)
-                .and_then(|t| tensor_to_image(&t, 0))
+            let lat = decoder.diffusion_to_vae(latents);
+            let out = decoder.begin().and_then(|_| decoder.decode(&lat, tiling, circular, None));
+            decoder.end();
+            out.and_then(|t| tensor_to_image(&t, 0))
         }
         Preview::None => return,
     };
@@ -382,22 +568,24 @@ pub fn cancelled() -> Error {
 
 #[allow(clippy::too_many_arguments)]
 fn sample(
-    sd: &mut StableDiffusion,
+    ms: &mut ModelSet,
     prepared: &Prepared,
     noise: &Tensor,
     r: &Request,
     plan: &Plan,
-    extra_args: Option<&str>,
     tiling: &TilingParams,
     circular: (bool, bool),
     rng: &mut dyn Rng,
     cancel: &CancelFlag,
 ) -> Result<Tensor> {
-    let StableDiffusion { unet, denoiser, first_stage, preview_vae, .. } = sd;
+    let projection = ms.spec.preview;
+    let ms_slg_supported = ms.spec.skip_layer_guidance;
+    let ms_ref_latent_img_cfg = ms.spec.ref_latent_img_cfg;
+    let ModelSet { diffusion, denoiser, first_stage, preview: preview_vae, .. } = ms;
     let denoiser: &Denoiser = denoiser;
-    let decoder = match preview_vae {
-        Some(p) => p,
-        None => first_stage,
+    let decoder: &mut dyn FirstStage = match preview_vae {
+        Some(p) => p.as_mut(),
+        None => first_stage.as_mut(),
     };
     let steps = plan.sigmas.len().saturating_sub(1) as i32;
     let needs_uncond = samplers::needs_uncond_denoised(plan.method);
@@ -406,7 +594,13 @@ fn sample(
     let mask = &prepared.denoise_mask;
     let mut last_progress = Instant::now();
 
+    let slg = SkipLayerGuidance::new(&r.guidance.slg, &r.extra, ms_slg_supported, plan.sigmas.len());
+    let ref_latents: &[Tensor] = if r.refs.pass_to_dit { &prepared.ref_latents } else { &[] };
+    // Kontext's image-unconditional pass sees no reference latents.
+    let img_uncond_refs: &[Tensor] = if ms_ref_latent_img_cfg { &[] } else { ref_latents };
+
     let x_t = denoiser.noise_scaling(plan.sigmas[0], noise, init)?;
+    diffusion.begin()?;
     let mut model = |x: &Tensor, sigma: f32, step: i32| -> Result<ModelOutput> {
         if cancel.stop_now() {
             sd_debug!("cancelling generation");
@@ -421,23 +615,42 @@ fn sample(
         let s = denoiser.shifted_scalings(r.shifted_timestep, t, s);
         let input = x.map(|v| v * s.c_in);
         if preview.noisy && preview.due(step.abs()) {
-            send_preview(&input, step, true, &preview, decoder, tiling, circular);
+            send_preview(&input, step, true, &preview, projection, decoder, tiling, circular);
         }
-        let mut run = |c: &Condition| {
-            unet::compute(&mut unet.runner, &unet.model, &input, &[t], &c.context, c.concat.as_ref(), None, None, 1.0)
-                .map_err(|e| Error::new(format!("diffusion model compute failed: {e}")))
+        let timesteps = [t];
+        let skip_step = slg.enabled_for_step(step);
+        let mut run = |c: &Condition, refs: &[Tensor], skip_layers: &[i32]| {
+            let input = DiffusionInput {
+                guidance: r.guidance.distilled_guidance,
+                ref_latents: refs,
+                ref_index_mode: r.refs.ref_index_mode,
+                skip_layers,
+                ..DiffusionInput::new(&input, &timesteps, c)
+            };
+            diffusion.compute(&input).map_err(|e| Error::new(format!("diffusion model compute failed: {e}")))
         };
-        let cond_out = run(&prepared.cond)?;
-        let uncond_out = prepared.uncond.as_ref().map(&mut run).transpose()?;
-        let img_out = prepared.img_uncond.as_ref().map(&mut run).transpose()?;
-        let guided = guide(&r.guidance, &cond_out, uncond_out.as_ref(), img_out.as_ref());
+        let cond_out = run(&prepared.cond, ref_latents, &[])?;
+        let uncond_skip: &[i32] = if skip_step && slg.uncond { &slg.layers } else { &[] };
+        if !uncond_skip.is_empty() {
+            sd_debug!("Skipping layers at uncond step {step}");
+        }
+        let uncond_out = prepared.uncond.as_ref().map(|c| run(c, ref_latents, uncond_skip)).transpose()?;
+        let img_out = prepared.img_uncond.as_ref().map(|c| run(c, img_uncond_refs, &[])).transpose()?;
+        let mut guided = guide(&r.guidance, &cond_out, uncond_out.as_ref(), img_out.as_ref());
+        if skip_step && slg.scale != 0.0 {
+            sd_debug!("Skipping layers at step {step}");
+            let skipped = run(&prepared.cond, ref_latents, &slg.layers)?;
+            let scale = slg.scale;
+            let d: Vec<f32> = guided.data().iter().zip(cond_out.data()).zip(skipped.data()).map(|((&g, &c), &k)| g + (c - k) * scale).collect();
+            guided = Tensor::from_vec(guided.shape(), d)?;
+        }
 
         let to_denoised = |pred: &Tensor| pred.zip(x, |p, xv| p * s.c_out + xv * s.c_skip);
         let denoised = to_denoised(&guided);
         let uncond_denoised = needs_uncond.then(|| to_denoised(img_out.as_ref().or(uncond_out.as_ref()).unwrap_or(&cond_out)));
         let denoised = blend(&denoised, init, mask)?;
         if preview.denoised && preview.due(step.abs()) {
-            send_preview(&denoised, step, false, &preview, decoder, tiling, circular);
+            send_preview(&denoised, step, false, &preview, projection, decoder, tiling, circular);
         }
         if step > 0 || step == -steps {
             let now = Instant::now();
@@ -454,10 +667,10 @@ fn sample(
         rng,
         plan.eta,
         denoiser.is_flow(),
-        extra_args,
+        &r.extra,
         Some(denoiser),
     );
-    unet.runner.release();
+    diffusion.end();
     let x0 = result?;
     Ok(denoiser.inverse_noise_scaling(*plan.sigmas.last().unwrap_or(&0.0), x0))
 }
@@ -470,10 +683,20 @@ fn blend(denoised: &Tensor, init: &Tensor, mask: &Tensor) -> Result<Tensor> {
 }
 
 /// Decodes final latents to images; fewer when cancelled meanwhile (none is an error).
-fn decode_all(sd: &mut StableDiffusion, latents: &[Tensor], tiling: &TilingParams, circular: (bool, bool), cancel: &CancelFlag) -> Result<Vec<Image>> {
+fn decode_all(ms: &mut ModelSet, latents: &[Tensor], tiling: &TilingParams, circular: (bool, bool), cancel: &CancelFlag) -> Result<Vec<Image>> {
     sd_info!("decoding {} latents", latents.len());
     let start = Instant::now();
-    let fs = &mut sd.first_stage;
+    let fs = ms.first_stage.as_mut();
+    fs.begin()?;
+    let images = decode_each(fs, latents, tiling, circular, cancel);
+    fs.end();
+    let images = images?;
+    sd_info!("decode_first_stage completed, taking {:.2}s", start.elapsed().as_secs_f32());
+    ensure!(!images.is_empty(), "cancelled before any latent images were decoded");
+    Ok(images)
+}
+
+fn decode_each(fs: &mut dyn FirstStage, latents: &[Tensor], tiling: &TilingParams, circular: (bool, bool), cancel: &CancelFlag) -> Result<Vec<Image>> {
     let mut images = Vec::new();
     for (i, lat) in latents.iter().enumerate() {
         if cancel.stop_now() {
@@ -481,14 +704,14 @@ fn decode_all(sd: &mut StableDiffusion, latents: &[Tensor], tiling: &TilingParam
             break;
         }
         let t = Instant::now();
-        let vae_latent = fs.model.diffusion_to_vae_latents(lat);
+        let vae_latent = fs.diffusion_to_vae(lat);
         let mut progress = |s: i32, n: i32, secs: f32| callbacks::progress(s, n, secs);
-        let decoded = match fs.model.decode(&mut fs.runner, &vae_latent, tiling, circular, Some(&mut progress)) {
+        let decoded = match fs.decode(&vae_latent, tiling, circular, Some(&mut progress)) {
             Ok(d) => d,
             Err(e) => match retry_tiling(tiling, lat.ne(0) as i64, lat.ne(1) as i64) {
                 Some(retry) => {
                     sd_warn!("decode failed ({e}); retrying with {}x{} tiles", retry.tile_size_x, retry.tile_size_y);
-                    fs.model.decode(&mut fs.runner, &vae_latent, &retry, circular, Some(&mut progress))?
+                    fs.decode(&vae_latent, &retry, circular, Some(&mut progress))?
                 }
                 None => return Err(Error::new(format!("decode_first_stage failed for latent {}: {e}", i + 1))),
             },
@@ -496,29 +719,30 @@ fn decode_all(sd: &mut StableDiffusion, latents: &[Tensor], tiling: &TilingParam
         images.push(tensor_to_image(&decoded, 0)?);
         sd_info!("latent {} decoded, taking {:.2}s", i + 1, t.elapsed().as_secs_f32());
     }
-    sd_info!("decode_first_stage completed, taking {:.2}s", start.elapsed().as_secs_f32());
-    ensure!(!images.is_empty(), "cancelled before any latent images were decoded");
     Ok(images)
 }
 
 /// Text/image to image: `batch_count` RGB images, fewer when new latents were cancelled.
-pub fn generate(sd: &mut StableDiffusion, p: &ImgGenParams, cancel: &CancelFlag) -> Result<Vec<Image>> {
-    check_params(sd, p)?;
+pub fn generate(ms: &mut ModelSet, p: &ImgGenParams, cancel: &CancelFlag) -> Result<Vec<Image>> {
+    ms.weights.validate()?;
+    check_params(p)?;
     let t0 = Instant::now();
-    sd.apply_loras(&p.loras)?;
-    let r = resolve_request(sd, p);
+    ms.apply_loras(&p.loras)?;
+    let mut r = resolve_request(ms, p);
     sd_info!("generate_image {}x{}", r.width, r.height);
     let tiling = runtime_tiling(&p.vae_tiling_params);
     let circular = (p.circular_x, p.circular_y);
-    for runner in [&mut sd.unet.runner, &mut sd.first_stage.runner].into_iter().chain(sd.preview_vae.as_mut().map(|v| &mut v.runner)) {
+    for runner in ms.runners() {
         runner.options.circular_x = p.circular_x;
         runner.options.circular_y = p.circular_y;
     }
 
-    let mut rngs = GenerationRngs::new(sd.rng_type, sd.sampler_rng_type);
+    let mut rngs = GenerationRngs::new(ms.rng_type, ms.sampler_rng_type);
     rngs.manual_seed(r.seed as u64);
-    let mut plan = resolve_plan(sd, p, &r)?;
-    let prepared = prepare(sd, p, &r, &mut plan, &tiling, circular, &mut rngs)?;
+    let default_shift = ms.default_flow_shift;
+    ms.denoiser.set_flow_shift(unset_if_infinite(p.sample_params.flow_shift), default_shift);
+    let mut plan = resolve_plan(ms, p, &r)?;
+    let prepared = prepare(ms, p, &mut r, &mut plan, &tiling, circular, &mut rngs)?;
 
     let mut finals = Vec::new();
     let start = Instant::now();
@@ -539,8 +763,7 @@ pub fn generate(sd: &mut StableDiffusion, p: &ImgGenParams, cancel: &CancelFlag)
         let t = Instant::now();
         rngs.manual_seed(seed as u64);
         let noise = randn_like(&prepared.init_latent, rngs.noise());
-        let extra = p.sample_params.extra_sample_args.as_deref();
-        let x0 = sample(sd, &prepared, &noise, &r, &plan, extra, &tiling, circular, rngs.sampler(), cancel)
+        let x0 = sample(ms, &prepared, &noise, &r, &plan, &tiling, circular, rngs.sampler(), cancel)
             .map_err(|e| Error::new(format!("sampling for image {}/{} failed: {e}", b + 1, p.batch_count)))?;
         sd_info!("sampling completed, taking {:.2}s", t.elapsed().as_secs_f32());
         record_final_latent(&x0);
@@ -548,7 +771,7 @@ pub fn generate(sd: &mut StableDiffusion, p: &ImgGenParams, cancel: &CancelFlag)
     }
     sd_info!("generating {} latent images completed, taking {:.2}s", finals.len(), start.elapsed().as_secs_f32());
     ensure!(!finals.is_empty(), "no latent images generated");
-    let images = decode_all(sd, &finals, &tiling, circular, cancel)?;
+    let images = decode_all(ms, &finals, &tiling, circular, cancel)?;
     sd_info!("generate_image completed in {:.2}s", t0.elapsed().as_secs_f32());
     Ok(images)
 }
@@ -558,11 +781,12 @@ mod tests {
     use super::*;
 
     #[test]
-    fn sizes_align_up_to_64() {
-        assert_eq!(align_up(64), 64);
-        assert_eq!(align_up(96), 128);
-        assert_eq!(align_up(1), 64);
-        assert_eq!(align_up(129), 192);
+    fn sizes_align_up_to_the_multiple() {
+        assert_eq!(align_up(64, 64), 64);
+        assert_eq!(align_up(96, 64), 128);
+        assert_eq!(align_up(1, 64), 64);
+        assert_eq!(align_up(129, 64), 192);
+        assert_eq!(align_up(100, 16), 112);
     }
 
     #[test]
@@ -585,10 +809,12 @@ mod tests {
     }
 
     #[test]
-    fn reference_image_args() {
-        assert!(passes_concat(""));
-        assert!(!passes_concat("pass_to_dit=false"));
-        assert!(passes_concat("pass_to_dit=maybe"));
+    fn mask_patches_put_each_block_in_channels() {
+        let mask = Tensor::from_vec(&[4, 2, 1, 1], (0..8).map(|v| v as f32).collect()).unwrap();
+        let p = mask_patches(&mask, 2).unwrap();
+        assert_eq!(p.shape(), &[2, 1, 4, 1]);
+        // Block 0 holds (0,0), (1,0), (0,1), (1,1) = 0, 1, 4, 5; block 1 holds 2, 3, 6, 7.
+        assert_eq!(p.data(), &[0., 2., 1., 3., 4., 6., 5., 7.]);
     }
 
     #[test]

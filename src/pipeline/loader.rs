@@ -6,7 +6,8 @@
 use crate::params::CtxParams;
 use crate::error::{Context as _, Result};
 use crate::graph::params::{HostRegion, TensorSpec};
-use crate::graph::{Backend, ParamStore, TypeMap};
+use crate::graph::{Backend, Loaded, ParamStore, Placement, Runner, Scope, TypeMap, WeightSource};
+use std::sync::Arc;
 use crate::io::type_rules::{target_type, TypeRules};
 use crate::io::{Component, ModelFiles, SdVersion, TensorStorage};
 use crate::types::SdType;
@@ -57,17 +58,41 @@ impl Weights {
         })?;
         sd_info!("Version: {}", version.name());
         files.convert_names(Some(version));
+        Ok(Self::from_files(files, version, params.wtype, params.tensor_type_rules.as_deref().unwrap_or("")))
+    }
 
-        let rules = TypeRules::parse(params.tensor_type_rules.as_deref().unwrap_or(""));
+    /// Files already listed with internal names, each weight typed by `wtype` and the
+    /// `tensor_type_rules` text.
+    pub fn from_files(files: ModelFiles, version: SdVersion, wtype: Option<SdType>, type_rules: &str) -> Weights {
+        let rules = TypeRules::parse(type_rules);
         let types = files
             .tensors()
             .iter()
             .map(|ts| {
-                let ty = target_type(ts, params.wtype, &rules).unwrap_or(ts.ty());
+                let ty = target_type(ts, wtype, &rules).unwrap_or(ts.ty());
                 (ts.name().to_string(), ty.raw())
             })
             .collect();
+        Weights { files, types, version }
+    }
+
+    /// Lists one file of a family the caller already knows (an upscaler model), names
+    /// converted for `version`; weights keep the file's types. Read without mmap, like the
+    /// reference loads upscalers.
+    pub fn open_file(path: &str, version: SdVersion) -> Result<Weights> {
+        let mut files = ModelFiles::new();
+        files.set_mmap(false);
+        files
+            .add(path, "")
+            .map_err(|e| crate::error::Error::new(format!("init model loader from file failed: '{path}': {e}")))?;
+        files.convert_names(Some(version));
+        let types = files.tensors().iter().map(|ts| (ts.name().to_string(), ts.ty().raw())).collect();
         Ok(Weights { files, types, version })
+    }
+
+    /// Internal names of every tensor in the files.
+    pub fn names(&self) -> impl Iterator<Item = &str> {
+        self.files.tensors().iter().map(TensorStorage::name)
     }
 
     pub fn version(&self) -> SdVersion {
@@ -104,10 +129,18 @@ impl Weights {
         fill_one(&self.files, name, spec, dst)
     }
 
-    /// Whether any tensor is stored in a block-quantized type in the files (the
-    /// reference's test for applying LoRAs at run time in `auto` mode).
+    /// Whether any tensor is stored in a block-quantized type in the files: the reference's
+    /// test for applying LoRAs at run time in `auto` mode (it looks at the files' types, not
+    /// at `wtype`, so an f16 file loaded as q8_0 still merges them).
     pub fn has_quantized_storage(&self) -> bool {
         self.files.tensors().iter().any(|ts| crate::graph::is_block_quantized(ts.ty().raw()))
+    }
+
+    /// Fails, naming the file, when a file that loaded weights compute from in place (mmap)
+    /// changed since it was opened: call it before every use of the weights, as a truncated
+    /// file would fault the computation instead (DESIGN.md, "Model files").
+    pub fn validate(&self) -> Result<()> {
+        self.files.validate_in_use()
     }
 
     /// Allocates `store` on `backend` and fills every declared tensor from the files. With
@@ -115,6 +148,7 @@ impl Weights {
     /// file in place (no copy; pages are read when first used), like the reference.
     pub fn load(&self, store: &mut ParamStore, backend: &Backend, what: &str, threads: usize) -> Result<()> {
         let start = Instant::now();
+        self.files.validate()?;
         let placed = store.place_in_host_regions(backend, |name, spec| {
             let ts = self.files.get(name)?;
             let ty = SdType::from_raw(spec.ty)?;
@@ -137,6 +171,51 @@ impl Weights {
             start.elapsed().as_secs_f32()
         );
         Ok(())
+    }
+}
+
+/// Weight tensors one network may declare (the SD UNet has about 700, SDXL's 1,700).
+const STORE_CAPACITY: usize = 4096;
+
+impl Weights {
+    /// A network declared by `declare` under `prefix`, its weights placed as `placement`
+    /// says (on the compute device, on another backend, spread over a layer split, or left
+    /// on disk to be read for each phase), with a runner of `n_threads`. `what` names it in
+    /// logs and errors.
+    pub fn load_model<M>(
+        self: &Arc<Self>,
+        placement: Placement,
+        n_threads: i32,
+        prefix: &str,
+        what: &'static str,
+        declare: impl FnOnce(&mut Scope) -> M,
+    ) -> Result<Loaded<M>> {
+        let mut store = ParamStore::new(STORE_CAPACITY)?;
+        let model = declare(&mut Scope::new(&mut store, self.types(), prefix));
+        let threads = n_threads.max(1) as usize;
+        if !placement.split.is_empty() {
+            let (devices, shares) = placement.split_devices();
+            store.alloc_split(&devices, &shares).with_context(|| format!("{what}: allocating weights"))?;
+            self.fill(&mut store, threads)?;
+        } else if let Some(b) = placement.weights_backend() {
+            self.load(&mut store, b, what, threads)?;
+        } else {
+            sd_info!("{what}: weights are read from the model files for each use");
+        }
+        let runner = Runner::for_placement(&placement, n_threads);
+        let source: Arc<dyn WeightSource> = self.clone();
+        Ok(Loaded::new(model, store, placement, runner, Some(source), what))
+    }
+
+    /// Fills an allocated `store` (e.g. one spread over several devices) from the files.
+    pub fn fill(&self, store: &mut ParamStore, threads: usize) -> Result<()> {
+        fill(&self.files, store, threads)
+    }
+}
+
+impl WeightSource for Weights {
+    fn load(&self, store: &mut ParamStore, backend: &Backend, what: &str, threads: usize) -> Result<()> {
+        Weights::load(self, store, backend, what, threads)
     }
 }
 

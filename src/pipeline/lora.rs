@@ -1,21 +1,23 @@
 //! The LoRAs of a generation request, like the reference's `apply_loras`: before each
 //! generation the wanted list is compared with the one in effect; when it differs every
-//! LoRA file is read again and the model parts are brought to the new list, all parts at
+//! LoRA file is read again and each model component is brought to the new list, all at
 //! once or, on any error, none (the previous LoRAs stay in effect).
 //!
-//! What a model set does with it:
-//! - at load: `LoraSet::new(params.lora_apply_mode, &weights)`, and keep the `Weights`
-//!   (merged weights are restored by reading the model files again);
-//! - per generation, before encoding the prompt: [`LoraSet::apply`] with one
-//!   [`LoraTarget`] (weights + the runner computing with them) per model part a LoRA may
-//!   update, always the same parts in the same order (e.g. text encoders, diffusion
-//!   model(s), first stage). `immediately` rewrites the stores' weights; `at_runtime` sets
-//!   an adapter on each runner (cleared when no LoRA updates that part).
+//! One seam for every family: a component's LoRA updates are found by the names its
+//! `ParamStore` declares (the model files' internal names, which `io::lora` maps every LoRA
+//! naming scheme onto), so a family only extends the name tables of `io::names`.
+//!
+//! Per component, `immediately` rewrites the weights in its store (originals re-read from the
+//! model files, or pointed at the mapped file again, when a LoRA goes away); `at_runtime`
+//! sets an adapter on its runner (cleared when no LoRA updates it). Weights that do not stay
+//! on the compute device between phases (`params_backend=cpu|disk`, a layer split) are
+//! re-read or copied for each phase, so there the LoRAs are always applied at run time: the
+//! adapter stays with the runner whatever happens to the weights.
 
 use super::loader::Weights;
 use crate::error::Result;
 use crate::graph::params::TensorSpec;
-use crate::graph::{ParamStore, Runner, WeightAdapter};
+use crate::graph::{ParamStore, Runner, WeightAdapter, WeightHome, WeightsMut};
 use crate::io::lora::LoraFile;
 use crate::models::adapter::lora::{patch_from, Lora, Merged, PieceTensors, RuntimeLoras, TensorDecl, TENSOR_PARTS};
 use crate::params::Lora as LoraRequest;
@@ -24,31 +26,34 @@ use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
 use std::time::Instant;
 
-/// A model part LoRAs may update: its weights and the runner that computes with them.
-pub struct LoraTarget<'a> {
-    pub store: &'a mut ParamStore,
-    pub runner: &'a mut Runner,
-}
-
 /// The LoRAs in effect on a model set.
 #[derive(Debug)]
 pub struct LoraSet {
     immediately: bool,
     applied: Vec<LoraRequest>,
-    /// Per target (`immediately`): which weights hold merged updates.
+    /// Per component (`immediately`): which weights hold merged updates.
     merged: Vec<Merged>,
+    /// The "applied at run time instead" note was logged.
+    noted_runtime: bool,
+}
+
+/// Whether the weights of a component stay on its compute device, where merging into them
+/// lasts.
+fn mergeable(t: &WeightsMut) -> bool {
+    matches!(t.placement.weights, WeightHome::Compute) && t.placement.split.is_empty() && t.placement.max_vram == 0
 }
 
 impl LoraSet {
-    /// `auto` applies LoRAs at run time when the model files hold quantized weights and
-    /// merges them otherwise, like the reference.
-    pub fn new(mode: LoraApplyMode, weights: &Weights) -> LoraSet {
+    /// The mode `mode` resolves to for the model `weights` loaded as `components` say.
+    /// `auto` applies LoRAs at run time, like the reference, when the model files hold
+    /// quantized weights or any component keeps its weights off the compute device.
+    pub fn new(mode: LoraApplyMode, weights: &Weights, components: &[WeightsMut]) -> LoraSet {
         let immediately = match mode {
             LoraApplyMode::Immediately => true,
             LoraApplyMode::AtRuntime => false,
-            _ => !weights.has_quantized_storage(),
+            _ => !weights.has_quantized_storage() && components.iter().all(|c| mergeable(c) && !c.placement.stream_layers),
         };
-        LoraSet { immediately, applied: Vec::new(), merged: Vec::new() }
+        LoraSet { immediately, applied: Vec::new(), merged: Vec::new(), noted_runtime: false }
     }
 
     pub fn applies_immediately(&self) -> bool {
@@ -60,9 +65,10 @@ impl LoraSet {
         &self.applied
     }
 
-    /// Brings `targets` to the LoRAs of `wanted` (in order). Nothing changes when they are
-    /// the ones in effect, or when any of them fails.
-    pub fn apply(&mut self, wanted: &[LoraRequest], weights: &Weights, targets: &mut [LoraTarget], n_threads: i32) -> Result<()> {
+    /// Brings `targets` (always the same components in the same order) to the LoRAs of
+    /// `wanted` (in order). Nothing changes when they are the ones in effect, or when any of
+    /// them fails.
+    pub fn apply(&mut self, wanted: &[LoraRequest], weights: &Weights, targets: &mut [WeightsMut], n_threads: i32) -> Result<()> {
         if wanted == self.applied.as_slice() {
             return Ok(());
         }
@@ -85,21 +91,32 @@ impl LoraSet {
             }
             per_target.push(loras);
         }
-        sd_info!("TIMING loras loaded in {:.2}s", start.elapsed().as_secs_f32());
-        if self.immediately {
-            self.merge(per_target, weights, targets, n_threads)?;
-        } else {
-            if !wanted.is_empty() {
-                sd_info!("apply lora at runtime");
+        let merge: Vec<bool> = targets.iter().map(|t| self.immediately && mergeable(t)).collect();
+        if self.immediately && !wanted.is_empty() && !self.noted_runtime {
+            for (t, _) in targets.iter().zip(&merge).filter(|(_, m)| !**m) {
+                sd_info!("{}: its weights are not kept on the compute device, so LoRAs are applied to it at run time", t.what);
+                self.noted_runtime = true;
             }
-            let adapters = per_target
-                .into_iter()
-                .zip(targets.iter())
-                .map(|(loras, t)| if loras.is_empty() { Ok(None) } else { RuntimeLoras::new(loras, t.store).map(Some) })
-                .collect::<Result<Vec<_>>>()?;
-            for (t, a) in targets.iter_mut().zip(adapters) {
-                t.runner.set_adapter(a.map(|a| Arc::new(a) as Arc<dyn WeightAdapter>));
+        }
+        if !self.immediately && !wanted.is_empty() {
+            sd_info!("apply lora at runtime");
+        }
+
+        // Everything that can fail first: the run-time adapters and the merged weights.
+        let mut adapters: Vec<Option<Arc<dyn WeightAdapter>>> = Vec::with_capacity(targets.len());
+        let mut to_merge: Vec<Vec<Lora>> = Vec::with_capacity(targets.len());
+        for ((loras, t), &m) in per_target.into_iter().zip(targets.iter()).zip(&merge) {
+            if m || loras.is_empty() {
+                adapters.push(None);
+                to_merge.push(if m { loras } else { Vec::new() });
+            } else {
+                adapters.push(Some(Arc::new(RuntimeLoras::new(loras, t.store)?)));
+                to_merge.push(Vec::new());
             }
+        }
+        self.merge(to_merge, &merge, weights, targets, n_threads)?;
+        for (t, a) in targets.iter_mut().zip(adapters) {
+            t.runner.set_adapter(a);
         }
         for (file, used) in files.iter().zip(&used) {
             report_use(file, used);
@@ -111,27 +128,32 @@ impl LoraSet {
         Ok(())
     }
 
-    /// Stages every target, then reserves and commits them all.
-    fn merge(&mut self, per_target: Vec<Vec<Lora>>, weights: &Weights, targets: &mut [LoraTarget], n_threads: i32) -> Result<()> {
+    /// Stages every component merged into, then reserves and commits them all.
+    fn merge(&mut self, per_target: Vec<Vec<Lora>>, merge: &[bool], weights: &Weights, targets: &mut [WeightsMut], n_threads: i32) -> Result<()> {
         self.merged.resize_with(targets.len(), Merged::default);
         let read = |name: &str, spec: &TensorSpec, dst: &mut [u8]| weights.read_weight(name, spec, dst);
         let mut staged = Vec::with_capacity(targets.len());
-        for ((t, merged), loras) in targets.iter().zip(&self.merged).zip(&per_target) {
-            staged.push(merged.stage(t.store, t.runner.backend(), n_threads, loras, &read)?);
+        for (((t, merged), loras), &m) in targets.iter().zip(&self.merged).zip(&per_target).zip(merge) {
+            // Components not merged into hold no merged update (their placement is fixed).
+            staged.push(if m { Some(merged.stage(t.store, t.runner.backend(), n_threads, loras, &read)?) } else { None });
         }
         for i in 0..staged.len() {
-            if let Err(e) = staged[i].reserve(targets[i].store, targets[i].runner.backend()) {
+            let Some(s) = staged[i].as_mut() else { continue };
+            if let Err(e) = s.reserve(targets[i].store, targets[i].runner.backend()) {
                 for j in 0..i {
-                    staged[j].unreserve(targets[j].store);
+                    if let Some(s) = staged[j].as_mut() {
+                        s.unreserve(targets[j].store);
+                    }
                 }
                 return Err(e);
             }
         }
         for ((s, t), merged) in staged.into_iter().zip(targets.iter_mut()).zip(&mut self.merged) {
+            let Some(s) = s else { continue };
             let mapped = s.moved_count();
             let r = s.commit(merged, t.store);
             if r.patched + r.restored > 0 {
-                sd_debug!("LoRA merge: {} weights updated, {} restored, {:.1} MB written", r.patched, r.restored, r.written as f64 / 1e6);
+                sd_debug!("{}: LoRA merge: {} weights updated, {} restored, {:.1} MB written", t.what, r.patched, r.restored, r.written as f64 / 1e6);
             }
             if mapped > 0 {
                 sd_warn!("in mode 'immediately', LoRAs use extra memory with mmap ({mapped} weights copied out of the mapped file)");

@@ -1,14 +1,18 @@
-//! Generation orchestration: loading the model set, prompts to conditioning, the sampling
-//! loop, decoding.
+//! Generation orchestration: the model families (what to load for a detected version),
+//! prompts to conditioning, the sampling loop, decoding.
 
 pub mod callbacks;
-pub mod conditioner;
+pub mod conditioning;
+pub mod families;
 pub mod generate;
 pub mod imageops;
 pub mod loader;
 pub mod lora;
 pub mod prompt;
-pub mod sd;
+pub mod ref_images;
+pub mod t5;
+pub mod upscaler;
 
+pub use families::ModelSet;
 pub use generate::capture_final_latents;
-pub use sd::StableDiffusion;
+pub use upscaler::Upscaler;

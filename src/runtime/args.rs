@@ -5,6 +5,29 @@
 //! `=` is skipped with a warning. Keys nobody reads are ignored silently (the same string is
 //! shared by schedulers, samplers, guidance and img2img options), as in the reference.
 
+/// A request's `extra_sample_args`, parsed once where the request enters the pipeline:
+/// schedulers, samplers, img2img and guidance each read their typed options from these pairs
+/// (malformed entries were warned about once, at parse time).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct ExtraArgs {
+    pairs: Vec<(String, String)>,
+}
+
+impl ExtraArgs {
+    pub fn parse(args: Option<&str>) -> ExtraArgs {
+        ExtraArgs { pairs: parse_key_value_args(args, "extra sample arg") }
+    }
+
+    /// The (key, value) pairs in the order written.
+    pub fn pairs(&self) -> impl Iterator<Item = (&str, &str)> {
+        self.pairs.iter().map(|(k, v)| (k.as_str(), v.as_str()))
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.pairs.is_empty()
+    }
+}
+
 /// C's `isspace` in the "C" locale.
 fn is_c_space(c: char) -> bool {
     matches!(c, ' ' | '\t' | '\n' | '\u{0b}' | '\u{0c}' | '\r')

@@ -8,7 +8,7 @@
 //! - Flow (SD3 style, shifted) and Flux flow (exponential time shift); SeFi's dual
 //!   semantic/texture schedule; MiniT2I's x0-predicting linear flow.
 
-use super::args::{parse_key_value_args, parse_strict_bool, set_float};
+use super::args::{parse_strict_bool, set_float, ExtraArgs};
 use super::defaults::ModelFamily;
 use super::schedulers::{flux_time_shift, scheduler_sigmas, ScheduleInput, TIMESTEPS};
 use crate::error::Result;
@@ -317,7 +317,7 @@ impl Denoiser {
         image_seq_len: i32,
         scheduler: Scheduler,
         family: ModelFamily,
-        extra_args: Option<&str>,
+        extra_args: &ExtraArgs,
     ) -> Result<Vec<f32>> {
         ensure!(steps > 0, "the number of sample steps must be at least 1");
         match self.kind {
@@ -349,12 +349,12 @@ impl Denoiser {
 
     /// Semantic and texture schedules: the semantic one runs `delta_t` ahead. Options
     /// `sefi_alpha` and `sefi_delta_t` persist across calls like the reference's.
-    fn sefi_sigmas(&mut self, n: u32, extra_args: Option<&str>) -> Vec<f32> {
+    fn sefi_sigmas(&mut self, n: u32, extra_args: &ExtraArgs) -> Vec<f32> {
         const WHAT: &str = "sefi scheduler arg";
-        for (key, value) in parse_key_value_args(extra_args, WHAT) {
-            match key.as_str() {
-                "sefi_alpha" => set_float(&mut self.sefi_alpha, WHAT, &key, &value),
-                "sefi_delta_t" => set_float(&mut self.sefi_delta_t, WHAT, &key, &value),
+        for (key, value) in extra_args.pairs() {
+            match key {
+                "sefi_alpha" => set_float(&mut self.sefi_alpha, WHAT, key, value),
+                "sefi_delta_t" => set_float(&mut self.sefi_delta_t, WHAT, key, value),
                 _ => {}
             }
         }
@@ -394,17 +394,17 @@ impl Denoiser {
         sigmas: &[f32],
         sample_steps: usize,
         strength: f32,
-        extra_args: Option<&str>,
+        extra_args: &ExtraArgs,
     ) -> Vec<f32> {
         let mut as_noise_level = false;
         let mut force_first_sigma = false;
-        for (key, value) in parse_key_value_args(extra_args, "img2img arg") {
-            let slot = match key.as_str() {
+        for (key, value) in extra_args.pairs() {
+            let slot = match key {
                 "strength_as_noise_level" => &mut as_noise_level,
                 "force_first_sigma" => &mut force_first_sigma,
                 _ => continue,
             };
-            match parse_strict_bool(&value) {
+            match parse_strict_bool(value) {
                 Some(v) => *slot = v,
                 None => sd_warn!("ignoring invalid img2img sample arg '{}={}'", key, value),
             }
@@ -534,14 +534,14 @@ mod tests {
     #[test]
     fn sefi_and_minit2i_schedules() {
         let mut d = Denoiser::new(Prediction::SefiFlow, None);
-        let tex = d.get_sigmas(4, 0, Scheduler::Discrete, ModelFamily::OtherDit, None).unwrap();
+        let tex = d.get_sigmas(4, 0, Scheduler::Discrete, ModelFamily::OtherDit, &ExtraArgs::default()).unwrap();
         assert_eq!(tex.len(), 5);
         let s = d.sefi_schedule();
         assert_eq!(s.tex_sigmas, tex);
         assert!(s.sem_sigmas.iter().zip(&s.tex_sigmas).all(|(a, b)| a <= b));
         let mut m = Denoiser::new(Prediction::Minit2iFlow, None);
         assert_eq!(
-            m.get_sigmas(4, 0, Scheduler::Karras, ModelFamily::OtherDit, None).unwrap(),
+            m.get_sigmas(4, 0, Scheduler::Karras, ModelFamily::OtherDit, &ExtraArgs::default()).unwrap(),
             vec![1.0, 0.75, 0.5, 0.25, 0.0]
         );
     }
@@ -550,12 +550,12 @@ mod tests {
     fn img2img_slices_the_tail() {
         let d = Denoiser::new(Prediction::Eps, None);
         let sig = [10.0, 5.0, 2.0, 1.0, 0.0];
-        assert_eq!(d.img2img_sigmas(&sig, 4, 0.5, None), vec![5.0, 2.0, 1.0, 0.0]);
-        assert_eq!(d.img2img_sigmas(&sig, 4, 1.0, None), sig.to_vec());
-        assert_eq!(d.img2img_sigmas(&sig, 4, 0.1, None), vec![1.0, 0.0]);
+        assert_eq!(d.img2img_sigmas(&sig, 4, 0.5, &ExtraArgs::default()), vec![5.0, 2.0, 1.0, 0.0]);
+        assert_eq!(d.img2img_sigmas(&sig, 4, 1.0, &ExtraArgs::default()), sig.to_vec());
+        assert_eq!(d.img2img_sigmas(&sig, 4, 0.1, &ExtraArgs::default()), vec![1.0, 0.0]);
         // noise level 0.75 -> sigma 3: first sigma <= 3 is 2.0 (index 2)
         assert_eq!(
-            d.img2img_sigmas(&sig, 4, 0.75, Some("strength_as_noise_level=1")),
+            d.img2img_sigmas(&sig, 4, 0.75, &ExtraArgs::parse(Some("strength_as_noise_level=1"))),
             vec![2.0, 1.0, 0.0]
         );
         assert_eq!(
@@ -563,7 +563,7 @@ mod tests {
                 &sig,
                 4,
                 0.75,
-                Some("strength_as_noise_level=1,force_first_sigma=true")
+                &ExtraArgs::parse(Some("strength_as_noise_level=1,force_first_sigma=true"))
             ),
             vec![3.0, 1.0, 0.0]
         );

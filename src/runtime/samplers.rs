@@ -12,7 +12,7 @@
 //! for an extra evaluation earlier in the same step (Heun, DPM2, DPM++ 2S, RES 2S). An
 //! error from the callback (e.g. cancellation) ends sampling with that error.
 
-use super::args::{parse_key_value_args, parse_strict_float, parse_strict_int};
+use super::args::{parse_strict_float, parse_strict_int, ExtraArgs};
 use super::denoiser::{Denoiser, DenoiserKind, SEFI_SEM_CHANNELS};
 use super::rng::{Rng, StdDefaultRng};
 use crate::error::{Context, Result};
@@ -59,14 +59,13 @@ pub fn sample(
     rng: &mut dyn Rng,
     eta: f32,
     is_flow: bool,
-    extra_args: Option<&str>,
+    extra_args: &ExtraArgs,
     denoiser: Option<&Denoiser>,
 ) -> Result<Tensor> {
     if let Some(d) = denoiser.filter(|d| d.kind() == DenoiserKind::SefiFlow) {
         let s = d.sefi_schedule();
         return sefi_euler(model, x, &s.sem_sigmas, &s.tex_sigmas);
     }
-    let extra = parse_key_value_args(extra_args, "extra sample arg");
     let mut s = Sampler { model, x, sigmas, rng, eta, is_flow };
     match method {
         SampleMethod::Euler => s.euler(),
@@ -79,17 +78,17 @@ pub fn sample(
         SampleMethod::Dpmpp2mV2 => s.dpmpp_2m(true),
         SampleMethod::Ipndm => s.ipndm(false),
         SampleMethod::IpndmV => s.ipndm(true),
-        SampleMethod::Lcm => s.lcm(&extra),
+        SampleMethod::Lcm => s.lcm(extra_args),
         SampleMethod::Tcd => s.tcd(),
         SampleMethod::ResMultistep => s.res_multistep(),
         SampleMethod::Res2s => s.res_2s(),
         SampleMethod::ErSde => s.er_sde(),
         SampleMethod::EulerCfgPp => s.euler_cfg_pp(),
         SampleMethod::EulerACfgPp => s.euler_ancestral_cfg_pp(),
-        SampleMethod::EulerGe => s.gradient_estimation(&extra),
+        SampleMethod::EulerGe => s.gradient_estimation(extra_args),
         SampleMethod::Dpmpp2mSde => s.dpmpp_2m_sde(None),
         SampleMethod::Dpmpp2mSdeBt => s.dpmpp_2m_sde_bt(),
-        SampleMethod::Lms => s.lms(&extra),
+        SampleMethod::Lms => s.lms(extra_args),
     }?;
     Ok(s.x)
 }
@@ -486,12 +485,12 @@ impl Sampler<'_, '_> {
         self.dpmpp_2m_sde(Some(&mut tree))
     }
 
-    fn lcm(&mut self, extra: &[(String, String)]) -> Result<()> {
+    fn lcm(&mut self, extra: &ExtraArgs) -> Result<()> {
         let mut clip_std = 0.0f32;
         let (mut scale_start, mut scale_end) = (1.0f32, 1.0f32);
         let (mut start_set, mut end_set) = (false, false);
-        for (key, value) in extra {
-            let (slot, flag) = match key.as_str() {
+        for (key, value) in extra.pairs() {
+            let (slot, flag) = match key {
                 "noise_clip_std" => (&mut clip_std, None),
                 "noise_scale_start" => (&mut scale_start, Some(&mut start_set)),
                 "noise_scale_end" => (&mut scale_end, Some(&mut end_set)),
@@ -813,10 +812,10 @@ impl Sampler<'_, '_> {
     /// Linear multistep with the reference's options: `lms_max_order` (default 4),
     /// `lms_shift` (history offset, default 1) and `lms_divisions` (integration points of
     /// the coefficients, default 1000).
-    fn lms(&mut self, extra: &[(String, String)]) -> Result<()> {
+    fn lms(&mut self, extra: &ExtraArgs) -> Result<()> {
         let (mut divisions, mut max_order, mut shift) = (1000i32, 4i32, 1i32);
-        for (key, value) in extra {
-            let apply: fn(i32) -> i32 = match key.as_str() {
+        for (key, value) in extra.pairs() {
+            let apply: fn(i32) -> i32 = match key {
                 "lms_max_order" => |v| v.max(1),
                 "lms_shift" => |v| v.max(0),
                 "lms_divisions" => |v| v,
@@ -826,7 +825,7 @@ impl Sampler<'_, '_> {
                 sd_warn!("ignoring invalid lms extra sample arg '{}={}'", key, value);
                 continue;
             };
-            match key.as_str() {
+            match key {
                 "lms_max_order" => max_order = apply(v),
                 "lms_shift" => shift = apply(v),
                 _ => divisions = apply(v),
@@ -929,9 +928,9 @@ impl Sampler<'_, '_> {
 
     /// Gradient-estimation sampler (euler_ge): the derivative is extrapolated from the
     /// previous one with weight `gamma` (option `gamma`, default 2).
-    fn gradient_estimation(&mut self, extra: &[(String, String)]) -> Result<()> {
+    fn gradient_estimation(&mut self, extra: &ExtraArgs) -> Result<()> {
         let mut gamma = 2.0f32;
-        for (key, value) in extra.iter().filter(|(k, _)| k == "gamma") {
+        for (key, value) in extra.pairs().filter(|(k, _)| *k == "gamma") {
             match parse_strict_float(value) {
                 Some(v) => {
                     sd_debug!("setting euler_ge gamma to {:.2}", v);
@@ -1131,7 +1130,7 @@ mod tests {
             rng.as_mut(),
             0.0,
             false,
-            None,
+            &ExtraArgs::default(),
             None,
         );
         assert_eq!(r.unwrap_err().message(), "cancelled");
@@ -1150,7 +1149,7 @@ mod tests {
             rng.as_mut(),
             0.0,
             false,
-            None,
+            &ExtraArgs::default(),
             None,
         );
         assert!(r.is_err());
@@ -1171,7 +1170,7 @@ mod tests {
             rng.as_mut(),
             0.0,
             false,
-            None,
+            &ExtraArgs::default(),
             None,
         )
         .unwrap();
@@ -1188,7 +1187,7 @@ mod tests {
         use crate::runtime::defaults::ModelFamily;
         use crate::types::{Prediction, Scheduler};
         let mut d = Denoiser::new(Prediction::SefiFlow, None);
-        d.get_sigmas(2, 0, Scheduler::Discrete, ModelFamily::OtherDit, None).unwrap();
+        d.get_sigmas(2, 0, Scheduler::Discrete, ModelFamily::OtherDit, &ExtraArgs::default()).unwrap();
         let sched = d.sefi_schedule().clone();
         let mut calls = Vec::new();
         let mut rng = new_rng(RngType::Cuda, 1);
@@ -1202,7 +1201,7 @@ mod tests {
             rng.as_mut(),
             1.0,
             true,
-            None,
+            &ExtraArgs::default(),
             Some(&d),
         )
         .unwrap();

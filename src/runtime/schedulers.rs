@@ -9,7 +9,7 @@
 // The published tables keep their printed digits (they parse to the same f32 values).
 #![allow(clippy::excessive_precision)]
 
-use super::args::{parse_key_value_args, parse_strict_float, set_bool, set_float};
+use super::args::{parse_strict_float, set_bool, set_float, ExtraArgs};
 use super::defaults::ModelFamily;
 use crate::error::Result;
 use crate::types::Scheduler;
@@ -29,7 +29,7 @@ pub struct ScheduleInput<'a> {
     pub image_seq_len: i32,
     pub family: ModelFamily,
     /// The request's `extra_sample_args` (scheduler options are read from it).
-    pub extra_args: Option<&'a str>,
+    pub extra_args: &'a ExtraArgs,
 }
 
 /// The sigma schedule of `scheduler` for `steps` steps.
@@ -360,7 +360,7 @@ struct Ltx2Options {
 }
 
 impl Ltx2Options {
-    fn parse(image_seq_len: i32, extra_args: Option<&str>) -> Self {
+    fn parse(image_seq_len: i32, extra_args: &ExtraArgs) -> Self {
         let mut o = Ltx2Options {
             token_count: if image_seq_len > 0 { image_seq_len } else { 4096 },
             max_shift: 2.05,
@@ -369,12 +369,12 @@ impl Ltx2Options {
             terminal: 0.1,
         };
         const WHAT: &str = "ltx2 scheduler arg";
-        for (key, value) in parse_key_value_args(extra_args, WHAT) {
-            match key.as_str() {
-                "max_shift" => set_float(&mut o.max_shift, WHAT, &key, &value),
-                "base_shift" => set_float(&mut o.base_shift, WHAT, &key, &value),
-                "terminal" => set_float(&mut o.terminal, WHAT, &key, &value),
-                "stretch" => set_bool(&mut o.stretch, WHAT, &key, &value),
+        for (key, value) in extra_args.pairs() {
+            match key {
+                "max_shift" => set_float(&mut o.max_shift, WHAT, key, value),
+                "base_shift" => set_float(&mut o.base_shift, WHAT, key, value),
+                "terminal" => set_float(&mut o.terminal, WHAT, key, value),
+                "stretch" => set_bool(&mut o.stretch, WHAT, key, value),
                 _ => {}
             }
         }
@@ -429,13 +429,13 @@ struct FluxOptions {
 }
 
 impl FluxOptions {
-    fn parse(extra_args: Option<&str>) -> Self {
+    fn parse(extra_args: &ExtraArgs) -> Self {
         let mut o = FluxOptions { base_shift: 0.5, max_shift: 1.15 };
         const WHAT: &str = "flux scheduler arg";
-        for (key, value) in parse_key_value_args(extra_args, WHAT) {
-            match key.as_str() {
-                "base_shift" => set_float(&mut o.base_shift, WHAT, &key, &value),
-                "max_shift" => set_float(&mut o.max_shift, WHAT, &key, &value),
+        for (key, value) in extra_args.pairs() {
+            match key {
+                "base_shift" => set_float(&mut o.base_shift, WHAT, key, value),
+                "max_shift" => set_float(&mut o.max_shift, WHAT, key, value),
                 _ => {}
             }
         }
@@ -507,18 +507,18 @@ fn sigmoid(x: f32) -> f32 {
 }
 
 impl LogitNormalOptions {
-    fn parse(image_seq_len: i32, extra_args: Option<&str>) -> Self {
+    fn parse(image_seq_len: i32, extra_args: &ExtraArgs) -> Self {
         let (mut mean, mut std, mut logsnr_min, mut logsnr_max) =
             (0.0f32, 1.75f32, -15.0f32, 18.0f32);
         let mut resolution_aware = true;
         const WHAT: &str = "logit-normal scheduler arg";
-        for (key, value) in parse_key_value_args(extra_args, WHAT) {
-            match key.as_str() {
-                "mu" => set_float(&mut mean, WHAT, &key, &value),
-                "std" => set_float(&mut std, WHAT, &key, &value),
-                "logsnr_min" => set_float(&mut logsnr_min, WHAT, &key, &value),
-                "logsnr_max" => set_float(&mut logsnr_max, WHAT, &key, &value),
-                "resolution_aware" => set_bool(&mut resolution_aware, WHAT, &key, &value),
+        for (key, value) in extra_args.pairs() {
+            match key {
+                "mu" => set_float(&mut mean, WHAT, key, value),
+                "std" => set_float(&mut std, WHAT, key, value),
+                "logsnr_min" => set_float(&mut logsnr_min, WHAT, key, value),
+                "logsnr_max" => set_float(&mut logsnr_max, WHAT, key, value),
+                "resolution_aware" => set_bool(&mut resolution_aware, WHAT, key, value),
                 _ => {}
             }
         }
@@ -612,16 +612,16 @@ struct BetaOptions {
 }
 
 impl BetaOptions {
-    fn parse(extra_args: Option<&str>) -> Self {
+    fn parse(extra_args: &ExtraArgs) -> Self {
         let mut o = BetaOptions { alpha: 0.6, beta: 0.6 };
         const WHAT: &str = "beta scheduler arg";
-        for (key, value) in parse_key_value_args(extra_args, WHAT) {
-            let slot = match key.as_str() {
+        for (key, value) in extra_args.pairs() {
+            let slot = match key {
                 "alpha" => &mut o.alpha,
                 "beta" => &mut o.beta,
                 _ => continue,
             };
-            match parse_strict_float(&value) {
+            match parse_strict_float(value) {
                 Some(v) if v > 0.0 => *slot = v as f64,
                 _ => sd_warn!("ignoring invalid {} '{}={}'", WHAT, key, value),
             }
@@ -762,6 +762,8 @@ pub fn custom_sigmas(values: &[f32]) -> Result<Vec<f32>> {
 mod tests {
     use super::*;
 
+    static NO_ARGS: std::sync::LazyLock<ExtraArgs> = std::sync::LazyLock::new(ExtraArgs::default);
+
     fn input(t2s: &dyn Fn(f32) -> f32) -> ScheduleInput<'_> {
         ScheduleInput {
             sigma_min: 0.0292,
@@ -769,7 +771,7 @@ mod tests {
             t_to_sigma: t2s,
             image_seq_len: 64,
             family: ModelFamily::Sd1,
-            extra_args: None,
+            extra_args: &NO_ARGS,
         }
     }
 
@@ -820,7 +822,7 @@ mod tests {
 
     #[test]
     fn beta_options_reject_nonpositive() {
-        let o = BetaOptions::parse(Some("alpha=0.5,beta=-1"));
+        let o = BetaOptions::parse(&ExtraArgs::parse(Some("alpha=0.5,beta=-1")));
         assert_eq!((o.alpha, o.beta), (0.5, 0.6));
     }
 

@@ -61,31 +61,51 @@ static class GenerateTests
         return Tuple.Create(w, h, ch, outp);
     }
 
-    public static void Run(Action<string, bool, string> check, string repoRoot)
+    // A returned image against a golden PNG, within the tolerance of tests/fixtures/README.md.
+    public static void CheckGolden(Action<string, bool, string> check, string dir, string file, sd_image_t header, byte[] got)
+    {
+        var want = ReadPng(Path.Combine(dir, file));
+        check("golden size " + file, header.width == want.Item1 && header.height == want.Item2 && header.channel == want.Item3,
+              header.width + "x" + header.height + "x" + header.channel);
+        int max = 0;
+        long sum = 0;
+        for (int i = 0; i < Math.Min(got.Length, want.Item4.Length); i++)
+        {
+            int d = Math.Abs(got[i] - want.Item4[i]);
+            max = Math.Max(max, d);
+            sum += d;
+        }
+        double mean = (double)sum / want.Item4.Length;
+        check("golden " + Path.GetFileName(dir) + "/" + file, got.Length == want.Item4.Length && max <= 3 && mean <= 0.25, "max " + max + " mean " + mean);
+    }
+
+    // Renders golden case `golden` (folder/case) from `file` in the fixture cache: "a lovely
+    // cat", 64x64, seed 42, 4 Euler steps, v prediction, and compares within the tolerance of
+    // tests/fixtures/README.md. Returns false when the fixture is missing.
+    static bool RenderGolden(Action<string, bool, string> check, string repoRoot, string file, string golden, bool mmap)
     {
         string cache = Environment.GetEnvironmentVariable("SD_FIXTURE_CACHE");
         if (string.IsNullOrEmpty(cache))
             cache = Path.Combine(Environment.GetEnvironmentVariable("HOME") ?? ".", ".cache", "sd-rs-fixtures");
-        string model = Path.Combine(cache, "sd1.safetensors");
+        string model = Path.Combine(cache, file);
         if (!File.Exists(model))
         {
-            Console.Error.WriteLine("skipped generation: " + model + " is missing (scripts/fixtures.sh sd1 writes it)");
-            return;
+            Console.Error.WriteLine("skipped generation: " + model + " is missing (scripts/fixtures.sh writes it)");
+            return false;
         }
-        var steps = new List<int>();
-        Sd.SetProgressCallback((step, total, t) => { if (total == 4) steps.Add(step); });
         var p = new sd_ctx_params_t();
         Native.sd_ctx_params_init(ref p);
         p.n_threads = 2;
         p.prediction = Prediction.V;
+        p.enable_mmap = mmap;
         IntPtr modelPath = Sd.AllocString(model), prompt = Sd.AllocString("a lovely cat");
         try
         {
             p.model_path = modelPath;
             using (var ctx = Native.new_sd_ctx(ref p))
             {
-                check("new_sd_ctx(sd1)", !ctx.IsInvalid, "");
-                if (ctx.IsInvalid) return;
+                check("new_sd_ctx(" + file + ")", !ctx.IsInvalid, "");
+                if (ctx.IsInvalid) return true;
                 var ip = new sd_img_gen_params_t();
                 Native.sd_img_gen_params_init(ref ip);
                 ip.prompt = prompt;
@@ -99,30 +119,33 @@ static class GenerateTests
                 bool ok = Native.generate_image(ctx, ref ip, out images, out count);
                 var headers = new List<sd_image_t>();
                 var got = Sd.TakeImages(images, count, headers);
-                check("generate_image(sd1)", ok && got.Count == 1, "ok=" + ok + " count=" + count);
-                if (got.Count != 1) return;
-                var want = ReadPng(Path.Combine(repoRoot, "tests", "fixtures", "golden", "sd1", "sampler_euler_0.png"));
-                check("golden size", headers[0].width == want.Item1 && headers[0].height == want.Item2 && headers[0].channel == want.Item3,
-                      headers[0].width + "x" + headers[0].height + "x" + headers[0].channel);
-                int max = 0;
-                long sum = 0;
-                for (int i = 0; i < Math.Min(got[0].Length, want.Item4.Length); i++)
-                {
-                    int d = Math.Abs(got[0][i] - want.Item4[i]);
-                    max = Math.Max(max, d);
-                    sum += d;
-                }
-                double mean = (double)sum / want.Item4.Length;
-                // The tolerance of tests/fixtures/README.md.
-                check("golden sd1/sampler_euler", got[0].Length == want.Item4.Length && max <= 3 && mean <= 0.25, "max " + max + " mean " + mean);
-                check("progress after every step", string.Join(",", steps) == "0,1,2,3,4", string.Join(",", steps));
+                check("generate_image(" + file + ")", ok && got.Count == 1, "ok=" + ok + " count=" + count);
+                if (got.Count != 1) return true;
+                var parts = golden.Split('/');
+                CheckGolden(check, Path.Combine(repoRoot, "tests", "fixtures", "golden", parts[0]), parts[1] + "_0.png", headers[0], got[0]);
             }
         }
         finally
         {
-            Sd.SetProgressCallback(null);
             Sd.FreeString(modelPath);
             Sd.FreeString(prompt);
         }
+        return true;
+    }
+
+    public static void Run(Action<string, bool, string> check, string repoRoot)
+    {
+        var steps = new List<int>();
+        Sd.SetProgressCallback((step, total, t) => { if (total == 4) steps.Add(step); });
+        try
+        {
+            if (RenderGolden(check, repoRoot, "sd1.safetensors", "sd1/sampler_euler", false))
+                check("progress after every step", string.Join(",", steps) == "0,1,2,3,4", string.Join(",", steps));
+        }
+        finally
+        {
+            Sd.SetProgressCallback(null);
+        }
+        RenderGolden(check, repoRoot, "sdxl.safetensors", "sdxl/sdxl_euler_v", true);
     }
 }

@@ -1,5 +1,6 @@
-"""Generation through the Python layer: the synthetic SD1 checkpoint must render the
-reference's golden picture for case sd1/sampler_euler (tests/fixtures/golden/sd1/cases.json).
+"""Generation through the Python layer: the synthetic SD1 and SDXL checkpoints must render the
+reference's golden pictures for cases sd1/sampler_euler and sdxl/sdxl_euler_v
+(tests/fixtures/golden/*/cases.json).
 
 The checkpoint comes from the fixture cache ($SD_FIXTURE_CACHE, default
 ~/.cache/sd-rs-fixtures), where scripts/test.sh writes it with scripts/fixtures.sh.
@@ -13,8 +14,7 @@ import pytest
 
 from conftest import ROOT
 
-CASE = "sampler_euler"
-GOLDEN = os.path.join(ROOT, "tests", "fixtures", "golden", "sd1")
+GOLDEN = os.path.join(ROOT, "tests", "fixtures", "golden")
 
 
 def fixture_cache():
@@ -60,6 +60,26 @@ def read_png(path):
     return w, h, ch, bytes(out)
 
 
+def assert_matches_golden(img, png):
+    w, h, ch, want = read_png(os.path.join(GOLDEN, png))
+    assert (img.width, img.height, img.channel) == (w, h, ch)
+    diffs = [abs(a - b) for a, b in zip(img.data, want)]
+    # The tolerance of tests/fixtures/README.md.
+    assert max(diffs) <= 3, f"max |diff| {max(diffs)}"
+    assert sum(diffs) / len(diffs) <= 0.25, f"mean |diff| {sum(diffs) / len(diffs)}"
+
+
+def render(sd, model, **ctx_params):
+    with sd.Context(model_path=model, prediction="V", n_threads=2, **ctx_params) as ctx:
+        return ctx.generate_image(
+            prompt="a lovely cat",
+            width=64,
+            height=64,
+            seed=42,
+            sample_params={"sample_steps": 4, "sample_method": "EULER"},
+        )
+
+
 def test_generate_matches_golden_case(sd):
     model = os.path.join(fixture_cache(), "sd1.safetensors")
     if not os.path.exists(model):
@@ -67,22 +87,18 @@ def test_generate_matches_golden_case(sd):
     progress = []
     sd.set_progress_callback(lambda step, steps, seconds: progress.append((step, steps)))
     try:
-        with sd.Context(model_path=model, prediction="V", n_threads=2) as ctx:
-            images = ctx.generate_image(
-                prompt="a lovely cat",
-                width=64,
-                height=64,
-                seed=42,
-                sample_params={"sample_steps": 4, "sample_method": "EULER"},
-            )
+        images = render(sd, model)
     finally:
         sd.set_progress_callback(None)
     assert len(images) == 1
-    img = images[0]
-    w, h, ch, want = read_png(os.path.join(GOLDEN, f"{CASE}_0.png"))
-    assert (img.width, img.height, img.channel) == (w, h, ch)
-    diffs = [abs(a - b) for a, b in zip(img.data, want)]
-    # The tolerance of tests/fixtures/README.md.
-    assert max(diffs) <= 3, f"max |diff| {max(diffs)}"
-    assert sum(diffs) / len(diffs) <= 0.25, f"mean |diff| {sum(diffs) / len(diffs)}"
+    assert_matches_golden(images[0], os.path.join("sd1", "sampler_euler_0.png"))
     assert [s for s, n in progress if n == 4] == [0, 1, 2, 3, 4], progress
+
+
+def test_generate_sdxl_matches_golden_case(sd):
+    model = os.path.join(fixture_cache(), "sdxl.safetensors")
+    if not os.path.exists(model):
+        pytest.skip(f"{model} is missing: scripts/fixtures.sh sdxl writes it")
+    images = render(sd, model, enable_mmap=True)
+    assert len(images) == 1
+    assert_matches_golden(images[0], os.path.join("sdxl", "sdxl_euler_v_0.png"))

@@ -6,8 +6,9 @@
 //!   from the checkpoint's tensor shapes (ggml order), like the reference;
 //! - `UNetModel::new(&mut scope, &config)` declares every weight under the scope's prefix
 //!   (the reference's internal names: `model.diffusion_model.input_blocks.1.0.in_layers.0.weight`...);
-//! - `compute(runner, &unet, x, timesteps, context, c_concat, y, control, strength)` runs one
-//!   evaluation on host tensors; `UNetModel::forward` builds the same graph inside a larger one.
+//! - as a loaded model it implements `DiffusionModel` (context from the condition's
+//!   cross-attention, `c_concat` and the SDXL vector `y`); `UNetModel::forward` builds the
+//!   same graph inside a larger one.
 //!
 //! The reference evaluates the conditional and unconditional branches in separate calls
 //! (batch N = the latent's N); any N ≥ 1 works, with context/c_concat/y of batch 1 broadcast.
@@ -15,7 +16,8 @@
 use crate::models::common::blocks::{Downsample, ResBlock, SpatialTransformer, Upsample};
 use crate::error::{Context as _, Result};
 use crate::graph::nn::{self, Conv2d, GroupNorm, Linear};
-use crate::graph::{Graph, Runner, Scope, F32, T};
+use super::{DiffusionInput, DiffusionModel};
+use crate::graph::{Graph, Loaded, Runner, Scope, F32, T};
 use crate::tensor::Tensor;
 
 /// The UNet variants whose architecture differs (inpaint / pix2pix models only change the
@@ -194,7 +196,6 @@ impl UNetConfig {
             shape_of(&format!("{p}input_blocks.8.0.time_mixer.mix_factor")).is_none(),
             "Stable Video Diffusion UNets are not supported"
         );
-        ensure!(version != UNetVersion::Sdxs09, "the SDXS-512-0.9 UNet is not supported");
         let mut c = UNetConfig::for_version(version);
         let shape = |leaf: &str| shape_of(&format!("{p}{leaf}"));
         if let Some(ne) = shape("input_blocks.0.0.weight").filter(|ne| ne.len() == 4) {
@@ -524,25 +525,32 @@ impl UNetModel {
         });
 
         let emb = self.embed(g, timesteps, y);
-        let mut h = self.input_conv.forward(g, x);
+        // Cut points for segmented runs under a memory budget (`max_vram`), where the
+        // reference has them: after the input conv, each res input block, the middle
+        // block and each output block.
+        let mut h = g.mark_cut(self.input_conv.forward(g, x), "unet.input_blocks.0");
         let mut skips = vec![h];
-        for block in &self.input_blocks {
+        for (i, block) in self.input_blocks.iter().enumerate() {
             h = block.forward(g, h, emb, context);
+            if matches!(block, InputBlock::Res { .. }) {
+                h = g.mark_cut(h, &format!("unet.input_blocks.{}", i + 1));
+            }
             skips.push(h);
         }
         if let Some(m) = &self.middle {
-            h = m.forward(g, h, emb, context);
+            h = g.mark_cut(m.forward(g, h, emb, context), "unet.middle_block");
         }
         let mut controls = controls.iter().rev();
         if let Some(&c) = controls.next() {
             h = h.add(nn::scale(c, control_strength, true));
         }
-        for block in &self.output_blocks {
+        for (k, block) in self.output_blocks.iter().enumerate() {
             let mut skip = skips.pop().expect("one skip per output block");
             if let Some(&c) = controls.next() {
                 skip = skip.add(nn::scale(c, control_strength, true));
             }
             h = block.forward(g, h, skip, emb, context);
+            h = g.mark_cut(h, &format!("unet.output_blocks.{k}"));
         }
         self.head(g, h)
     }
@@ -626,6 +634,15 @@ impl UNetModel {
             }
         }
         Ok(())
+    }
+}
+
+impl DiffusionModel for Loaded<UNetModel> {
+    fn compute(&mut self, input: &DiffusionInput<'_>) -> Result<Tensor> {
+        let c = input.cond;
+        let context = c.crossattn.as_ref().context("the UNet needs a cross-attention context")?;
+        let (model, runner) = self.parts();
+        compute(runner, model, input.x, input.timesteps, context, c.concat.as_ref(), c.vector.as_ref(), input.controls, input.control_strength)
     }
 }
 

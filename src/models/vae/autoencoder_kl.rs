@@ -11,7 +11,6 @@
 //! about [-1, 1]. Range conversion, sampling from the moments and the latent scale factor
 //! are host steps in `super::Vae`, like the reference's `VAE` base class.
 
-use super::LatentFamily;
 use crate::error::{Context as _, Result};
 use crate::graph::nn::{pad_circular, Conv2d, GroupNorm, Linear};
 use crate::graph::{Graph, Runner, Scope, TypeMap, T};
@@ -39,11 +38,15 @@ pub struct VaeConfig {
     /// diffusion latent = (vae latent - shift_factor) * scale_factor.
     pub scale_factor: f32,
     pub shift_factor: f32,
+    /// Encoded latents are the moments' mean, not a sample, and stay in VAE space (the
+    /// reference does this for SD 1.x instruct-pix2pix only).
+    pub raw_encoder_latents: bool,
 }
 
 impl VaeConfig {
     /// The SD-family VAE (ch 128, mult 1,2,4,4, 2 res blocks, 4 latent channels).
-    pub fn sd(family: LatentFamily, decode_only: bool) -> VaeConfig {
+    /// `scale_factor` is the family's (0.18215 SD 1.x/2.x, 0.13025 SDXL).
+    pub fn sd(scale_factor: f32, decode_only: bool) -> VaeConfig {
         VaeConfig {
             ch: 128,
             decoder_ch: 128,
@@ -58,8 +61,9 @@ impl VaeConfig {
             encoder_attn_linear: false,
             decoder_attn_linear: false,
             decode_only,
-            scale_factor: family.scale_factor(),
+            scale_factor,
             shift_factor: 0.0,
+            raw_encoder_latents: false,
         }
     }
 
@@ -71,10 +75,10 @@ impl VaeConfig {
         types: &TypeMap,
         prefix: &str,
         shape_of: impl Fn(&str) -> Option<Vec<i64>>,
-        family: LatentFamily,
+        scale_factor: f32,
         decode_only: bool,
     ) -> VaeConfig {
-        let mut cfg = VaeConfig::sd(family, decode_only);
+        let mut cfg = VaeConfig::sd(scale_factor, decode_only);
         // Any attention block decides the default; each block then follows its own weights.
         let mut names: Vec<&String> =
             types.keys().filter(|n| n.starts_with(prefix) && n.ends_with("attn_1.proj_out.weight")).collect();
@@ -509,7 +513,7 @@ mod tests {
     #[test]
     fn config_detects_sd_layout() {
         let (store, vae, _) = load_kl(false);
-        assert_eq!(vae.cfg, VaeConfig::sd(LatentFamily::Sd1, false));
+        assert_eq!(vae.cfg, VaeConfig::sd(0.18215, false));
         // Every tensor of the file is declared (248), with conv weights in f16.
         assert_eq!(store.len(), 248);
         let w = store.get("first_stage_model.decoder.mid.attn_1.q.weight").unwrap();
@@ -573,12 +577,12 @@ mod tests {
                 None
             }
         };
-        let cfg = VaeConfig::detect(&types, PREFIX, shapes, LatentFamily::Sdxl, false);
+        let cfg = VaeConfig::detect(&types, PREFIX, shapes, 0.13025, false);
         assert_eq!((cfg.encoder_attn_linear, cfg.decoder_attn_linear), (false, true));
         assert_eq!((cfg.ch, cfg.decoder_ch), (128, 64));
         assert_eq!(cfg.scale_factor, 0.13025);
         // Only 2-D weights anywhere: the default becomes linear for blocks without weights.
-        let cfg = VaeConfig::detect(&types, PREFIX, |_| Some(vec![512, 512]), LatentFamily::Sd1, true);
+        let cfg = VaeConfig::detect(&types, PREFIX, |_| Some(vec![512, 512]), 0.18215, true);
         assert!(cfg.encoder_attn_linear && cfg.decoder_attn_linear);
     }
 

@@ -13,7 +13,8 @@
 //!   TAESD output is returned as computed (about [0, 1], unclamped), like the reference.
 //!
 //! The latent scale factor (0.18215 SD 1.x/2.x, 0.13025 SDXL) is therefore applied here,
-//! on the host, never inside the graphs.
+//! on the host, never inside the graphs. The pipeline holds a first stage as a
+//! [`FirstStage`], which a loaded [`Vae`] implements.
 
 pub mod autoencoder_kl;
 pub mod tae;
@@ -24,28 +25,10 @@ pub use autoencoder_kl::{AutoEncoderKL, VaeConfig};
 pub use tae::{TaeConfig, TinyAutoEncoder};
 
 use crate::error::Result;
-use crate::graph::Runner;
+use crate::graph::{Components, Loaded, Runner};
 use crate::runtime::tiling::{self, TileSpec, TilingParams};
 use crate::tensor::Tensor;
 use std::time::Instant;
-
-/// Model family of the latents: decides the latent scale factor (and the preview
-/// projection, see `runtime::preview::for_sd_family`).
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum LatentFamily {
-    Sd1,
-    Sd2,
-    Sdxl,
-}
-
-impl LatentFamily {
-    pub fn scale_factor(self) -> f32 {
-        match self {
-            LatentFamily::Sd1 | LatentFamily::Sd2 => 0.18215,
-            LatentFamily::Sdxl => 0.13025,
-        }
-    }
-}
 
 /// Pixels per latent pixel of every SD-family autoencoder.
 pub const SCALE: usize = 8;
@@ -183,6 +166,7 @@ impl Vae {
     /// mean [w, h, 4, N]); TAESD output already is the latent.
     pub fn output_to_latents(&self, out: &Tensor, randn: impl FnOnce(usize) -> Vec<f32>) -> Result<Tensor> {
         match self {
+            Vae::Kl(m) if m.cfg.raw_encoder_latents => Ok(split_moments(out)?.0),
             Vae::Kl(_) => {
                 let (mean, logvar) = split_moments(out)?;
                 let noise = randn(mean.len());
@@ -203,6 +187,7 @@ impl Vae {
     /// `(z - shift) * scale_factor` for KL; identity for TAESD.
     pub fn vae_to_diffusion_latents(&self, z: &Tensor) -> Tensor {
         match self {
+            Vae::Kl(m) if m.cfg.raw_encoder_latents => z.clone(),
             Vae::Kl(m) => {
                 let (scale, shift) = (m.cfg.scale_factor, m.cfg.shift_factor);
                 z.map(|v| (v - shift) * scale)
@@ -220,6 +205,57 @@ impl Vae {
             }
             Vae::Tiny(_) => z.clone(),
         }
+    }
+}
+
+/// A loaded first stage as the pipeline uses it: image ↔ diffusion latents, with the host
+/// steps of the reference's `VAE` base class around the networks. Encoding and decoding
+/// run between its networks' phase hooks (`Components::begin` / `end`).
+pub trait FirstStage: Components + Send {
+    /// Image [W, H, 3, N] in [0, 1] → encoder output (see [`Vae::encode`]).
+    fn encode(&mut self, image: &Tensor, tiling: &TilingParams, circular: (bool, bool)) -> Result<Tensor>;
+    /// Encoder output → VAE-space latents, drawing noise from `randn` when it samples.
+    fn output_to_latents(&self, out: &Tensor, randn: &mut dyn FnMut(usize) -> Vec<f32>) -> Result<Tensor>;
+    fn vae_to_diffusion(&self, z: &Tensor) -> Tensor;
+    fn diffusion_to_vae(&self, z: &Tensor) -> Tensor;
+    /// VAE-space latents → image (see [`Vae::decode`]).
+    fn decode(&mut self, latents: &Tensor, tiling: &TilingParams, circular: (bool, bool), progress: Progress<'_>) -> Result<Tensor>;
+
+    /// Image → diffusion latents: encode, sample (or take) the latent, scale it.
+    fn encode_latents(
+        &mut self,
+        image: &Tensor,
+        tiling: &TilingParams,
+        circular: (bool, bool),
+        randn: &mut dyn FnMut(usize) -> Vec<f32>,
+    ) -> Result<Tensor> {
+        let out = self.encode(image, tiling, circular)?;
+        let latents = self.output_to_latents(&out, randn)?;
+        Ok(self.vae_to_diffusion(&latents))
+    }
+}
+
+impl FirstStage for Loaded<Vae> {
+    fn encode(&mut self, image: &Tensor, tiling: &TilingParams, circular: (bool, bool)) -> Result<Tensor> {
+        let (vae, runner) = self.parts();
+        vae.encode(runner, image, tiling, circular)
+    }
+
+    fn output_to_latents(&self, out: &Tensor, randn: &mut dyn FnMut(usize) -> Vec<f32>) -> Result<Tensor> {
+        self.model.output_to_latents(out, randn)
+    }
+
+    fn vae_to_diffusion(&self, z: &Tensor) -> Tensor {
+        self.model.vae_to_diffusion_latents(z)
+    }
+
+    fn diffusion_to_vae(&self, z: &Tensor) -> Tensor {
+        self.model.diffusion_to_vae_latents(z)
+    }
+
+    fn decode(&mut self, latents: &Tensor, tiling: &TilingParams, circular: (bool, bool), progress: Progress<'_>) -> Result<Tensor> {
+        let (vae, runner) = self.parts();
+        vae.decode(runner, latents, tiling, circular, progress)
     }
 }
 
@@ -253,7 +289,7 @@ mod tests {
     fn golden_png(set: &str, name: &str) -> Tensor {
         let dir = TempDir::new("png");
         let out = dir.0.join("png.bin");
-        let ok = std::process::Command::new("python3")
+        let ok = std::process::Command::new(crate::testutil::numpy_python())
             .arg(PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/tools/vae_ref.py"))
             .arg("png")
             .arg(golden_dir(set).join(name))
@@ -332,7 +368,7 @@ mod tests {
     fn latent_conversions_and_sampling() {
         let types = TypeMap::new();
         let mut store = ParamStore::new(1024).unwrap();
-        let cfg = VaeConfig::sd(LatentFamily::Sdxl, false);
+        let cfg = VaeConfig::sd(0.13025, false);
         let vae = Vae::Kl(AutoEncoderKL::new(&mut Scope::new(&mut store, &types, autoencoder_kl::PREFIX), &cfg));
         assert_eq!(vae.encoder_output_channels(), 8);
         let z = Tensor::from_vec(&[1, 1, 4, 1], vec![0.13025, -0.2605, 0.0, 1.0]).unwrap();
@@ -358,6 +394,5 @@ mod tests {
         }
         assert!(vae.output_to_latents(&moments, |_| vec![0.0; 3]).is_err());
         assert!(split_moments(&Tensor::zeros(&[1, 1, 3, 1])).is_err());
-        assert_eq!(LatentFamily::Sd2.scale_factor(), 0.18215);
     }
 }

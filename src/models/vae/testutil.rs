@@ -142,7 +142,7 @@ pub fn numpy_ref(cmd: &str, weights: &Path, input: &Tensor) -> Tensor {
     let dir = TempDir::new(cmd);
     let (inp, out) = (dir.0.join("in.bin"), dir.0.join("out.bin"));
     write_bin(&inp, input);
-    let status = Command::new("python3")
+    let status = Command::new(crate::testutil::numpy_python())
         .arg(repo().join("tests/tools/vae_ref.py"))
         .args([cmd.as_ref(), weights.as_os_str(), inp.as_os_str(), out.as_os_str()])
         .status()
@@ -216,7 +216,7 @@ pub fn load_kl_with(decode_only: bool, tweak: impl FnOnce(&mut super::VaeConfig)
     use super::autoencoder_kl::PREFIX;
     let path = fixture("vae.safetensors");
     let (store, vae) = load(&path, "", PREFIX, |s, types, file| {
-        let mut cfg = super::VaeConfig::detect(types, PREFIX, |n| file.shape_of(n), super::LatentFamily::Sd1, decode_only);
+        let mut cfg = super::VaeConfig::detect(types, PREFIX, |n| file.shape_of(n), 0.18215, decode_only);
         tweak(&mut cfg);
         super::AutoEncoderKL::new(s, &cfg)
     });

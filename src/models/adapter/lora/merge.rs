@@ -79,8 +79,7 @@ impl Merged {
         let mut writes: Vec<(W, Vec<u8>)> = Vec::with_capacity(targets.len());
         let mut runner = Runner::new(backend.clone(), n_threads);
         let t0 = std::time::Instant::now();
-        let mut t_read = 0f32;
-        let mut t_comp = 0f32;
+        let (mut t_read, mut t_comp) = (0f32, 0f32);
         for batch in batches(&targets) {
             let tr = std::time::Instant::now();
             // Weights holding an earlier merge start again from the file's bytes.
@@ -103,7 +102,7 @@ impl Merged {
             t_comp += tc.elapsed().as_secs_f32();
             writes.extend(batch.iter().copied().zip(outputs));
         }
-        sd_info!("TIMING stage {} weights: {:.2}s (read {:.2}s, compute {:.2}s)", targets.len(), t0.elapsed().as_secs_f32(), t_read, t_comp);
+        sd_debug!("LoRA merge: {} weights computed in {:.2}s (originals read {:.2}s, compute {:.2}s)", targets.len(), t0.elapsed().as_secs_f32(), t_read, t_comp);
         let mut remap = Vec::new();
         for &w in self.patched.iter().filter(|w| !seen.contains(w)) {
             if store.has_mapping(w) {

@@ -1,0 +1,20 @@
+//! What a conditioner hands the diffusion model: the reference's `SDCondition`. Every field
+//! is optional; each family fills what its diffusion model reads.
+
+use crate::tensor::Tensor;
+
+#[derive(Clone, Debug, Default)]
+pub struct Condition {
+    /// Cross-attention context `[dim, tokens, 1]`.
+    pub crossattn: Option<Tensor>,
+    /// Vector conditioning `[dim]` (SDXL's label embedding input `y`).
+    pub vector: Option<Tensor>,
+    /// Latent channels concatenated to the noisy latent `[W, H, C, 1]` (inpainting, edit).
+    pub concat: Option<Tensor>,
+}
+
+impl Condition {
+    pub fn is_empty(&self) -> bool {
+        self.crossattn.is_none() && self.vector.is_none() && self.concat.is_none()
+    }
+}

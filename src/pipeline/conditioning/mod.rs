@@ -1,0 +1,31 @@
+//! Prompts (and images) to the condition a diffusion model reads: one trait, one file per
+//! kind of conditioner (the reference keeps ten of them in one 3,200-line header).
+
+pub mod clip;
+pub mod flux;
+pub mod sd3;
+pub mod t5;
+
+use crate::error::Result;
+use crate::graph::Components;
+use crate::models::Condition;
+
+/// What one conditioning pass is asked for (the reference's `ConditionerParams`).
+#[derive(Clone, Debug)]
+pub struct CondRequest<'a> {
+    pub text: &'a str,
+    /// <= 0: the model's default.
+    pub clip_skip: i32,
+    /// Size of the generated image in pixels (SDXL's size conditioning).
+    pub width: usize,
+    pub height: usize,
+    /// Zero the cross-attention context (SDXL's empty negative prompt).
+    pub zero_out_masked: bool,
+}
+
+/// A loaded conditioner of some family. `encode` runs between its networks' phase hooks
+/// (`Components::begin` / `end`), which the pipeline brackets around all of a request's
+/// prompts.
+pub trait Conditioner: Components + Send {
+    fn encode(&mut self, req: &CondRequest<'_>) -> Result<Condition>;
+}

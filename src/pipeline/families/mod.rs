@@ -1,0 +1,409 @@
+//! Model families as plug-ins. One table, keyed by the detected [`SdVersion`], says for each
+//! version which parts to build, its latent format, preview projection, prediction rule and
+//! what it supports; each family group has one builder file that assembles a [`ModelSet`]
+//! from the files. The sampling pipeline talks to the set's three parts (conditioner,
+//! diffusion model, first stage) through traits and reads family facts from the table, so
+//! it never asks which version it runs. Adding a family: its networks under `models/`, a
+//! conditioner under `conditioning/` when it needs a new one, an [`Arch`] variant with a
+//! builder file here, and its rows in [`spec`].
+
+mod first_stage;
+mod flux;
+mod mmdit;
+mod unet;
+
+use super::conditioning::clip::ClipSet;
+use super::conditioning::Conditioner;
+use super::loader::Weights;
+use super::lora::LoraSet;
+use crate::error::Result;
+use crate::graph::{DeviceMap, DeviceOptions, Runner, WeightsMut};
+use crate::io::SdVersion;
+use crate::models::diffusion::flux::FluxVariant;
+use crate::models::diffusion::unet::UNetVersion;
+use crate::models::diffusion::DiffusionModel;
+use crate::models::vae::FirstStage;
+use crate::params::CtxParams;
+use crate::runtime::defaults::ModelFamily;
+use crate::runtime::denoiser::Denoiser;
+use crate::runtime::preview::{self, Projection};
+use crate::types::{Prediction, RngType};
+use std::sync::Arc;
+
+/// How diffusion latents look.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct LatentFormat {
+    pub channels: usize,
+    /// Pixels per latent pixel (the autoencoder's downsampling).
+    pub vae_scale: usize,
+    /// The diffusion model's own downsampling of the latent (8 for the UNets).
+    pub down_factor: usize,
+    /// diffusion latent = (VAE latent - shift) · scale.
+    pub scale_factor: f32,
+    pub shift_factor: f32,
+}
+
+impl LatentFormat {
+    /// Image sides are aligned up to a multiple of this.
+    pub fn size_multiple(&self) -> usize {
+        self.vae_scale * self.down_factor
+    }
+}
+
+/// Which networks a family is built from (one builder per variant).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Arch {
+    /// The LDM UNet with CLIP text encoders and an AutoencoderKL (or TAESD).
+    Unet { unet: UNetVersion, text: ClipSet },
+    /// Flux.1 / Chroma: CLIP-L + T5 (Chroma: T5 only) and a 16-channel AutoencoderKL.
+    Flux { variant: FluxVariant },
+    /// SD3 / SD3.5: CLIP-L + CLIP-G + T5 and a 16-channel AutoencoderKL.
+    Mmdit,
+}
+
+/// Extra latent channels the diffusion model takes next to the noisy latent.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Concat {
+    None,
+    /// Inpainting: the latent mask and the masked image's latent.
+    Inpaint,
+    /// Instruct-pix2pix: the reference image's latent.
+    Edit,
+    /// Flux Fill: the masked image's latent and the mask as 8×8-pixel patches.
+    FluxFill,
+    /// Flux Controls: the control image's latent.
+    FluxControls,
+    /// Flex.2: masked latent, latent mask, control latent.
+    Flex2,
+}
+
+/// How the prediction type is chosen when the context does not set it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum PredictionRule {
+    Fixed(Prediction),
+    /// SD 2.x: run the UNet once and look (the reference's v-parameterisation probe).
+    ProbeV,
+    /// SDXL: `edm_vpred.sigma_max` → EDM-v (CosXL), `v_pred` → v, else eps.
+    SdxlMarkers,
+}
+
+/// Everything the pipeline needs to know about a model version.
+#[derive(Debug)]
+pub struct FamilySpec {
+    /// Key of the sampler / scheduler defaults.
+    pub defaults: ModelFamily,
+    pub arch: Arch,
+    pub latent: LatentFormat,
+    /// Latent → RGB projection for `PREVIEW_PROJ`.
+    pub preview: &'static Projection,
+    pub concat: Concat,
+    pub prediction: PredictionRule,
+    /// `shifted_timestep` is honoured (SDXL only, as in the reference).
+    pub shifted_timestep: bool,
+    /// An empty negative prompt becomes a zero context (SDXL, unless EDM-v).
+    pub zero_empty_negative: bool,
+    /// Its first stage is its own tiny autoencoder (SDXS).
+    pub tae_first_stage: bool,
+    /// The AutoencoderKL has `quant_conv` / `post_quant_conv` (not the SD3 / Flux one).
+    pub vae_quant_convs: bool,
+    /// Reference images become extra tokens of the diffusion model (Flux Kontext).
+    pub ref_latents: bool,
+    /// With reference images, an unconditional pass without them gives 3-way guidance.
+    pub ref_latent_img_cfg: bool,
+    /// The `ref_image_args` preset used when the request names none.
+    pub ref_image_preset: Option<&'static str>,
+    /// Skip-layer guidance applies (transformers).
+    pub skip_layer_guidance: bool,
+}
+
+impl FamilySpec {
+    /// 3-way guidance (`img_cfg`) applies: models with concatenated image channels, and
+    /// those that take reference latents when the request has reference images.
+    pub fn supports_img_cfg(&self, has_ref_images: bool) -> bool {
+        self.concat != Concat::None || (has_ref_images && self.ref_latent_img_cfg)
+    }
+}
+
+const SD_LATENT: LatentFormat = LatentFormat { channels: 4, vae_scale: 8, down_factor: 8, scale_factor: 0.18215, shift_factor: 0.0 };
+const SDXL_LATENT: LatentFormat = LatentFormat { scale_factor: 0.13025, ..SD_LATENT };
+
+const fn unet_family(defaults: ModelFamily, unet: UNetVersion, concat: Concat) -> FamilySpec {
+    let sdxl = matches!(defaults, ModelFamily::Sdxl);
+    let sd2 = matches!(defaults, ModelFamily::Sd2);
+    FamilySpec {
+        defaults,
+        arch: Arch::Unet { unet, text: if sdxl { ClipSet::LBigG } else if sd2 { ClipSet::H } else { ClipSet::L } },
+        latent: if sdxl { SDXL_LATENT } else { SD_LATENT },
+        preview: if sdxl { &preview::SDXL } else { &preview::SD },
+        concat,
+        prediction: if sdxl {
+            PredictionRule::SdxlMarkers
+        } else if sd2 {
+            PredictionRule::ProbeV
+        } else {
+            PredictionRule::Fixed(Prediction::Eps)
+        },
+        shifted_timestep: sdxl,
+        zero_empty_negative: sdxl,
+        tae_first_stage: false,
+        vae_quant_convs: true,
+        ref_latents: false,
+        ref_latent_img_cfg: false,
+        ref_image_preset: None,
+        skip_layer_guidance: false,
+    }
+}
+
+/// SD3's and Flux's 16-channel latents (no further downsampling in the transformer).
+const fn dit16_latent(scale_factor: f32, shift_factor: f32) -> LatentFormat {
+    LatentFormat { channels: 16, vae_scale: 8, down_factor: 1, scale_factor, shift_factor }
+}
+
+const fn dit_family(defaults: ModelFamily, arch: Arch, latent: LatentFormat, preview: &'static Projection, concat: Concat, prediction: Prediction) -> FamilySpec {
+    FamilySpec {
+        defaults,
+        arch,
+        latent,
+        preview,
+        concat,
+        prediction: PredictionRule::Fixed(prediction),
+        shifted_timestep: false,
+        zero_empty_negative: false,
+        tae_first_stage: false,
+        vae_quant_convs: false,
+        ref_latents: false,
+        ref_latent_img_cfg: false,
+        ref_image_preset: None,
+        skip_layer_guidance: true,
+    }
+}
+
+const FLUX_LATENT: LatentFormat = dit16_latent(0.3611, 0.1159);
+
+const fn flux_family(variant: FluxVariant, concat: Concat) -> FamilySpec {
+    let plain = matches!(variant, FluxVariant::Flux);
+    FamilySpec {
+        ref_latents: true,
+        ref_latent_img_cfg: plain,
+        ref_image_preset: Some("flux_kontext"),
+        ..dit_family(ModelFamily::Flux, Arch::Flux { variant }, FLUX_LATENT, &preview::FLUX, concat, Prediction::FluxFlow)
+    }
+}
+
+const fn with_tae(spec: FamilySpec) -> FamilySpec {
+    FamilySpec { tae_first_stage: true, ..spec }
+}
+
+use Concat::{Edit, Inpaint};
+use ModelFamily as F;
+use UNetVersion as U;
+
+static SD1: FamilySpec = unet_family(F::Sd1, U::Sd1, Concat::None);
+static SD1_INPAINT: FamilySpec = unet_family(F::Sd1, U::Sd1, Inpaint);
+static SD1_PIX2PIX: FamilySpec = unet_family(F::Sd1, U::Sd1, Edit);
+static SD1_TINY: FamilySpec = unet_family(F::Sd1, U::Sd1Tiny, Concat::None);
+static SDXS_512: FamilySpec = with_tae(unet_family(F::Sd1, U::Sdxs512Ds, Concat::None));
+static SD2: FamilySpec = unet_family(F::Sd2, U::Sd2, Concat::None);
+static SD2_INPAINT: FamilySpec = unet_family(F::Sd2, U::Sd2, Inpaint);
+static SD2_TINY: FamilySpec = unet_family(F::Sd2, U::Sd2Tiny, Concat::None);
+static SDXS_09: FamilySpec = with_tae(unet_family(F::Sd2, U::Sdxs09, Concat::None));
+static SDXL: FamilySpec = unet_family(F::Sdxl, U::Sdxl, Concat::None);
+static SDXL_INPAINT: FamilySpec = unet_family(F::Sdxl, U::Sdxl, Inpaint);
+static SDXL_PIX2PIX: FamilySpec = unet_family(F::Sdxl, U::Sdxl, Edit);
+static SDXL_VEGA: FamilySpec = unet_family(F::Sdxl, U::SdxlVega, Concat::None);
+static SDXL_SSD1B: FamilySpec = unet_family(F::Sdxl, U::SdxlSsd1b, Concat::None);
+static SD3: FamilySpec = dit_family(F::OtherDit, Arch::Mmdit, dit16_latent(1.5305, 0.0609), &preview::SD3, Concat::None, Prediction::Flow);
+static FLUX: FamilySpec = flux_family(FluxVariant::Flux, Concat::None);
+static FLUX_FILL: FamilySpec = flux_family(FluxVariant::Fill, Concat::FluxFill);
+static FLUX_CONTROLS: FamilySpec = flux_family(FluxVariant::Controls, Concat::FluxControls);
+static FLEX_2: FamilySpec = flux_family(FluxVariant::Flex2, Concat::Flex2);
+
+/// The family of `version`, if this build can generate with it.
+pub fn spec(version: SdVersion) -> Option<&'static FamilySpec> {
+    use SdVersion as V;
+    Some(match version {
+        V::Sd1 => &SD1,
+        V::Sd1Inpaint => &SD1_INPAINT,
+        V::Sd1Pix2Pix => &SD1_PIX2PIX,
+        V::Sd1TinyUnet => &SD1_TINY,
+        V::Sdxs512Ds => &SDXS_512,
+        V::Sd2 => &SD2,
+        V::Sd2Inpaint => &SD2_INPAINT,
+        V::Sd2TinyUnet => &SD2_TINY,
+        V::Sdxs09 => &SDXS_09,
+        V::Sdxl => &SDXL,
+        V::SdxlInpaint => &SDXL_INPAINT,
+        V::SdxlPix2Pix => &SDXL_PIX2PIX,
+        V::SdxlVega => &SDXL_VEGA,
+        V::SdxlSsd1b => &SDXL_SSD1B,
+        V::Sd3 => &SD3,
+        V::Flux => &FLUX,
+        V::FluxFill => &FLUX_FILL,
+        V::FluxControls => &FLUX_CONTROLS,
+        V::Flex2 => &FLEX_2,
+        _ => return None,
+    })
+}
+
+/// What a family builder gets.
+pub struct BuildCtx<'a> {
+    pub params: &'a CtxParams,
+    /// Shared with components that load their weights later (T5).
+    pub weights: &'a Arc<Weights>,
+    pub version: SdVersion,
+    pub spec: &'static FamilySpec,
+    pub devices: &'a DeviceMap,
+    pub n_threads: i32,
+}
+
+/// The parts a builder returns.
+pub struct Parts {
+    pub cond: Box<dyn Conditioner>,
+    pub diffusion: Box<dyn DiffusionModel>,
+    pub first_stage: Box<dyn FirstStage>,
+    /// A separate decoder for previews only (`tae_preview_only`).
+    pub preview: Option<Box<dyn FirstStage>>,
+    pub prediction: Prediction,
+    pub denoiser: Denoiser,
+    /// The flow shift a request without one gets (flow families).
+    pub default_flow_shift: Option<f32>,
+}
+
+/// Everything `new_sd_ctx` loaded.
+pub struct ModelSet {
+    /// The model files (weights re-read per phase with `params_backend=disk`; checked
+    /// before each generation).
+    pub weights: Arc<Weights>,
+    pub devices: DeviceMap,
+    pub version: SdVersion,
+    pub spec: &'static FamilySpec,
+    pub prediction: Prediction,
+    pub denoiser: Denoiser,
+    pub default_flow_shift: Option<f32>,
+    pub rng_type: RngType,
+    pub sampler_rng_type: Option<RngType>,
+    pub n_threads: i32,
+    pub cond: Box<dyn Conditioner>,
+    pub diffusion: Box<dyn DiffusionModel>,
+    pub first_stage: Box<dyn FirstStage>,
+    pub preview: Option<Box<dyn FirstStage>>,
+    /// The LoRAs in effect on the conditioner, diffusion model and first stage.
+    pub loras: LoraSet,
+}
+
+impl ModelSet {
+    /// Opens the files of `params`, detects the version and builds its family.
+    pub fn new(params: &CtxParams) -> Result<ModelSet> {
+        let weights = Arc::new(Weights::open(params)?);
+        let version = weights.version();
+        let spec = spec(version)
+            .ok_or_else(|| crate::error::Error::new(format!("{} models are not supported yet in this build of libstable-diffusion", version.name())))?;
+        let n_threads = if params.n_threads <= 0 { crate::graph::backend::physical_cores() } else { params.n_threads };
+        let devices = DeviceMap::new(&DeviceOptions {
+            backend: params.backend.as_deref(),
+            params_backend: params.params_backend.as_deref(),
+            split_mode: params.split_mode.as_deref(),
+            max_vram: params.max_vram.as_deref(),
+            rpc_servers: params.rpc_servers.as_deref(),
+            stream_layers: params.stream_layers,
+            auto_fit: params.auto_fit,
+        })?;
+        let mut ctx = BuildCtx { params, weights: &weights, version, spec, devices: &devices, n_threads };
+        let parts = match spec.arch {
+            Arch::Unet { unet, text } => unet::build(&mut ctx, unet, text)?,
+            Arch::Flux { variant } => flux::build(&mut ctx, variant)?,
+            Arch::Mmdit => mmdit::build(&mut ctx)?,
+        };
+        if params.flash_attn {
+            sd_info!("Using flash attention");
+        }
+        sd_info!(
+            "running in {} mode",
+            match parts.prediction {
+                Prediction::Eps => "eps-prediction",
+                Prediction::V => "v-prediction",
+                Prediction::EdmV => "v-prediction EDM",
+                Prediction::Flow | Prediction::FluxFlow | Prediction::SefiFlow | Prediction::Minit2iFlow => "flow",
+            }
+        );
+        let mut set = ModelSet {
+            loras: LoraSet::new(crate::types::LoraApplyMode::AtRuntime, &weights, &[]),
+            weights,
+            devices,
+            version,
+            spec,
+            prediction: parts.prediction,
+            denoiser: parts.denoiser,
+            default_flow_shift: parts.default_flow_shift,
+            rng_type: params.rng_type,
+            sampler_rng_type: params.sampler_rng_type,
+            n_threads,
+            cond: parts.cond,
+            diffusion: parts.diffusion,
+            first_stage: parts.first_stage,
+            preview: parts.preview,
+        };
+        let targets = lora_targets(&mut *set.cond, &mut *set.diffusion, &mut *set.first_stage);
+        set.loras = LoraSet::new(params.lora_apply_mode, &set.weights, &targets);
+        Ok(set)
+    }
+
+    /// Brings the model to the LoRAs of a request (see [`LoraSet::apply`]): nothing to do
+    /// when they are the ones in effect; on failure the previous ones stay.
+    pub fn apply_loras(&mut self, wanted: &[crate::params::Lora]) -> Result<()> {
+        let mut targets = lora_targets(&mut *self.cond, &mut *self.diffusion, &mut *self.first_stage);
+        self.loras.apply(wanted, &self.weights, &mut targets, self.n_threads)
+    }
+
+    pub fn family(&self) -> ModelFamily {
+        self.spec.defaults
+    }
+
+    /// Every graph runner of the set.
+    pub fn runners(&mut self) -> Vec<&mut Runner> {
+        let mut v = self.cond.runners();
+        v.extend(self.diffusion.runners());
+        v.extend(self.first_stage.runners());
+        if let Some(p) = self.preview.as_mut() {
+            v.extend(p.runners());
+        }
+        v
+    }
+}
+
+/// The weights LoRAs apply to, like the reference: the conditioner's, the diffusion model's
+/// and the first stage's components (not a preview-only decoder).
+fn lora_targets<'a>(cond: &'a mut dyn Conditioner, diffusion: &'a mut dyn DiffusionModel, first_stage: &'a mut dyn FirstStage) -> Vec<WeightsMut<'a>> {
+    let mut v = cond.components();
+    v.extend(diffusion.components());
+    v.extend(first_stage.components());
+    v.into_iter().map(|c| c.weights_mut()).collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_unet_and_flux_sd3_version_has_a_family_and_later_families_are_refused() {
+        for v in SdVersion::ALL {
+            match spec(*v) {
+                Some(s) if v.is_unet() => {
+                    assert_eq!(s.latent.size_multiple(), 64);
+                    assert_eq!(s.supports_img_cfg(false), v.is_inpaint() || matches!(v, SdVersion::Sd1Pix2Pix | SdVersion::SdxlPix2Pix));
+                    assert!(s.vae_quant_convs && !s.skip_layer_guidance);
+                }
+                Some(s) => {
+                    assert!(v.is_flux() || *v == SdVersion::Sd3, "{v}");
+                    assert_eq!((s.latent.size_multiple(), s.latent.channels), (8, 16));
+                    assert!(!s.vae_quant_convs && s.skip_layer_guidance);
+                    assert_eq!(s.supports_img_cfg(true), *v != SdVersion::Sd3, "{v}");
+                }
+                None => assert!(!v.is_unet() || *v == SdVersion::Svd, "{v}"),
+            }
+        }
+        assert_eq!(spec(SdVersion::SdxlVega).unwrap().latent.scale_factor, 0.13025);
+        assert_eq!(spec(SdVersion::Sd2).unwrap().prediction, PredictionRule::ProbeV);
+        assert!(spec(SdVersion::Sdxs512Ds).unwrap().tae_first_stage);
+    }
+}

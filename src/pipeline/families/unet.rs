@@ -1,0 +1,129 @@
+//! The UNet families (SD 1.x, SD 2.x, SDXL and their inpaint / instruct-pix2pix / tiny /
+//! SDXS / SSD-1B / Vega variants): CLIP conditioning, the LDM UNet and an AutoencoderKL or
+//! a tiny autoencoder, like the reference's `FrozenCLIPEmbedderWithCustomWords`,
+//! `UNetModelRunner` and `AutoEncoderKL`.
+
+use super::{first_stage, BuildCtx, Concat, Parts, PredictionRule};
+use crate::error::Result;
+use crate::graph::{Component, Loaded, Module};
+use crate::models::condition::Condition;
+use crate::models::diffusion::unet::{UNetConfig, UNetModel, UNetVersion};
+use crate::models::diffusion::{DiffusionInput, DiffusionModel};
+use crate::pipeline::conditioning::clip::{ClipConditioner, ClipSet};
+use crate::pipeline::loader::Weights;
+use crate::runtime::denoiser::Denoiser;
+use crate::runtime::schedulers::TIMESTEPS;
+use crate::tensor::Tensor;
+use crate::types::Prediction;
+
+/// Where the UNet's weights live in a checkpoint (and where split files are put).
+const UNET_PREFIX: &str = "model.diffusion_model.";
+
+pub(super) fn build(ctx: &mut BuildCtx<'_>, unet_version: UNetVersion, text: ClipSet) -> Result<Parts> {
+    let (params, weights, spec, n_threads) = (ctx.params, ctx.weights, ctx.spec, ctx.n_threads);
+    let te_place = ctx.devices.placement(Module::Te)?;
+    let diffusion_place = ctx.devices.placement(Module::Diffusion)?;
+    let vae_place = ctx.devices.placement(Module::Vae)?;
+
+    let cond = ClipConditioner::new(weights, text, &params.embeddings, &te_place, n_threads)?;
+
+    let shape_of = |n: &str| weights.shape_of(n);
+    let unet_cfg = UNetConfig::detect(&shape_of, UNET_PREFIX, Some(unet_version))?;
+    ensure!(
+        unet_cfg.context_dim as usize == cond.context_dim(),
+        "the UNet's cross-attention width {} does not match the text encoders' {}",
+        unet_cfg.context_dim,
+        cond.context_dim()
+    );
+    let mut unet = weights.load_model(diffusion_place, n_threads, UNET_PREFIX, "diffusion model", |s| UNetModel::new(s, &unet_cfg))?;
+    unet.runner.options.flash_attn = params.flash_attn || params.diffusion_flash_attn;
+    unet.runner.options.conv_direct = params.diffusion_conv_direct;
+    if params.diffusion_conv_direct {
+        sd_info!("Using Conv2d direct in the diffusion model");
+    }
+
+    let (first_stage, preview) = first_stage::build(ctx, vae_place)?;
+
+    let alphas_cumprod = load_alphas_cumprod(weights);
+    let prediction = match params.prediction {
+        Some(p) => p,
+        None => match spec.prediction {
+            PredictionRule::Fixed(p) => p,
+            PredictionRule::ProbeV => {
+                if uses_v_parameterization(&mut unet, spec.concat == Concat::Inpaint)? {
+                    Prediction::V
+                } else {
+                    Prediction::Eps
+                }
+            }
+            PredictionRule::SdxlMarkers => {
+                if weights.get("edm_vpred.sigma_max").is_some() {
+                    Prediction::EdmV
+                } else if weights.get("v_pred").is_some() {
+                    Prediction::V
+                } else {
+                    Prediction::Eps
+                }
+            }
+        },
+    };
+    ensure!(
+        matches!(prediction, Prediction::Eps | Prediction::V | Prediction::EdmV),
+        "prediction '{}' does not apply to {} models",
+        prediction.name(),
+        ctx.version.name()
+    );
+    Ok(Parts {
+        cond: Box::new(cond),
+        diffusion: Box::new(unet),
+        first_stage,
+        preview,
+        prediction,
+        denoiser: Denoiser::new(prediction, alphas_cumprod.as_deref()),
+        default_flow_shift: None,
+    })
+}
+
+/// SD 2.x checkpoints come with eps or v prediction and do not say which: like the
+/// reference, run the UNet once on a constant input at t = 999 and call it v when the
+/// output is far below the input on average.
+fn uses_v_parameterization(unet: &mut Loaded<UNetModel>, inpaint: bool) -> Result<bool> {
+    let cfg = unet.model.config.clone();
+    let x = Tensor::full(&[8, 8, 4, 1], 0.5);
+    let cond = Condition {
+        crossattn: Some(Tensor::full(&[cfg.context_dim as usize, 2, 1], 0.5)),
+        vector: None,
+        concat: inpaint.then(|| Tensor::zeros(&[8, 8, cfg.in_channels as usize - 4, 1])),
+    };
+    let start = std::time::Instant::now();
+    Component::begin(unet)?;
+    let out = unet.compute(&DiffusionInput::new(&x, &[999.0], &cond));
+    Component::end(unet);
+    let out = out?;
+    let mean = out.data().iter().zip(x.data()).map(|(&o, &i)| (o - i) as f64).sum::<f64>() / out.len() as f64;
+    sd_debug!("check is_using_v_parameterization_for_sd2, taking {:.2}s", start.elapsed().as_secs_f32());
+    Ok(mean < -1.0)
+}
+
+/// The checkpoint's `alphas_cumprod` when it has a valid one (1000 values in (0, 1]).
+fn load_alphas_cumprod(weights: &Weights) -> Option<Vec<f32>> {
+    weights.get("alphas_cumprod")?;
+    match weights.read_f32("alphas_cumprod") {
+        Ok(v) if v.len() != TIMESTEPS => {
+            sd_warn!("ignore alphas_cumprod from model file: expected {} values, got {}", TIMESTEPS, v.len());
+            None
+        }
+        Ok(v) if v.iter().any(|a| !a.is_finite() || *a <= 0.0 || *a > 1.0) => {
+            sd_warn!("ignore invalid alphas_cumprod from model file");
+            None
+        }
+        Ok(v) => {
+            sd_debug!("loaded alphas_cumprod from model file");
+            Some(v)
+        }
+        Err(e) => {
+            sd_warn!("ignore alphas_cumprod from model file: {e}");
+            None
+        }
+    }
+}

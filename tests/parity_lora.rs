@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::parity::{fixture, fixture_dir, full, report, run, run_with, Arena};
+use common::parity::{diff_bytes, fixture, fixture_dir, full, golden_image, report, run, run_with, Arena, CaseResult};
 use stable_diffusion::capi::*;
 use std::ffi::{c_int, CString};
 use std::sync::Mutex;
@@ -14,18 +14,37 @@ use std::time::Instant;
 /// The tests of this file load the same multi-GB model: one at a time.
 static SERIAL: Mutex<()> = Mutex::new(());
 
+/// Golden cases of `folder`: those of `quick` in the default run, all with `SD_PARITY=full`.
+fn golden(folder: &str, quick: &[&str]) -> Vec<CaseResult> {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let results = run(folder, |c| full() || quick.contains(&c.name.as_str()));
+    report(&results);
+    results
+}
+
+/// A kohya LoRA immediately and at run time, and the picture without it afterwards on the
+/// same context (removal gives the plain picture back).
 #[test]
 fn sd1_lora_cases() {
-    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    let pick = ["lora_1_0", "lora_none_after", "lora_runtime_1_0"];
-    report(&run("sd1-lora", |c| full() || pick.contains(&c.name.as_str())));
+    golden("sd1-lora", &["lora_1_0", "lora_none_after", "lora_runtime_1_0"]);
+}
+
+/// Every format; the q8_0 case (immediately merged into q8_0 weights: the reference aborts)
+/// must render.
+#[test]
+fn sd1_lora_formats_cases() {
+    let results = golden("sd1-lora-formats", &["lokr_1_0", "q8_0_peft_immediate"]);
+    let q8 = results.iter().find(|r| r.name == "q8_0_peft_immediate").expect("q8_0 case");
+    assert!(q8.pixels.len() == 1 && !q8.pixels[0].is_empty(), "the LoRA on q8_0 weights must render: {}", q8.note);
 }
 
 #[test]
-fn sd1_lora_formats_cases() {
-    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
-    let pick = ["locon_tucker_1_0", "lokr_1_0", "runtime_loha_1_0", "q8_0_peft_immediate"];
-    report(&run("sd1-lora-formats", |c| full() || pick.contains(&c.name.as_str())));
+fn sdxl_lora_cases() {
+    if !full() {
+        eprintln!("skipped: set SD_PARITY=full");
+        return;
+    }
+    golden("sdxl-lora", &[]);
 }
 
 /// With mmap on, merged weights get buffers of their own and come back from the file.
@@ -42,6 +61,11 @@ fn sd1_lora_with_mmap() {
 
 /// A context on the synthetic sd1 model with v prediction.
 fn context(mode: &str, mmap: bool) -> *mut sd_ctx_t {
+    context_on(mode, mmap, None)
+}
+
+/// [`context`] with the weights kept where `params_backend` says (e.g. `disk`).
+fn context_on(mode: &str, mmap: bool, params_backend: Option<&str>) -> *mut sd_ctx_t {
     let mut arena = Arena::default();
     let mut p = std::mem::MaybeUninit::<sd_ctx_params_t>::uninit();
     // SAFETY: the init function writes every field.
@@ -53,6 +77,9 @@ fn context(mode: &str, mmap: bool) -> *mut sd_ctx_t {
     p.n_threads = 2;
     p.prediction = prediction_t(3); // V_PRED
     p.enable_mmap = mmap.into();
+    if let Some(pb) = params_backend {
+        p.params_backend = arena.str(pb);
+    }
     p.lora_apply_mode = lora_apply_mode_t(match mode {
         "immediately" => 1,
         "at_runtime" => 2,
@@ -117,14 +144,39 @@ fn wrong_shape_lora() -> String {
         ("lora_unet_down_blocks_0_attentions_0_proj_in.lora_down.weight", vec![4usize, 100], &down),
         ("lora_unet_down_blocks_0_attentions_0_proj_in.lora_up.weight", vec![320, 4], &up),
     ];
+    write_safetensors(&path, &views);
+    path.to_string_lossy().into_owned()
+}
+
+/// A kohya LoRA naming a layer no SD model has.
+fn unmatched_lora() -> String {
+    let path = fixture_dir().join("loras/test_unmatched.safetensors");
+    let (down, up) = (vec![0u8; 4 * 320 * 2], vec![0u8; 320 * 4 * 2]);
+    let views = [
+        ("lora_unet_no_such_block_proj_in.lora_down.weight", vec![4usize, 320], &down),
+        ("lora_unet_no_such_block_proj_in.lora_up.weight", vec![320, 4], &up),
+    ];
+    write_safetensors(&path, &views);
+    path.to_string_lossy().into_owned()
+}
+
+/// Writes F16 tensors (name, shape, bytes) to `path` (through a temporary name).
+fn write_safetensors(path: &std::path::Path, views: &[(&str, Vec<usize>, &Vec<u8>)]) {
     let tensors: Vec<(String, safetensors::tensor::TensorView)> = views
         .iter()
         .map(|(n, s, d)| (n.to_string(), safetensors::tensor::TensorView::new(safetensors::Dtype::F16, s.clone(), d).unwrap()))
         .collect();
     let tmp = path.with_extension(format!("tmp{}", std::process::id()));
     safetensors::serialize_to_file(tensors, None, &tmp).unwrap();
-    std::fs::rename(&tmp, &path).unwrap();
-    path.to_string_lossy().into_owned()
+    std::fs::rename(&tmp, path).unwrap();
+}
+
+static LOG: Mutex<Vec<String>> = Mutex::new(Vec::new());
+
+unsafe extern "C" fn on_log(_level: sd_log_level_t, text: *const std::ffi::c_char, _data: *mut std::ffi::c_void) {
+    // SAFETY: a NUL-terminated message from the library.
+    let s = unsafe { std::ffi::CStr::from_ptr(text) }.to_string_lossy().into_owned();
+    LOG.lock().unwrap().push(s);
 }
 
 fn corrupt_lora() -> String {
@@ -141,7 +193,7 @@ fn corrupt_lora() -> String {
 fn switching_and_failing_loras() {
     let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     let (kohya, loha) = (lora("lora_sd1.safetensors"), lora("loha_sd1.safetensors"));
-    let (wrong, corrupt) = (wrong_shape_lora(), corrupt_lora());
+    let (wrong, corrupt, none_matching) = (wrong_shape_lora(), corrupt_lora(), unmatched_lora());
     let modes: &[(&str, bool)] = if full() { &[("immediately", false), ("immediately", true), ("at_runtime", false)] } else { &[("immediately", true), ("at_runtime", false)] };
     for &(mode, mmap) in modes {
         eprintln!("mode {mode}, mmap {mmap}");
@@ -158,9 +210,37 @@ fn switching_and_failing_loras() {
         assert_ne!(both, with);
         assert_eq!(generate(ctx, &[(&loha, 0.6), (&kohya, 1.0)], 2).map(|b| b != plain), Some(true));
         assert_eq!(generate(ctx, &[], 2).as_ref(), Some(&plain), "{mode}: LoRAs removed");
-        let none_matching = lora("lora_sdxl.safetensors");
-        let _ = generate(ctx, &[(&none_matching, 1.0)], 2);
-        assert_eq!(generate(ctx, &[], 2).as_ref(), Some(&plain), "{mode}: after an SDXL LoRA");
+        // A LoRA for weights this model does not have: a warning naming it, no change.
+        LOG.lock().unwrap().clear();
+        sd_set_log_callback(Some(on_log), std::ptr::null_mut());
+        let unmatched = generate(ctx, &[(&none_matching, 1.0)], 2);
+        sd_set_log_callback(None, std::ptr::null_mut());
+        assert_eq!(unmatched.as_ref(), Some(&plain), "{mode}: a LoRA matching nothing");
+        let log = LOG.lock().unwrap().join("");
+        assert!(log.contains("matches no weight") && log.contains(&none_matching), "{mode}: no warning naming the file:\n{log}");
+        free_sd_ctx(ctx);
+    }
+}
+
+/// Weights read from the model files for each phase (`params_backend=disk`) still get the
+/// LoRA, in either mode (applied at run time there): the golden run-time picture, and the
+/// plain one once it is removed.
+#[test]
+fn loras_on_weights_kept_on_disk() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let kohya = lora("lora_sd1.safetensors");
+    let (with, plain) = (golden_image("sd1-lora", "lora_runtime_1_0_0.png"), golden_image("sd1-lora", "lora_none_after_0.png"));
+    let modes: &[&str] = if full() { &["immediately", "auto", "at_runtime"] } else { &["immediately"] };
+    for &mode in modes {
+        let ctx = context_on(mode, false, Some("disk"));
+        let got = generate(ctx, &[(&kohya, 1.0)], 4).expect("LoRA on disk weights");
+        let (max, mean) = diff_bytes(&got, &with);
+        eprintln!("{mode}, params_backend=disk: LoRA vs golden at_runtime: max {max} mean {mean:.4}");
+        assert!(max <= 3.0 && mean <= 0.25, "{mode}: max {max} mean {mean}");
+        let got = generate(ctx, &[], 4).expect("LoRA removed");
+        let (max, mean) = diff_bytes(&got, &plain);
+        eprintln!("{mode}, params_backend=disk: removed vs golden plain: max {max} mean {mean:.4}");
+        assert!(max <= 3.0 && mean <= 0.25, "{mode}: removed: max {max} mean {mean}");
         free_sd_ctx(ctx);
     }
 }

@@ -61,11 +61,12 @@ fn sd1_lora_with_mmap() {
 
 /// A context on the synthetic sd1 model with v prediction.
 fn context(mode: &str, mmap: bool) -> *mut sd_ctx_t {
-    context_on(mode, mmap, None)
+    context_on(mode, mmap, None, None)
 }
 
-/// [`context`] with the weights kept where `params_backend` says (e.g. `disk`).
-fn context_on(mode: &str, mmap: bool, params_backend: Option<&str>) -> *mut sd_ctx_t {
+/// [`context`] with the weights kept where `params_backend` says (e.g. `disk`), and
+/// converted to `wtype` at load.
+fn context_on(mode: &str, mmap: bool, params_backend: Option<&str>, wtype: Option<u32>) -> *mut sd_ctx_t {
     let mut arena = Arena::default();
     let mut p = std::mem::MaybeUninit::<sd_ctx_params_t>::uninit();
     // SAFETY: the init function writes every field.
@@ -75,10 +76,13 @@ fn context_on(mode: &str, mmap: bool, params_backend: Option<&str>) -> *mut sd_c
     };
     p.model_path = arena.str(&fixture("sd1.safetensors").to_string_lossy());
     p.n_threads = 2;
-    p.prediction = prediction_t(3); // V_PRED
+    p.prediction = prediction_t(1); // V_PRED
     p.enable_mmap = mmap.into();
     if let Some(pb) = params_backend {
         p.params_backend = arena.str(pb);
+    }
+    if let Some(t) = wtype {
+        p.wtype = sd_type_t(t);
     }
     p.lora_apply_mode = lora_apply_mode_t(match mode {
         "immediately" => 1,
@@ -232,7 +236,7 @@ fn loras_on_weights_kept_on_disk() {
     let (with, plain) = (golden_image("sd1-lora", "lora_runtime_1_0_0.png"), golden_image("sd1-lora", "lora_none_after_0.png"));
     let modes: &[&str] = if full() { &["immediately", "auto", "at_runtime"] } else { &["immediately"] };
     for &mode in modes {
-        let ctx = context_on(mode, false, Some("disk"));
+        let ctx = context_on(mode, false, Some("disk"), None);
         let got = generate(ctx, &[(&kohya, 1.0)], 4).expect("LoRA on disk weights");
         let (max, mean) = diff_bytes(&got, &with);
         eprintln!("{mode}, params_backend=disk: LoRA vs golden at_runtime: max {max} mean {mean:.4}");
@@ -242,6 +246,34 @@ fn loras_on_weights_kept_on_disk() {
         eprintln!("{mode}, params_backend=disk: removed vs golden plain: max {max} mean {mean:.4}");
         assert!(max <= 3.0 && mean <= 0.25, "{mode}: removed: max {max} mean {mean}");
         free_sd_ctx(ctx);
+    }
+}
+
+/// LoRAs on q8_0 and q4_K weights (converted at load) in both modes: a picture in each
+/// (the reference aborts merging into q8_0), close to each other (merging requantizes the
+/// updated weights, so they are not identical), and the plain picture back on removal.
+#[test]
+fn quantized_models_take_loras_in_both_modes() {
+    if !full() {
+        eprintln!("skipped: set SD_PARITY=full");
+        return;
+    }
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let peft = lora("peft_sd1.safetensors");
+    for (name, wtype) in [("q8_0", 8u32), ("q4_K", 12)] {
+        let mut pictures = Vec::new();
+        for mode in ["immediately", "at_runtime"] {
+            let ctx = context_on(mode, false, None, Some(wtype));
+            let plain = generate(ctx, &[], 4).expect("plain");
+            let with = generate(ctx, &[(&peft, 1.0)], 4).unwrap_or_else(|| panic!("{name} {mode}: no picture"));
+            assert_ne!(with, plain, "{name} {mode}: the LoRA changed nothing");
+            assert_eq!(generate(ctx, &[], 4).as_ref(), Some(&plain), "{name} {mode}: LoRA removed");
+            free_sd_ctx(ctx);
+            pictures.push(with);
+        }
+        let (max, mean) = diff_bytes(&pictures[0], &pictures[1]);
+        eprintln!("{name}: immediately vs at_runtime: max {max} mean {mean:.4}");
+        assert!(mean <= 2.0, "{name}: immediately and at_runtime differ by mean {mean}");
     }
 }
 

@@ -17,7 +17,7 @@
 use super::loader::Weights;
 use crate::error::Result;
 use crate::graph::params::TensorSpec;
-use crate::graph::{ParamStore, Runner, WeightAdapter, WeightHome, WeightsMut};
+use crate::graph::{Module, ParamStore, Runner, WeightAdapter, WeightHome, WeightsMut};
 use crate::io::lora::LoraFile;
 use crate::models::adapter::lora::{patch_from, Lora, Merged, PieceTensors, RuntimeLoras, TensorDecl, TENSOR_PARTS};
 use crate::params::Lora as LoraRequest;
@@ -46,12 +46,14 @@ fn mergeable(t: &WeightsMut) -> bool {
 impl LoraSet {
     /// The mode `mode` resolves to for the model `weights` loaded as `components` say.
     /// `auto` applies LoRAs at run time, like the reference, when the model files hold
-    /// quantized weights or any component keeps its weights off the compute device.
+    /// quantized weights or the diffusion model keeps its weights off the compute device
+    /// (another backend, disk, a layer split, streamed layers).
     pub fn new(mode: LoraApplyMode, weights: &Weights, components: &[WeightsMut]) -> LoraSet {
+        let constrained = components.iter().any(|c| c.placement.module == Module::Diffusion && (!mergeable(c) || c.placement.stream_layers));
         let immediately = match mode {
             LoraApplyMode::Immediately => true,
             LoraApplyMode::AtRuntime => false,
-            _ => !weights.has_quantized_storage() && components.iter().all(|c| mergeable(c) && !c.placement.stream_layers),
+            _ => !weights.has_quantized_storage() && !constrained,
         };
         LoraSet { immediately, applied: Vec::new(), merged: Vec::new(), noted_runtime: false }
     }

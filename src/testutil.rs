@@ -114,6 +114,44 @@ pub fn f32_to_f16(f: f32) -> u16 {
     sign | r as u16
 }
 
+/// `n` deterministic values in [-1, 1) (an xorshift sequence from `seed`).
+pub fn pattern(n: usize, seed: u32) -> Vec<f32> {
+    let mut state = seed.wrapping_mul(2654435761).wrapping_add(1);
+    (0..n)
+        .map(|_| {
+            state ^= state << 13;
+            state ^= state >> 17;
+            state ^= state << 5;
+            (state % 2001) as f32 / 1000.0 - 1.0
+        })
+        .collect()
+}
+
+/// 32-byte aligned bytes standing in for a mapped model file (ggml wraps only aligned
+/// memory): `len` zero bytes with `bytes` at offset `at`.
+pub struct MappedBytes(Vec<Block32>);
+
+#[repr(C, align(32))]
+#[derive(Clone, Copy)]
+struct Block32([u8; 32]);
+
+impl MappedBytes {
+    pub fn new(len: usize, at: usize, bytes: &[u8]) -> MappedBytes {
+        let mut m = MappedBytes(vec![Block32([0; 32]); len.div_ceil(32)]);
+        // SAFETY: plain bytes, 32 per block, exclusively borrowed here.
+        let all = unsafe { std::slice::from_raw_parts_mut(m.0.as_mut_ptr() as *mut u8, m.0.len() * 32) };
+        all[at..at + bytes.len()].copy_from_slice(bytes);
+        m
+    }
+}
+
+impl AsRef<[u8]> for MappedBytes {
+    fn as_ref(&self) -> &[u8] {
+        // SAFETY: plain bytes, 32 per block.
+        unsafe { std::slice::from_raw_parts(self.0.as_ptr() as *const u8, self.0.len() * 32) }
+    }
+}
+
 #[test]
 fn half_conversions_round_trip() {
     for h in [0u16, 0x3c00, 0xbc00, 0x0001, 0x03ff, 0x0400, 0x7bff, 0x7c00, 0x3555] {

@@ -161,3 +161,37 @@ fn upscale_mode_runs_the_model_repeatedly() {
     assert_eq!(out.status.code(), Some(1));
     assert!(text(&out.stderr).contains("needs an upscaler model (--upscale-model)"), "{}", text(&out.stderr));
 }
+
+/// `<lora:name:multiplier>` in the prompt with `--lora-model-dir`: the tag is removed from the
+/// prompt and the LoRA file of that directory applied, giving golden case sd1-lora/lora_1_0.
+#[test]
+fn lora_tags_apply_the_lora_model_dir_files() {
+    let cache = std::env::var_os("SD_FIXTURE_CACHE").map(std::path::PathBuf::from).unwrap_or_else(|| {
+        std::path::PathBuf::from(std::env::var_os("HOME").unwrap_or_default()).join(".cache/sd-rs-fixtures")
+    });
+    let (model, loras) = (cache.join("sd1.safetensors"), cache.join("loras"));
+    if !model.exists() || !loras.join("lora_sd1.safetensors").exists() {
+        eprintln!("skipped: sd1.safetensors and loras/lora_sd1.safetensors are made by scripts/fixtures.sh");
+        return;
+    }
+    let dir = std::env::temp_dir().join(format!("sd-cli-lora-{}", std::process::id()));
+    let output = dir.join("lora.png");
+    let args = [
+        "-m", model.to_str().unwrap(), "-p", "a lovely cat<lora:lora_sd1:1>", "--lora-model-dir", loras.to_str().unwrap(),
+        "--lora-apply-mode", "immediately", "--prediction", "v", "-W", "64", "-H", "64", "-s", "42", "--steps", "4",
+        "--sampling-method", "euler", "-t", "2", "-o", output.to_str().unwrap(),
+    ];
+    let out = sd_cli(&args);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let log = text(&out.stdout) + &text(&out.stderr);
+    assert!(log.contains("(792 / 792) LoRA tensors have been applied"), "{log}");
+    let got = sd_cli::image_io::decode_png_file(&output).unwrap();
+    let golden = concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/fixtures/golden/sd1-lora/lora_1_0_0.png");
+    let want = sd_cli::image_io::decode_png_file(std::path::Path::new(golden)).unwrap();
+    assert_eq!((got.width, got.height, got.channels), (want.width, want.height, want.channels));
+    let d: Vec<f64> = got.data.iter().zip(&want.data).map(|(&a, &b)| (a as f64 - b as f64).abs()).collect();
+    let (max, mean) = (d.iter().cloned().fold(0.0, f64::max), d.iter().sum::<f64>() / d.len() as f64);
+    // The tolerance of tests/fixtures/README.md.
+    assert!(max <= 3.0 && mean <= 0.25, "max {max} mean {mean}");
+    std::fs::remove_dir_all(&dir).ok();
+}

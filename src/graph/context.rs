@@ -13,6 +13,7 @@ use ggml_sys as g;
 use std::cell::RefCell;
 use std::marker::PhantomData;
 use std::ptr::NonNull;
+use std::sync::Arc;
 
 pub type GgmlType = g::ggml_type;
 pub const F32: GgmlType = g::GGML_TYPE_F32;
@@ -120,6 +121,10 @@ pub struct Graph {
     pub on_cpu: bool,
     /// The backend the graph will run on (null while unknown), to ask what it supports.
     pub(crate) backend: g::ggml_backend_t,
+    /// Changes the layers' weights or outputs at run time (e.g. LoRAs `at_runtime`).
+    pub(crate) adapter: Option<Arc<dyn super::adapter::WeightAdapter>>,
+    /// How many nodes the graph may hold.
+    pub(crate) max_nodes: usize,
 }
 
 /// Upper bound of nodes in one graph (the UNet at 1024² needs a few thousand).
@@ -127,14 +132,21 @@ pub const MAX_NODES: usize = 32768;
 
 impl Graph {
     pub fn new() -> Result<Graph> {
+        Self::with_nodes(MAX_NODES)
+    }
+
+    /// A graph with room for `max_nodes` nodes.
+    pub fn with_nodes(max_nodes: usize) -> Result<Graph> {
         // SAFETY: pure functions.
-        let size = MAX_NODES * unsafe_overhead() + unsafe { g::ggml_graph_overhead_custom(MAX_NODES, false) };
+        let size = max_nodes * unsafe_overhead() + unsafe { g::ggml_graph_overhead_custom(max_nodes, false) };
         Ok(Graph {
             ctx: Ctx::with_size(size, true)?,
             inputs: RefCell::new(Vec::new()),
             options: GraphOptions::default(),
             on_cpu: false,
             backend: std::ptr::null_mut(),
+            adapter: None,
+            max_nodes,
         })
     }
 
@@ -195,7 +207,7 @@ impl Graph {
 }
 
 /// A weight tensor declared in a `ParamStore`; valid while the store lives.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct W(pub(crate) NonNull<g::ggml_tensor>);
 
 // SAFETY: W is an identifier of a tensor owned by a ParamStore; it is only dereferenced

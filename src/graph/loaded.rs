@@ -21,6 +21,18 @@ pub trait Component: Send {
     fn runner(&mut self) -> &mut Runner;
     fn begin(&mut self) -> Result<()>;
     fn end(&mut self);
+    /// The weights with where they live and the runner computing with them, for code that
+    /// changes them between phases (LoRAs merged in, or applied by the runner's adapter).
+    fn weights_mut(&mut self) -> WeightsMut<'_>;
+}
+
+/// A component's weights as [`Component::weights_mut`] lends them.
+pub struct WeightsMut<'a> {
+    pub store: &'a mut ParamStore,
+    pub placement: &'a Placement,
+    pub runner: &'a mut Runner,
+    /// The component's name, for messages.
+    pub what: &'static str,
 }
 
 /// A network `M` whose weight handles point into `store`: keeping them in one value ties
@@ -75,6 +87,10 @@ impl<M: Send> Component for Loaded<M> {
     fn end(&mut self) {
         self.runner.release();
         self.store.end_phase(&self.placement);
+    }
+
+    fn weights_mut(&mut self) -> WeightsMut<'_> {
+        WeightsMut { store: &mut self.store, placement: &self.placement, runner: &mut self.runner, what: self.what }
     }
 }
 

@@ -1,5 +1,6 @@
 //! Safe wrappers over ggml: backends, contexts, tensors, weights and graph execution.
 
+pub mod adapter;
 pub mod backend;
 pub mod context;
 pub(crate) mod cut;
@@ -12,10 +13,11 @@ pub mod ops;
 pub mod params;
 pub mod runner;
 
+pub use adapter::{LayerOp, WeightAdapter};
 pub use backend::Backend;
 pub use cut::take_peak_device_bytes;
 pub use devices::{DeviceMap, DeviceOptions, Module, Placement, WeightHome};
 pub use context::{is_block_quantized, GgmlType, Graph, GraphOptions, F16, F32, I32, T, W};
-pub use loaded::{Component, Components, Loaded, WeightSource};
+pub use loaded::{Component, Components, Loaded, WeightSource, WeightsMut};
 pub use params::{ParamStore, Scope, TensorSpec, TypeMap};
 pub use runner::Runner;

@@ -1,6 +1,7 @@
 //! Layers shared by every network: they declare their weights with the reference's types
 //! and build the reference's op sequence, so pictures match it.
 
+use super::adapter::LayerOp;
 use super::context::{GgmlType, Graph, F16, F32, T, W};
 use super::params::Scope;
 use ggml_sys as g;
@@ -77,7 +78,13 @@ impl Linear {
     }
 
     pub fn forward<'g>(&self, g: &'g Graph, x: T<'g>) -> T<'g> {
-        linear(x, g.param(self.weight), g.opt_param(self.bias), self.force_prec_f32, self.scale)
+        let Some(a) = g.adapter_for(&[Some(self.weight), self.bias]) else {
+            return linear(x, g.param(self.weight), g.opt_param(self.bias), self.force_prec_f32, self.scale);
+        };
+        let w = a.patch(g, self.weight, g.param(self.weight), false);
+        let b = self.bias.map(|b| a.patch(g, b, g.param(b), false));
+        let out = linear(x, w, b, self.force_prec_f32, self.scale);
+        a.add_to_output(g, self.weight, x, out, LayerOp::Linear { force_prec_f32: self.force_prec_f32, scale: self.scale })
     }
 }
 
@@ -116,16 +123,15 @@ impl Conv2d {
     }
 
     pub fn forward<'g>(&self, g: &'g Graph, x: T<'g>) -> T<'g> {
-        conv_2d(
-            g,
-            x,
-            g.param(self.weight),
-            g.opt_param(self.bias),
-            (self.stride.1, self.stride.0),
-            (self.padding.1, self.padding.0),
-            (self.dilation.1, self.dilation.0),
-            self.scale,
-        )
+        let (stride, padding, dilation) =
+            ((self.stride.1, self.stride.0), (self.padding.1, self.padding.0), (self.dilation.1, self.dilation.0));
+        let Some(a) = g.adapter_for(&[Some(self.weight), self.bias]) else {
+            return conv_2d(g, x, g.param(self.weight), g.opt_param(self.bias), stride, padding, dilation, self.scale);
+        };
+        let w = a.patch(g, self.weight, g.param(self.weight), false);
+        let b = self.bias.map(|b| a.patch(g, b, g.param(b), false));
+        let out = conv_2d(g, x, w, b, stride, padding, dilation, self.scale);
+        a.add_to_output(g, self.weight, x, out, LayerOp::Conv2d { stride, padding, dilation, scale: self.scale })
     }
 }
 
@@ -285,9 +291,9 @@ impl LayerNorm {
     pub fn forward<'g>(&self, g: &'g Graph, x: T<'g>) -> T<'g> {
         let mut x = x.norm(self.eps);
         if let Some(w) = self.weight {
-            x = x.mul_inplace(g.param(w));
+            x = x.mul_inplace(g.adapted_param(w));
             if let Some(b) = self.bias {
-                x = x.add_inplace(g.param(b));
+                x = x.add_inplace(g.adapted_param(b));
             }
         }
         x
@@ -318,8 +324,8 @@ impl GroupNorm {
     }
 
     pub fn forward<'g>(&self, g: &'g Graph, x: T<'g>) -> T<'g> {
-        let mut w = g.opt_param(self.weight);
-        let mut b = g.opt_param(self.bias);
+        let mut w = self.weight.map(|w| g.adapted_param(w));
+        let mut b = self.bias.map(|b| g.adapted_param(b));
         if x.n_dims() >= 3 {
             if let (Some(wt), Some(bt)) = (w, b) {
                 w = Some(wt.reshape(&[1, 1, wt.ne()[0], 1]));

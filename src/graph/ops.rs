@@ -69,6 +69,7 @@ impl<'g> T<'g> {
         div => ggml_div,
         div_inplace => ggml_div_inplace,
         mul_mat => ggml_mul_mat,
+        out_prod => ggml_out_prod,
         repeat => ggml_repeat,
         get_rows => ggml_get_rows,
         cpy => ggml_cpy,

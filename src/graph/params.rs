@@ -35,15 +35,28 @@ impl TensorSpec {
 /// Tensor types found in the model files (after wtype / tensor_type_rules), by name.
 pub type TypeMap = HashMap<String, GgmlType>;
 
+/// Where a declared tensor's data lives.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum Home {
+    /// The store's buffer.
+    Buffer,
+    /// A borrowed region (a mapped model file), read-only: `data` inside `wrapper`.
+    Mapped { data: *mut std::ffi::c_void, wrapper: NonNull<g::ggml_backend_buffer> },
+    /// Was mapped; now holds modified bytes in a buffer of its own (freed on restore).
+    Own { own: NonNull<g::ggml_backend_buffer>, data: *mut std::ffi::c_void, wrapper: NonNull<g::ggml_backend_buffer> },
+}
+
 pub struct ParamStore {
     ctx: Ctx,
     capacity: usize,
     entries: Vec<(String, W)>,
     index: HashMap<String, usize>,
+    /// Entry index by handle, so a weight's full name is known (ggml truncates its own).
+    by_handle: HashMap<W, usize>,
     buffer: Option<NonNull<g::ggml_backend_buffer>>,
     allocated: bool,
-    /// Per entry: whether its data lives in a borrowed host region (not in `buffer`).
-    in_place: Vec<bool>,
+    /// Per entry: where its data lives.
+    homes: Vec<Home>,
     /// Buffers wrapping borrowed regions (they do not own the memory) and the regions.
     borrowed: Vec<NonNull<g::ggml_backend_buffer>>,
     regions: Vec<HostRegion>,
@@ -64,9 +77,10 @@ impl ParamStore {
             capacity,
             entries: Vec::new(),
             index: HashMap::new(),
+            by_handle: HashMap::new(),
             buffer: None,
             allocated: false,
-            in_place: Vec::new(),
+            homes: Vec::new(),
             borrowed: Vec::new(),
             regions: Vec::new(),
             split_buffers: Vec::new(),
@@ -180,7 +194,7 @@ impl ParamStore {
                 (*w.raw()).data = std::ptr::null_mut();
             }
         }
-        self.in_place.iter_mut().for_each(|p| *p = false);
+        self.homes.iter_mut().for_each(|h| *h = Home::Buffer);
         self.allocated = false;
     }
 
@@ -189,6 +203,13 @@ impl ParamStore {
         for b in self.buffer.take().into_iter().chain(self.split_buffers.drain(..)) {
             // SAFETY: we own the buffer; the context's tensors point into it and are unbound or die with it.
             unsafe { g::ggml_backend_buffer_free(b.as_ptr()) };
+        }
+        for h in &mut self.homes {
+            if let Home::Own { own, data, wrapper } = *h {
+                // SAFETY: a buffer we allocated for one tensor, unbound with the others.
+                unsafe { g::ggml_backend_buffer_free(own.as_ptr()) };
+                *h = Home::Mapped { data, wrapper };
+            }
         }
         for b in self.borrowed.drain(..) {
             // SAFETY: wrapper buffers we created; freeing one leaves the region untouched.
@@ -212,8 +233,9 @@ impl ParamStore {
             unsafe { g::ggml_set_name(p, c.as_ptr()) };
         }
         self.index.insert(name.to_string(), self.entries.len());
+        self.by_handle.insert(w, self.entries.len());
         self.entries.push((name.to_string(), w));
-        self.in_place.push(false);
+        self.homes.push(Home::Buffer);
         w
     }
 
@@ -221,8 +243,29 @@ impl ParamStore {
         self.index.get(name).map(|&i| self.entries[i].1)
     }
 
+    /// The full name `w` was declared with, if it is one of this store's tensors.
+    pub fn name_of(&self, w: W) -> Option<&str> {
+        self.by_handle.get(&w).map(|&i| self.entries[i].0.as_str())
+    }
+
+    /// Whether `w` was placed in a mapped file (and can get those bytes back by
+    /// [`restore_mapped`](Self::restore_mapped)).
+    pub fn has_mapping(&self, w: W) -> bool {
+        self.by_handle.get(&w).is_some_and(|&i| self.homes[i] != Home::Buffer)
+    }
+
+    /// Whether `w` is computed in place from a mapped file (unmodified).
+    pub fn is_mapped(&self, w: W) -> bool {
+        self.by_handle.get(&w).is_some_and(|&i| matches!(self.homes[i], Home::Mapped { .. }))
+    }
+
     pub fn len(&self) -> usize {
         self.entries.len()
+    }
+
+    /// How many tensors the store can hold.
+    pub fn capacity(&self) -> usize {
+        self.capacity
     }
 
     pub fn is_empty(&self) -> bool {
@@ -300,9 +343,11 @@ impl ParamStore {
             };
             // SAFETY: an unallocated tensor of the store's context; [offset, offset + nbytes)
             // lies inside the buffer (checked above), as ggml requires.
-            let status = unsafe { g::ggml_backend_tensor_alloc(buf.as_ptr(), w.raw(), bytes.as_ptr().add(offset) as *mut _) };
+            let data = unsafe { bytes.as_ptr().add(offset) as *mut std::ffi::c_void };
+            // SAFETY: as above.
+            let status = unsafe { g::ggml_backend_tensor_alloc(buf.as_ptr(), w.raw(), data) };
             if status == g::GGML_STATUS_SUCCESS {
-                self.in_place[i] = true;
+                self.homes[i] = Home::Mapped { data, wrapper: buf };
                 placed += 1;
             }
         }
@@ -315,7 +360,7 @@ impl ParamStore {
         if self.allocated || self.entries.is_empty() {
             return Ok(());
         }
-        if self.in_place.iter().all(|&p| p) {
+        if self.homes.iter().all(|h| *h != Home::Buffer) {
             self.allocated = true;
             return Ok(());
         }
@@ -333,7 +378,7 @@ impl ParamStore {
 
     /// Declared tensors that still need their bytes written (not placed in a host region).
     fn to_fill(&self) -> impl Iterator<Item = &(String, W)> {
-        self.entries.iter().zip(&self.in_place).filter(|(_, &p)| !p).map(|(e, _)| e)
+        self.entries.iter().zip(&self.homes).filter(|(_, h)| **h == Home::Buffer).map(|(e, _)| e)
     }
 
     /// Fills every tensor: `fill(name, spec, dst)` writes exactly `spec.nbytes` bytes.
@@ -413,16 +458,100 @@ impl ParamStore {
         }
     }
 
-    /// Writes one tensor's data (e.g. a LoRA-patched weight).
+    fn entry_of(&self, w: W) -> Result<usize> {
+        self.by_handle.get(&w).copied().context("tensor does not belong to this parameter store")
+    }
+
+    /// Writes one tensor's data. A tensor computed from a mapped file is read-only: call
+    /// [`make_writable`](Self::make_writable) first.
     pub fn set_data(&self, w: W, bytes: &[u8]) -> Result<()> {
         let spec = Self::spec(w);
         ensure!(bytes.len() == spec.nbytes, "tensor data size mismatch: {} != {}", bytes.len(), spec.nbytes);
         ensure!(self.allocated, "parameters written before allocation");
-        let placed = self.entries.iter().zip(&self.in_place).any(|((_, e), &p)| p && e.raw() == w.raw());
-        ensure!(!placed, "tensor data is a read-only mapping of the model file (load without mmap to modify weights)");
-        // SAFETY: allocated tensor of exactly this size.
+        // During a phase the tensor is bound to a copy that is dropped at its end.
+        ensure!(self.staged.is_none(), "parameters written while a phase copy of them is in use");
+        let i = self.entry_of(w)?;
+        ensure!(
+            !matches!(self.homes[i], Home::Mapped { .. }),
+            "tensor '{}' is a read-only mapping of the model file",
+            self.entries[i].0
+        );
+        // SAFETY: allocated, writable tensor of exactly this size.
         unsafe { g::ggml_backend_tensor_set(w.raw(), bytes.as_ptr() as *const _, 0, bytes.len()) };
         Ok(())
+    }
+
+    /// Gives each of `ws` that is computed from a mapped file a buffer of its own on
+    /// `backend` (contents undefined until written), so it can be modified without touching
+    /// the file; returns those it moved. All or nothing: on failure no tensor changed.
+    pub fn make_writable(&mut self, ws: &[W], backend: &Backend) -> Result<Vec<W>> {
+        let mut done = Vec::new();
+        for &w in ws {
+            let i = self.entry_of(w)?;
+            let Home::Mapped { data, wrapper } = self.homes[i] else { continue };
+            match Self::own_buffer(w, backend) {
+                Ok(own) => {
+                    self.homes[i] = Home::Own { own, data, wrapper };
+                    done.push(w);
+                }
+                Err(e) => {
+                    for w in done {
+                        self.restore_mapped(w);
+                    }
+                    return Err(crate::error::Error::new(format!("weight '{}': {e}", self.entries[i].0)));
+                }
+            }
+        }
+        Ok(done)
+    }
+
+    /// Allocates a buffer for `w` alone and moves the tensor into it.
+    fn own_buffer(w: W, backend: &Backend) -> Result<NonNull<g::ggml_backend_buffer>> {
+        // SAFETY: valid backend and tensor; the buffer type reports the size it needs.
+        let (buft, size) = unsafe {
+            let buft = g::ggml_backend_get_default_buffer_type(backend.raw());
+            (buft, g::ggml_backend_buft_get_alloc_size(buft, w.raw()))
+        };
+        // SAFETY: valid buffer type; returns null on failure.
+        let buf = NonNull::new(unsafe { g::ggml_backend_buft_alloc_buffer(buft, size) })
+            .with_context(|| format!("could not allocate {size} bytes on {}", backend.name()))?;
+        // SAFETY: the tensor is not part of any graph being computed; detaching it from its
+        // borrowed region and allocating it at the start of the new buffer (large enough,
+        // checked by ggml) only changes its data pointer.
+        unsafe {
+            g::ggml_backend_buffer_set_usage(buf.as_ptr(), g::GGML_BACKEND_BUFFER_USAGE_WEIGHTS);
+            (*w.raw()).buffer = std::ptr::null_mut();
+            (*w.raw()).data = std::ptr::null_mut();
+            let status = g::ggml_backend_tensor_alloc(buf.as_ptr(), w.raw(), g::ggml_backend_buffer_get_base(buf.as_ptr()));
+            if status != g::GGML_STATUS_SUCCESS {
+                g::ggml_backend_buffer_free(buf.as_ptr());
+                bail!("could not place a weight in its own buffer (status {status})");
+            }
+        }
+        Ok(buf)
+    }
+
+    /// Puts a tensor made writable back onto its mapped file bytes (its original data),
+    /// freeing its own buffer. True when `w` now holds the file's bytes this way (also when
+    /// it never left them); false for tensors of the store's buffer, whose original bytes
+    /// the caller must write back.
+    pub fn restore_mapped(&mut self, w: W) -> bool {
+        let Some(&i) = self.by_handle.get(&w) else { return false };
+        match self.homes[i] {
+            Home::Buffer => false,
+            Home::Mapped { .. } => true,
+            Home::Own { own, data, wrapper } => {
+                // SAFETY: the tensor is not in use by a graph; it goes back to the region it
+                // was placed in (kept alive by the store), then its own buffer is freed.
+                unsafe {
+                    (*w.raw()).buffer = wrapper.as_ptr();
+                    (*w.raw()).data = data;
+                    g::ggml_backend_buffer_free(own.as_ptr());
+                }
+                self.homes[i] = Home::Mapped { data, wrapper };
+                true
+            }
+        }
     }
 
     /// Reads one tensor's raw bytes.
@@ -656,18 +785,6 @@ mod tests {
         assert!(err.to_string().contains("t5 is broken"), "{err}");
     }
 
-    /// 32-byte aligned bytes standing in for a mapped file.
-    #[repr(C, align(32))]
-    #[derive(Clone, Copy)]
-    struct Block([u8; 32]);
-    struct Region(Vec<Block>);
-    impl AsRef<[u8]> for Region {
-        fn as_ref(&self) -> &[u8] {
-            // SAFETY: plain bytes, 32 per block.
-            unsafe { std::slice::from_raw_parts(self.0.as_ptr() as *const u8, self.0.len() * 32) }
-        }
-    }
-
     #[test]
     fn tensors_placed_in_a_host_region_are_read_from_it_and_never_copied_or_written() {
         let backend = Backend::cpu().unwrap();
@@ -675,11 +792,9 @@ mod tests {
         for (name, n) in [("a", 4), ("b", 2), ("c", 3)] {
             s.declare(name, F32, &[n]);
         }
-        let mut blocks = vec![Block([0; 32]); 4];
         // "a" at byte offset 12 (not aligned: mapped tensors need not be), "c" past the end.
         let vals: Vec<u8> = [1.5f32, -2.0, 3.25, 4.0].iter().flat_map(|v| v.to_le_bytes()).collect();
-        blocks[0].0[12..28].copy_from_slice(&vals);
-        let region: HostRegion = Arc::new(Region(blocks));
+        let region: HostRegion = Arc::new(crate::testutil::MappedBytes::new(128, 12, &vals));
         let placed = s
             .place_in_host_regions(&backend, |name, _| match name {
                 "a" => Some((region.clone(), 12)),

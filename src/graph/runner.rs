@@ -8,6 +8,7 @@
 //! (host memory, `params_backend=cpu`) are copied to it for the graph. With a `max_vram`
 //! budget, graphs that mark cut points run in segments that fit it (`graph::cut`).
 
+use super::adapter::WeightAdapter;
 use super::backend::Backend;
 use super::context::{Graph, GraphOptions, MAX_NODES, T};
 use super::devices::Placement;
@@ -44,6 +45,8 @@ pub struct Runner {
     #[cfg(test)]
     pub(crate) segment_on_cpu: bool,
     pub options: GraphOptions,
+    /// Handed to every graph this runner builds (run-time LoRAs).
+    adapter: Option<Arc<dyn WeightAdapter>>,
 }
 
 // SAFETY: the allocator and scheduler are owned exclusively by the runner.
@@ -67,6 +70,7 @@ impl Runner {
             #[cfg(test)]
             segment_on_cpu: false,
             options: GraphOptions::default(),
+            adapter: None,
         }
     }
 
@@ -77,6 +81,15 @@ impl Runner {
         r.max_vram = placement.max_vram;
         r.stream_layers = placement.stream_layers;
         r
+    }
+
+    /// Sets (or clears) the adapter the layers of every later graph consult.
+    pub fn set_adapter(&mut self, adapter: Option<Arc<dyn WeightAdapter>>) {
+        self.adapter = adapter;
+    }
+
+    pub fn adapter(&self) -> Option<&Arc<dyn WeightAdapter>> {
+        self.adapter.as_ref()
     }
 
     pub fn backend(&self) -> &Arc<Backend> {
@@ -106,14 +119,33 @@ impl Runner {
     where
         F: for<'g> FnOnce(&'g Graph) -> Result<Vec<T<'g>>>,
     {
-        let mut graph = Graph::new()?;
+        self.run(build)
+    }
+
+    /// Builds a graph with `build` and returns the raw bytes of each output in its own type
+    /// (e.g. weights computed in f16 or q8_0).
+    pub fn compute_bytes<F>(&mut self, build: F) -> Result<Vec<Vec<u8>>>
+    where
+        F: for<'g> FnOnce(&'g Graph) -> Result<Vec<T<'g>>>,
+    {
+        self.run(build)
+    }
+
+    /// Builds, allocates and computes a graph and reads its outputs as `R`.
+    fn run<F, R: Readout>(&mut self, build: F) -> Result<Vec<R>>
+    where
+        F: for<'g> FnOnce(&'g Graph) -> Result<Vec<T<'g>>>,
+    {
+        let extra = self.adapter.as_ref().map_or(0, |a| a.extra_nodes());
+        let mut graph = Graph::with_nodes(MAX_NODES + extra)?;
         graph.options = self.options;
         graph.backend = self.backend.raw();
         graph.on_cpu = self.backend.is_cpu();
+        graph.adapter = self.adapter.clone();
         let outputs = build(&graph)?;
         ensure!(!outputs.is_empty(), "graph has no output");
-        // SAFETY: the graph context was sized for MAX_NODES nodes.
-        let gf = unsafe { g::ggml_new_graph_custom(graph.ctx(), MAX_NODES, false) };
+        // SAFETY: the graph context was sized for max_nodes nodes.
+        let gf = unsafe { g::ggml_new_graph_custom(graph.ctx(), graph.max_nodes, false) };
         ensure!(!gf.is_null(), "could not create a compute graph");
         let raw_outputs: Vec<*mut g::ggml_tensor> = outputs.iter().map(|t| t.set_output().raw()).collect();
         for &o in &raw_outputs {
@@ -127,7 +159,7 @@ impl Runner {
         let device = !self.backend.is_cpu();
         if self.max_vram > 0 && device && self.split.is_empty() && super::cut::has_cuts(gf) {
             let out = super::cut::compute_segments(self, &graph, gf, &raw_outputs)?;
-            return self.checked(out);
+            return R::from_segments(self.checked(out)?);
         }
 
         // Weights the devices cannot read where they are: a copy for this graph.
@@ -156,13 +188,13 @@ impl Runner {
             unsafe { g::ggml_backend_graph_compute(self.backend.raw(), gf) }
         };
         ensure!(status == g::GGML_STATUS_SUCCESS, "graph computation failed on {} (status {status})", self.backend.device_name());
-        let out = raw_outputs.into_iter().map(read_f32).collect::<Result<Vec<_>>>()?;
+        let out = raw_outputs.into_iter().map(R::read).collect::<Result<Vec<R>>>()?;
         if self.max_vram > 0 && !self.backend.is_cpu() && self.sched.is_none() {
             let held = self.buffer_bytes + staged_now.as_ref().map_or(0, |s| s.bytes);
             self.peak_device_bytes = self.peak_device_bytes.max(held);
             super::cut::PEAK.fetch_max(held, std::sync::atomic::Ordering::Relaxed);
         }
-        self.checked(out)
+        R::check(self, out)
     }
 
     /// Whether the runner's devices can read weights stored in `buffer` as they are.
@@ -421,6 +453,50 @@ pub(crate) fn upload_inputs(graph: &Graph) {
     }
 }
 
+/// How a graph's outputs are read back.
+trait Readout: Sized {
+    fn read(t: *mut g::ggml_tensor) -> Result<Self>;
+    /// Outputs of a graph computed in segments (always read as f32).
+    fn from_segments(out: Vec<Tensor>) -> Result<Vec<Self>>;
+    fn check(runner: &Runner, out: Vec<Self>) -> Result<Vec<Self>>;
+}
+
+impl Readout for Tensor {
+    fn read(t: *mut g::ggml_tensor) -> Result<Self> {
+        read_f32(t)
+    }
+    fn from_segments(out: Vec<Tensor>) -> Result<Vec<Self>> {
+        Ok(out)
+    }
+    fn check(runner: &Runner, out: Vec<Self>) -> Result<Vec<Self>> {
+        runner.checked(out)
+    }
+}
+
+/// Raw bytes in the output's own type.
+impl Readout for Vec<u8> {
+    fn read(t: *mut g::ggml_tensor) -> Result<Self> {
+        read_bytes(t)
+    }
+    fn from_segments(_: Vec<Tensor>) -> Result<Vec<Self>> {
+        bail!("raw graph outputs cannot be read from a graph computed in segments")
+    }
+    fn check(_: &Runner, out: Vec<Self>) -> Result<Vec<Self>> {
+        Ok(out)
+    }
+}
+
+/// Reads a computed tensor's bytes as they are.
+fn read_bytes(t: *mut g::ggml_tensor) -> Result<Vec<u8>> {
+    // SAFETY: t is a computed tensor of an allocated graph.
+    let (nbytes, contiguous) = unsafe { (g::ggml_nbytes(t), g::ggml_is_contiguous(t)) };
+    ensure!(contiguous, "graph output is not contiguous");
+    let mut bytes = vec![0u8; nbytes];
+    // SAFETY: bytes holds nbytes.
+    unsafe { g::ggml_backend_tensor_get(t, bytes.as_mut_ptr() as *mut _, 0, nbytes) };
+    Ok(bytes)
+}
+
 /// Reads a computed tensor as f32 (converting f16/bf16), always as 4 dims.
 pub(crate) fn read_f32(t: *mut g::ggml_tensor) -> Result<Tensor> {
     // SAFETY: t is a computed tensor of an allocated graph.
@@ -453,6 +529,7 @@ mod tests {
     use crate::graph::nn::{Conv2d, GroupNorm, Linear};
     use crate::graph::params::{ParamStore, Scope, TypeMap};
     use crate::graph::{take_peak_device_bytes, F32};
+    use crate::testutil::pattern;
 
     fn f32_bytes(v: &[f32]) -> Vec<u8> {
         v.iter().flat_map(|x| x.to_le_bytes()).collect()
@@ -525,18 +602,6 @@ mod tests {
         let d = y.data();
         assert!((d[0] + 1.0).abs() < 1e-3 && (d[1] - 1.0).abs() < 1e-3, "{d:?}");
         assert!((d[2] + 1.0).abs() < 1e-3 && (d[3] - 3.0).abs() < 1e-3, "{d:?}");
-    }
-
-    fn pattern(n: usize, seed: u32) -> Vec<f32> {
-        let mut state = seed.wrapping_mul(2654435761).wrapping_add(1);
-        (0..n)
-            .map(|_| {
-                state ^= state << 13;
-                state ^= state >> 17;
-                state ^= state << 5;
-                (state % 2001) as f32 / 1000.0 - 1.0
-            })
-            .collect()
     }
 
     /// Scores computed a few query rows at a time, and convolutions whose im2col matrix is

@@ -17,6 +17,7 @@ pub mod dtype;
 #[doc(hidden)]
 pub mod fuzzing;
 pub mod gguf;
+pub mod lora;
 pub mod names;
 pub mod pickle;
 pub mod safetensors;

@@ -3,6 +3,7 @@
 //! The pipeline sees them through three traits: `diffusion::DiffusionModel`,
 //! `vae::FirstStage` and (in the pipeline, since it owns prompt parsing) the conditioner.
 
+pub mod adapter;
 pub mod common;
 pub mod condition;
 pub mod diffusion;

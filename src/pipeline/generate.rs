@@ -107,7 +107,6 @@ fn check_params(p: &ImgGenParams) -> Result<()> {
         p.strength
     );
     ensure!(p.sample_params.guidance.txt_cfg.is_finite(), "cfg scale must be a finite number");
-    ensure!(p.loras.is_empty(), "LoRAs are not supported yet in this build of libstable-diffusion");
     if p.hires.enabled && p.hires.upscaler != crate::types::HiresUpscaler::None {
         bail!("the hires fix is not supported yet in this build of libstable-diffusion");
     }
@@ -728,6 +727,7 @@ pub fn generate(ms: &mut ModelSet, p: &ImgGenParams, cancel: &CancelFlag) -> Res
     ms.weights.validate()?;
     check_params(p)?;
     let t0 = Instant::now();
+    ms.apply_loras(&p.loras)?;
     let mut r = resolve_request(ms, p);
     sd_info!("generate_image {}x{}", r.width, r.height);
     let tiling = runtime_tiling(&p.vae_tiling_params);

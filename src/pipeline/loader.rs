@@ -5,7 +5,7 @@
 
 use crate::params::CtxParams;
 use crate::error::{Context as _, Result};
-use crate::graph::params::HostRegion;
+use crate::graph::params::{HostRegion, TensorSpec};
 use crate::graph::{Backend, Loaded, ParamStore, Placement, Runner, Scope, TypeMap, WeightSource};
 use std::sync::Arc;
 use crate::io::type_rules::{target_type, TypeRules};
@@ -123,6 +123,19 @@ impl Weights {
         self.files.get(name)
     }
 
+    /// Reads weight `name` again exactly as [`load`](Self::load) filled it (e.g. to undo a
+    /// LoRA merged into it).
+    pub fn read_weight(&self, name: &str, spec: &TensorSpec, dst: &mut [u8]) -> Result<()> {
+        fill_one(&self.files, name, spec, dst)
+    }
+
+    /// Whether any tensor is stored in a block-quantized type in the files: the reference's
+    /// test for applying LoRAs at run time in `auto` mode (it looks at the files' types, not
+    /// at `wtype`, so an f16 file loaded as q8_0 still merges them).
+    pub fn has_quantized_storage(&self) -> bool {
+        self.files.tensors().iter().any(|ts| crate::graph::is_block_quantized(ts.ty().raw()))
+    }
+
     /// Fails, naming the file, when a file that loaded weights compute from in place (mmap)
     /// changed since it was opened: call it before every use of the weights, as a truncated
     /// file would fault the computation instead (DESIGN.md, "Model files").
@@ -208,18 +221,21 @@ impl WeightSource for Weights {
 
 /// Fills every tensor of an allocated `store` from `files`, checking presence and shape.
 pub fn fill(files: &ModelFiles, store: &mut ParamStore, threads: usize) -> Result<()> {
-    store.load_parallel(threads, |name, spec, dst| {
-        let ts = files.get(name).with_context(|| format!("tensor '{name}' not found in the model files"))?;
-        let want = spec.ne4();
-        ensure!(
-            ts.ne() == want,
-            "tensor '{name}' has wrong shape in model file: got {:?}, expected {:?}",
-            ts.ne(),
-            want
-        );
-        let ty = SdType::from_raw(spec.ty).with_context(|| format!("tensor '{name}': unknown ggml type {}", spec.ty))?;
-        files.read_tensor(ts, ty, dst)
-    })
+    store.load_parallel(threads, |name, spec, dst| fill_one(files, name, spec, dst))
+}
+
+/// Reads the declared tensor `name` (`spec`) from `files` into `dst`.
+fn fill_one(files: &ModelFiles, name: &str, spec: &TensorSpec, dst: &mut [u8]) -> Result<()> {
+    let ts = files.get(name).with_context(|| format!("tensor '{name}' not found in the model files"))?;
+    let want = spec.ne4();
+    ensure!(
+        ts.ne() == want,
+        "tensor '{name}' has wrong shape in model file: got {:?}, expected {:?}",
+        ts.ne(),
+        want
+    );
+    let ty = SdType::from_raw(spec.ty).with_context(|| format!("tensor '{name}': unknown ggml type {}", spec.ty))?;
+    files.read_tensor(ts, ty, dst)
 }
 
 /// Reads every tensor of a small file (e.g. a textual-inversion embedding) as f32 host

@@ -7,6 +7,7 @@ pub mod families;
 pub mod generate;
 pub mod imageops;
 pub mod loader;
+pub mod lora;
 pub mod prompt;
 pub mod ref_images;
 pub mod t5;

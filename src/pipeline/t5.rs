@@ -19,7 +19,7 @@
 use super::loader::Weights;
 use super::prompt::{is_break, parse_prompt_attention, PadOptions, WeightedTokens};
 use crate::error::Result;
-use crate::graph::{Component, Loaded, Placement, Runner, WeightHome};
+use crate::graph::{Component, Loaded, Placement, Runner, WeightHome, WeightsMut};
 use crate::models::te::t5::{self, T5Config, T5Model};
 use crate::models::te::t5_tokenizer::{T5Tokenizer, T5Vocab};
 use crate::tensor::Tensor;
@@ -191,6 +191,10 @@ impl T5Encoder {
 impl Component for T5Encoder {
     fn runner(&mut self) -> &mut Runner {
         &mut self.net.runner
+    }
+
+    fn weights_mut(&mut self) -> WeightsMut<'_> {
+        self.net.weights_mut()
     }
 
     fn begin(&mut self) -> Result<()> {

@@ -152,6 +152,7 @@ pub struct Arena {
     ints: Vec<Vec<c_int>>,
     images: Vec<Vec<sd_image_t>>,
     embeddings: Vec<Vec<sd_embedding_t>>,
+    loras: Vec<Vec<sd_lora_t>>,
 }
 
 impl Arena {
@@ -228,6 +229,7 @@ fn ctx_params(model: &str, ctx: &Value, arena: &mut Arena) -> sd_ctx_params_t {
             "force_sdxl_vae_conv_scale" => p.force_sdxl_vae_conv_scale = CBool(v.as_bool().unwrap() as u8),
             "tae_preview_only" => p.tae_preview_only = CBool(v.as_bool().unwrap() as u8),
             "flash_attn" => p.flash_attn = CBool(v.as_bool().unwrap() as u8),
+            "lora_apply_mode" => p.lora_apply_mode = lora_apply_mode_t(enum_value(v)),
             "model_args" => p.model_args = arena.str(v.as_str().unwrap()),
             "eager_load" => p.eager_load = CBool(v.as_bool().unwrap() as u8),
             "embeddings" => {
@@ -299,6 +301,21 @@ fn gen_params(params: &Value, arena: &mut Arena) -> sd_img_gen_params_t {
                 sp.custom_sigmas = s.as_mut_ptr();
                 sp.custom_sigmas_count = s.len() as c_int;
                 arena.floats.push(s);
+            }
+            "loras" => {
+                let list: Vec<sd_lora_t> = v
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|l| sd_lora_t {
+                        is_high_noise: CBool(l["is_high_noise"].as_bool().unwrap_or(false) as u8),
+                        multiplier: l["multiplier"].as_f64().unwrap_or(1.0) as f32,
+                        path: arena.str(l["path"].as_str().unwrap()),
+                    })
+                    .collect();
+                p.loras = list.as_ptr();
+                p.lora_count = list.len() as u32;
+                arena.loras.push(list);
             }
             "vae_tiling_params.enabled" => p.vae_tiling_params.enabled = CBool(v.as_bool().unwrap() as u8),
             "vae_tiling_params.tile_size_x" => p.vae_tiling_params.tile_size_x = num(v) as c_int,
@@ -420,6 +437,11 @@ pub fn run_with(
             current = Some((case.ctx.clone(), ctx));
         }
         let ctx = current.as_ref().unwrap().1;
+        for path in case.params["loras"].as_array().into_iter().flatten().filter_map(|l| l["path"].as_str()) {
+            if let Some(f) = path.strip_prefix("{fx}/") {
+                fixture(f);
+            }
+        }
         let mut arena = Arena::default();
         let p = gen_params(&case.params, &mut arena);
         let mut images: *mut sd_image_t = std::ptr::null_mut();

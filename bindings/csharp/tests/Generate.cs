@@ -1,5 +1,6 @@
 // Generation through the C# bindings: the synthetic SD1 checkpoint must render the
-// reference's golden picture for case sd1/sampler_euler (tests/fixtures/golden/sd1/cases.json).
+// reference's golden pictures for cases sd1/sampler_euler and (with a LoRA, then without)
+// sd1-lora/lora_1_0 and lora_none_after (tests/fixtures/golden/*/cases.json).
 // The checkpoint comes from the fixture cache ($SD_FIXTURE_CACHE, default
 // ~/.cache/sd-rs-fixtures), where scripts/test.sh writes it with scripts/fixtures.sh.
 using System;
@@ -79,19 +80,31 @@ static class GenerateTests
         check("golden " + Path.GetFileName(dir) + "/" + file, got.Length == want.Item4.Length && max <= 3 && mean <= 0.25, "max " + max + " mean " + mean);
     }
 
-    // Renders golden case `golden` (folder/case) from `file` in the fixture cache: "a lovely
-    // cat", 64x64, seed 42, 4 Euler steps, v prediction, and compares within the tolerance of
-    // tests/fixtures/README.md. Returns false when the fixture is missing.
-    static bool RenderGolden(Action<string, bool, string> check, string repoRoot, string file, string golden, bool mmap)
+    static string FixtureCache()
     {
         string cache = Environment.GetEnvironmentVariable("SD_FIXTURE_CACHE");
         if (string.IsNullOrEmpty(cache))
             cache = Path.Combine(Environment.GetEnvironmentVariable("HOME") ?? ".", ".cache", "sd-rs-fixtures");
-        string model = Path.Combine(cache, file);
-        if (!File.Exists(model))
+        return cache;
+    }
+
+    // Renders golden case `golden` (folder/case) from `file` in the fixture cache: "a lovely
+    // cat", 64x64, seed 42, 4 Euler steps, v prediction, and compares within the tolerance of
+    // tests/fixtures/README.md. With `lora` (a file of the fixture cache), renders it with
+    // that LoRA at multiplier 1, then `after` (folder/case) without it on the same context.
+    // Returns false when a fixture is missing.
+    static bool RenderGolden(Action<string, bool, string> check, string repoRoot, string file, string golden, bool mmap,
+                             string lora = null, string after = null)
+    {
+        string model = Path.Combine(FixtureCache(), file);
+        string loraFile = lora == null ? null : Path.Combine(FixtureCache(), lora);
+        foreach (var f in new[] { model, loraFile })
         {
-            Console.Error.WriteLine("skipped generation: " + model + " is missing (scripts/fixtures.sh writes it)");
-            return false;
+            if (f != null && !File.Exists(f))
+            {
+                Console.Error.WriteLine("skipped generation: " + f + " is missing (scripts/fixtures.sh writes it)");
+                return false;
+            }
         }
         var p = new sd_ctx_params_t();
         Native.sd_ctx_params_init(ref p);
@@ -99,6 +112,9 @@ static class GenerateTests
         p.prediction = Prediction.V;
         p.enable_mmap = mmap;
         IntPtr modelPath = Sd.AllocString(model), prompt = Sd.AllocString("a lovely cat");
+        IntPtr loraPath = loraFile == null ? IntPtr.Zero : Sd.AllocString(loraFile);
+        var loras = new sd_lora_t[] { new sd_lora_t { is_high_noise = false, multiplier = 1.0f, path = loraPath } };
+        var pinned = System.Runtime.InteropServices.GCHandle.Alloc(loras, System.Runtime.InteropServices.GCHandleType.Pinned);
         try
         {
             p.model_path = modelPath;
@@ -114,21 +130,29 @@ static class GenerateTests
                 ip.seed = 42;
                 ip.sample_params.sample_steps = 4;
                 ip.sample_params.sample_method = SampleMethod.EULER;
-                IntPtr images;
-                int count;
-                bool ok = Native.generate_image(ctx, ref ip, out images, out count);
-                var headers = new List<sd_image_t>();
-                var got = Sd.TakeImages(images, count, headers);
-                check("generate_image(" + file + ")", ok && got.Count == 1, "ok=" + ok + " count=" + count);
-                if (got.Count != 1) return true;
-                var parts = golden.Split('/');
-                CheckGolden(check, Path.Combine(repoRoot, "tests", "fixtures", "golden", parts[0]), parts[1] + "_0.png", headers[0], got[0]);
+                foreach (var want in loraFile == null ? new[] { golden } : new[] { golden, after })
+                {
+                    bool withLora = loraFile != null && want == golden;
+                    ip.loras = withLora ? pinned.AddrOfPinnedObject() : IntPtr.Zero;
+                    ip.lora_count = withLora ? 1u : 0u;
+                    IntPtr images;
+                    int count;
+                    bool ok = Native.generate_image(ctx, ref ip, out images, out count);
+                    var headers = new List<sd_image_t>();
+                    var got = Sd.TakeImages(images, count, headers);
+                    check("generate_image(" + file + (withLora ? ", " + lora : "") + ")", ok && got.Count == 1, "ok=" + ok + " count=" + count);
+                    if (got.Count != 1) return true;
+                    var parts = want.Split('/');
+                    CheckGolden(check, Path.Combine(repoRoot, "tests", "fixtures", "golden", parts[0]), parts[1] + "_0.png", headers[0], got[0]);
+                }
             }
         }
         finally
         {
+            pinned.Free();
             Sd.FreeString(modelPath);
             Sd.FreeString(prompt);
+            if (loraPath != IntPtr.Zero) Sd.FreeString(loraPath);
         }
         return true;
     }
@@ -146,6 +170,8 @@ static class GenerateTests
         {
             Sd.SetProgressCallback(null);
         }
+        // A LoRA merged in (sd1-lora/lora_1_0), then removed again on the same context.
+        RenderGolden(check, repoRoot, "sd1.safetensors", "sd1-lora/lora_1_0", false, Path.Combine("loras", "lora_sd1.safetensors"), "sd1-lora/lora_none_after");
         RenderGolden(check, repoRoot, "sdxl.safetensors", "sdxl/sdxl_euler_v", true);
     }
 }

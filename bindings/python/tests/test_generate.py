@@ -102,3 +102,20 @@ def test_generate_sdxl_matches_golden_case(sd):
     images = render(sd, model, enable_mmap=True)
     assert len(images) == 1
     assert_matches_golden(images[0], os.path.join("sdxl", "sdxl_euler_v_0.png"))
+
+
+def test_lora_matches_golden_case_and_comes_off_again(sd):
+    """Case sd1-lora/lora_1_0 (kohya LoRA merged in), then lora_none_after on the same
+    context: the LoRA removed gives the plain picture without reloading the model."""
+    model = os.path.join(fixture_cache(), "sd1.safetensors")
+    lora = os.path.join(fixture_cache(), "loras", "lora_sd1.safetensors")
+    for path in (model, lora):
+        if not os.path.exists(path):
+            pytest.skip(f"{path} is missing: scripts/fixtures.sh writes it")
+    with sd.Context(model_path=model, prediction="V", n_threads=2) as ctx:
+        common = dict(prompt="a lovely cat", width=64, height=64, seed=42, sample_params={"sample_steps": 4, "sample_method": "EULER"})
+        images = ctx.generate_image(loras=[{"path": lora, "multiplier": 1.0}], **common)
+        assert len(images) == 1
+        assert_matches_golden(images[0], os.path.join("sd1-lora", "lora_1_0_0.png"))
+        images = ctx.generate_image(**common)
+        assert_matches_golden(images[0], os.path.join("sd1-lora", "lora_none_after_0.png"))

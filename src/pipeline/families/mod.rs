@@ -15,8 +15,9 @@ mod unet;
 use super::conditioning::clip::ClipSet;
 use super::conditioning::Conditioner;
 use super::loader::Weights;
+use super::lora::LoraSet;
 use crate::error::Result;
-use crate::graph::{DeviceMap, DeviceOptions, Runner};
+use crate::graph::{DeviceMap, DeviceOptions, Runner, WeightsMut};
 use crate::io::SdVersion;
 use crate::models::diffusion::flux::FluxVariant;
 use crate::models::diffusion::unet::UNetVersion;
@@ -286,6 +287,8 @@ pub struct ModelSet {
     pub diffusion: Box<dyn DiffusionModel>,
     pub first_stage: Box<dyn FirstStage>,
     pub preview: Option<Box<dyn FirstStage>>,
+    /// The LoRAs in effect on the conditioner, diffusion model and first stage.
+    pub loras: LoraSet,
 }
 
 impl ModelSet {
@@ -323,7 +326,8 @@ impl ModelSet {
                 Prediction::Flow | Prediction::FluxFlow | Prediction::SefiFlow | Prediction::Minit2iFlow => "flow",
             }
         );
-        Ok(ModelSet {
+        let mut set = ModelSet {
+            loras: LoraSet::new(crate::types::LoraApplyMode::AtRuntime, &weights, &[]),
             weights,
             devices,
             version,
@@ -338,7 +342,17 @@ impl ModelSet {
             diffusion: parts.diffusion,
             first_stage: parts.first_stage,
             preview: parts.preview,
-        })
+        };
+        let targets = lora_targets(&mut *set.cond, &mut *set.diffusion, &mut *set.first_stage);
+        set.loras = LoraSet::new(params.lora_apply_mode, &set.weights, &targets);
+        Ok(set)
+    }
+
+    /// Brings the model to the LoRAs of a request (see [`LoraSet::apply`]): nothing to do
+    /// when they are the ones in effect; on failure the previous ones stay.
+    pub fn apply_loras(&mut self, wanted: &[crate::params::Lora]) -> Result<()> {
+        let mut targets = lora_targets(&mut *self.cond, &mut *self.diffusion, &mut *self.first_stage);
+        self.loras.apply(wanted, &self.weights, &mut targets, self.n_threads)
     }
 
     pub fn family(&self) -> ModelFamily {
@@ -355,6 +369,15 @@ impl ModelSet {
         }
         v
     }
+}
+
+/// The weights LoRAs apply to, like the reference: the conditioner's, the diffusion model's
+/// and the first stage's components (not a preview-only decoder).
+fn lora_targets<'a>(cond: &'a mut dyn Conditioner, diffusion: &'a mut dyn DiffusionModel, first_stage: &'a mut dyn FirstStage) -> Vec<WeightsMut<'a>> {
+    let mut v = cond.components();
+    v.extend(diffusion.components());
+    v.extend(first_stage.components());
+    v.into_iter().map(|c| c.weights_mut()).collect()
 }
 
 #[cfg(test)]

@@ -1,0 +1,3 @@
+//! Adapters that change a model's weights or layers without being a model themselves.
+
+pub mod lora;

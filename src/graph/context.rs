@@ -84,6 +84,9 @@ pub struct GraphOptions {
     pub cpu_scores_limit: usize,
     /// On the CPU, build im2col matrices with our op (`graph::im2col`) instead of ggml's.
     pub cpu_fast_im2col: bool,
+    /// On the CPU, matrix products by our kernels (`graph::matmul`: ggml's AVX2 values on
+    /// every CPU, faster) instead of ggml's `mul_mat`.
+    pub cpu_own_matmul: bool,
 }
 
 impl Default for GraphOptions {
@@ -96,6 +99,7 @@ impl Default for GraphOptions {
             cpu_im2col_limit: super::nn::CPU_IM2COL_LIMIT,
             cpu_scores_limit: super::nn::CPU_SCORES_LIMIT,
             cpu_fast_im2col: true,
+            cpu_own_matmul: true,
         }
     }
 }

@@ -3,8 +3,10 @@
 pub mod backend;
 pub mod context;
 pub mod eval_callback;
+pub(crate) mod gemm;
 pub(crate) mod im2col;
 pub mod loaded;
+pub(crate) mod matmul;
 pub mod nn;
 pub mod ops;
 pub mod params;

@@ -1,0 +1,249 @@
+//! Matrix products on the CPU as our own ggml op: the values of ggml's default `mul_mat`
+//! as its AVX2 (`haswell`) CPU variant computes them, on every x86-64 CPU, faster (see
+//! `gemm`). ggml's own product picks its kernels by CPU (an AVX-512 machine sums in 16
+//! lanes), so pictures would depend on the machine; these kernels do not.
+
+use super::context::{GgmlType, Graph, F16, F32, T};
+use super::gemm::{self, Dot, Elem, Imp, Operand, Problem};
+use ggml_sys as g;
+use std::ffi::{c_int, c_void};
+
+/// What the op's user-data word says.
+const IMP_AUTO: usize = 0;
+const IMP_SCALAR: usize = 1;
+
+fn elem(ty: GgmlType) -> Option<Elem> {
+    match ty {
+        F16 => Some(Elem::F16),
+        F32 => Some(Elem::F32),
+        g::GGML_TYPE_Q8_0 => Some(Elem::Q8_0),
+        _ => None,
+    }
+}
+
+/// The dot product ggml uses for weights of type `ty` (its `vec_dot_type` logic).
+fn dot_for(ty: GgmlType) -> Option<Dot> {
+    match ty {
+        F16 => Some(Dot::F16),
+        F32 => Some(Dot::F32),
+        g::GGML_TYPE_Q8_0 => Some(Dot::Q8_0),
+        _ => None,
+    }
+}
+
+/// The problem of `mul_mat(a, b)` into `dst`, or None when these kernels do not reproduce it
+/// (other types, transposed rows, shapes ggml would reject).
+fn problem(a: &g::ggml_tensor, b: &g::ggml_tensor, out: Option<&g::ggml_tensor>) -> Option<Problem> {
+    let dot = dot_for(a.type_)?;
+    let (ea, eb) = (elem(a.type_)?, elem(b.type_)?);
+    let [k, m, a2, a3] = a.ne;
+    let [kb, n, b2, b3] = b.ne;
+    if k != kb || k <= 0 || m <= 0 || n <= 0 || a2 <= 0 || a3 <= 0 || b2 % a2 != 0 || b3 % a3 != 0 {
+        return None;
+    }
+    // SAFETY: pure lookups.
+    let (tsa, tsb) = unsafe { (g::ggml_type_size(a.type_), g::ggml_type_size(b.type_)) };
+    if a.nb[0] != tsa || b.nb[0] != tsb {
+        return None;
+    }
+    let us = |v: i64| v as usize;
+    let (out_ptr, out_nb) = match out {
+        Some(d) => (d.data as *mut u8, [d.nb[1], d.nb[2], d.nb[3]]),
+        None => (std::ptr::null_mut(), [0; 3]),
+    };
+    let p = Problem {
+        dot,
+        k: us(k),
+        m: us(m),
+        n: us(n),
+        a: Operand { ptr: a.data as *const u8, ty: ea, nb: [a.nb[1], a.nb[2], a.nb[3]] },
+        b: Operand { ptr: b.data as *const u8, ty: eb, nb: [b.nb[1], b.nb[2], b.nb[3]] },
+        batch: [us(b2), us(b3)],
+        bcast: [us(b2 / a2), us(b3 / a3)],
+        out: out_ptr,
+        out_nb,
+    };
+    p.supported().then_some(p)
+}
+
+/// `a.mul_mat(b)` (`[K, M, ..] × [K, N, ..] → [M, N, ..]`, f32) by our kernels when the graph
+/// runs on the CPU and the types are ones they reproduce; otherwise ggml's `mul_mat`.
+/// `prec_f32` asks other backends for f32 accumulation (the CPU always accumulates in f32).
+pub(crate) fn mul_mat<'g>(g: &'g Graph, a: T<'g>, b: T<'g>, prec_f32: bool) -> T<'g> {
+    // An evaluation callback (imatrix collection) looks for ggml's MUL_MAT nodes.
+    if g.on_cpu && g.options.cpu_own_matmul && !super::eval_callback::is_set() {
+        if let Some(t) = custom(a, b, IMP_AUTO) {
+            return t;
+        }
+    }
+    if prec_f32 {
+        a.mul_mat_f32(b)
+    } else {
+        a.mul_mat(b)
+    }
+}
+
+/// The custom op node, or None when the kernels do not apply.
+fn custom<'g>(a: T<'g>, b: T<'g>, imp: usize) -> Option<T<'g>> {
+    // SAFETY: live tensors of this graph; only metadata is read.
+    let ok = unsafe { problem(&*a.raw(), &*b.raw(), None).is_some() };
+    if !ok || usize::BITS < 64 {
+        return None;
+    }
+    let [_, m, _, _] = a.ne();
+    let [_, n, b2, b3] = b.ne();
+    let mut args = [a.raw(), b.raw()];
+    // SAFETY: a live context and sources; the callback reads the sources and writes only its
+    // own output; the user-data word is a plain integer.
+    let p = unsafe {
+        g::ggml_custom_4d(a.ctx(), F32, m, n, b2, b3, args.as_mut_ptr(), 2, Some(compute), -1, imp as *mut c_void)
+    };
+    Some(a.wrap(p))
+}
+
+/// The op body: thread `ith` of `nth` computes its share of the output tasks.
+unsafe extern "C" fn compute(dst: *mut g::ggml_tensor, ith: c_int, nth: c_int, userdata: *mut c_void) {
+    // A panic must not unwind into ggml's C threads.
+    let _ = std::panic::catch_unwind(|| {
+        // SAFETY: ggml calls this with the node built by `custom`: sources a, b and an f32
+        // output of [M, N, ne12, ne13], all allocated; `problem` accepted these shapes.
+        unsafe {
+            let d = &*dst;
+            let Some(p) = problem(&*d.src[0], &*d.src[1], Some(d)) else { return };
+            let imp = if userdata as usize == IMP_SCALAR { Imp::Scalar } else { Imp::Auto };
+            gemm::run(&p, ith.max(0) as usize, nth.max(1) as usize, imp);
+        }
+    });
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::graph::backend::Backend;
+    use crate::graph::runner::Runner;
+    use std::sync::Arc;
+
+    struct Rng(u64);
+    impl Rng {
+        fn next(&mut self) -> u64 {
+            self.0 = self.0.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            self.0 >> 33
+        }
+        fn f(&mut self) -> f32 {
+            (self.next() as f32 / (1u64 << 31) as f32) * 2.0 - 1.0
+        }
+        fn u(&mut self, n: i64) -> i64 {
+            (self.next() % n as u64) as i64
+        }
+    }
+
+    /// Random bytes of a tensor of `ty` and shape `ne`, values in ±`scale`.
+    fn data(r: &mut Rng, ty: GgmlType, ne: [i64; 4], scale: f32) -> Vec<u8> {
+        let n = ne.iter().product::<i64>() as usize;
+        match ty {
+            F32 => (0..n).flat_map(|_| (r.f() * scale).to_le_bytes()).collect(),
+            F16 => (0..n).flat_map(|_| gemm::scalar::f32_to_f16(r.f() * scale).to_le_bytes()).collect(),
+            _ => {
+                let mut v = Vec::with_capacity(n / 32 * 34);
+                for _ in 0..n / 32 {
+                    v.extend(gemm::scalar::f32_to_f16(r.f() * 0.02 * scale).to_le_bytes());
+                    v.extend((0..32).map(|_| (r.u(255) - 127) as i8 as u8));
+                }
+                v
+            }
+        }
+    }
+
+    /// Computes ggml's mul_mat, ours (vector kernels) and ours (scalar) on the CPU backend and
+    /// returns their bits.
+    fn three_ways(ta: GgmlType, tb: GgmlType, ne_a: [i64; 4], ne_b: [i64; 4], seed: u64, scale: f32) -> [Vec<u32>; 3] {
+        let mut r = Rng(seed);
+        let (da, db) = (data(&mut r, ta, ne_a, scale), data(&mut r, tb, ne_b, 1.0));
+        let mut runner = Runner::new(Arc::new(Backend::cpu().unwrap()), 3);
+        let outs = runner
+            .compute_many(|g| {
+                let a = g.input_bytes(ta, &ne_a, da.clone());
+                let b = g.input_bytes(tb, &ne_b, db.clone());
+                let ours = custom(a, b, IMP_AUTO).expect("supported");
+                let scalar = custom(a, b, IMP_SCALAR).expect("supported");
+                Ok(vec![a.mul_mat(b), ours, scalar])
+            })
+            .unwrap();
+        let bits = |i: usize| outs[i].data().iter().map(|v| v.to_bits()).collect::<Vec<u32>>();
+        [bits(0), bits(1), bits(2)]
+    }
+
+    fn check(ta: GgmlType, tb: GgmlType, ne_a: [i64; 4], ne_b: [i64; 4], seed: u64, scale: f32) {
+        let [ggml, ours, scalar] = three_ways(ta, tb, ne_a, ne_b, seed, scale);
+        let what = format!("{ta:?}×{tb:?} a {ne_a:?} b {ne_b:?}");
+        let first_diff = |x: &[u32]| ggml.iter().zip(x).position(|(p, q)| p != q);
+        assert_eq!(first_diff(&ours), None, "vector kernels differ from ggml: {what}");
+        assert_eq!(first_diff(&scalar), None, "scalar kernels differ from ggml: {what}");
+    }
+
+    #[test]
+    fn float_products_equal_ggml_bit_for_bit() {
+        let mut r = Rng(11);
+        // Shapes of the networks (k a multiple of 32 or not, small and large k, one column).
+        let fixed: &[(i64, i64, i64)] =
+            &[(320, 40, 77), (2880, 24, 50), (40, 70, 33), (80, 17, 9), (64, 9, 64), (4096, 40, 7), (36, 30, 5), (330, 5, 1), (1, 3, 2)];
+        for (i, &(k, m, n)) in fixed.iter().enumerate() {
+            for (ta, tb) in [(F16, F32), (F16, F16), (F32, F32), (F32, F16)] {
+                check(ta, tb, [k, m, 1, 1], [k, n, 1, 1], i as u64, 1.0);
+            }
+        }
+        for case in 0..40 {
+            let (ta, tb) = [(F16, F32), (F16, F16), (F32, F32), (F32, F16)][case % 4];
+            let k = if case % 5 == 0 { 1 + r.u(5000) } else { 1 + r.u(300) };
+            let (m, n) = (1 + r.u(60), 1 + r.u(60));
+            let (a2, a3) = (1 + r.u(2), 1 + r.u(2));
+            let (b2, b3) = (a2 * (1 + r.u(3)), a3);
+            let scale = if case % 3 == 0 { 300.0 } else { 1.0 };
+            check(ta, tb, [k, m, a2, a3], [k, n, b2, b3], 100 + case as u64, scale);
+        }
+    }
+
+    #[test]
+    fn q8_0_products_equal_ggml_bit_for_bit() {
+        let mut r = Rng(5);
+        for case in 0..24 {
+            let k = 32 * (1 + r.u(if case % 4 == 0 { 120 } else { 12 }));
+            let (m, n) = (1 + r.u(50), 1 + r.u(50));
+            let b2 = 1 + r.u(3);
+            check(g::GGML_TYPE_Q8_0, F32, [k, m, 1, 1], [k, n, b2, 1], 200 + case as u64, 1.0);
+        }
+    }
+
+    #[test]
+    fn strided_activations_equal_ggml() {
+        // A permuted-then-viewed activation: rows contiguous, batches strided.
+        let mut r = Rng(9);
+        let (k, m, n, h) = (64, 20, 30, 3);
+        let (da, db) = (data(&mut r, F16, [k, m, 1, 1], 1.0), data(&mut r, F32, [k, h, n, 1], 1.0));
+        let mut runner = Runner::new(Arc::new(Backend::cpu().unwrap()), 2);
+        let outs = runner
+            .compute_many(|g| {
+                let a = g.input_bytes(F16, &[k, m, 1, 1], da.clone());
+                let b = g.input_bytes(F32, &[k, h, n, 1], db.clone()).permute(0, 2, 1, 3);
+                Ok(vec![a.mul_mat(b), custom(a, b, IMP_AUTO).expect("supported")])
+            })
+            .unwrap();
+        assert_eq!(outs[0].data().iter().map(|v| v.to_bits()).collect::<Vec<_>>(), outs[1].data().iter().map(|v| v.to_bits()).collect::<Vec<_>>());
+    }
+
+    #[test]
+    fn unsupported_types_and_shapes_fall_back() {
+        let mut runner = Runner::new(Arc::new(Backend::cpu().unwrap()), 1);
+        runner
+            .compute(|g| {
+                let a = g.new_tensor(g::GGML_TYPE_Q4_K, &[256, 4]);
+                let b = g.new_tensor(F32, &[256, 2]);
+                assert!(custom(a, b, IMP_AUTO).is_none());
+                let a = g.new_tensor(F16, &[64, 4]).permute(1, 0, 2, 3);
+                let b = g.new_tensor(F32, &[4, 2]);
+                assert!(custom(a, b, IMP_AUTO).is_none());
+                Ok(g.input_f32(&[0.0], &[1]))
+            })
+            .unwrap();
+    }
+}

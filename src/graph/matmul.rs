@@ -246,4 +246,64 @@ mod tests {
             })
             .unwrap();
     }
+
+    /// Speed next to ggml's `mul_mat` on the shapes of the SD 1.x UNet and VAE at 512×512
+    /// (`cargo test --release --lib bench_products -- --ignored --nocapture`, on a quiet
+    /// machine). Each product runs alternately on both sides; the best of the runs counts.
+    #[test]
+    #[ignore]
+    fn bench_products_vs_ggml() {
+        let q8 = g::GGML_TYPE_Q8_0;
+        // (what, a type, b type, a ne, b ne)
+        let shapes: &[(&str, GgmlType, GgmlType, [i64; 4], [i64; 4])] = &[
+            ("conv 3x3 320, 64x64", F16, F16, [2880, 4096, 1, 1], [2880, 320, 1, 1]),
+            ("conv 3x3 640, 32x32", F16, F16, [5760, 1024, 1, 1], [5760, 640, 1, 1]),
+            ("conv 3x3 1280, 16x16", F16, F16, [11520, 256, 1, 1], [11520, 1280, 1, 1]),
+            ("conv 3x3 128, VAE band", F16, F16, [1152, 16384, 1, 1], [1152, 128, 1, 1]),
+            ("linear 320->2560, 4096 tok", F16, F32, [320, 2560, 1, 1], [320, 4096, 1, 1]),
+            ("linear 1280->320, 4096 tok", F16, F32, [1280, 320, 1, 1], [1280, 4096, 1, 1]),
+            ("attn q.k d40, 8 heads", F32, F32, [40, 4096, 8, 1], [40, 512, 8, 1]),
+            ("attn v.s d40, 8 heads", F32, F32, [4096, 40, 8, 1], [4096, 512, 8, 1]),
+            ("attn q.k d64, 10 heads", F32, F32, [64, 1024, 10, 1], [64, 1024, 10, 1]),
+            ("q8_0 linear 320->2560", q8, F32, [320, 2560, 1, 1], [320, 4096, 1, 1]),
+            ("q8_0 linear 1280->320", q8, F32, [1280, 320, 1, 1], [1280, 4096, 1, 1]),
+        ];
+        let threads: i32 = std::env::var("SD_BENCH_THREADS").ok().and_then(|v| v.parse().ok()).unwrap_or(2);
+        let backend = Arc::new(Backend::cpu().unwrap());
+        println!("| product | ggml ms | ours ms | ggml GFLOP/s | ours GFLOP/s | ggml / ours |");
+        println!("|---|---:|---:|---:|---:|---:|");
+        for &(what, ta, tb, ne_a, ne_b) in shapes {
+            let mut r = Rng(1);
+            let (da, db) = (data(&mut r, ta, ne_a, 1.0), data(&mut r, tb, ne_b, 1.0));
+            let mut best = [f64::MAX; 2];
+            for _ in 0..3 {
+                for (side, own) in [false, true].into_iter().enumerate() {
+                    let mut runner = Runner::new(backend.clone(), threads);
+                    runner.options.cpu_own_matmul = own;
+                    let run = |runner: &mut Runner| {
+                        runner
+                            .compute(|g| {
+                                let a = g.input_bytes(ta, &ne_a, da.clone());
+                                let b = g.input_bytes(tb, &ne_b, db.clone());
+                                Ok(mul_mat(g, a, b, false))
+                            })
+                            .unwrap()
+                    };
+                    run(&mut runner); // allocation, first touch
+                    let t = std::time::Instant::now();
+                    run(&mut runner);
+                    best[side] = best[side].min(t.elapsed().as_secs_f64());
+                }
+            }
+            let flop = 2.0 * (ne_a[0] * ne_a[1] * ne_b[1] * ne_b[2] * ne_b[3]) as f64;
+            println!(
+                "| {what} | {:.1} | {:.1} | {:.1} | {:.1} | {:.2}× |",
+                best[0] * 1e3,
+                best[1] * 1e3,
+                flop / best[0] / 1e9,
+                flop / best[1] / 1e9,
+                best[0] / best[1]
+            );
+        }
+    }
 }

@@ -4,6 +4,9 @@ use std::env;
 use std::path::PathBuf;
 use std::process::Command;
 
+#[path = "scripts/third_party.rs"]
+mod third_party;
+
 fn main() {
     println!("cargo:rerun-if-changed=build.rs");
     println!("cargo:rerun-if-changed=.git/HEAD");
@@ -15,6 +18,8 @@ fn main() {
     println!("cargo:rustc-cdylib-link-arg=-Wl,-soname,libstable-diffusion.so.{major}");
     // Installed next to the ggml libraries it needs.
     println!("cargo:rustc-cdylib-link-arg=-Wl,-rpath,$ORIGIN");
+    // rpc-server, installed into PREFIX/bin, finds ggml in PREFIX/lib.
+    println!("cargo:rustc-link-arg-bins=-Wl,-rpath,$ORIGIN/../lib");
 
     let commit = Command::new("git")
         .args(["rev-parse", "--short=8", "HEAD"])
@@ -26,17 +31,54 @@ fn main() {
         .unwrap_or_else(|| "unknown".into());
     println!("cargo:rustc-env=SD_GIT_COMMIT={commit}");
 
-    // CLIP vocabulary (from a registry package; see scripts/fetch-sources.sh).
+    // Vocabularies from pinned registry packages (scripts/third-party.tsv; ggml-sys takes
+    // care of the ggml tree).
+    if let Err(e) = third_party::ensure(&manifest_dir, |e| e.dest != "ggml") {
+        panic!("third-party files are missing: {e}");
+    }
     let vocab = manifest_dir.join("third_party/clip/bpe_simple_vocab_16e6.txt");
     println!("cargo:rerun-if-changed={}", vocab.display());
-    if !vocab.exists() {
-        panic!(
-            "missing {}: run scripts/fetch-sources.sh first (it unpacks the pinned registry packages)",
-            vocab.display()
-        );
-    }
     println!("cargo:rustc-env=SD_CLIP_VOCAB={}", vocab.display());
+
+    // T5 tokenizer table: the reference's C byte array, decoded once into the JSON it holds.
+    let out_dir = PathBuf::from(env::var("OUT_DIR").unwrap());
+    let t5 = decode_vocab(&manifest_dir, "t5.hpp", &out_dir.join("t5_tokenizer.json"));
+    println!("cargo:rustc-env=SD_T5_VOCAB={}", t5.display());
+    // UMT5's (Wan) is decoded too but not embedded yet: only the tests read it.
+    let umt5 = decode_vocab(&manifest_dir, "umt5.hpp", &out_dir.join("umt5_tokenizer.json"));
+    println!("cargo:rustc-env=SD_UMT5_VOCAB={}", umt5.display());
     if let Ok(dir) = env::var("DEP_GGML_LIB_DIR") {
         println!("cargo:rustc-env=SD_GGML_LIB_DIR={dir}");
     }
+}
+
+/// Decodes `third_party/sd-vocab/<name>` (`static const unsigned char x[] = {0x7b, ...};`)
+/// into `dst`, the bytes it lists.
+fn decode_vocab(manifest_dir: &std::path::Path, name: &str, dst: &std::path::Path) -> PathBuf {
+    let src = manifest_dir.join("third_party/sd-vocab").join(name);
+    println!("cargo:rerun-if-changed={}", src.display());
+    let text = std::fs::read(&src).unwrap_or_else(|e| {
+        panic!("cannot read {}: {e}: run scripts/fetch-sources.sh first", src.display())
+    });
+    let open = text.iter().position(|&b| b == b'{').expect("vocab table has no '{'");
+    let close = text.iter().rposition(|&b| b == b'}').expect("vocab table has no '}'");
+    let hex = |b: u8| match b {
+        b'0'..=b'9' => b - b'0',
+        b'a'..=b'f' => b - b'a' + 10,
+        b'A'..=b'F' => b - b'A' + 10,
+        _ => panic!("{}: bad hex digit {:?}", src.display(), b as char),
+    };
+    let mut bytes = Vec::with_capacity(text.len() / 5);
+    for item in text[open + 1..close].split(|&b| b == b',') {
+        let item = item.trim_ascii();
+        if item.is_empty() {
+            continue;
+        }
+        let digits = item.strip_prefix(b"0x").unwrap_or_else(|| panic!("{}: bad byte {item:?}", src.display()));
+        bytes.push(digits.iter().fold(0u8, |acc, &d| acc * 16 + hex(d)));
+    }
+    let tmp = dst.with_extension("tmp");
+    std::fs::write(&tmp, &bytes).expect("write decoded vocabulary");
+    std::fs::rename(&tmp, dst).expect("rename decoded vocabulary");
+    dst.to_path_buf()
 }

@@ -1,7 +1,8 @@
 //! Builds ggml from the pinned upstream tree and generates its bindings.
 //!
-//! The tree is not committed: `scripts/fetch-sources.sh` (or this script, when the pinned
-//! crate archive is already in cargo's cache) unpacks it into `third_party/ggml`.
+//! The tree is not committed: it comes from a pinned crates.io package (scripts/third-party.tsv),
+//! unpacked into `third_party/ggml` by `scripts/fetch-sources.sh` or, when missing, by this
+//! script (`cargo fetch --locked` first if the archive is not in cargo's cache).
 //! `GGML_SOURCE_DIR` points the build at a ggml tree of the user's own instead.
 //!
 //! Default build: ggml as shared libraries with the CPU backend compiled once per ISA
@@ -13,9 +14,8 @@ use std::fs;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
-/// The registry package whose archive carries the ggml tree we build against.
-const PINNED_CRATE: &str = "llama-cpp-sys-2-0.1.161";
-const PINNED_SUBDIR: &str = "llama.cpp/ggml";
+#[path = "../scripts/third_party.rs"]
+mod third_party;
 
 /// CPU variants built by default on x86_64: a baseline for any x86_64, AVX2 (most
 /// machines since 2013), AVX-512, AVX-512 with VNNI/BF16 (Zen 4, Sapphire Rapids without
@@ -33,13 +33,14 @@ fn main() {
     println!("cargo:rerun-if-changed=build.rs");
     println!("cargo:rerun-if-changed=wrapper.h");
     println!("cargo:rerun-if-changed=cmake/CMakeLists.txt");
+    println!("cargo:rerun-if-changed=cmake/vulkan-compat.hpp");
     println!("cargo:rerun-if-env-changed=GGML_SOURCE_DIR");
     println!("cargo:rerun-if-env-changed=SD_GGML_CPU_VARIANTS");
     println!("cargo:rustc-check-cfg=cfg(ggml_generated_bindings)");
 
     let user_source = env::var_os("GGML_SOURCE_DIR").map(PathBuf::from);
-    let src = match &user_source {
-        Some(p) => p.clone(),
+    let (src, pinned) = match &user_source {
+        Some(p) => (p.clone(), None),
         None => locate_pinned_tree(&manifest_dir),
     };
     // One spelling per tree, so a shared build folder is not reconfigured by symlinked paths.
@@ -50,7 +51,7 @@ fn main() {
     println!("cargo:rerun-if-changed={}", src.join("include").display());
     println!("cargo:rerun-if-changed={}", src.join("src").display());
 
-    let lib_dir = build_ggml(&manifest_dir, &src, &out_dir);
+    let lib_dir = build_ggml(&manifest_dir, &src, pinned.as_deref(), &out_dir);
     generate_bindings(&manifest_dir, &src, &out_dir);
     if user_source.is_some() {
         // A foreign tree may differ from the committed bindings: use the fresh ones.
@@ -67,56 +68,42 @@ fn fail(msg: &str) -> ! {
     panic!("ggml-sys: {msg}");
 }
 
-/// `third_party/ggml`, unpacked from the pinned crate archive if cargo already has it.
-fn locate_pinned_tree(manifest_dir: &Path) -> PathBuf {
-    let dest = manifest_dir.join("../third_party/ggml");
+/// `third_party/ggml`, unpacked from the pinned package when missing, and the package's
+/// `name-version`.
+fn locate_pinned_tree(manifest_dir: &Path) -> (PathBuf, Option<String>) {
+    let root = manifest_dir.join("..");
+    third_party::ensure(&root, |e| e.dest == "ggml").unwrap_or_else(|e| fail(&format!("the ggml sources are missing: {e}")));
+    let list = third_party::list(&root).unwrap_or_else(|e| fail(&e));
+    let pinned = list.iter().find(|e| e.dest == "ggml").map(|e| format!("{}-{}", e.package, e.version));
+    (root.join("third_party/ggml"), pinned)
+}
+
+/// The pinned tree `src` (package `pinned`) copied once next to a shared build, the copy
+/// every checkout builds: CMake ties a build folder to one source path, so checkouts
+/// building from their own `third_party/ggml` would rebuild ggml each time another one
+/// built. Called under the build lock.
+fn shared_source(shared_root: &Path, pinned: &str, src: &Path) -> PathBuf {
+    let dest = shared_root.join("sources").join(pinned);
     if dest.join("include/ggml.h").exists() {
         return dest;
     }
-    let archive = cargo_home()
-        .join("registry/cache")
-        .read_dir()
-        .ok()
-        .into_iter()
-        .flatten()
-        .flatten()
-        .map(|e| e.path().join(format!("{PINNED_CRATE}.crate")))
-        .find(|p| p.exists());
-    let Some(archive) = archive else {
-        fail(&format!(
-            "the ggml sources are missing. Run `scripts/fetch-sources.sh` (it asks cargo for the \
-             pinned package {PINNED_CRATE} and unpacks its ggml tree into third_party/ggml), or \
-             set GGML_SOURCE_DIR to a ggml tree of your own."
-        ));
-    };
-    unpack_archive_subdir(&archive, &format!("{PINNED_CRATE}/{PINNED_SUBDIR}"), &dest);
-    dest
-}
-
-fn cargo_home() -> PathBuf {
-    env::var_os("CARGO_HOME")
-        .map(PathBuf::from)
-        .unwrap_or_else(|| PathBuf::from(env::var("HOME").unwrap_or_default()).join(".cargo"))
-}
-
-fn unpack_archive_subdir(archive: &Path, subdir: &str, dest: &Path) {
-    let staging = dest.with_extension("unpacking");
+    let staging = shared_root.join("sources").join(format!(".{pinned}.{}", std::process::id()));
     let _ = fs::remove_dir_all(&staging);
-    fs::create_dir_all(&staging).unwrap();
-    let depth = subdir.split('/').count();
-    let status = Command::new("tar")
-        .arg("-xzf")
-        .arg(archive)
-        .arg("-C")
-        .arg(&staging)
-        .arg(format!("--strip-components={depth}"))
-        .arg(subdir)
-        .status();
-    if !matches!(status, Ok(s) if s.success()) {
-        fail(&format!("could not unpack {subdir} from {}", archive.display()));
+    fs::create_dir_all(staging.parent().unwrap()).unwrap();
+    run(Command::new("cp").arg("-R").arg(src).arg(&staging));
+    // Copies are renamed into place whole: a folder without ggml.h is a broken leftover.
+    if !dest.join("include/ggml.h").exists() {
+        let _ = fs::remove_dir_all(&dest);
     }
-    let _ = fs::remove_dir_all(dest);
-    fs::rename(&staging, dest).unwrap();
+    match fs::rename(&staging, &dest) {
+        Ok(()) => {}
+        // Another configuration's build was first.
+        Err(_) if dest.join("include/ggml.h").exists() => {
+            let _ = fs::remove_dir_all(&staging);
+        }
+        Err(e) => fail(&format!("cannot move {} to {}: {e}", staging.display(), dest.display())),
+    }
+    dest
 }
 
 /// Distinguishes shared build folders of different configurations.
@@ -163,28 +150,34 @@ fn run(cmd: &mut Command) {
     }
 }
 
-fn build_ggml(manifest_dir: &Path, src: &Path, out_dir: &Path) -> PathBuf {
+fn build_ggml(manifest_dir: &Path, src: &Path, pinned: Option<&str>, out_dir: &Path) -> PathBuf {
     let native = feature("native");
     let target_arch = env::var("CARGO_CFG_TARGET_ARCH").unwrap();
     // SD_GGML_BUILD_DIR lets several checkouts share one ggml build (it takes minutes).
     println!("cargo:rerun-if-env-changed=SD_GGML_BUILD_DIR");
-    let (build_dir, wrapper_dir) = match env::var_os("SD_GGML_BUILD_DIR") {
-        Some(d) => {
+    let shared_root = env::var_os("SD_GGML_BUILD_DIR").map(PathBuf::from);
+    let (build_dir, wrapper_dir) = match &shared_root {
+        Some(root) => {
             // CMake ties a build folder to one source folder: give every checkout the same
             // copy of our wrapper project, next to the shared build.
-            let root = PathBuf::from(d);
             (root.join(config_tag()), root.join("wrapper"))
         }
         None => (out_dir.join("cmake-build"), manifest_dir.join("cmake")),
     };
     fs::create_dir_all(&build_dir).unwrap();
     let _lock = lock_dir(&build_dir);
+    let src = match (&shared_root, pinned) {
+        (Some(root), Some(pinned)) => shared_source(root, pinned, src),
+        _ => src.to_path_buf(),
+    };
     if wrapper_dir != manifest_dir.join("cmake") {
         fs::create_dir_all(&wrapper_dir).unwrap();
-        let wrapper = fs::read(manifest_dir.join("cmake/CMakeLists.txt")).unwrap();
-        let dest = wrapper_dir.join("CMakeLists.txt");
-        if fs::read(&dest).ok().as_deref() != Some(&wrapper[..]) {
-            fs::write(&dest, wrapper).unwrap();
+        for file in ["CMakeLists.txt", "vulkan-compat.hpp"] {
+            let wrapper = fs::read(manifest_dir.join("cmake").join(file)).unwrap();
+            let dest = wrapper_dir.join(file);
+            if fs::read(&dest).ok().as_deref() != Some(&wrapper[..]) {
+                fs::write(&dest, wrapper).unwrap();
+            }
         }
     }
 

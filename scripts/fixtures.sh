@@ -3,6 +3,7 @@
 # architectures, deterministic weights) into the fixture cache, outside the repository:
 #
 #   scripts/fixtures.sh [--venv DIR] NAME...     e.g. scripts/fixtures.sh sd1 loras/lora_sd1.safetensors
+#   scripts/fixtures.sh [--venv DIR] --python    makes the numpy environment, prints its python
 #
 # NAME is a file of tests/fixtures/recipes.tsv (e.g. sdxl.safetensors) or its synth_model.py
 # arch (e.g. sdxl). The cache is $SD_FIXTURE_CACHE (default ~/.cache/sd-rs-fixtures); a file
@@ -30,6 +31,12 @@ python_ready() {
         (flock 9; "$venv/bin/python" -c 'import numpy' 2>/dev/null ||
             "$venv/bin/python" -m pip install -q --disable-pip-version-check numpy) 9>"$venv.lock"
 }
+
+if [ "${1:-}" = "--python" ]; then
+    python_ready >&2
+    echo "$venv/bin/python"
+    exit 0
+fi
 
 for name in "$@"; do
     line=$(awk -F'\t' -v n="$name" '!/^#/ && ($1 == n || $2 == n) { print; exit }' "$recipes")

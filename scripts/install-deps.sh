@@ -1,9 +1,13 @@
 #!/usr/bin/env bash
 # Installs the Debian/Ubuntu packages the build and the tests need, only those missing:
 # cmake, make, g++ (ggml), libclang-dev (bindgen), pkg-config, valgrind (C tests),
-# mono-mcs + mono-runtime (C# tests), python3-venv (Python tests). Uses sudo when not root.
+# mono-mcs + mono-runtime (C# tests), python3-venv (Python tests), and for the Vulkan
+# build and its tests: glslc (shader compiler), libvulkan-dev (loader and headers),
+# spirv-headers, mesa-vulkan-drivers (lavapipe, a software Vulkan device). Uses sudo when
+# not root.
 set -euo pipefail
-want=(cmake make g++ libclang-dev pkg-config valgrind mono-mcs mono-runtime)
+want=(cmake make g++ libclang-dev pkg-config valgrind mono-mcs mono-runtime
+      glslc libvulkan-dev spirv-headers mesa-vulkan-drivers)
 # python3 -m venv needs ensurepip, which Debian ships separately.
 if ! python3 -c 'import ensurepip, venv' 2>/dev/null; then
     want+=(python3-venv)

@@ -77,6 +77,8 @@ for line in open(sys.argv[1]):
                 found["staticlib"] = f
         if name == "sd-cli" and m.get("executable"):
             found["cli"] = m["executable"]
+        if name == "rpc-server" and m.get("executable"):
+            found["rpc_server"] = m["executable"]
         if name == "stable_diffusion":
             pid = m["package_id"]  # "path+file:///...#stable-diffusion@0.1.0" or "name 0.1.0 (...)"
             found["version"] = pid.rsplit("@", 1)[-1] if "@" in pid else pid.split()[1]
@@ -160,5 +162,10 @@ render cmake/stable-diffusion.pc.in "$lib/pkgconfig/stable-diffusion.pc"
 render cmake/stable-diffusion-config.cmake.in "$lib/cmake/stable-diffusion/stable-diffusion-config.cmake"
 render cmake/stable-diffusion-config-version.cmake.in "$lib/cmake/stable-diffusion/stable-diffusion-config-version.cmake"
 put "$cli" "$prefix/bin/sd-cli" 755
+# Our rpc-server (ggml's RPC server over this build's devices), with the rpc feature.
+case ",$features," in
+    *,rpc,*) [ -n "${rpc_server:-}" ] || die "cargo's report names no rpc-server"
+             put "$rpc_server" "$prefix/bin/rpc-server" 755 ;;
+esac
 
 echo "installed libstable-diffusion $version ($profile${features:+, features $features}) into $prefix"

@@ -8,11 +8,18 @@
 #   5. the CMake and pkg-config consumers (tests/cmake-consumer/run.sh)
 #   6. the Python bindings' pytest suite, in a virtual environment
 #   7. the C# bindings' tests under mono
+#   8. devices, only with SD_TEST_DEVICES=1 or when --only names them (a second build with
+#      --features vulkan,rpc takes longer than CI's budget on two cores; tests/devices.rs):
+#      golden SD 1.x cases on Mesa's software Vulkan device (lavapipe), with the text
+#      encoder on the CPU, weights off the device and a memory budget (suite `vulkan`), and
+#      on ggml RPC devices served by rpc-server on loopback, including a layer split over
+#      two (suite `rpc`)
 # Every suite runs even if an earlier one failed; the summary names the failures.
 #
 #   scripts/test.sh [--features LIST] [--only SUITE,...]
 # Environment: SD_TEST_PREFIX (default target/test-prefix), SD_TEST_VENV (default
-# target/test-venv), SD_GGML_BUILD_DIR (share a ggml build, see DESIGN.md).
+# target/test-venv), SD_GGML_BUILD_DIR (share a ggml build, see DESIGN.md), SD_TEST_DEVICES=1
+# (the device suites too).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
@@ -23,7 +30,7 @@ while [ $# -gt 0 ]; do
     case "$1" in
         --features) features=$2; shift 2 ;;
         --only) only=$2; shift 2 ;;
-        -h|--help) sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        -h|--help) sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
         *) echo "test.sh: unknown argument '$1'" >&2; exit 2 ;;
     esac
 done
@@ -57,6 +64,7 @@ scripts/install.sh --prefix "$prefix" --release ${features:+--features "$feature
 # numpy for the synthetic checkpoints (tests generate the ones they need through python3,
 # found first in the venv); SD1 and SDXL, which the parity subsets and bindings use, are made now.
 export SD_FIXTURE_VENV=$venv
+scripts/fixtures.sh --python >/dev/null || fatal "numpy environment failed"
 scripts/fixtures.sh sd1 sdxl || fatal "synthetic fixtures failed"
 export PATH="$venv/bin:$PATH"
 
@@ -83,6 +91,23 @@ python_suite() {
 }
 suite python python_suite
 suite csharp bindings/csharp/run.sh "$prefix"
+
+# One extra build serves both device suites. lavapipe is a CPU-type Vulkan device, which
+# ggml lists only when asked for by index (GGML_VK_VISIBLE_DEVICES); the heavy model tests
+# run one at a time.
+device_features=(--features stable-diffusion/vulkan,stable-diffusion/rpc)
+device_suite() { # test-name-filter env...
+    local filter=$1
+    shift
+    env "$@" cargo test --release "${device_features[@]}" --test devices -- --test-threads=1 "$filter"
+}
+# GGML_VK_DISABLE_F16: ggml-vulkan accumulates matrix products in f16 where the graph does
+# not ask for f32 (as the reference's graphs do not); that moves 64x64 pictures by up to 6
+# grey levels (mean 0.9), outside the golden tolerance made on the CPU. f32 on the device
+# keeps the comparison meaningful.
+devices_wanted() { [ "${SD_TEST_DEVICES:-}" = 1 ] || [[ ",$only," == *",$1,"* ]]; }
+devices_wanted vulkan && suite vulkan device_suite vulkan_ SD_TEST_VULKAN=1 GGML_VK_VISIBLE_DEVICES=0 GGML_VK_DISABLE_F16=1
+devices_wanted rpc && suite rpc device_suite rpc_ SD_TEST_RPC=1
 
 echo
 echo "=== summary $(stamp)"

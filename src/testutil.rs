@@ -47,6 +47,20 @@ pub fn synthetic_fixture(file: &str) -> std::io::Result<PathBuf> {
     Ok(path)
 }
 
+/// A python with numpy: the fixture environment `scripts/fixtures.sh --python` makes once
+/// (so a plain `cargo test` finds numpy too), or `python3` when that cannot be made.
+pub fn numpy_python() -> PathBuf {
+    static PY: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    PY.get_or_init(|| {
+        let out = Command::new(repo().join("scripts/fixtures.sh")).arg("--python").output();
+        match out {
+            Ok(o) if o.status.success() => PathBuf::from(String::from_utf8_lossy(&o.stdout).trim()),
+            _ => PathBuf::from("python3"),
+        }
+    })
+    .clone()
+}
+
 /// Exact f16 ↔ f32 conversions (round to nearest even), shared with the CPU kernels.
 pub(crate) use crate::graph::gemm::scalar::{f16_to_f32, f32_to_f16};
 

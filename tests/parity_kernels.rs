@@ -1,26 +1,81 @@
-//! ggml is built like stable-diffusion.cpp's (no llamafile kernels): every product is summed
-//! as in its build, so the
-//! pictures and latents are bit-identical to golden. This also holds our CPU memory bounds
-//! (attention scores split by query rows, large im2col matrices built piecewise) to changing
-//! where numbers are kept, never the numbers.
+//! What holds with ggml built like stable-diffusion.cpp's (no llamafile kernels: one dot
+//! product per matrix output), on every machine the README promises (x86-64 with AVX2 or
+//! AVX-512, any core count):
+//!
+//! - the pictures and final latents are within the golden tolerance;
+//! - our CPU graph changes and the thread count change no bit: the same pictures and
+//!   latents with the reference's graphs (`SD_CPU_MEMORY_BOUNDS=off`: nothing split, ggml's
+//!   im2col), and with everything split as finely as possible (`tight`) on 1 thread;
+//! - with the CPU arithmetic golden was rendered with (ggml's AVX2 kernels, our `haswell`
+//!   CPU variant), they are golden's bit for bit. ggml loads the best variant the CPU runs,
+//!   and the AVX-512 ones (`skylakex`, `zen4`) sum in another order, moving pictures by
+//!   about 1 grey level here and there: elsewhere that check is skipped with a note. To
+//!   run it on such a machine, build with `SD_GGML_CPU_VARIANTS=haswell`, or point
+//!   `SD_GGML_BACKEND_DIR` at a folder holding only `libggml-cpu-haswell.so`.
 
 mod common;
 
-use common::parity::{report, run};
+use common::parity::{report, run, run_with, Case, CaseResult};
+use std::sync::{Mutex, MutexGuard, OnceLock};
+
+/// The cases rendered: txt2img, and img2img (which runs the VAE encoder too).
+fn selected(c: &Case) -> bool {
+    ["sampler_euler", "img2img"].contains(&c.name.as_str())
+}
+
+/// One test at a time: each loads the 2 GB checkpoint, and the environment variables read
+/// when a context is made must not change under another test.
+fn serial() -> MutexGuard<'static, ()> {
+    static SERIAL: Mutex<()> = Mutex::new(());
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// The selected cases with default settings (rendered once, shared by the tests).
+fn baseline() -> &'static [CaseResult] {
+    static BASE: OnceLock<Vec<CaseResult>> = OnceLock::new();
+    BASE.get_or_init(|| run("sd1", selected))
+}
+
+/// Why this process does not compute with golden's arithmetic, if it does not.
+fn other_arithmetic_than_golden() -> Option<String> {
+    match stable_diffusion::graph::backend::cpu_variant() {
+        Some(v) if v == "haswell" => None,
+        Some(v) => Some(format!("ggml loaded the CPU variant '{v}', golden was rendered with 'haswell' (AVX2)")),
+        None => Some("the CPU backend is linked in (feature `native`), golden was rendered with the 'haswell' variant".into()),
+    }
+}
 
 #[test]
-fn reference_kernels_render_golden_bit_for_bit() {
-    let results = run("sd1", |c| {
-        ["sampler_euler", "img2img"].contains(&c.name.as_str())
-    });
-    report(&results);
-    for r in &results {
+fn pictures_match_golden() {
+    let _g = serial();
+    let results = baseline();
+    report(results);
+    if let Some(why) = other_arithmetic_than_golden() {
+        eprintln!("note: checked within the golden tolerance only, not bit for bit: {why}");
+        return;
+    }
+    for r in results {
         for d in &r.diffs {
-            assert_eq!(
-                d.max, 0.0,
-                "{}/{}: {} differs (max {}, mean {})",
-                r.folder, r.name, d.what, d.max, d.mean
-            );
+            assert_eq!(d.max, 0.0, "{}/{}: {} differs (max {}, mean {})", r.folder, r.name, d.what, d.max, d.mean);
+        }
+    }
+}
+
+#[test]
+fn graph_changes_and_threads_change_no_bit() {
+    let _g = serial();
+    let base = baseline();
+    assert!(base.iter().all(|r| !r.pixels.is_empty()), "the baseline rendered nothing");
+    // Two more contexts, not one per change: a combination that renders the same bits has
+    // each change render them too.
+    for (what, bounds, threads) in [("the reference's graphs", "off", 2), ("everything split with 1 thread", "tight", 1)] {
+        std::env::set_var("SD_CPU_MEMORY_BOUNDS", bounds);
+        let results = run_with("sd1", selected, |p, _| p.n_threads = threads);
+        std::env::remove_var("SD_CPU_MEMORY_BOUNDS");
+        assert_eq!(results.len(), base.len());
+        for (r, b) in results.iter().zip(base) {
+            assert!(r.pixels == b.pixels, "{}: {what} changed the pictures", r.name);
+            assert!(r.latent_bits == b.latent_bits, "{}: {what} changed the final latents", r.name);
         }
     }
 }

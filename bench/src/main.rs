@@ -33,11 +33,19 @@ usage: sd-bench [--quick] [options]
   --nominal-steps N    the step count the totals are extrapolated to (default 20)
   --threads N          threads (default 2)
   --sides LIST         runners, first is the baseline of the ratios
-                       (default reference,ours; ours-native builds ours with -march=native)
+                       (default reference,ours; ours-native builds ours with -march=native,
+                       ours-vulkan computes on the first Vulkan device (lavapipe without a GPU),
+                       ours-rpc on this CPU through ggml's RPC server on loopback)
   --model PATH         checkpoint (default $SD_FIXTURE_CACHE/sd1.safetensors,
                        SD_FIXTURE_CACHE defaulting to ~/.cache/sd-rs-fixtures)
   --no-load            skip the load-only workloads (mmap on / off)
   --no-gen             skip the generation workloads
+  --upscale-model PATH ESRGAN model of the upscale workloads (default
+                       $SD_FIXTURE_CACHE/esrgan_x4.safetensors)
+  --upscale-sizes LIST input sizes upscaled x4 (default 512; --quick: 128)
+  --upscale-tile N     tile_size of new_upscaler_ctx (default 128, the reference's)
+  --no-upscale         skip the upscale workloads
+  --upscale-only       only the upscale workloads (no SD checkpoint needed)
   --no-build           use the runners already built
   --timeout SECS       per run (default 3600)
   --out DIR            reports, logs and images (default bench/target/sd-bench)
@@ -59,6 +67,10 @@ struct Options {
     model: PathBuf,
     load: bool,
     gen: bool,
+    upscale_model: PathBuf,
+    upscale_sizes: Vec<i32>,
+    upscale_tile: i32,
+    upscale: bool,
     build: bool,
     timeout: Duration,
     out: PathBuf,
@@ -67,11 +79,11 @@ struct Options {
     profile: bool,
 }
 
-fn default_model() -> PathBuf {
+fn fixture(file: &str) -> PathBuf {
     let cache = std::env::var_os("SD_FIXTURE_CACHE")
         .map(PathBuf::from)
         .unwrap_or_else(|| PathBuf::from(std::env::var_os("HOME").unwrap_or_default()).join(".cache/sd-rs-fixtures"));
-    cache.join("sd1.safetensors")
+    cache.join(file)
 }
 
 fn list(v: &str) -> Vec<String> {
@@ -106,9 +118,13 @@ fn parse_args() -> Result<Options, String> {
         nominal_steps: 20,
         threads: 2,
         sides: list("reference,ours"),
-        model: default_model(),
+        model: fixture("sd1.safetensors"),
         load: true,
         gen: true,
+        upscale_model: fixture("esrgan_x4.safetensors"),
+        upscale_sizes: vec![512],
+        upscale_tile: 128,
+        upscale: true,
         build: true,
         timeout: Duration::from_secs(3600),
         out: Path::new(env!("CARGO_MANIFEST_DIR")).join("target/sd-bench"),
@@ -125,6 +141,7 @@ fn parse_args() -> Result<Options, String> {
         o.wtypes = list("f16");
         o.steps = vec![(0, if o.profile { 2 } else { 3 })];
         o.load = false;
+        o.upscale_sizes = vec![128];
     }
     let mut it = args.into_iter();
     while let Some(flag) = it.next() {
@@ -144,6 +161,17 @@ fn parse_args() -> Result<Options, String> {
             "--no-load" => o.load = false,
             "--load" => o.load = true,
             "--no-gen" => o.gen = false,
+            "--upscale-model" => o.upscale_model = PathBuf::from(value()?),
+            "--upscale-sizes" => {
+                o.upscale_sizes = list(&value()?).into_iter().map(|s| num(s).map(|n| n as i32)).collect::<Result<_, _>>()?
+            }
+            "--upscale-tile" => o.upscale_tile = num(value()?)? as i32,
+            "--no-upscale" => o.upscale = false,
+            "--upscale-only" => {
+                o.upscale = true;
+                o.load = false;
+                o.gen = false;
+            }
             "--no-build" => o.build = false,
             "--timeout" => o.timeout = Duration::from_secs(num(value()?)?),
             "--out" => o.out = PathBuf::from(value()?),
@@ -153,8 +181,8 @@ fn parse_args() -> Result<Options, String> {
         }
     }
     for s in &o.sides {
-        if !["reference", "ours", "ours-native"].contains(&s.as_str()) {
-            return Err(format!("unknown side {s:?} (reference, ours, ours-native)"));
+        if !["reference", "ours", "ours-native", "ours-vulkan", "ours-rpc"].contains(&s.as_str()) {
+            return Err(format!("unknown side {s:?} (reference, ours, ours-native, ours-vulkan, ours-rpc)"));
         }
     }
     Ok(o)
@@ -168,9 +196,10 @@ fn runner_path(side: &str) -> PathBuf {
     match side {
         "reference" => dir.join("sd-bench-ref"),
         "ours" => dir.join("sd-bench-ours"),
-        _ => {
+        other => {
             let profile = dir.file_name().map(PathBuf::from).unwrap_or_else(|| "release".into());
-            dir.parent().unwrap_or(Path::new(".")).join("native").join(profile).join("sd-bench-ours")
+            let variant = other.strip_prefix("ours-").unwrap_or("native");
+            dir.parent().unwrap_or(Path::new(".")).join(variant).join(profile).join("sd-bench-ours")
         }
     }
 }
@@ -185,14 +214,14 @@ fn build_runners(sides: &[String]) -> Result<(), String> {
         match side.as_str() {
             "reference" => plain.extend(["-p".into(), "sd-bench-ref".into()]),
             "ours" => plain.extend(["-p".into(), "sd-bench-ours".into()]),
-            _ => {
-                let target = runner_path("ours-native");
+            other => {
+                let target = runner_path(other);
                 let target_dir = target.parent().and_then(Path::parent).unwrap_or(Path::new("."));
                 builds.push(vec![
                     "-p".into(),
                     "sd-bench-ours".into(),
                     "--features".into(),
-                    "native".into(),
+                    other.strip_prefix("ours-").unwrap_or("native").into(),
                     "--target-dir".into(),
                     target_dir.display().to_string(),
                 ]);
@@ -261,6 +290,29 @@ fn workloads(o: &Options) -> Vec<Workload> {
                     metrics: table::GEN_METRICS,
                 });
             }
+        }
+    }
+    if o.upscale {
+        for &size in &o.upscale_sizes {
+            w.push(Workload {
+                name: format!("upscale-{size}"),
+                title: format!(
+                    "ESRGAN upscale of a {size}×{size} image (`{}`, tile size {}), {} threads",
+                    o.upscale_model.file_name().map(|f| f.to_string_lossy().into_owned()).unwrap_or_default(),
+                    o.upscale_tile,
+                    base.threads
+                ),
+                job: Job {
+                    model: String::new(),
+                    upscale_model: o.upscale_model.display().to_string(),
+                    tile_size: o.upscale_tile,
+                    width: size,
+                    height: size,
+                    ..base.clone()
+                },
+                reps: for_size(&o.reps, size, 1),
+                metrics: table::UPSCALE_METRICS,
+            });
         }
     }
     w
@@ -346,7 +398,9 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     }
-    if let Err(e) = warm_page_cache(&o.model).and_then(|_| std::fs::create_dir_all(&o.out).map_err(|e| e.to_string())) {
+    let models = [(o.load || o.gen, &o.model), (o.upscale, &o.upscale_model)];
+    let warm = models.iter().filter(|(used, _)| *used).try_for_each(|(_, m)| warm_page_cache(m));
+    if let Err(e) = warm.and_then(|_| std::fs::create_dir_all(&o.out).map_err(|e| e.to_string())) {
         eprintln!("sd-bench: {e}");
         return ExitCode::FAILURE;
     }

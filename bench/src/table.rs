@@ -45,6 +45,18 @@ pub const LOAD_METRICS: &[Metric] = &[
     Metric { label: "peak RSS", field: "maxrss_kb", unit: Unit::KiB },
 ];
 
+/// The rows of an ESRGAN upscale workload (the reference may load weights lazily inside
+/// `upscale`; "upscale compute" leaves that out).
+pub const UPSCALE_METRICS: &[Metric] = &[
+    Metric { label: "model load: `new_upscaler_ctx`", field: "load_s", unit: Unit::Seconds },
+    Metric { label: "lazy weight loading inside `upscale`", field: "lazy_load_s", unit: Unit::Seconds },
+    Metric { label: "`upscale`", field: "generate_s", unit: Unit::Seconds },
+    Metric { label: "upscale compute (without lazy loading)", field: "upscale_s", unit: Unit::Seconds },
+    Metric { label: "total wall (process)", field: "wall_s", unit: Unit::Seconds },
+    Metric { label: "CPU time (user + sys)", field: "cpu_s", unit: Unit::Seconds },
+    Metric { label: "peak RSS", field: "maxrss_kb", unit: Unit::KiB },
+];
+
 fn show(v: f64, unit: Unit) -> String {
     match unit {
         Unit::Seconds if v < 1.0 => format!("{v:.3} s"),

@@ -108,3 +108,56 @@ fn unsupported_modes_say_so() {
     assert_eq!(out.status.code(), Some(1));
     assert!(text(&out.stderr).contains("mode vid_gen is not supported"), "{}", text(&out.stderr));
 }
+
+/// The synthetic ESRGAN x4 model in the fixture cache, made by scripts/fixtures.sh if
+/// missing (None when it cannot be made here).
+fn esrgan_fixture() -> Option<String> {
+    let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
+    let cache = std::env::var_os("SD_FIXTURE_CACHE").map(std::path::PathBuf::from).unwrap_or_else(|| {
+        std::path::PathBuf::from(std::env::var_os("HOME").unwrap_or_default()).join(".cache/sd-rs-fixtures")
+    });
+    let path = cache.join("esrgan_x4.safetensors");
+    if !path.exists() {
+        let made = Command::new(root.join("scripts/fixtures.sh")).arg("esrgan_x4.safetensors").status();
+        if !made.is_ok_and(|s| s.success()) {
+            return None;
+        }
+    }
+    Some(path.to_string_lossy().into_owned())
+}
+
+/// Width and height of a PNG file.
+fn png_size(path: &std::path::Path) -> (u32, u32) {
+    let b = std::fs::read(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    let be = |o: usize| u32::from_be_bytes([b[o], b[o + 1], b[o + 2], b[o + 3]]);
+    (be(16), be(20))
+}
+
+#[test]
+fn upscale_mode_runs_the_model_repeatedly() {
+    let Some(model) = esrgan_fixture() else {
+        eprintln!("skipped: the ESRGAN fixture cannot be made here (scripts/fixtures.sh esrgan_x4.safetensors)");
+        return;
+    };
+    let init = concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/fixtures/inputs/init_64.png");
+    let dir = std::env::temp_dir().join(format!("sd-cli-upscale-{}", std::process::id()));
+    let output = dir.join("up.png");
+    let o = output.to_str().unwrap();
+    // -W/-H resize the input first (12x8), then two x4 passes in 16-pixel tiles.
+    let args = ["-M", "upscale", "-i", init, "-W", "12", "-H", "8", "--upscale-model", &model, "--upscale-repeats", "2"];
+    let out = sd_cli(&[&args[..], &["--upscale-tile-size", "16", "-o", o]].concat());
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert_eq!(png_size(&output), (192, 128));
+    assert!(text(&out.stdout).contains("upscaling from (48 x 32) to (192 x 128)"), "{}", text(&out.stdout));
+
+    // A model that does not load leaves the image as it was, like the reference.
+    let out = sd_cli(&["-M", "upscale", "-i", init, "--upscale-model", "/nonexistent/x4.pth", "-o", o]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    assert!(text(&out.stderr).contains("new_upscaler_ctx failed"), "{}", text(&out.stderr));
+    assert_eq!(png_size(&output), (64, 64));
+    std::fs::remove_dir_all(&dir).ok();
+
+    let out = sd_cli(&["-M", "upscale", "-i", init, "-o", o]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(text(&out.stderr).contains("needs an upscaler model (--upscale-model)"), "{}", text(&out.stderr));
+}

@@ -8,7 +8,7 @@ use crate::params::*;
 use crate::error::Result;
 use crate::image::Image;
 use crate::pipeline::callbacks::CancelFlag;
-use crate::pipeline::ModelSet;
+use crate::pipeline::{ModelSet, Upscaler};
 use crate::runtime::defaults::{self, ModelFamily};
 use crate::types::{CancelMode, Prediction, SampleMethod, Scheduler};
 use parking_lot::Mutex;
@@ -117,26 +117,33 @@ fn scheduler_for_method(method: Option<SampleMethod>) -> Scheduler {
     }
 }
 
-/// An ESRGAN upscaler (`upscaler_ctx_t`).
+/// An ESRGAN upscaler (`upscaler_ctx_t`). Upscaling takes `&self` like every context
+/// method; concurrent calls on one context run one after another.
 pub struct UpscalerContext {
-    scale: i32,
+    upscaler: Mutex<Upscaler>,
+    scale: u32,
 }
 
 impl UpscalerContext {
+    /// Loads the ESRGAN model `params.esrgan_path`; `tile_size` (input pixels, `<= 0`: never
+    /// tile) is used by every `upscale`.
     pub fn new(params: &UpscalerParams) -> Result<UpscalerContext> {
-        let _ = params;
-        not_supported("ESRGAN upscaling (new_upscaler_ctx)")
+        let upscaler = Upscaler::load(params)?;
+        Ok(UpscalerContext { scale: upscaler.scale(), upscaler: Mutex::new(upscaler) })
     }
 
-    /// The model's native scale factor.
+    /// The model's native scale factor (1, 2 or 4).
     pub fn scale_factor(&self) -> i32 {
-        self.scale
+        self.scale as i32
     }
 
-    /// Upscales `image` by `factor` (the model's factor, then resized if they differ).
+    /// Upscales `image` (RGB) by the model's factor. `factor` is accepted and ignored, like
+    /// the reference does: the model decides the output size.
     pub fn upscale(&self, image: &Image, factor: u32) -> Result<Image> {
-        let _ = (image, factor);
-        not_supported("ESRGAN upscaling")
+        if factor != 0 && factor != self.scale {
+            sd_debug!("upscale factor {factor} ignored: the model upscales x{}", self.scale);
+        }
+        self.upscaler.lock().upscale(image)
     }
 }
 

@@ -89,6 +89,13 @@ fn candidate_dirs() -> Vec<PathBuf> {
 
 /// Folder of the shared object (or executable) that contains `addr`.
 fn module_dir(addr: *const libc::c_void) -> Option<PathBuf> {
+    let path = module_path(addr)?;
+    let path = std::fs::canonicalize(&path).unwrap_or(path);
+    path.parent().map(Path::to_path_buf)
+}
+
+/// The shared object (or executable) that contains `addr`, as it was loaded.
+fn module_path(addr: *const libc::c_void) -> Option<PathBuf> {
     let mut info: libc::Dl_info = unsafe { std::mem::zeroed() };
     // SAFETY: dladdr only reads the address and fills `info`.
     let ok = unsafe { libc::dladdr(addr, &mut info) };
@@ -96,9 +103,17 @@ fn module_dir(addr: *const libc::c_void) -> Option<PathBuf> {
         return None;
     }
     // SAFETY: dli_fname is a NUL-terminated string owned by the loader.
-    let path = unsafe { CStr::from_ptr(info.dli_fname) }.to_string_lossy().to_string();
-    let path = std::fs::canonicalize(&path).unwrap_or_else(|_| PathBuf::from(path));
-    path.parent().map(Path::to_path_buf)
+    Some(PathBuf::from(unsafe { CStr::from_ptr(info.dli_fname) }.to_string_lossy().to_string()))
+}
+
+/// What kind of device ggml reports (its `ggml_backend_dev_type`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DeviceKind {
+    Cpu,
+    Gpu,
+    IntegratedGpu,
+    Accelerator,
+    Other,
 }
 
 /// One ggml device as listed by the registry.
@@ -107,6 +122,12 @@ pub struct DeviceInfo {
     pub name: String,
     pub description: String,
     pub is_cpu: bool,
+    pub kind: DeviceKind,
+    /// The name of the backend registry the device belongs to ("CPU", "Vulkan", "RPC", …).
+    pub registry: String,
+    /// Free and total memory as the device reports them (bytes).
+    pub memory_free: usize,
+    pub memory_total: usize,
 }
 
 fn cstr(p: *const libc::c_char) -> String {
@@ -118,21 +139,61 @@ fn cstr(p: *const libc::c_char) -> String {
     }
 }
 
+/// Facts about one registered device.
+fn device_info(dev: g::ggml_backend_dev_t) -> DeviceInfo {
+    // SAFETY: `dev` comes from the registry and lives as long as the process.
+    unsafe {
+        let kind = match g::ggml_backend_dev_type(dev) {
+            g::GGML_BACKEND_DEVICE_TYPE_CPU => DeviceKind::Cpu,
+            g::GGML_BACKEND_DEVICE_TYPE_GPU => DeviceKind::Gpu,
+            g::GGML_BACKEND_DEVICE_TYPE_IGPU => DeviceKind::IntegratedGpu,
+            g::GGML_BACKEND_DEVICE_TYPE_ACCEL => DeviceKind::Accelerator,
+            _ => DeviceKind::Other,
+        };
+        let reg = g::ggml_backend_dev_backend_reg(dev);
+        let registry = if reg.is_null() { String::new() } else { cstr(g::ggml_backend_reg_name(reg)) };
+        // An RPC device's memory is a round trip to its server, which may be gone since it
+        // was added (ggml aborts then): asked for only where needed (`device_memory`).
+        let (mut free, mut total) = (0usize, 0usize);
+        if registry != "RPC" {
+            g::ggml_backend_dev_memory(dev, &mut free, &mut total);
+        }
+        DeviceInfo {
+            name: cstr(g::ggml_backend_dev_name(dev)),
+            description: cstr(g::ggml_backend_dev_description(dev)),
+            is_cpu: kind == DeviceKind::Cpu,
+            kind,
+            registry,
+            memory_free: free,
+            memory_total: total,
+        }
+    }
+}
+
+/// Every device ggml knows: the loaded backend modules' and the RPC servers added so far.
 pub fn devices() -> Vec<DeviceInfo> {
     ensure_loaded();
     // SAFETY: registry calls with indices below the reported count.
-    unsafe {
-        (0..g::ggml_backend_dev_count())
-            .map(|i| {
-                let dev = g::ggml_backend_dev_get(i);
-                DeviceInfo {
-                    name: cstr(g::ggml_backend_dev_name(dev)),
-                    description: cstr(g::ggml_backend_dev_description(dev)),
-                    is_cpu: g::ggml_backend_dev_type(dev) == g::GGML_BACKEND_DEVICE_TYPE_CPU,
-                }
-            })
-            .collect()
+    unsafe { (0..g::ggml_backend_dev_count()).map(|i| device_info(g::ggml_backend_dev_get(i))).collect() }
+}
+
+/// Free and total memory of a device by exact name (asks an RPC device's server).
+pub fn device_memory(name: &str) -> (usize, usize) {
+    let (mut free, mut total) = (0usize, 0usize);
+    if let Some(dev) = device_handle(name) {
+        // SAFETY: a registered device.
+        unsafe { g::ggml_backend_dev_memory(dev, &mut free, &mut total) };
     }
+    (free, total)
+}
+
+/// The registry's device handle of a device listed by [`devices`], by exact name.
+pub(crate) fn device_handle(name: &str) -> Option<g::ggml_backend_dev_t> {
+    ensure_loaded();
+    let c = CString::new(name).ok()?;
+    // SAFETY: lookup by a valid C string; null is checked.
+    let dev = unsafe { g::ggml_backend_dev_by_name(c.as_ptr()) };
+    (!dev.is_null()).then_some(dev)
 }
 
 /// `name<TAB>description` per device, one per line, like the reference's sd_list_devices.
@@ -175,6 +236,23 @@ pub fn cpu_features() -> Vec<(String, String)> {
     }
 }
 
+/// The CPU backend variant ggml loaded: `haswell`, `skylakex`, `x64`, ... from the module's
+/// file name `libggml-cpu-<variant>.so` (ggml picks the best one the CPU runs); `None` for a
+/// CPU backend linked into the library (feature `native`). Kernels of different variants
+/// sum in different orders, so results differ in the last bits between them.
+pub fn cpu_variant() -> Option<String> {
+    let reg = cpu_reg()?;
+    // SAFETY: registry lookup; any function the module exports lies in its file.
+    let p = unsafe { g::ggml_backend_reg_get_proc_address(reg, c"ggml_backend_get_features".as_ptr()) };
+    if p.is_null() {
+        return None;
+    }
+    let file = module_path(p as *const libc::c_void)?;
+    let stem = file.file_name()?.to_str()?.split(".so").next()?.split(".dll").next()?.to_string();
+    let variant = stem.strip_prefix("libggml-cpu").or_else(|| stem.strip_prefix("ggml-cpu"))?;
+    Some(variant.strip_prefix('-').unwrap_or(variant).to_string())
+}
+
 /// The reference's system-info text: "System Info: \n" then `   NAME = value | ` per feature.
 pub fn system_info() -> String {
     let mut s = String::from("System Info: \n");
@@ -211,11 +289,23 @@ pub fn physical_cores() -> i32 {
 pub struct Backend {
     raw: NonNull<g::ggml_backend>,
     is_cpu: bool,
+    /// `host:port` of an RPC device (its connection is open while the backend lives).
+    rpc_endpoint: Option<String>,
 }
 
-// SAFETY: a ggml backend may be used from any thread as long as calls are not concurrent;
-// `Backend` is only used through `&mut`/owned access.
+/// RPC endpoints with live backends in this process, and how many.
+static LIVE_RPC: parking_lot::Mutex<Vec<(String, usize)>> = parking_lot::Mutex::new(Vec::new());
+
+/// Endpoints that some live backend of this process is connected to.
+pub fn live_rpc_endpoints() -> std::collections::HashSet<String> {
+    LIVE_RPC.lock().iter().filter(|(_, n)| *n > 0).map(|(e, _)| e.clone()).collect()
+}
+
+// SAFETY: a ggml backend may be used from any thread as long as calls are not concurrent.
+// Backends are shared (`Arc`) only between the parts of one context (its `DeviceMap`,
+// placements and runners), and the C API lets one thread use a context at a time.
 unsafe impl Send for Backend {}
+unsafe impl Sync for Backend {}
 
 impl Backend {
     /// The CPU backend.
@@ -224,7 +314,7 @@ impl Backend {
         // SAFETY: plain init call; null is checked.
         let raw = unsafe { g::ggml_backend_init_by_type(g::GGML_BACKEND_DEVICE_TYPE_CPU, std::ptr::null()) };
         let raw = NonNull::new(raw).context("could not initialise the ggml CPU backend (no CPU backend module loaded?)")?;
-        Ok(Backend { raw, is_cpu: true })
+        Ok(Backend { raw, is_cpu: true, rpc_endpoint: None })
     }
 
     /// A backend by device name (as listed by `devices()`), e.g. "CPU" or "CUDA0".
@@ -238,15 +328,47 @@ impl Backend {
                 let known: Vec<String> = devices().into_iter().map(|d| d.name).collect();
                 bail!("unknown backend device '{name}' (available: {})", known.join(", "));
             }
-            let is_cpu = g::ggml_backend_dev_type(dev) == g::GGML_BACKEND_DEVICE_TYPE_CPU;
+            let info = device_info(dev);
+            let rpc_endpoint = (info.registry == "RPC").then(|| info.description.clone());
             let raw = g::ggml_backend_dev_init(dev, std::ptr::null());
             let raw = NonNull::new(raw).with_context(|| format!("could not initialise backend device '{name}'"))?;
-            Ok(Backend { raw, is_cpu })
+            if let Some(ep) = &rpc_endpoint {
+                let mut live = LIVE_RPC.lock();
+                match live.iter_mut().find(|(e, _)| e == ep) {
+                    Some((_, n)) => *n += 1,
+                    None => live.push((ep.clone(), 1)),
+                }
+            }
+            Ok(Backend { raw, is_cpu: info.is_cpu, rpc_endpoint })
         }
     }
 
     pub fn raw(&self) -> g::ggml_backend_t {
         self.raw.as_ptr()
+    }
+
+    /// The device this backend computes on (its registry name, e.g. "Vulkan0", "RPC1").
+    pub fn device_name(&self) -> String {
+        // SAFETY: valid backend; the device may be null for exotic backends.
+        unsafe {
+            let dev = g::ggml_backend_get_device(self.raw.as_ptr());
+            if dev.is_null() {
+                self.name()
+            } else {
+                cstr(g::ggml_backend_dev_name(dev))
+            }
+        }
+    }
+
+    /// Whether this backend can compute on tensors stored in `buffer` (null, or a live
+    /// buffer of some tensor) as they are.
+    #[allow(clippy::not_unsafe_ptr_arg_deref)]
+    pub fn can_use_buffer(&self, buffer: g::ggml_backend_buffer_t) -> bool {
+        if buffer.is_null() {
+            return false;
+        }
+        // SAFETY: valid backend and buffer.
+        unsafe { g::ggml_backend_supports_buft(self.raw.as_ptr(), g::ggml_backend_buffer_get_type(buffer)) }
     }
 
     pub fn is_cpu(&self) -> bool {
@@ -292,6 +414,11 @@ impl Drop for Backend {
     fn drop(&mut self) {
         // SAFETY: we own the backend.
         unsafe { g::ggml_backend_free(self.raw.as_ptr()) };
+        if let Some(ep) = &self.rpc_endpoint {
+            if let Some((_, n)) = LIVE_RPC.lock().iter_mut().find(|(e, _)| e == ep) {
+                *n = n.saturating_sub(1);
+            }
+        }
     }
 }
 
@@ -307,6 +434,8 @@ mod tests {
         b.set_n_threads(2);
         assert!(b.is_cpu());
         assert!(system_info().starts_with("System Info: \n"));
+        // The default build loads one of its variants; `native` links the backend in.
+        assert_eq!(cpu_variant().is_some(), g::DYNAMIC_BACKENDS, "{:?}", cpu_variant());
         assert!(physical_cores() >= 1);
     }
 }

@@ -90,15 +90,25 @@ pub struct GraphOptions {
 }
 
 impl Default for GraphOptions {
+    /// Our CPU graph changes (memory bounds, our im2col op) as configured, unless
+    /// `SD_CPU_MEMORY_BOUNDS` says otherwise: `off` builds the reference's graphs (nothing
+    /// split, ggml's im2col), `tight` splits everything as finely as possible (bands of one
+    /// output row, one query row of scores at a time). None changes a number with ggml's
+    /// reference kernels; tests/parity_kernels.rs holds them to that.
     fn default() -> Self {
+        let (im2col_limit, scores_limit, fast_im2col) = match std::env::var("SD_CPU_MEMORY_BOUNDS").as_deref().map(str::trim) {
+            Ok("off") => (usize::MAX, usize::MAX, false),
+            Ok("tight") => (0, 0, true),
+            _ => (super::nn::CPU_IM2COL_LIMIT, super::nn::CPU_SCORES_LIMIT, true),
+        };
         GraphOptions {
             flash_attn: false,
             conv_direct: false,
             circular_x: false,
             circular_y: false,
-            cpu_im2col_limit: super::nn::CPU_IM2COL_LIMIT,
-            cpu_scores_limit: super::nn::CPU_SCORES_LIMIT,
-            cpu_fast_im2col: true,
+            cpu_im2col_limit: im2col_limit,
+            cpu_scores_limit: scores_limit,
+            cpu_fast_im2col: fast_im2col,
             cpu_own_matmul: true,
         }
     }

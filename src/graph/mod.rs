@@ -2,6 +2,8 @@
 
 pub mod backend;
 pub mod context;
+pub(crate) mod cut;
+pub mod devices;
 pub mod eval_callback;
 pub(crate) mod gemm;
 pub(crate) mod im2col;
@@ -13,7 +15,9 @@ pub mod params;
 pub mod runner;
 
 pub use backend::Backend;
+pub use cut::take_peak_device_bytes;
+pub use devices::{DeviceMap, DeviceOptions, Module, Placement, WeightHome};
 pub use context::{is_block_quantized, GgmlType, Graph, GraphOptions, F16, F32, I32, T, W};
-pub use loaded::Loaded;
+pub use loaded::{Component, Components, Loaded, WeightSource};
 pub use params::{ParamStore, Scope, TensorSpec, TypeMap};
 pub use runner::Runner;

@@ -3,6 +3,7 @@
 
 use super::backend::Backend;
 use super::context::{Ctx, GgmlType, W};
+use super::devices::{Placement, WeightHome};
 use crate::error::{Context as _, Result};
 use ggml_sys as g;
 use std::collections::HashMap;
@@ -46,6 +47,10 @@ pub struct ParamStore {
     /// Buffers wrapping borrowed regions (they do not own the memory) and the regions.
     borrowed: Vec<NonNull<g::ggml_backend_buffer>>,
     regions: Vec<HostRegion>,
+    /// Further buffers of a layer split (tensors spread over several devices).
+    split_buffers: Vec<NonNull<g::ggml_backend_buffer>>,
+    /// A copy of the weights on the compute device for the current phase.
+    staged: Option<Staged>,
 }
 
 // SAFETY: the store exclusively owns its context and buffer.
@@ -64,7 +69,133 @@ impl ParamStore {
             in_place: Vec::new(),
             borrowed: Vec::new(),
             regions: Vec::new(),
+            split_buffers: Vec::new(),
+            staged: None,
         })
+    }
+
+    /// Whether the weights have storage (false before `alloc` and after `release`).
+    pub fn is_allocated(&self) -> bool {
+        self.allocated
+    }
+
+    /// Allocates the tensors on several devices (a layer split): contiguous ranges in
+    /// declaration order (the network's block order) sized in proportion to `shares`.
+    /// Placed and host-region tensors are not supported here.
+    pub fn alloc_split(&mut self, backends: &[std::sync::Arc<Backend>], shares: &[f64]) -> Result<()> {
+        ensure!(!self.allocated && self.borrowed.is_empty(), "weights allocated twice");
+        ensure!(!backends.is_empty() && backends.len() == shares.len(), "layer split needs one share per device");
+        let total: usize = self.nbytes();
+        let share_sum: f64 = shares.iter().sum::<f64>().max(f64::MIN_POSITIVE);
+        let mut groups: Vec<Vec<*mut g::ggml_tensor>> = vec![Vec::new(); backends.len()];
+        let (mut done, mut dev) = (0usize, 0usize);
+        let mut limit = (total as f64 * shares[0] / share_sum) as usize;
+        for (_, w) in &self.entries {
+            while dev + 1 < backends.len() && done >= limit {
+                dev += 1;
+                limit += (total as f64 * shares[dev] / share_sum) as usize;
+            }
+            groups[dev].push(w.raw());
+            done += Self::spec(*w).nbytes;
+        }
+        for (b, group) in backends.iter().zip(&groups) {
+            if group.is_empty() {
+                continue;
+            }
+            let bytes: usize = group.iter().map(|&t| unsafe { g::ggml_nbytes(t) }).sum();
+            sd_info!("layer split: {} tensors ({:.1} MB) on {}", group.len(), bytes as f64 / (1024.0 * 1024.0), b.device_name());
+            let bufs = alloc_in_buffers(b, group)?;
+            self.split_buffers.extend(bufs);
+        }
+        self.allocated = true;
+        Ok(())
+    }
+
+    /// Copies every weight the compute backend cannot read where it lives onto it, for a
+    /// phase (`params_backend=cpu`). [`unstage`](Self::unstage) frees the copy.
+    pub fn stage_on(&mut self, compute: &Backend) -> Result<()> {
+        ensure!(self.allocated, "weights staged before allocation");
+        if self.staged.is_some() {
+            return Ok(());
+        }
+        let tensors: Vec<*mut g::ggml_tensor> =
+            self.entries.iter().map(|(_, w)| w.raw()).filter(|&t| unsafe { !(*t).buffer.is_null() && !compute.can_use_buffer((*t).buffer) }).collect();
+        if tensors.is_empty() {
+            return Ok(());
+        }
+        let start = std::time::Instant::now();
+        let staged = Staged::new(compute, &tensors)?;
+        sd_debug!(
+            "uploaded {} weights ({:.1} MB) to {} in {:.2}s",
+            tensors.len(),
+            staged.bytes as f64 / (1024.0 * 1024.0),
+            compute.device_name(),
+            start.elapsed().as_secs_f32()
+        );
+        self.staged = Some(staged);
+        Ok(())
+    }
+
+    /// Makes the weights usable on `placement`'s compute device for a phase (a sampling
+    /// run, a decode): `params_backend=disk` reads them (`reload` allocates and fills the
+    /// store on the backend it is given), a separate weights backend (`params_backend=cpu`)
+    /// copies them to the device, unless a `max_vram` budget uploads them per segment.
+    pub fn begin_phase(&mut self, placement: &Placement, reload: impl FnOnce(&mut ParamStore, &Backend) -> Result<()>) -> Result<()> {
+        match &placement.weights {
+            WeightHome::Compute => Ok(()),
+            WeightHome::Disk => {
+                if !self.allocated {
+                    reload(self, &placement.compute)?;
+                }
+                Ok(())
+            }
+            WeightHome::Backend(_) if placement.max_vram > 0 => Ok(()),
+            WeightHome::Backend(_) => self.stage_on(&placement.compute),
+        }
+    }
+
+    /// Ends a phase begun with [`begin_phase`](Self::begin_phase): frees the device copy,
+    /// or (disk) the weights themselves.
+    pub fn end_phase(&mut self, placement: &Placement) {
+        self.unstage();
+        if matches!(placement.weights, WeightHome::Disk) {
+            self.release();
+        }
+    }
+
+    /// Frees the phase copy made by [`stage_on`](Self::stage_on).
+    pub fn unstage(&mut self) {
+        self.staged = None;
+    }
+
+    /// Frees every weight's storage (`params_backend=disk` after a phase); `alloc` and a
+    /// load make them usable again.
+    pub fn release(&mut self) {
+        self.staged = None;
+        self.free_buffers();
+        for (_, w) in &self.entries {
+            // SAFETY: the tensor's storage was just freed; clear the dangling binding.
+            unsafe {
+                (*w.raw()).buffer = std::ptr::null_mut();
+                (*w.raw()).data = std::ptr::null_mut();
+            }
+        }
+        self.in_place.iter_mut().for_each(|p| *p = false);
+        self.allocated = false;
+    }
+
+    fn free_buffers(&mut self) {
+        self.staged = None;
+        for b in self.buffer.take().into_iter().chain(self.split_buffers.drain(..)) {
+            // SAFETY: we own the buffer; the context's tensors point into it and are unbound or die with it.
+            unsafe { g::ggml_backend_buffer_free(b.as_ptr()) };
+        }
+        for b in self.borrowed.drain(..) {
+            // SAFETY: wrapper buffers we created; freeing one leaves the region untouched.
+            unsafe { g::ggml_backend_buffer_free(b.as_ptr()) };
+        }
+        // Only now may the regions go away.
+        self.regions.clear();
     }
 
     /// Declares a tensor. Declaring a name twice is a bug in the model code.
@@ -307,16 +438,131 @@ impl ParamStore {
 
 impl Drop for ParamStore {
     fn drop(&mut self) {
-        if let Some(b) = self.buffer.take() {
-            // SAFETY: we own the buffer; the context's tensors point into it and die with it.
+        self.free_buffers();
+    }
+}
+
+/// Allocates tensors that have no storage yet in new buffers of `backend`'s default type
+/// (several when one would exceed the device's largest buffer), marked as weights.
+pub(crate) fn alloc_in_buffers(backend: &Backend, tensors: &[*mut g::ggml_tensor]) -> Result<Vec<NonNull<g::ggml_backend_buffer>>> {
+    // SAFETY: valid backend; buffer-type queries.
+    let buft = unsafe { g::ggml_backend_get_default_buffer_type(backend.raw()) };
+    let align = unsafe { g::ggml_backend_buft_get_alignment(buft) }.max(1);
+    let max = unsafe { g::ggml_backend_buft_get_max_size(buft) }.max(1);
+    let mut chunks: Vec<(Vec<(*mut g::ggml_tensor, usize)>, usize)> = vec![(Vec::new(), 0)];
+    for &t in tensors {
+        // SAFETY: t is a live tensor with no storage.
+        let size = unsafe { g::ggml_backend_buft_get_alloc_size(buft, t) };
+        let last = chunks.last_mut().expect("one chunk");
+        let offset = last.1.div_ceil(align) * align;
+        if !last.0.is_empty() && offset + size > max {
+            chunks.push((vec![(t, 0)], size));
+        } else {
+            last.0.push((t, offset));
+            last.1 = offset + size;
+        }
+    }
+    let mut out: Vec<NonNull<g::ggml_backend_buffer>> = Vec::new();
+    let free_all = |out: &mut Vec<NonNull<g::ggml_backend_buffer>>| {
+        for b in out.drain(..) {
+            // SAFETY: buffers created here.
             unsafe { g::ggml_backend_buffer_free(b.as_ptr()) };
         }
-        for b in self.borrowed.drain(..) {
-            // SAFETY: wrapper buffers we created; freeing one leaves the region untouched.
+    };
+    for (list, size) in chunks {
+        if list.is_empty() {
+            continue;
+        }
+        // SAFETY: valid buffer type; null is checked.
+        let buf = unsafe { g::ggml_backend_buft_alloc_buffer(buft, size.max(1)) };
+        let Some(buf) = NonNull::new(buf) else {
+            free_all(&mut out);
+            bail!("could not allocate {:.1} MB for weights on {} (out of memory?)", size as f64 / (1024.0 * 1024.0), backend.device_name());
+        };
+        out.push(buf);
+        // SAFETY: valid buffer; each tensor gets a distinct aligned range inside it.
+        unsafe {
+            g::ggml_backend_buffer_set_usage(buf.as_ptr(), g::GGML_BACKEND_BUFFER_USAGE_WEIGHTS);
+            let base = g::ggml_backend_buffer_get_base(buf.as_ptr()) as *mut u8;
+            for (t, offset) in list {
+                let status = g::ggml_backend_tensor_alloc(buf.as_ptr(), t, base.add(offset) as *mut _);
+                if status != g::GGML_STATUS_SUCCESS {
+                    free_all(&mut out);
+                    bail!("could not place a weight in its buffer on {}", backend.device_name());
+                }
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// Weights moved to another backend for a while: each tensor is rebound to a copy in new
+/// buffers there, and bound back to its home storage (untouched meanwhile) on drop.
+pub(crate) struct Staged {
+    buffers: Vec<NonNull<g::ggml_backend_buffer>>,
+    /// Each tensor and its home binding.
+    saved: Vec<(*mut g::ggml_tensor, g::ggml_tensor)>,
+    pub bytes: usize,
+}
+
+// SAFETY: the staged tensors belong to a store (or graph) owned by the same thread's owner.
+unsafe impl Send for Staged {}
+
+impl Staged {
+    /// Copies `tensors` (weights with storage, no views) onto `backend`.
+    pub fn new(backend: &Backend, tensors: &[*mut g::ggml_tensor]) -> Result<Staged> {
+        // SAFETY: live tensors; their home binding is kept in `saved` and restored on drop.
+        let saved: Vec<(*mut g::ggml_tensor, g::ggml_tensor)> = tensors.iter().map(|&t| (t, unsafe { *t })).collect();
+        for &(t, _) in &saved {
+            unsafe {
+                (*t).buffer = std::ptr::null_mut();
+                (*t).data = std::ptr::null_mut();
+                (*t).extra = std::ptr::null_mut();
+            }
+        }
+        let buffers = match alloc_in_buffers(backend, tensors) {
+            Ok(b) => b,
+            Err(e) => {
+                drop(Staged { buffers: Vec::new(), saved, bytes: 0 });
+                return Err(e);
+            }
+        };
+        let mut staged = Staged { buffers, saved, bytes: 0 };
+        let mut tmp = Vec::new();
+        for (t, home) in &staged.saved {
+            // SAFETY: `home` describes the untouched home storage of exactly this tensor's size;
+            // `t` now has storage of the same size on `backend`.
+            unsafe {
+                let n = g::ggml_nbytes(*t);
+                staged.bytes += n;
+                let src = *home;
+                if !home.buffer.is_null() && g::ggml_backend_buffer_is_host(home.buffer) {
+                    g::ggml_backend_tensor_set(*t, home.data, 0, n);
+                } else {
+                    tmp.resize(n, 0u8);
+                    g::ggml_backend_tensor_get(&src, tmp.as_mut_ptr() as *mut _, 0, n);
+                    g::ggml_backend_tensor_set(*t, tmp.as_ptr() as *const _, 0, n);
+                }
+            }
+        }
+        Ok(staged)
+    }
+}
+
+impl Drop for Staged {
+    fn drop(&mut self) {
+        for b in self.buffers.drain(..) {
+            // SAFETY: buffers we allocated; the tensors are rebound below.
             unsafe { g::ggml_backend_buffer_free(b.as_ptr()) };
         }
-        // Only now may the regions (dropped with the store) go away.
-        self.regions.clear();
+        for (t, home) in &self.saved {
+            // SAFETY: restores the binding saved in `new`.
+            unsafe {
+                (**t).buffer = home.buffer;
+                (**t).data = home.data;
+                (**t).extra = home.extra;
+            }
+        }
     }
 }
 

@@ -2,31 +2,81 @@
 //! backend, read outputs back to the host.
 //!
 //! The compute buffer is kept between runs so a sampling loop does not reallocate it at
-//! every step.
+//! every step. A graph with an op the device cannot run, or whose weights are spread over
+//! several devices (a layer split), runs through ggml's scheduler with the CPU as the
+//! fallback device instead of failing. Weights the device cannot read where they live
+//! (host memory, `params_backend=cpu`) are copied to it for the graph. With a `max_vram`
+//! budget, graphs that mark cut points run in segments that fit it (`graph::cut`).
 
 use super::backend::Backend;
 use super::context::{Graph, GraphOptions, MAX_NODES, T};
+use super::devices::Placement;
+use super::params::Staged;
 use crate::error::{Context as _, Result};
 use crate::tensor::Tensor;
 use ggml_sys as g;
+use std::collections::HashSet;
 use std::ptr::NonNull;
 use std::sync::Arc;
 
 pub struct Runner {
-    backend: Arc<Backend>,
+    pub(crate) backend: Arc<Backend>,
+    /// Further devices of a layer split.
+    split: Vec<Arc<Backend>>,
+    /// The scheduler's CPU fallback (created when first needed).
+    cpu: Option<Arc<Backend>>,
     n_threads: i32,
     galloc: Option<NonNull<g::ggml_gallocr>>,
+    sched: Option<NonNull<g::ggml_backend_sched>>,
     /// Size of the compute buffer last reported, so growth is logged once.
     buffer_bytes: usize,
+    /// `max_vram` in bytes (0: off).
+    pub max_vram: usize,
+    /// Keep the leading segments' weights on the device between runs (`stream_layers`).
+    pub stream_layers: bool,
+    /// Weights kept on the device for `stream_layers`.
+    pub(crate) resident: Option<Staged>,
+    /// Most device memory the last segmented runs held at once (compute + weights + cache).
+    pub(crate) peak_device_bytes: usize,
+    /// The segment plan of the last segmented graph, by graph signature.
+    pub(crate) cut_plan: Option<(String, Vec<(usize, usize)>)>,
+    /// Tests: segment on the CPU too (normally a budget only applies to other devices).
+    #[cfg(test)]
+    pub(crate) segment_on_cpu: bool,
     pub options: GraphOptions,
 }
 
-// SAFETY: the allocator is owned exclusively by the runner.
+// SAFETY: the allocator and scheduler are owned exclusively by the runner.
 unsafe impl Send for Runner {}
 
 impl Runner {
     pub fn new(backend: Arc<Backend>, n_threads: i32) -> Runner {
-        Runner { backend, n_threads: n_threads.max(1), galloc: None, buffer_bytes: 0, options: GraphOptions::default() }
+        Runner {
+            backend,
+            split: Vec::new(),
+            cpu: None,
+            n_threads: n_threads.max(1),
+            galloc: None,
+            sched: None,
+            buffer_bytes: 0,
+            max_vram: 0,
+            stream_layers: false,
+            resident: None,
+            peak_device_bytes: 0,
+            cut_plan: None,
+            #[cfg(test)]
+            segment_on_cpu: false,
+            options: GraphOptions::default(),
+        }
+    }
+
+    /// A runner computing where `placement` says (devices, budget).
+    pub fn for_placement(placement: &Placement, n_threads: i32) -> Runner {
+        let mut r = Runner::new(placement.compute.clone(), n_threads);
+        r.split = placement.split.clone();
+        r.max_vram = placement.max_vram;
+        r.stream_layers = placement.stream_layers;
+        r
     }
 
     pub fn backend(&self) -> &Arc<Backend> {
@@ -35,6 +85,11 @@ impl Runner {
 
     pub fn n_threads(&self) -> i32 {
         self.n_threads
+    }
+
+    /// Most device bytes held at once by the segmented runs since the last `release`.
+    pub fn peak_device_bytes(&self) -> usize {
+        self.peak_device_bytes
     }
 
     /// Builds a graph with `build` and computes its single output.
@@ -66,6 +121,85 @@ impl Runner {
             unsafe { g::ggml_build_forward_expand(gf, o) };
         }
 
+        #[cfg(test)]
+        let device = !self.backend.is_cpu() || self.segment_on_cpu;
+        #[cfg(not(test))]
+        let device = !self.backend.is_cpu();
+        if self.max_vram > 0 && device && self.split.is_empty() && super::cut::has_cuts(gf) {
+            let out = super::cut::compute_segments(self, &graph, gf, &raw_outputs)?;
+            return self.checked(out);
+        }
+
+        // Weights the devices cannot read where they are: a copy for this graph.
+        let foreign: Vec<*mut g::ggml_tensor> =
+            weight_leaves(gf).into_iter().filter(|&t| !self.usable_here(unsafe { (*t).buffer })).collect();
+        let staged_now = if foreign.is_empty() { None } else { Some(Staged::new(&self.backend, &foreign)?) };
+
+        let scheduled = !self.split.is_empty() || (!self.backend.is_cpu() && !all_supported(&self.backend, gf));
+        if scheduled {
+            self.run_scheduled(gf)?;
+        } else {
+            self.run_allocated(gf)?;
+        }
+        upload_inputs(&graph);
+        self.backend.set_n_threads(self.n_threads);
+        let status = if let Some(s) = self.sched {
+            if let Some(cpu) = &self.cpu {
+                cpu.set_n_threads(self.n_threads);
+            }
+            // SAFETY: graph allocated by this scheduler.
+            let st = unsafe { g::ggml_backend_sched_graph_compute(s.as_ptr(), gf) };
+            unsafe { g::ggml_backend_sched_synchronize(s.as_ptr()) };
+            st
+        } else {
+            // SAFETY: allocated graph on this backend.
+            unsafe { g::ggml_backend_graph_compute(self.backend.raw(), gf) }
+        };
+        ensure!(status == g::GGML_STATUS_SUCCESS, "graph computation failed on {} (status {status})", self.backend.device_name());
+        let out = raw_outputs.into_iter().map(read_f32).collect::<Result<Vec<_>>>()?;
+        if self.max_vram > 0 && !self.backend.is_cpu() && self.sched.is_none() {
+            let held = self.buffer_bytes + staged_now.as_ref().map_or(0, |s| s.bytes);
+            self.peak_device_bytes = self.peak_device_bytes.max(held);
+            super::cut::PEAK.fetch_max(held, std::sync::atomic::Ordering::Relaxed);
+        }
+        self.checked(out)
+    }
+
+    /// Whether the runner's devices can read weights stored in `buffer` as they are.
+    fn usable_here(&self, buffer: g::ggml_backend_buffer_t) -> bool {
+        self.backend.can_use_buffer(buffer) || self.split.iter().any(|b| b.can_use_buffer(buffer))
+    }
+
+    /// A device that computes garbage tends to give NaN/Inf or one value everywhere (a
+    /// black or white picture): report it instead of returning it. The CPU is trusted.
+    fn checked(&self, out: Vec<Tensor>) -> Result<Vec<Tensor>> {
+        if self.backend.is_cpu() && self.split.is_empty() {
+            return Ok(out);
+        }
+        for t in &out {
+            let d = t.data();
+            if let Some(i) = d.iter().position(|v| !v.is_finite()) {
+                bail!(
+                    "{} computed a non-finite value ({} at index {i} of {}): the device's result is wrong; try another device or --backend cpu",
+                    self.backend.device_name(),
+                    d[i],
+                    d.len()
+                );
+            }
+            if d.len() >= 256 && d.iter().all(|v| *v == d[0]) {
+                bail!(
+                    "{} computed the same value ({}) for all {} outputs: the device's result is wrong; try another device or --backend cpu",
+                    self.backend.device_name(),
+                    d[0],
+                    d.len()
+                );
+            }
+        }
+        Ok(out)
+    }
+
+    fn run_allocated(&mut self, gf: *mut g::ggml_cgraph) -> Result<()> {
+        self.free_sched();
         let galloc = self.allocator()?;
         // SAFETY: allocator and graph are valid.
         let ok = unsafe { g::ggml_gallocr_alloc_graph(galloc.as_ptr(), gf) };
@@ -75,33 +209,100 @@ impl Runner {
             let galloc = self.allocator()?;
             // SAFETY: as above.
             let ok = unsafe { g::ggml_gallocr_alloc_graph(galloc.as_ptr(), gf) };
-            ensure!(ok, "could not allocate the compute buffer on {} (out of memory?)", self.backend.name());
+            ensure!(ok, "could not allocate the compute buffer on {} (out of memory?)", self.backend.device_name());
         }
         if let Some(a) = self.galloc {
             // SAFETY: valid allocator; buffer 0 is the only one (one backend).
             let bytes = unsafe { g::ggml_gallocr_get_buffer_size(a.as_ptr(), 0) };
             if bytes != self.buffer_bytes {
                 self.buffer_bytes = bytes;
-                sd_debug!("compute buffer size: {:.2} MB ({})", bytes as f64 / (1024.0 * 1024.0), self.backend.name());
+                sd_debug!("compute buffer size: {:.2} MB ({})", bytes as f64 / (1024.0 * 1024.0), self.backend.device_name());
             }
         }
+        Ok(())
+    }
 
-        for input in graph.inputs.borrow().iter() {
-            // An input the graph never reads gets no memory; there is nothing to upload.
-            // SAFETY: input.tensor belongs to the graph context.
-            if unsafe { (*input.tensor).buffer.is_null() } {
-                continue;
+    /// Allocates `gf` through ggml's scheduler over the runner's devices and the CPU.
+    fn run_scheduled(&mut self, gf: *mut g::ggml_cgraph) -> Result<()> {
+        self.free_allocator();
+        if self.sched.is_none() {
+            if self.cpu.is_none() && !self.backend.is_cpu() {
+                self.cpu = Some(Arc::new(Backend::cpu()?));
             }
-            // SAFETY: the allocator placed the input; sizes were checked on creation.
-            unsafe { g::ggml_backend_tensor_set(input.tensor, input.bytes.as_ptr() as *const _, 0, input.bytes.len()) };
+            let mut backends: Vec<g::ggml_backend_t> = vec![self.backend.raw()];
+            backends.extend(self.split.iter().map(|b| b.raw()));
+            if let Some(c) = &self.cpu {
+                backends.push(c.raw());
+            }
+            // SAFETY: valid backends; the CPU one uses the main device's pinned host memory
+            // when it has such a buffer type.
+            let bufts: Vec<g::ggml_backend_buffer_type_t> = unsafe {
+                let main_dev = g::ggml_backend_get_device(self.backend.raw());
+                backends
+                    .iter()
+                    .map(|&b| {
+                        let host = if Some(b) == self.cpu.as_ref().map(|c| c.raw()) && !main_dev.is_null() {
+                            g::ggml_backend_dev_host_buffer_type(main_dev)
+                        } else {
+                            std::ptr::null_mut()
+                        };
+                        if host.is_null() {
+                            g::ggml_backend_get_default_buffer_type(b)
+                        } else {
+                            host
+                        }
+                    })
+                    .collect()
+            };
+            // SAFETY: arrays of equal length; the last backend is the CPU as ggml requires.
+            let s = unsafe {
+                g::ggml_backend_sched_new(backends.as_ptr() as *mut _, bufts.as_ptr() as *mut _, backends.len() as i32, MAX_NODES, false, false)
+            };
+            self.sched = Some(NonNull::new(s).context("could not create the backend scheduler")?);
+            let unsupported = unsupported_ops(&self.backend, gf);
+            if !unsupported.is_empty() && !self.backend.is_cpu() {
+                sd_info!("{}: ops it cannot run go to the CPU: {}", self.backend.device_name(), unsupported.join(", "));
+            }
         }
+        let s = self.sched.expect("scheduler");
+        // SAFETY: valid scheduler and graph.
+        unsafe { g::ggml_backend_sched_reset(s.as_ptr()) };
+        if !self.split.is_empty() {
+            self.pin_to_weight_devices(s, gf);
+        }
+        // SAFETY: as above.
+        let ok = unsafe { g::ggml_backend_sched_alloc_graph(s.as_ptr(), gf) };
+        ensure!(ok, "could not allocate the compute graph over {} and the CPU (out of memory?)", self.backend.device_name());
+        Ok(())
+    }
 
-        self.backend.set_n_threads(self.n_threads);
-        // SAFETY: allocated graph on this backend.
-        let status = unsafe { g::ggml_backend_graph_compute(self.backend.raw(), gf) };
-        ensure!(status == g::GGML_STATUS_SUCCESS, "graph computation failed on {} (status {status})", self.backend.name());
-
-        raw_outputs.into_iter().map(read_f32).collect()
+    /// Runs each op without weights on the device of the weights used last (layer split):
+    /// the activations then cross devices once per block range.
+    fn pin_to_weight_devices(&self, s: NonNull<g::ggml_backend_sched>, gf: *mut g::ggml_cgraph) {
+        let devices: Vec<&Arc<Backend>> = std::iter::once(&self.backend).chain(self.split.iter()).collect();
+        let mut current = self.backend.raw();
+        // SAFETY: nodes of a valid graph; backends outlive the call.
+        unsafe {
+            for i in 0..g::ggml_graph_n_nodes(gf) {
+                let node = g::ggml_graph_node(gf, i);
+                for src in (*node).src {
+                    let Some(b) = weight_buffer(src) else { continue };
+                    if let Some(d) = devices.iter().find(|d| d.can_use_buffer(b) && !g::ggml_backend_buffer_is_host(b)) {
+                        current = d.raw();
+                    }
+                }
+                // Views (in-place ops included) live where their source does: the
+                // scheduler places them itself.
+                if !(*node).view_src.is_null()
+                    || matches!((*node).op, g::GGML_OP_NONE | g::GGML_OP_VIEW | g::GGML_OP_RESHAPE | g::GGML_OP_PERMUTE | g::GGML_OP_TRANSPOSE)
+                {
+                    continue;
+                }
+                if g::ggml_backend_supports_op(current, node) {
+                    g::ggml_backend_sched_set_tensor_backend(s.as_ptr(), node, current);
+                }
+            }
+        }
     }
 
     fn allocator(&mut self) -> Result<NonNull<g::ggml_gallocr>> {
@@ -123,20 +324,105 @@ impl Runner {
         self.buffer_bytes = 0;
     }
 
-    /// Releases the compute buffer (e.g. after the last sampling step).
-    pub fn release(&mut self) {
+    fn free_sched(&mut self) {
+        if let Some(s) = self.sched.take() {
+            // SAFETY: we own the scheduler.
+            unsafe { g::ggml_backend_sched_free(s.as_ptr()) };
+        }
+    }
+
+    /// Frees the compute buffer and scheduler (kept between runs otherwise).
+    pub(crate) fn release_compute_buffers(&mut self) {
         self.free_allocator();
+        self.free_sched();
+    }
+
+    /// Releases the compute buffer (e.g. after the last sampling step) and any weights kept
+    /// on the device for `stream_layers`.
+    pub fn release(&mut self) {
+        self.release_compute_buffers();
+        self.resident = None;
     }
 }
 
 impl Drop for Runner {
     fn drop(&mut self) {
-        self.free_allocator();
+        self.release();
+    }
+}
+
+/// The buffer holding a tensor's data when that buffer holds weights.
+pub(crate) fn weight_buffer(t: *mut g::ggml_tensor) -> Option<g::ggml_backend_buffer_t> {
+    if t.is_null() {
+        return None;
+    }
+    // SAFETY: live tensor of a graph or store.
+    unsafe {
+        let base = if (*t).view_src.is_null() { t } else { (*t).view_src };
+        let b = (*base).buffer;
+        (!b.is_null() && g::ggml_backend_buffer_get_usage(b) == g::GGML_BACKEND_BUFFER_USAGE_WEIGHTS).then_some(b)
+    }
+}
+
+/// Every distinct weight tensor (not a view) the graph reads.
+pub(crate) fn weight_leaves(gf: *mut g::ggml_cgraph) -> Vec<*mut g::ggml_tensor> {
+    let mut seen = HashSet::new();
+    let mut out = Vec::new();
+    // SAFETY: nodes of a valid graph.
+    unsafe {
+        for i in 0..g::ggml_graph_n_nodes(gf) {
+            let node = g::ggml_graph_node(gf, i);
+            for src in (*node).src {
+                if weight_buffer(src).is_none() {
+                    continue;
+                }
+                let base = if (*src).view_src.is_null() { src } else { (*src).view_src };
+                if seen.insert(base) {
+                    out.push(base);
+                }
+            }
+        }
+    }
+    out
+}
+
+fn all_supported(backend: &Backend, gf: *mut g::ggml_cgraph) -> bool {
+    // SAFETY: nodes of a valid graph.
+    unsafe { (0..g::ggml_graph_n_nodes(gf)).all(|i| g::ggml_backend_supports_op(backend.raw(), g::ggml_graph_node(gf, i))) }
+}
+
+fn unsupported_ops(backend: &Backend, gf: *mut g::ggml_cgraph) -> Vec<String> {
+    let mut names: Vec<String> = Vec::new();
+    // SAFETY: nodes of a valid graph; op descriptions are static strings.
+    unsafe {
+        for i in 0..g::ggml_graph_n_nodes(gf) {
+            let node = g::ggml_graph_node(gf, i);
+            if !g::ggml_backend_supports_op(backend.raw(), node) {
+                let n = std::ffi::CStr::from_ptr(g::ggml_op_desc(node)).to_string_lossy().into_owned();
+                if !names.contains(&n) {
+                    names.push(n);
+                }
+            }
+        }
+    }
+    names
+}
+
+/// Writes the graph's inputs into the storage the allocator gave them.
+pub(crate) fn upload_inputs(graph: &Graph) {
+    for input in graph.inputs.borrow().iter() {
+        // An input the graph never reads gets no memory; there is nothing to upload.
+        // SAFETY: input.tensor belongs to the graph context.
+        if unsafe { (*input.tensor).buffer.is_null() && (*input.tensor).data.is_null() } {
+            continue;
+        }
+        // SAFETY: the allocator placed the input; sizes were checked on creation.
+        unsafe { g::ggml_backend_tensor_set(input.tensor, input.bytes.as_ptr() as *const _, 0, input.bytes.len()) };
     }
 }
 
 /// Reads a computed tensor as f32 (converting f16/bf16), always as 4 dims.
-fn read_f32(t: *mut g::ggml_tensor) -> Result<Tensor> {
+pub(crate) fn read_f32(t: *mut g::ggml_tensor) -> Result<Tensor> {
     // SAFETY: t is a computed tensor of an allocated graph.
     let (ty, ne, nbytes, contiguous) =
         unsafe { ((*t).type_, (*t).ne, g::ggml_nbytes(t), g::ggml_is_contiguous(t)) };
@@ -166,7 +452,7 @@ mod tests {
     use super::*;
     use crate::graph::nn::{Conv2d, GroupNorm, Linear};
     use crate::graph::params::{ParamStore, Scope, TypeMap};
-    use crate::graph::F32;
+    use crate::graph::{take_peak_device_bytes, F32};
 
     fn f32_bytes(v: &[f32]) -> Vec<u8> {
         v.iter().flat_map(|x| x.to_le_bytes()).collect()
@@ -319,18 +605,20 @@ mod tests {
         assert!(same(&ggml_im2col, &convolve(2 * 11 * 2 * 54 * 2, true, 3)), "bands of 2 rows");
     }
 
-    /// Our im2col op against ggml's on dilated, strided, padded and 1×1 kernels.
+    /// Our im2col op against ggml's on dilated, strided, padded and 1×1 kernels, on images
+    /// narrower and wider than one block of output pixels.
     #[test]
     fn our_im2col_matches_ggml_bit_for_bit() {
         let backend = Arc::new(Backend::cpu().unwrap());
-        let x = pattern(13 * 10 * 3 * 2, 9);
-        for (kw, kh, st, pad, dil) in [(3, 3, (1, 1), (1, 1), (1, 1)), (3, 2, (2, 3), (2, 0), (2, 1)), (1, 1, (1, 1), (0, 0), (1, 1)), (4, 4, (2, 2), (3, 1), (1, 2))] {
+        let kernels = [(3, 3, (1, 1), (1, 1), (1, 1)), (3, 2, (2, 3), (2, 0), (2, 1)), (1, 1, (1, 1), (0, 0), (1, 1)), (4, 4, (2, 2), (3, 1), (1, 2))];
+        for ((kw, kh, st, pad, dil), (w, h)) in kernels.into_iter().flat_map(|k| [(k, (13, 10)), (k, (41, 7))]) {
+            let x = pattern(w as usize * h as usize * 3 * 2, 9);
             let run = |fast: bool| {
                 let mut runner = Runner::new(backend.clone(), 2);
                 runner.options.cpu_fast_im2col = fast;
                 runner
                     .compute(|g| {
-                        let xt = g.input_f32(&x, &[13, 10, 3, 2]);
+                        let xt = g.input_f32(&x, &[w, h, 3, 2]);
                         let shape = g.new_tensor(F32, &[kw, kh, 3, 1]);
                         Ok(match crate::graph::im2col::im2col_f16(g, shape.ne(), xt, st, pad, dil, None).filter(|_| fast) {
                             Some(t) => t,
@@ -340,8 +628,103 @@ mod tests {
                     .unwrap()
             };
             let (ours, theirs) = (run(true), run(false));
-            assert_eq!(ours.shape(), theirs.shape(), "kernel {kw}x{kh}");
-            assert!(ours.data().iter().zip(theirs.data()).all(|(a, b)| a.to_bits() == b.to_bits()), "kernel {kw}x{kh} {st:?} {pad:?} {dil:?}");
+            assert_eq!(ours.shape(), theirs.shape(), "kernel {kw}x{kh} on {w}x{h}");
+            assert!(ours.data().iter().zip(theirs.data()).all(|(a, b)| a.to_bits() == b.to_bits()), "kernel {kw}x{kh} {st:?} {pad:?} {dil:?} on {w}x{h}");
         }
+    }
+
+    /// A chain of layers with cut points and a long skip connection, run whole and in
+    /// segments under a small budget: the same numbers, and the segments stay under it.
+    #[test]
+    fn segments_under_a_budget_compute_the_same_numbers() {
+        let backend = Arc::new(Backend::cpu().unwrap());
+        let mut store = ParamStore::new(64).unwrap();
+        let types = TypeMap::new();
+        let layers: Vec<Linear> = {
+            let mut s = Scope::new(&mut store, &types, "");
+            (0..6).map(|i| Linear::new(&mut s, &format!("l{i}"), 64, 64, true)).collect()
+        };
+        store.alloc(&backend).unwrap();
+        store
+            .load(|name, spec, dst| {
+                let n = spec.ne.iter().product::<i64>() as usize;
+                let v: Vec<f32> = pattern(n, name.len() as u32 + name.as_bytes()[1] as u32).iter().map(|x| x * 0.1).collect();
+                if spec.ty == F32 {
+                    dst.copy_from_slice(&f32_bytes(&v));
+                } else {
+                    let mut h = vec![0u16; n];
+                    // SAFETY: h holds n values.
+                    unsafe { g::ggml_fp32_to_fp16_row(v.as_ptr(), h.as_mut_ptr(), n as i64) };
+                    dst.copy_from_slice(&h.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>());
+                }
+                Ok(())
+            })
+            .unwrap();
+        let x = pattern(64 * 5, 7);
+        let run = |budget: usize| {
+            let mut r = Runner::new(backend.clone(), 2);
+            r.max_vram = budget;
+            r.segment_on_cpu = true;
+            let out = r
+                .compute(|g| {
+                    let mut h = g.input_f32(&x, &[64, 5]);
+                    let mut first = None;
+                    for (i, l) in layers.iter().enumerate() {
+                        h = g.mark_cut(l.forward(g, h).gelu(), &format!("layer.{i}"));
+                        first.get_or_insert(h);
+                    }
+                    Ok(h.add(first.unwrap()))
+                })
+                .unwrap();
+            (out, r.cut_plan.take().map_or(0, |(_, ranges)| ranges.len()))
+        };
+        let (whole, _) = run(0);
+        take_peak_device_bytes();
+        let budget = 40 * 1024;
+        let (split, segments) = run(budget);
+        let peak = take_peak_device_bytes();
+        assert!(segments > 2, "{segments} segments");
+        assert!(peak > 0 && peak <= budget, "peak {peak} over budget {budget}");
+        assert_eq!(whole.shape(), split.shape());
+        assert!(whole.data().iter().zip(split.data()).all(|(a, b)| a.to_bits() == b.to_bits()));
+    }
+
+    /// Weights moved to another buffer for a while compute the same and are bound back.
+    #[test]
+    fn staged_weights_compute_the_same_and_return_home() {
+        let backend = Arc::new(Backend::cpu().unwrap());
+        let mut store = ParamStore::new(4).unwrap();
+        let types = TypeMap::new();
+        let lin = {
+            let mut s = Scope::new(&mut store, &types, "");
+            Linear::new(&mut s, "lin", 8, 4, true)
+        };
+        store.alloc(&backend).unwrap();
+        store.load(|_, spec, dst| {
+            let n = spec.ne.iter().product::<i64>() as usize;
+            let v = pattern(n, 3);
+            if spec.ty == F32 {
+                dst.copy_from_slice(&f32_bytes(&v));
+            } else {
+                let mut h = vec![0u16; n];
+                // SAFETY: h holds n values.
+                unsafe { g::ggml_fp32_to_fp16_row(v.as_ptr(), h.as_mut_ptr(), n as i64) };
+                dst.copy_from_slice(&h.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>());
+            }
+            Ok(())
+        })
+        .unwrap();
+        let x = pattern(16, 9);
+        let mut r = Runner::new(backend.clone(), 2);
+        let before = r.compute(|g| Ok(lin.forward(g, g.input_f32(&x, &[8, 2])))).unwrap();
+        let w = store.entries().next().unwrap().1;
+        let home = unsafe { (*w.raw()).data };
+        let tensors: Vec<*mut g::ggml_tensor> = store.entries().map(|(_, w)| w.raw()).collect();
+        let staged = Staged::new(&backend, &tensors).unwrap();
+        assert_ne!(unsafe { (*w.raw()).data }, home);
+        let during = r.compute(|g| Ok(lin.forward(g, g.input_f32(&x, &[8, 2])))).unwrap();
+        drop(staged);
+        assert_eq!(unsafe { (*w.raw()).data }, home);
+        assert_eq!(before.data(), during.data());
     }
 }

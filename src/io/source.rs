@@ -175,14 +175,53 @@ pub fn is_unused_tensor(name: &str) -> bool {
     UNUSED_TENSOR_PREFIXES.iter().any(|p| name.starts_with(p))
 }
 
-/// One opened file. Data is read lazily; the file's size and modification time are
-/// remembered so that a file changed behind our back is an error rather than garbage.
+/// What identifies the contents of a file we opened: its size and modification time, and
+/// which file (device, inode) it is. A file rewritten, truncated or extended after we read
+/// its header has another size or time; one replaced by rename, or removed, is another
+/// file (or none) at its path.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Stamp {
+    len: u64,
+    modified: Option<SystemTime>,
+    id: Option<(u64, u64)>,
+}
+
+impl Stamp {
+    fn of(meta: &std::fs::Metadata) -> Stamp {
+        #[cfg(unix)]
+        let id = {
+            use std::os::unix::fs::MetadataExt;
+            Some((meta.dev(), meta.ino()))
+        };
+        #[cfg(not(unix))]
+        let id = None;
+        Stamp { len: meta.len(), modified: meta.modified().ok(), id }
+    }
+
+    /// How `now` differs from the stamp taken at open, in words (None: unchanged).
+    fn change(&self, now: &Stamp) -> Option<String> {
+        if now.id != self.id {
+            Some("it was replaced by another file".into())
+        } else if now.len != self.len {
+            Some(format!("size {} -> {} bytes", self.len, now.len))
+        } else if now.modified != self.modified {
+            Some("it was modified".into())
+        } else {
+            None
+        }
+    }
+}
+
+/// One opened file. Data is read lazily; the file's [`Stamp`] is remembered so that a file
+/// changed behind our back is an error rather than garbage (or a crash: see `validate`).
 struct ModelFile {
     path: PathBuf,
     format: FileFormat,
     len: u64,
-    modified: Option<SystemTime>,
-    handle: OnceCell<File>,
+    stamp: Stamp,
+    /// Every read goes through this handle, so the header we parsed and the data we read
+    /// come from the same file even if the path is later made to name another one.
+    handle: File,
     map: OnceCell<Option<std::sync::Arc<memmap2::Mmap>>>,
     zip: Mutex<Option<zip::ZipArchive<File>>>,
 }
@@ -195,42 +234,59 @@ impl ModelFile {
             path: path.to_path_buf(),
             format,
             len: meta.len(),
-            modified: meta.modified().ok(),
-            handle: OnceCell::with_value(f.try_clone().with_context(|| format!("failed to open '{}'", path.display()))?),
+            stamp: Stamp::of(&meta),
+            handle: f.try_clone().with_context(|| format!("failed to open '{}'", path.display()))?,
             map: OnceCell::new(),
             zip: Mutex::new(None),
         };
         Ok((mf, f))
     }
 
-    fn handle(&self) -> Result<&File> {
-        let f = self
-            .handle
-            .get_or_try_init(|| File::open(&self.path).with_context(|| format!("failed to open '{}'", self.path.display())))?;
-        self.check_unchanged(f)?;
-        Ok(f)
+    fn changed(&self, how: &str) -> Error {
+        Error::new(format!(
+            "model file '{}' changed since it was opened ({how}); create the context again to use the new file",
+            self.path.display()
+        ))
     }
 
-    fn check_unchanged(&self, f: &File) -> Result<()> {
-        let meta = f.metadata().with_context(|| format!("failed to stat '{}'", self.path.display()))?;
-        ensure!(
-            meta.len() == self.len && meta.modified().ok() == self.modified,
-            "'{}' changed on disk after it was opened (size {} -> {} bytes); reload the model",
-            self.path.display(),
-            self.len,
-            meta.len()
-        );
-        Ok(())
+    /// The open file's size and time are still those we read its header with (one
+    /// `fstat`, done before every read).
+    fn check_unchanged(&self) -> Result<()> {
+        let meta = self.handle.metadata().with_context(|| format!("failed to stat '{}'", self.path.display()))?;
+        match self.stamp.change(&Stamp::of(&meta)) {
+            Some(how) => Err(self.changed(&how)),
+            None => Ok(()),
+        }
+    }
+
+    /// [`check_unchanged`](Self::check_unchanged), and the path still names this file.
+    fn validate(&self) -> Result<()> {
+        self.check_unchanged()?;
+        match std::fs::metadata(&self.path) {
+            Ok(meta) => match self.stamp.change(&Stamp::of(&meta)) {
+                Some(how) => Err(self.changed(&how)),
+                None => Ok(()),
+            },
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => Err(self.changed("it was removed")),
+            Err(e) => Err(self.changed(&format!("cannot stat it: {e}"))),
+        }
+    }
+
+    /// Whether loaded weights compute from this file's mapping in place (a clone of it is
+    /// held outside this set), so that the file is read again at every use.
+    fn mapped_in_use(&self) -> bool {
+        self.map.get().and_then(Option::as_ref).is_some_and(|m| std::sync::Arc::strong_count(m) > 1)
     }
 
     fn mapping(&self) -> Result<Option<&std::sync::Arc<memmap2::Mmap>>> {
-        let f = self.handle()?;
+        self.check_unchanged()?;
         let map = self.map.get_or_init(|| {
-            // SAFETY: the mapping is read-only and private to us. Another process that
-            // truncates the file while it is mapped can still fault us (SIGBUS); we check
-            // the size and modification time before every access to keep that window
-            // small, like every mmap-based loader must accept.
-            match unsafe { memmap2::Mmap::map(f) } {
+            // SAFETY: the mapping is read-only and private to us. A file truncated while it
+            // is mapped faults whoever touches the lost pages (SIGBUS): we only map files
+            // whose weights are computed from in place, check the file before each load and
+            // generation (`ModelFiles::validate`), and DESIGN.md tells users not to modify
+            // model files in use; every mmap-based loader has to accept this.
+            match unsafe { memmap2::Mmap::map(&self.handle) } {
                 Ok(m) if m.len() as u64 == self.len => {
                     sd_info!("using mmap for '{}'", self.path.display());
                     Some(std::sync::Arc::new(m))
@@ -244,38 +300,27 @@ impl ModelFile {
         Ok(map.as_ref())
     }
 
-    fn read_at(&self, offset: u64, buf: &mut [u8], use_mmap: bool) -> Result<()> {
+    /// Copies are read with `pread`, never through the mapping: a file truncated meanwhile
+    /// is then a read error, not a fault.
+    fn read_at(&self, offset: u64, buf: &mut [u8]) -> Result<()> {
         let end = offset.checked_add(buf.len() as u64).filter(|&e| e <= self.len);
         ensure!(end.is_some(), "'{}': read of {} bytes at {} is beyond the end of the file", self.path.display(), buf.len(), offset);
-        if use_mmap {
-            if let Some(m) = self.mapping()? {
-                buf.copy_from_slice(&m[offset as usize..offset as usize + buf.len()]);
-                // The bytes now live in the caller's buffer (usually a backend's weight
-                // memory): drop the mapped pages from our resident set, or a mapped load
-                // holds the model twice at its peak. The page cache keeps them.
-                #[cfg(unix)]
-                // SAFETY: a read-only file mapping; pages touched again are re-read from
-                // the file, so discarding them changes no byte anyone observes.
-                let _ = unsafe { m.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, offset as usize, buf.len()) };
-                return Ok(());
-            }
-        }
-        let f = self.handle()?;
-        read_exact_at(f, buf, offset).with_context(|| format!("read tensor data failed: '{}'", self.path.display()))?;
-        // A file shrunk during the read would have failed above; one rewritten in place
-        // is caught here.
-        self.check_unchanged(f)
+        self.check_unchanged()?;
+        read_exact_at(&self.handle, buf, offset).with_context(|| format!("read tensor data failed: '{}'", self.path.display()))?;
+        // A file shrunk during the read failed above; one rewritten in place is caught here.
+        self.check_unchanged()
     }
 
     fn read_zip(&self, entry: usize, offset: u64, buf: &mut [u8]) -> Result<()> {
-        let f = self.handle()?;
+        self.check_unchanged()?;
         let mut guard = self.zip.lock();
         if guard.is_none() {
-            let f = f.try_clone()?;
+            let f = self.handle.try_clone()?;
             *guard = Some(zip::ZipArchive::new(f).map_err(|e| Error::new(format!("'{}': {e}", self.path.display())))?);
         }
         let zip = guard.as_mut().expect("opened above");
-        torch::read_zip_range(zip, entry, offset, buf).map_err(|e| Error::new(format!("'{}': {e}", self.path.display())))
+        torch::read_zip_range(zip, entry, offset, buf).map_err(|e| Error::new(format!("'{}': {e}", self.path.display())))?;
+        self.check_unchanged()
     }
 }
 
@@ -501,8 +546,8 @@ impl ModelFiles {
         }
     }
 
-    /// Read tensor data through memory maps (when the platform allows) instead of
-    /// `read()` calls.
+    /// Lets tensors stored in the type wanted be used from a memory map of their file in
+    /// place ([`shared_mapping`](Self::shared_mapping)); copies are always read with `read()`.
     pub fn set_mmap(&mut self, enable: bool) {
         self.mmap = enable;
     }
@@ -532,6 +577,20 @@ impl ModelFiles {
     /// The files opened, in order, with their formats.
     pub fn files(&self) -> Vec<(&Path, FileFormat)> {
         self.files.iter().map(|f| (f.path.as_path(), f.format)).collect()
+    }
+
+    /// Fails, naming the file, when any file changed since it was opened: rewritten,
+    /// truncated, extended, replaced or removed. Reads check their own file too; this is
+    /// for the start of a pass over many tensors.
+    pub fn validate(&self) -> Result<()> {
+        self.files.iter().try_for_each(ModelFile::validate)
+    }
+
+    /// [`validate`](Self::validate) for the files that loaded weights still compute from
+    /// (mapped in place): the only ones read after loading. A truncated one would fault the
+    /// next computation, so a generation checks them first.
+    pub fn validate_in_use(&self) -> Result<()> {
+        self.files.iter().filter(|f| f.mapped_in_use()).try_for_each(ModelFile::validate)
     }
 
     /// Removes tensors for which `keep` returns false.
@@ -623,7 +682,7 @@ impl ModelFiles {
     fn read_raw(&self, file: &ModelFile, ts: &TensorStorage, buf: &mut [u8]) -> Result<()> {
         match ts.zip_entry {
             Some(entry) => file.read_zip(entry, ts.offset, buf),
-            None => file.read_at(ts.offset, buf, self.mmap),
+            None => file.read_at(ts.offset, buf),
         }
     }
 
@@ -803,7 +862,7 @@ mod tests {
         std::io::Write::write_all(&mut f, b"xx").unwrap();
         drop(f);
         let e = m.read_f32("w").unwrap_err().to_string();
-        assert!(e.contains("changed on disk") && e.contains("'w'"), "{e}");
+        assert!(e.contains("changed since it was opened") && e.contains("'w'"), "{e}");
 
         let e = ModelFiles::open(&[ModelSource::new(d.0.join("nope.safetensors"), "")]).unwrap_err().to_string();
         assert!(e.contains("not found"), "{e}");
@@ -812,6 +871,64 @@ mod tests {
         let trunc = d.write("t.safetensors", &st_file(&["w"])[..100]);
         let e = ModelFiles::open(&[ModelSource::new(&trunc, "")]).unwrap_err().to_string();
         assert!(e.contains("t.safetensors"), "{e}");
+    }
+
+    /// A file changed after `open` is a clean error naming it, at the next read and at
+    /// `validate`; never a fault, also with mmap on.
+    #[test]
+    fn files_changed_after_open_are_clean_errors() {
+        let d = TempDir::new("val");
+        let bytes = st_file(&["w", "v"]);
+        let open = |p: &Path, mmap: bool| {
+            let mut m = ModelFiles::new();
+            m.set_mmap(mmap);
+            m.add(p, "").unwrap();
+            m
+        };
+        let set_time = |p: &Path, t: SystemTime| std::fs::File::options().write(true).open(p).unwrap().set_modified(t).unwrap();
+        let epoch = SystemTime::UNIX_EPOCH + std::time::Duration::from_secs(1_000_000_000);
+        for mmap in [false, true] {
+            // Truncated: reads and validation fail, also after the file was mapped.
+            let p = d.write("t.safetensors", &bytes);
+            let m = open(&p, mmap);
+            m.validate().unwrap();
+            let ts = m.get("w").unwrap().clone();
+            let mapped = m.shared_mapping(&ts, ts.ty()).unwrap();
+            assert_eq!(mapped.is_some(), mmap);
+            m.validate_in_use().unwrap();
+            std::fs::File::options().write(true).open(&p).unwrap().set_len(bytes.len() as u64 - 100).unwrap();
+            for e in [m.validate().unwrap_err(), m.read_f32("v").unwrap_err()] {
+                let e = e.to_string();
+                assert!(e.contains("t.safetensors' changed since it was opened") && e.contains("-> "), "{e}");
+            }
+            // A mapping in use is what a generation must check first; unused ones not.
+            assert_eq!(m.validate_in_use().is_err(), mmap);
+            drop(mapped);
+            m.validate_in_use().unwrap();
+
+            // Rewritten in place with the same size: only the time tells.
+            let p = d.write("r.safetensors", &bytes);
+            set_time(&p, epoch);
+            let m = open(&p, mmap);
+            let mut other = bytes.clone();
+            *other.last_mut().unwrap() ^= 1;
+            std::fs::write(&p, &other).unwrap();
+            set_time(&p, epoch + std::time::Duration::from_secs(1));
+            let e = m.read_f32("v").unwrap_err().to_string();
+            assert!(e.contains("r.safetensors' changed since it was opened (it was modified)"), "{e}");
+
+            // Replaced by rename, or removed: reads still see the opened file, validation
+            // (the start of every load) refuses.
+            let p = d.write("n.safetensors", &bytes);
+            let m = open(&p, mmap);
+            let tmp = d.write("n.tmp", &bytes);
+            std::fs::rename(&tmp, &p).unwrap();
+            assert_eq!(m.read_f32("w").unwrap()[9], 9.0 / 8.0);
+            let e = m.validate().unwrap_err().to_string();
+            assert!(e.contains("n.safetensors' changed since it was opened (it was replaced by another file)"), "{e}");
+            std::fs::remove_file(&p).unwrap();
+            assert!(m.validate().unwrap_err().to_string().contains("(it was removed)"));
+        }
     }
 
     #[test]

@@ -7,6 +7,7 @@ pub mod common;
 pub mod condition;
 pub mod diffusion;
 pub mod te;
+pub mod upscaler;
 pub mod vae;
 
 pub use condition::Condition;

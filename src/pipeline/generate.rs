@@ -18,6 +18,7 @@ use crate::params::{GuidanceParams, ImgGenParams, TilingParams as ApiTiling};
 use crate::runtime::defaults::{default_sample_method, default_scheduler, resolve_eta, unset_if_infinite};
 use crate::runtime::denoiser::Denoiser;
 use crate::runtime::args::ExtraArgs;
+use super::ref_images::RefImageParams;
 use crate::runtime::preview;
 use crate::runtime::rng::{randn_like, resolve_seed, GenerationRngs, Rng};
 use crate::runtime::samplers::{self, ModelOutput};
@@ -63,6 +64,8 @@ struct Request {
     shifted_timestep: i32,
     /// `extra_sample_args`, parsed once.
     extra: ExtraArgs,
+    /// `ref_image_args` over the family's preset, parsed once.
+    refs: RefImageParams,
 }
 
 /// Sampler, schedule and eta.
@@ -77,6 +80,8 @@ struct Plan {
 struct Prepared {
     init_latent: Tensor,
     denoise_mask: Tensor,
+    /// Reference latents the diffusion model takes as extra tokens (empty otherwise).
+    ref_latents: Vec<Tensor>,
     cond: Condition,
     uncond: Option<Condition>,
     img_uncond: Option<Condition>,
@@ -108,9 +113,6 @@ fn check_params(p: &ImgGenParams) -> Result<()> {
     }
     if p.cache.mode != crate::types::CacheMode::Disabled {
         sd_warn!("step caching ({}) is not supported for this model; ignoring it", p.cache.mode.name());
-    }
-    if p.control_image.is_some() {
-        sd_warn!("a control image was given but no ControlNet is loaded; ignoring it");
     }
     let images = [("init image", p.init_image.as_ref()), ("mask image", p.mask_image.as_ref())];
     for (what, img) in images.into_iter().chain(p.ref_images.iter().map(|r| ("reference image", Some(r)))) {
@@ -152,7 +154,7 @@ fn resolve_request(ms: &ModelSet, p: &ImgGenParams) -> Request {
     if !img_cfg_set {
         guidance.img_cfg = 1.0;
     }
-    if !ms.spec.supports_img_cfg() {
+    if !ms.spec.supports_img_cfg(!p.ref_images.is_empty()) {
         if img_cfg_set && guidance.img_cfg != 1.0 {
             sd_warn!("3-conditioning CFG is not supported with this model, disabling it for better performance");
         }
@@ -181,6 +183,7 @@ fn resolve_request(ms: &ModelSet, p: &ImgGenParams) -> Request {
         use_img_uncond,
         shifted_timestep,
         extra: ExtraArgs::parse(p.sample_params.extra_sample_args.as_deref()),
+        refs: RefImageParams::resolve(&p.ref_image_args, ms.spec.ref_image_preset),
     }
 }
 
@@ -242,18 +245,30 @@ fn encode_first_stage(
     circular: (bool, bool),
     rng: &mut dyn Rng,
 ) -> Result<Tensor> {
-    first_stage.encode_latents(image, tiling, circular, &mut |n| rng.randn(n))
+    first_stage.begin()?;
+    let out = first_stage.encode_latents(image, tiling, circular, &mut |n| rng.randn(n));
+    first_stage.end();
+    out
 }
 
-/// A reference image at the size the reference encodes it (`resize_before_vae`): about the
-/// request's area (at most 1024²), its aspect ratio kept, sides rounded to 16.
+/// A reference image at the size the reference encodes it: with `resize_before_vae`, about
+/// the request's area (at most `vae_input_max_pixels`, default 1024²) with its aspect ratio,
+/// or the request's size (`resize_vae_to_target`), sides rounded to 16.
 fn ref_image_for_vae(img: &Image, r: &Request) -> Result<Tensor> {
     let t = rgb_tensor(img, img.width as usize, img.height as usize)?;
-    let (w, h) = (t.ne(0) as i64, t.ne(1) as i64);
-    let area = (1024 * 1024).min((r.width * r.height) as i64);
-    // Integer division before the root, as the reference computes it.
-    let vae_w = ((area * w / h) as f64).sqrt();
-    let vae_h = vae_w * h as f64 / w as f64;
+    if !r.refs.resize_before_vae {
+        return Ok(t);
+    }
+    let (w, h) = (t.ne(0) as f64, t.ne(1) as f64);
+    let (vae_w, vae_h) = if r.refs.resize_vae_to_target {
+        (r.width as f64, r.height as f64)
+    } else {
+        // Integer pixel counts and a truncating integer division, as the reference computes them.
+        let target = if r.refs.vae_input_max_pixels > 0 { r.refs.vae_input_max_pixels as i64 } else { 1024 * 1024 };
+        let area = target.min((r.width * r.height) as i64);
+        let vae_w = ((area * t.ne(0) as i64 / t.ne(1) as i64) as f64).sqrt();
+        (vae_w, vae_w * h / w)
+    };
     let round16 = |v: f64| ((v / 16.0).round() * 16.0) as usize;
     let (tw, th) = (round16(vae_w), round16(vae_h));
     ensure!(tw > 0 && th > 0, "reference image of {}x{} is too small", img.width, img.height);
@@ -293,22 +308,37 @@ fn prepare(
         Some(m) => Some(image_to_tensor(m, Some((w, h)))?.map(f32::round)),
         None => None,
     };
-    if concat_kind == Concat::Inpaint && (init_image.is_none() || mask.is_none()) {
+    let inpaint = matches!(concat_kind, Concat::Inpaint | Concat::FluxFill | Concat::Flex2);
+    if inpaint && (init_image.is_none() || mask.is_none()) {
         sd_warn!("inpainting model requires both an init image and a mask image.");
     }
     let mask = mask.unwrap_or_else(|| Tensor::full(&[w, h, 1, 1], 1.0));
     let latent_mask = resize_nearest_max(&mask, &[lw, lh, 1, 1])?;
 
+    let mut encode = |what: &str, img: &Tensor| {
+        encode_first_stage(ms.first_stage.as_mut(), img, tiling, circular, rngs.noise()).map_err(|e| Error::new(format!("failed to encode {what}: {e}")))
+    };
     let init_latent = match &init_image {
-        Some(img) => encode_first_stage(ms.first_stage.as_mut(), img, tiling, circular, rngs.noise())
-            .map_err(|e| Error::new(format!("failed to encode init image: {e}")))?,
+        Some(img) => encode("init image", img)?,
         None => Tensor::zeros(&[lw, lh, latent.channels, 1]),
     };
+    // Like the reference, a control image is encoded whenever one is given (before the
+    // reference images); only the control families read it.
+    let takes_control = matches!(concat_kind, Concat::FluxControls | Concat::Flex2);
+    let control_latent = match &p.control_image {
+        Some(img) => {
+            if !takes_control {
+                sd_warn!("a control image was given but no ControlNet is loaded; ignoring it");
+            }
+            Some(encode("control image", &rgb_tensor(img, w, h)?)?)
+        }
+        None => None,
+    };
 
-    // Reference images, in the reference's order (after the init image): encoded for the
-    // families that read them.
+    // Reference images, in the reference's order (after the init and control images):
+    // encoded for the families that read them.
     let mut ref_latents = Vec::new();
-    if concat_kind == Concat::Edit {
+    if concat_kind == Concat::Edit || (ms.spec.ref_latents && !p.ref_images.is_empty()) {
         let mut refs: Vec<Tensor> = p.ref_images.iter().map(|img| ref_image_for_vae(img, r)).collect::<Result<_>>()?;
         if refs.is_empty() {
             sd_warn!("This model needs at least one reference image; using an empty reference");
@@ -318,10 +348,7 @@ fn prepare(
         }
         sd_info!("EDIT mode");
         for (i, img) in refs.iter().enumerate() {
-            ref_latents.push(
-                encode_first_stage(ms.first_stage.as_mut(), img, tiling, circular, rngs.noise())
-                    .map_err(|e| Error::new(format!("failed to encode reference image {i}: {e}")))?,
-            );
+            ref_latents.push(encode(&format!("reference image {i}"), img)?);
         }
     } else if !p.ref_images.is_empty() {
         sd_warn!("{} does not use reference images; ignoring them", ms.version.name());
@@ -329,18 +356,35 @@ fn prepare(
 
     let mut concat = None;
     let mut img_uncond_concat = None;
+    let masked_latent = |encode: &mut dyn FnMut(&str, &Tensor) -> Result<Tensor>| -> Result<Tensor> {
+        match &init_image {
+            Some(img) => encode("masked init image", &zip_channels(img, &mask, |i, m| (1.0 - m) * (i - 0.5) + 0.5)?),
+            None => Ok(Tensor::zeros(init_latent.shape())),
+        }
+    };
     match concat_kind {
         Concat::Inpaint => {
-            let masked_latent = match &init_image {
-                Some(img) => {
-                    let masked = zip_channels(img, &mask, |i, m| (1.0 - m) * (i - 0.5) + 0.5)?;
-                    encode_first_stage(ms.first_stage.as_mut(), &masked, tiling, circular, rngs.noise())
-                        .map_err(|e| Error::new(format!("failed to encode masked init image: {e}")))?
-                }
-                None => Tensor::zeros(init_latent.shape()),
-            };
+            let masked_latent = masked_latent(&mut encode)?;
             concat = Some(concat_channels(&latent_mask, &masked_latent)?);
             img_uncond_concat = Some(concat_channels(&latent_mask, &Tensor::zeros(masked_latent.shape()))?);
+        }
+        Concat::FluxFill => {
+            let masked_latent = masked_latent(&mut encode)?;
+            let patches = mask_patches(&mask, latent.vae_scale)?;
+            concat = Some(concat_channels(&masked_latent, &patches)?);
+            img_uncond_concat = Some(concat_channels(&Tensor::zeros(masked_latent.shape()), &patches)?);
+        }
+        Concat::Flex2 => {
+            let masked_latent = zip_channels(&init_latent, &latent_mask, |l, m| (1.0 - m) * l)?;
+            let zeros = Tensor::zeros(masked_latent.shape());
+            let control = control_latent.clone().unwrap_or_else(|| zeros.clone());
+            concat = Some(concat_channels(&concat_channels(&masked_latent, &latent_mask)?, &control)?);
+            img_uncond_concat = Some(concat_channels(&concat_channels(&zeros, &latent_mask)?, &zeros)?);
+        }
+        Concat::FluxControls => {
+            let control = control_latent.clone().unwrap_or_else(|| Tensor::zeros(init_latent.shape()));
+            img_uncond_concat = Some(Tensor::zeros(control.shape()));
+            concat = Some(control);
         }
         Concat::Edit => {
             let first = &ref_latents[0];
@@ -351,15 +395,38 @@ fn prepare(
         }
         Concat::None => {}
     }
-    if p.init_image.is_some() || !ref_latents.is_empty() {
+    if p.init_image.is_some() || !p.ref_images.is_empty() {
         sd_info!("encode_first_stage completed, taking {:.2}s", start.elapsed().as_secs_f32());
     }
-    let denoise_mask = if concat_kind == Concat::Inpaint { max_pool_3x3(&latent_mask) } else { latent_mask };
+    let denoise_mask = if inpaint { max_pool_3x3(&latent_mask) } else { latent_mask };
+    // Edit models read their reference through the concatenated channels instead.
+    if concat_kind == Concat::Edit {
+        ref_latents.clear();
+    }
 
     let start = Instant::now();
-    let pass_concat = passes_concat(p.ref_image_args.as_str());
     let base = CondRequest { text: &p.prompt, clip_skip: p.clip_skip, width: w, height: h, zero_out_masked: false };
-    let mut cond = ms.cond.encode(&base)?;
+    ms.cond.begin()?;
+    let conds = encode_conditions(ms, &base, p, r, !ref_latents.is_empty(), concat, img_uncond_concat);
+    ms.cond.end();
+    let (cond, uncond, img_uncond) = conds?;
+    sd_info!("get_learned_condition completed, taking {:.2}s", start.elapsed().as_secs_f32());
+    Ok(Prepared { init_latent, denoise_mask, ref_latents, cond, uncond, img_uncond })
+}
+
+/// The request's conditions: prompt, negative prompt (when guidance needs it) and the
+/// image-unconditioned one (3-way guidance), with the concatenated latent channels.
+fn encode_conditions(
+    ms: &mut ModelSet,
+    base: &CondRequest<'_>,
+    p: &ImgGenParams,
+    r: &Request,
+    has_ref_latents: bool,
+    concat: Option<Tensor>,
+    img_uncond_concat: Option<Tensor>,
+) -> Result<(Condition, Option<Condition>, Option<Condition>)> {
+    let pass_concat = r.refs.pass_to_dit;
+    let mut cond = ms.cond.encode(base)?;
     if cond.concat.is_none() && pass_concat {
         cond.concat = concat.clone();
     }
@@ -375,10 +442,12 @@ fn prepare(
     } else {
         None
     };
+    // Kontext-style 3-way guidance needs its own pass without the reference latents.
+    let ref_latent_img_cfg = r.use_img_uncond && has_ref_latents && ms.spec.ref_latent_img_cfg;
     let img_uncond = if r.use_img_uncond {
         Some(match &uncond {
-            Some(u) => Condition { concat: img_uncond_concat, ..u.clone() },
-            None => {
+            Some(u) if !ref_latent_img_cfg => Condition { concat: img_uncond_concat, ..u.clone() },
+            _ => {
                 let mut c = ms.cond.encode(&negative)?;
                 if c.concat.is_none() && pass_concat {
                     c.concat = img_uncond_concat;
@@ -389,24 +458,24 @@ fn prepare(
     } else {
         None
     };
-    ms.cond.release();
-    sd_info!("get_learned_condition completed, taking {:.2}s", start.elapsed().as_secs_f32());
-    Ok(Prepared { init_latent, denoise_mask, cond, uncond, img_uncond })
+    Ok((cond, uncond, img_uncond))
 }
 
-/// `pass_to_dit` of the request's reference-image arguments (default true): whether the
-/// concatenated latent channels reach the diffusion model.
-fn passes_concat(ref_image_args: &str) -> bool {
-    let mut pass = true;
-    for (k, v) in crate::runtime::args::parse_key_value_args(Some(ref_image_args), "reference image args") {
-        if k == "pass_to_dit" {
-            match crate::runtime::args::parse_strict_bool(&v) {
-                Some(b) => pass = b,
-                None => sd_warn!("ignoring invalid reference image arg '{k}={v}'"),
-            }
+/// The full-resolution mask [W, H, 1, 1] as one channel per pixel of each `p`×`p` block:
+/// [W/p, H/p, p·p, 1], channel `(y % p)·p + x % p` (Flux Fill).
+fn mask_patches(mask: &Tensor, p: usize) -> Result<Tensor> {
+    let (w, h) = (mask.ne(0), mask.ne(1));
+    ensure!(w % p == 0 && h % p == 0, "mask of {w}x{h} is not a multiple of {p}");
+    let (lw, lh) = (w / p, h / p);
+    let src = mask.data();
+    let mut out = vec![0f32; w * h];
+    for y in 0..h {
+        for x in 0..w {
+            let ch = (y % p) * p + x % p;
+            out[(ch * lh + y / p) * lw + x / p] = src[y * w + x];
         }
     }
-    pass
+    Tensor::from_vec(&[lw, lh, p * p, 1], out)
 }
 
 /// Classifier-free guidance, in the reference's order of float operations.
@@ -421,6 +490,48 @@ fn guide(g: &GuidanceParams, cond: &Tensor, uncond: Option<&Tensor>, img_uncond:
         (Some(u), None) => cond.zip(u, |c, u| u + cfg * (c - u)),
         (None, Some(i)) => cond.zip(i, |c, i| i + cfg * (c - i)),
         (None, None) => cond.clone(),
+    }
+}
+
+/// Skip-layer guidance: on the steps strictly between `layer_start` and `layer_end` (as
+/// fractions of the schedule's length), the prediction moves away from a pass that skips
+/// `layers` by `scale`; with `slg_uncond` (extra sample arg) the unconditional pass skips
+/// them instead.
+struct SkipLayerGuidance {
+    layers: Vec<i32>,
+    scale: f32,
+    uncond: bool,
+    start_step: i32,
+    stop_step: i32,
+}
+
+impl SkipLayerGuidance {
+    fn new(p: &crate::params::SlgParams, extra: &ExtraArgs, supported: bool, schedule_len: usize) -> SkipLayerGuidance {
+        let mut uncond = false;
+        for (k, v) in extra.pairs() {
+            if k == "slg_uncond" {
+                match crate::runtime::args::parse_strict_bool(v) {
+                    Some(b) => uncond = b,
+                    None => sd_warn!("ignoring invalid SLG extra sample arg '{k}={v}'"),
+                }
+            }
+        }
+        let mut enabled = (p.scale != 0.0 || uncond) && !p.layers.is_empty();
+        if enabled && !supported {
+            sd_warn!("SLG is incompatible with this model type");
+            enabled = false;
+        }
+        SkipLayerGuidance {
+            layers: if enabled { p.layers.clone() } else { Vec::new() },
+            scale: if enabled { p.scale } else { 0.0 },
+            uncond,
+            start_step: (p.layer_start * schedule_len as f32) as i32,
+            stop_step: (p.layer_end * schedule_len as f32) as i32,
+        }
+    }
+
+    fn enabled_for_step(&self, step: i32) -> bool {
+        !self.layers.is_empty() && step > self.start_step && step < self.stop_step
     }
 }
 
@@ -439,7 +550,9 @@ fn send_preview(
         Preview::Proj => preview::project(latents, Some(projection)),
         Preview::Vae | Preview::Tae => {
             let lat = decoder.diffusion_to_vae(latents);
-            decoder.decode(&lat, tiling, circular, None).and_then(|t| tensor_to_image(&t, 0))
+            let out = decoder.begin().and_then(|_| decoder.decode(&lat, tiling, circular, None));
+            decoder.end();
+            out.and_then(|t| tensor_to_image(&t, 0))
         }
         Preview::None => return,
     };
@@ -467,6 +580,8 @@ fn sample(
     cancel: &CancelFlag,
 ) -> Result<Tensor> {
     let projection = ms.spec.preview;
+    let ms_slg_supported = ms.spec.skip_layer_guidance;
+    let ms_ref_latent_img_cfg = ms.spec.ref_latent_img_cfg;
     let ModelSet { diffusion, denoiser, first_stage, preview: preview_vae, .. } = ms;
     let denoiser: &Denoiser = denoiser;
     let decoder: &mut dyn FirstStage = match preview_vae {
@@ -480,7 +595,13 @@ fn sample(
     let mask = &prepared.denoise_mask;
     let mut last_progress = Instant::now();
 
+    let slg = SkipLayerGuidance::new(&r.guidance.slg, &r.extra, ms_slg_supported, plan.sigmas.len());
+    let ref_latents: &[Tensor] = if r.refs.pass_to_dit { &prepared.ref_latents } else { &[] };
+    // Kontext's image-unconditional pass sees no reference latents.
+    let img_uncond_refs: &[Tensor] = if ms_ref_latent_img_cfg { &[] } else { ref_latents };
+
     let x_t = denoiser.noise_scaling(plan.sigmas[0], noise, init)?;
+    diffusion.begin()?;
     let mut model = |x: &Tensor, sigma: f32, step: i32| -> Result<ModelOutput> {
         if cancel.stop_now() {
             sd_debug!("cancelling generation");
@@ -498,15 +619,32 @@ fn sample(
             send_preview(&input, step, true, &preview, projection, decoder, tiling, circular);
         }
         let timesteps = [t];
-        let mut run = |c: &Condition| {
-            diffusion
-                .compute(&DiffusionInput::new(&input, &timesteps, c))
-                .map_err(|e| Error::new(format!("diffusion model compute failed: {e}")))
+        let skip_step = slg.enabled_for_step(step);
+        let mut run = |c: &Condition, refs: &[Tensor], skip_layers: &[i32]| {
+            let input = DiffusionInput {
+                guidance: r.guidance.distilled_guidance,
+                ref_latents: refs,
+                ref_index_mode: r.refs.ref_index_mode,
+                skip_layers,
+                ..DiffusionInput::new(&input, &timesteps, c)
+            };
+            diffusion.compute(&input).map_err(|e| Error::new(format!("diffusion model compute failed: {e}")))
         };
-        let cond_out = run(&prepared.cond)?;
-        let uncond_out = prepared.uncond.as_ref().map(&mut run).transpose()?;
-        let img_out = prepared.img_uncond.as_ref().map(&mut run).transpose()?;
-        let guided = guide(&r.guidance, &cond_out, uncond_out.as_ref(), img_out.as_ref());
+        let cond_out = run(&prepared.cond, ref_latents, &[])?;
+        let uncond_skip: &[i32] = if skip_step && slg.uncond { &slg.layers } else { &[] };
+        if !uncond_skip.is_empty() {
+            sd_debug!("Skipping layers at uncond step {step}");
+        }
+        let uncond_out = prepared.uncond.as_ref().map(|c| run(c, ref_latents, uncond_skip)).transpose()?;
+        let img_out = prepared.img_uncond.as_ref().map(|c| run(c, img_uncond_refs, &[])).transpose()?;
+        let mut guided = guide(&r.guidance, &cond_out, uncond_out.as_ref(), img_out.as_ref());
+        if skip_step && slg.scale != 0.0 {
+            sd_debug!("Skipping layers at step {step}");
+            let skipped = run(&prepared.cond, ref_latents, &slg.layers)?;
+            let scale = slg.scale;
+            let d: Vec<f32> = guided.data().iter().zip(cond_out.data()).zip(skipped.data()).map(|((&g, &c), &k)| g + (c - k) * scale).collect();
+            guided = Tensor::from_vec(guided.shape(), d)?;
+        }
 
         let to_denoised = |pred: &Tensor| pred.zip(x, |p, xv| p * s.c_out + xv * s.c_skip);
         let denoised = to_denoised(&guided);
@@ -533,7 +671,7 @@ fn sample(
         &r.extra,
         Some(denoiser),
     );
-    diffusion.release();
+    diffusion.end();
     let x0 = result?;
     Ok(denoiser.inverse_noise_scaling(*plan.sigmas.last().unwrap_or(&0.0), x0))
 }
@@ -550,6 +688,16 @@ fn decode_all(ms: &mut ModelSet, latents: &[Tensor], tiling: &TilingParams, circ
     sd_info!("decoding {} latents", latents.len());
     let start = Instant::now();
     let fs = ms.first_stage.as_mut();
+    fs.begin()?;
+    let images = decode_each(fs, latents, tiling, circular, cancel);
+    fs.end();
+    let images = images?;
+    sd_info!("decode_first_stage completed, taking {:.2}s", start.elapsed().as_secs_f32());
+    ensure!(!images.is_empty(), "cancelled before any latent images were decoded");
+    Ok(images)
+}
+
+fn decode_each(fs: &mut dyn FirstStage, latents: &[Tensor], tiling: &TilingParams, circular: (bool, bool), cancel: &CancelFlag) -> Result<Vec<Image>> {
     let mut images = Vec::new();
     for (i, lat) in latents.iter().enumerate() {
         if cancel.stop_now() {
@@ -572,13 +720,12 @@ fn decode_all(ms: &mut ModelSet, latents: &[Tensor], tiling: &TilingParams, circ
         images.push(tensor_to_image(&decoded, 0)?);
         sd_info!("latent {} decoded, taking {:.2}s", i + 1, t.elapsed().as_secs_f32());
     }
-    sd_info!("decode_first_stage completed, taking {:.2}s", start.elapsed().as_secs_f32());
-    ensure!(!images.is_empty(), "cancelled before any latent images were decoded");
     Ok(images)
 }
 
 /// Text/image to image: `batch_count` RGB images, fewer when new latents were cancelled.
 pub fn generate(ms: &mut ModelSet, p: &ImgGenParams, cancel: &CancelFlag) -> Result<Vec<Image>> {
+    ms.weights.validate()?;
     check_params(p)?;
     let t0 = Instant::now();
     let mut r = resolve_request(ms, p);
@@ -592,6 +739,8 @@ pub fn generate(ms: &mut ModelSet, p: &ImgGenParams, cancel: &CancelFlag) -> Res
 
     let mut rngs = GenerationRngs::new(ms.rng_type, ms.sampler_rng_type);
     rngs.manual_seed(r.seed as u64);
+    let default_shift = ms.default_flow_shift;
+    ms.denoiser.set_flow_shift(unset_if_infinite(p.sample_params.flow_shift), default_shift);
     let mut plan = resolve_plan(ms, p, &r)?;
     let prepared = prepare(ms, p, &mut r, &mut plan, &tiling, circular, &mut rngs)?;
 
@@ -660,10 +809,12 @@ mod tests {
     }
 
     #[test]
-    fn reference_image_args() {
-        assert!(passes_concat(""));
-        assert!(!passes_concat("pass_to_dit=false"));
-        assert!(passes_concat("pass_to_dit=maybe"));
+    fn mask_patches_put_each_block_in_channels() {
+        let mask = Tensor::from_vec(&[4, 2, 1, 1], (0..8).map(|v| v as f32).collect()).unwrap();
+        let p = mask_patches(&mask, 2).unwrap();
+        assert_eq!(p.shape(), &[2, 1, 4, 1]);
+        // Block 0 holds (0,0), (1,0), (0,1), (1,1) = 0, 1, 4, 5; block 1 holds 2, 3, 6, 7.
+        assert_eq!(p.data(), &[0., 2., 1., 3., 4., 6., 5., 7.]);
     }
 
     #[test]

@@ -6,7 +6,7 @@
 use crate::params::CtxParams;
 use crate::error::{Context as _, Result};
 use crate::graph::params::HostRegion;
-use crate::graph::{Backend, Loaded, ParamStore, Runner, Scope, TypeMap};
+use crate::graph::{Backend, Loaded, ParamStore, Placement, Runner, Scope, TypeMap, WeightSource};
 use std::sync::Arc;
 use crate::io::type_rules::{target_type, TypeRules};
 use crate::io::{Component, ModelFiles, SdVersion, TensorStorage};
@@ -58,17 +58,41 @@ impl Weights {
         })?;
         sd_info!("Version: {}", version.name());
         files.convert_names(Some(version));
+        Ok(Self::from_files(files, version, params.wtype, params.tensor_type_rules.as_deref().unwrap_or("")))
+    }
 
-        let rules = TypeRules::parse(params.tensor_type_rules.as_deref().unwrap_or(""));
+    /// Files already listed with internal names, each weight typed by `wtype` and the
+    /// `tensor_type_rules` text.
+    pub fn from_files(files: ModelFiles, version: SdVersion, wtype: Option<SdType>, type_rules: &str) -> Weights {
+        let rules = TypeRules::parse(type_rules);
         let types = files
             .tensors()
             .iter()
             .map(|ts| {
-                let ty = target_type(ts, params.wtype, &rules).unwrap_or(ts.ty());
+                let ty = target_type(ts, wtype, &rules).unwrap_or(ts.ty());
                 (ts.name().to_string(), ty.raw())
             })
             .collect();
+        Weights { files, types, version }
+    }
+
+    /// Lists one file of a family the caller already knows (an upscaler model), names
+    /// converted for `version`; weights keep the file's types. Read without mmap, like the
+    /// reference loads upscalers.
+    pub fn open_file(path: &str, version: SdVersion) -> Result<Weights> {
+        let mut files = ModelFiles::new();
+        files.set_mmap(false);
+        files
+            .add(path, "")
+            .map_err(|e| crate::error::Error::new(format!("init model loader from file failed: '{path}': {e}")))?;
+        files.convert_names(Some(version));
+        let types = files.tensors().iter().map(|ts| (ts.name().to_string(), ts.ty().raw())).collect();
         Ok(Weights { files, types, version })
+    }
+
+    /// Internal names of every tensor in the files.
+    pub fn names(&self) -> impl Iterator<Item = &str> {
+        self.files.tensors().iter().map(TensorStorage::name)
     }
 
     pub fn version(&self) -> SdVersion {
@@ -99,11 +123,19 @@ impl Weights {
         self.files.get(name)
     }
 
+    /// Fails, naming the file, when a file that loaded weights compute from in place (mmap)
+    /// changed since it was opened: call it before every use of the weights, as a truncated
+    /// file would fault the computation instead (DESIGN.md, "Model files").
+    pub fn validate(&self) -> Result<()> {
+        self.files.validate_in_use()
+    }
+
     /// Allocates `store` on `backend` and fills every declared tensor from the files. With
     /// mmap on a CPU backend, tensors stored in the wanted type are computed from the mapped
     /// file in place (no copy; pages are read when first used), like the reference.
     pub fn load(&self, store: &mut ParamStore, backend: &Backend, what: &str, threads: usize) -> Result<()> {
         let start = Instant::now();
+        self.files.validate()?;
         let placed = store.place_in_host_regions(backend, |name, spec| {
             let ts = self.files.get(name)?;
             let ty = SdType::from_raw(spec.ty)?;
@@ -133,20 +165,44 @@ impl Weights {
 const STORE_CAPACITY: usize = 4096;
 
 impl Weights {
-    /// A network declared by `declare` under `prefix`, its weights filled from the files on
-    /// `backend`, with a runner of `n_threads`. `what` names it in logs and errors.
+    /// A network declared by `declare` under `prefix`, its weights placed as `placement`
+    /// says (on the compute device, on another backend, spread over a layer split, or left
+    /// on disk to be read for each phase), with a runner of `n_threads`. `what` names it in
+    /// logs and errors.
     pub fn load_model<M>(
-        &self,
-        backend: Arc<Backend>,
+        self: &Arc<Self>,
+        placement: Placement,
         n_threads: i32,
         prefix: &str,
-        what: &str,
+        what: &'static str,
         declare: impl FnOnce(&mut Scope) -> M,
     ) -> Result<Loaded<M>> {
         let mut store = ParamStore::new(STORE_CAPACITY)?;
         let model = declare(&mut Scope::new(&mut store, self.types(), prefix));
-        self.load(&mut store, &backend, what, n_threads.max(1) as usize)?;
-        Ok(Loaded::new(model, store, Runner::new(backend, n_threads)))
+        let threads = n_threads.max(1) as usize;
+        if !placement.split.is_empty() {
+            let (devices, shares) = placement.split_devices();
+            store.alloc_split(&devices, &shares).with_context(|| format!("{what}: allocating weights"))?;
+            self.fill(&mut store, threads)?;
+        } else if let Some(b) = placement.weights_backend() {
+            self.load(&mut store, b, what, threads)?;
+        } else {
+            sd_info!("{what}: weights are read from the model files for each use");
+        }
+        let runner = Runner::for_placement(&placement, n_threads);
+        let source: Arc<dyn WeightSource> = self.clone();
+        Ok(Loaded::new(model, store, placement, runner, Some(source), what))
+    }
+
+    /// Fills an allocated `store` (e.g. one spread over several devices) from the files.
+    pub fn fill(&self, store: &mut ParamStore, threads: usize) -> Result<()> {
+        fill(&self.files, store, threads)
+    }
+}
+
+impl WeightSource for Weights {
+    fn load(&self, store: &mut ParamStore, backend: &Backend, what: &str, threads: usize) -> Result<()> {
+        Weights::load(self, store, backend, what, threads)
     }
 }
 

@@ -3,12 +3,15 @@
 
 pub mod callbacks;
 pub mod conditioning;
-pub mod devices;
 pub mod families;
 pub mod generate;
 pub mod imageops;
 pub mod loader;
 pub mod prompt;
+pub mod ref_images;
+pub mod t5;
+pub mod upscaler;
 
 pub use families::ModelSet;
 pub use generate::capture_final_latents;
+pub use upscaler::Upscaler;

@@ -4,6 +4,7 @@
 //! re-weighting of the encoder output.
 
 use crate::error::{Context, Result};
+use crate::models::te::t5_tokenizer;
 use crate::models::te::tokenizer::{ClipTokenizer, CustomWords, BOS_TOKEN, EOS_TOKEN, VOCAB_SIZE};
 use crate::tensor::Tensor;
 use std::ops::Range;
@@ -186,12 +187,40 @@ pub struct PadOptions {
     /// Split long sequences into `min_length` chunks, each with its own BOS/EOS.
     pub allow_overflow_expand: bool,
     pub pad_token: u32,
+    /// Starts every sequence (CLIP's BOS; T5 has none).
+    pub bos: Option<u32>,
+    /// Ends every sequence, also a truncated one.
+    pub eos: Option<u32>,
 }
 
 impl PadOptions {
     /// SD1/SD2/SDXL: one or more 77-token chunks (BOS + 75 + EOS, padded).
     pub const fn clip_chunks(pad_token: u32) -> PadOptions {
-        PadOptions { min_length: CHUNK_LEN, max_length: CHUNK_LEN, allow_overflow_expand: true, pad_token }
+        PadOptions {
+            min_length: CHUNK_LEN,
+            max_length: CHUNK_LEN,
+            allow_overflow_expand: true,
+            pad_token,
+            bos: Some(BOS_TOKEN),
+            eos: Some(EOS_TOKEN),
+        }
+    }
+
+    /// T5 (SD3: 77, Flux: 256, Chroma: 512): chunks of `len` tokens, each ending in EOS and
+    /// padded with `<pad>`; no BOS.
+    pub const fn t5_chunks(len: usize) -> PadOptions {
+        PadOptions {
+            min_length: len,
+            max_length: len,
+            allow_overflow_expand: true,
+            pad_token: t5_tokenizer::PAD_TOKEN,
+            bos: None,
+            eos: Some(t5_tokenizer::EOS_TOKEN),
+        }
+    }
+
+    fn special_count(&self) -> usize {
+        usize::from(self.bos.is_some()) + usize::from(self.eos.is_some())
     }
 }
 
@@ -215,48 +244,65 @@ impl WeightedTokens {
     /// Adds BOS/EOS and padding, truncating or chunking long sequences, as the reference
     /// (which leaves mismatched tokens and weights as they are, after logging it).
     pub fn pad(&mut self, opts: &PadOptions) {
+        self.pad_with_mask(opts);
+    }
+
+    /// [`pad`](Self::pad), also returning the attention mask: 1 for each token and BOS/EOS,
+    /// 0 for padding (and for the zero fill of a truncation to more than the tokens).
+    pub fn pad_with_mask(&mut self, opts: &PadOptions) -> Vec<f32> {
         if self.tokens.len() != self.weights.len() {
             sd_error!("tokens size != weights size");
-            return;
+            return Vec::new();
         }
         let n = self.tokens.len();
-        let sequence = |range: Range<usize>, target: usize, out: &mut WeightedTokens| {
+        let mut mask = Vec::new();
+        let sequence = |range: Range<usize>, target: usize, out: &mut WeightedTokens, mask: &mut Vec<f32>| {
             let start = out.tokens.len();
-            out.tokens.push(BOS_TOKEN);
-            out.weights.push(1.0);
+            if let Some(bos) = opts.bos {
+                out.tokens.push(bos);
+                out.weights.push(1.0);
+            }
             out.tokens.extend_from_slice(&self.tokens[range.clone()]);
             out.weights.extend_from_slice(&self.weights[range]);
-            out.tokens.push(EOS_TOKEN);
-            out.weights.push(1.0);
+            if let Some(eos) = opts.eos {
+                out.tokens.push(eos);
+                out.weights.push(1.0);
+            }
+            mask.resize(out.tokens.len(), 1.0);
             let short = target.saturating_sub(out.tokens.len() - start);
             out.tokens.extend(std::iter::repeat_n(opts.pad_token, short));
             out.weights.extend(std::iter::repeat_n(1.0, short));
+            mask.resize(out.tokens.len(), 0.0);
         };
-        let single = opts.min_length.max(n + 2);
+        let specials = opts.special_count();
+        let single = opts.min_length.max(n + specials);
         let exceeds = opts.max_length > 0 && single > opts.max_length;
         let mut out = WeightedTokens::default();
         if !exceeds {
-            sequence(0..n, opts.min_length, &mut out);
+            sequence(0..n, opts.min_length, &mut out, &mut mask);
         } else if !opts.allow_overflow_expand {
-            sequence(0..n, 0, &mut out);
+            sequence(0..n, 0, &mut out, &mut mask);
             out.tokens.resize(opts.max_length, 0);
             out.weights.resize(opts.max_length, 0.0);
-            if let (Some(t), Some(w)) = (out.tokens.last_mut(), out.weights.last_mut()) {
-                *t = EOS_TOKEN;
-                *w = 1.0;
+            mask.resize(opts.max_length, 0.0);
+            if let Some(eos) = opts.eos {
+                if let (Some(t), Some(w), Some(m)) = (out.tokens.last_mut(), out.weights.last_mut(), mask.last_mut()) {
+                    (*t, *w, *m) = (eos, 1.0, 1.0);
+                }
             }
-        } else if opts.min_length > 2 {
-            let per_chunk = opts.min_length - 2;
+        } else if opts.min_length > specials {
+            let per_chunk = opts.min_length - specials;
             let mut start = 0;
             while start < n {
                 let end = (start + per_chunk).min(n);
-                sequence(start..end, opts.min_length, &mut out);
+                sequence(start..end, opts.min_length, &mut out, &mut mask);
                 start = end;
             }
         } else {
-            sequence(0..n, opts.min_length, &mut out);
+            sequence(0..n, opts.min_length, &mut out, &mut mask);
         }
         *self = out;
+        mask
     }
 }
 
@@ -644,11 +690,11 @@ mod tests {
         assert_eq!((w.tokens[75], w.tokens[76]), (1074, EOS_TOKEN));
         // No length limit: one sequence.
         let mut w = seq(100);
-        w.pad(&PadOptions { min_length: 77, max_length: 0, allow_overflow_expand: false, pad_token: 0 });
+        w.pad(&PadOptions { min_length: 77, max_length: 0, allow_overflow_expand: false, ..PadOptions::clip_chunks(0) });
         assert_eq!(w.tokens.len(), 102);
         // min_length above max_length without expansion: zero-filled, EOS last (as the reference).
         let mut w = seq(3);
-        w.pad(&PadOptions { min_length: 10, max_length: 8, allow_overflow_expand: false, pad_token: 7 });
+        w.pad(&PadOptions { min_length: 10, max_length: 8, allow_overflow_expand: false, ..PadOptions::clip_chunks(7) });
         assert_eq!(w.tokens, [BOS_TOKEN, 1000, 1001, 1002, EOS_TOKEN, 0, 0, EOS_TOKEN]);
         assert_eq!(w.weights, [1.0, 2.0, 2.0, 2.0, 1.0, 0.0, 0.0, 1.0]);
     }

@@ -2,7 +2,7 @@
 //! tests/fixtures/synth_model.py, listed or generated into the fixture cache.
 #![allow(dead_code)]
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::Command;
 
 fn script() -> PathBuf {
@@ -20,7 +20,7 @@ pub fn cache_dir() -> PathBuf {
 /// Names and ggml shapes of a synthetic checkpoint (`synth_model.py list ARCH`), or `None`
 /// when python3/numpy are not available.
 pub fn synth_list(arch: &str) -> Option<Vec<(String, Vec<i64>)>> {
-    let out = Command::new("python3").arg(script()).arg("list").arg(arch).output().ok()?;
+    let out = Command::new(numpy_python()).arg(script()).arg("list").arg(arch).output().ok()?;
     if !out.status.success() {
         return None;
     }
@@ -50,7 +50,7 @@ pub fn synth_file(arch: &str, file: &str) -> Option<PathBuf> {
     }
     std::fs::create_dir_all(cache_dir()).unwrap();
     let tmp = path.with_extension("partial.safetensors");
-    let status = Command::new("python3").arg(script()).arg(arch).arg(&tmp).status().expect("python3");
+    let status = Command::new(numpy_python()).arg(script()).arg(arch).arg(&tmp).status().expect("python3");
     assert!(status.success(), "synth_model.py {arch} failed");
     std::fs::rename(&tmp, &path).unwrap();
     Some(path)
@@ -60,4 +60,17 @@ pub fn synth_file(arch: &str, file: &str) -> Option<PathBuf> {
 pub fn cached_file(file: &str) -> Option<PathBuf> {
     let path = cache_dir().join(file);
     path.exists().then_some(path)
+}
+
+/// The fixture environment's python (numpy), made once by `scripts/fixtures.sh --python`.
+fn numpy_python() -> PathBuf {
+    static PY: std::sync::OnceLock<PathBuf> = std::sync::OnceLock::new();
+    PY.get_or_init(|| {
+        let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("scripts/fixtures.sh");
+        match Command::new(script).arg("--python").output() {
+            Ok(o) if o.status.success() => PathBuf::from(String::from_utf8_lossy(&o.stdout).trim()),
+            _ => PathBuf::from("python3"),
+        }
+    })
+    .clone()
 }

@@ -39,6 +39,40 @@ fn lib_str(p: *const c_char) -> String {
     unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned()
 }
 
+/// An ESRGAN upscale of the test image (`job.upscale_model`).
+///
+/// # Safety
+/// The callbacks are installed.
+unsafe fn run_upscale(job: &Job, version: String, system_info: String) -> Result<Outcome<'static>, String> {
+    let model = cstr(&job.upscale_model)?;
+    // SAFETY: valid NUL-terminated path; NULL backends mean the default; the result is
+    // checked for NULL and the context freed once.
+    unsafe {
+        let (load_s, ctx) =
+            common::timed(|| sys::new_upscaler_ctx(model.as_ptr(), false, job.threads, job.tile_size, std::ptr::null(), std::ptr::null()));
+        if ctx.is_null() {
+            return Err("new_upscaler_ctx failed".into());
+        }
+        let mut outcome = Outcome { side: "reference", version, system_info, load_s, generate_s: None, picture: None, error: None };
+        let mut pixels = common::test_image(job.width as u32, job.height as u32);
+        let input = sys::sd_image_t { width: job.width as u32, height: job.height as u32, channel: 3, data: pixels.as_mut_ptr() };
+        common::set_generating(true);
+        let (upscale_s, img) = common::timed(|| sys::upscale(ctx, input, 4));
+        common::set_generating(false);
+        outcome.generate_s = Some(upscale_s);
+        if img.data.is_null() {
+            outcome.error = Some("upscale returned no image".into());
+        } else {
+            let len = (img.width * img.height * img.channel) as usize;
+            // Copied; the library's buffer is left to the process exit.
+            let data: &'static [u8] = Box::leak(std::slice::from_raw_parts(img.data, len).to_vec().into_boxed_slice());
+            outcome.picture = Some(Picture { width: img.width, height: img.height, channels: img.channel, data });
+        }
+        sys::free_upscaler_ctx(ctx);
+        Ok(outcome)
+    }
+}
+
 fn run(job: &Job) -> Result<Outcome<'static>, String> {
     let model = cstr(&job.model)?;
     let prompt = cstr(&job.prompt)?;
@@ -53,6 +87,9 @@ fn run(job: &Job) -> Result<Outcome<'static>, String> {
         sys::sd_set_progress_callback(Some(progress_cb), std::ptr::null_mut());
         let version = lib_str(sys::sd_version());
         let system_info = lib_str(sys::sd_get_system_info());
+        if job.is_upscale() {
+            return run_upscale(job, version, system_info);
+        }
 
         let mut cp: sys::sd_ctx_params_t = std::mem::zeroed();
         sys::sd_ctx_params_init(&mut cp);

@@ -61,6 +61,24 @@ static class GenerateTests
         return Tuple.Create(w, h, ch, outp);
     }
 
+    // A returned image against a golden PNG, within the tolerance of tests/fixtures/README.md.
+    public static void CheckGolden(Action<string, bool, string> check, string dir, string file, sd_image_t header, byte[] got)
+    {
+        var want = ReadPng(Path.Combine(dir, file));
+        check("golden size " + file, header.width == want.Item1 && header.height == want.Item2 && header.channel == want.Item3,
+              header.width + "x" + header.height + "x" + header.channel);
+        int max = 0;
+        long sum = 0;
+        for (int i = 0; i < Math.Min(got.Length, want.Item4.Length); i++)
+        {
+            int d = Math.Abs(got[i] - want.Item4[i]);
+            max = Math.Max(max, d);
+            sum += d;
+        }
+        double mean = (double)sum / want.Item4.Length;
+        check("golden " + Path.GetFileName(dir) + "/" + file, got.Length == want.Item4.Length && max <= 3 && mean <= 0.25, "max " + max + " mean " + mean);
+    }
+
     // Renders golden case `golden` (folder/case) from `file` in the fixture cache: "a lovely
     // cat", 64x64, seed 42, 4 Euler steps, v prediction, and compares within the tolerance of
     // tests/fixtures/README.md. Returns false when the fixture is missing.
@@ -103,19 +121,8 @@ static class GenerateTests
                 var got = Sd.TakeImages(images, count, headers);
                 check("generate_image(" + file + ")", ok && got.Count == 1, "ok=" + ok + " count=" + count);
                 if (got.Count != 1) return true;
-                var want = ReadPng(Path.Combine(repoRoot, "tests", "fixtures", "golden", golden + "_0.png"));
-                check("golden size", headers[0].width == want.Item1 && headers[0].height == want.Item2 && headers[0].channel == want.Item3,
-                      headers[0].width + "x" + headers[0].height + "x" + headers[0].channel);
-                int max = 0;
-                long sum = 0;
-                for (int i = 0; i < Math.Min(got[0].Length, want.Item4.Length); i++)
-                {
-                    int d = Math.Abs(got[0][i] - want.Item4[i]);
-                    max = Math.Max(max, d);
-                    sum += d;
-                }
-                double mean = (double)sum / want.Item4.Length;
-                check("golden " + golden, got[0].Length == want.Item4.Length && max <= 3 && mean <= 0.25, "max " + max + " mean " + mean);
+                var parts = golden.Split('/');
+                CheckGolden(check, Path.Combine(repoRoot, "tests", "fixtures", "golden", parts[0]), parts[1] + "_0.png", headers[0], got[0]);
             }
         }
         finally

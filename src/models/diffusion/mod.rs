@@ -1,11 +1,14 @@
 //! Diffusion networks (noise / velocity predictors) and the one interface the sampling loop
 //! calls them through.
 
+pub mod flux;
+pub mod mmdit;
 pub mod unet;
 
+use super::common::rope::RefIndexMode;
 use super::condition::Condition;
 use crate::error::Result;
-use crate::graph::Runner;
+use crate::graph::Components;
 use crate::tensor::Tensor;
 
 /// One denoiser evaluation's inputs (the reference's `DiffusionParams`).
@@ -18,27 +21,36 @@ pub struct DiffusionInput<'a> {
     /// ControlNet residuals (UNet models), added × `control_strength`.
     pub controls: Option<&'a [Tensor]>,
     pub control_strength: f32,
+    /// The distilled guidance value the model embeds (Flux dev).
+    pub guidance: f32,
+    /// Reference-image latents appended as tokens (Kontext), each `[W, H, C, 1]`, and how
+    /// their positions are numbered.
+    pub ref_latents: &'a [Tensor],
+    pub ref_index_mode: RefIndexMode,
+    /// Transformer blocks to skip (skip-layer guidance).
+    pub skip_layers: &'a [i32],
 }
 
 impl<'a> DiffusionInput<'a> {
     pub fn new(x: &'a Tensor, timesteps: &'a [f32], cond: &'a Condition) -> DiffusionInput<'a> {
-        DiffusionInput { x, timesteps, cond, controls: None, control_strength: 1.0 }
+        DiffusionInput {
+            x,
+            timesteps,
+            cond,
+            controls: None,
+            control_strength: 1.0,
+            guidance: 0.0,
+            ref_latents: &[],
+            ref_index_mode: RefIndexMode::Fixed,
+            skip_layers: &[],
+        }
     }
 }
 
-/// A loaded diffusion network of some family.
-pub trait DiffusionModel: Send {
+/// A loaded diffusion network of some family. Its networks' phase hooks (`Components::begin`
+/// / `end`) bracket a sampling run.
+pub trait DiffusionModel: Components + Send {
     /// The model output for `input` (noise, v or velocity as the family predicts):
     /// `[W, H, C_out, N]`.
     fn compute(&mut self, input: &DiffusionInput<'_>) -> Result<Tensor>;
-
-    /// Every graph runner of the model (graph options, compute-buffer release).
-    fn runners(&mut self) -> Vec<&mut Runner>;
-
-    /// Frees compute buffers (after the last step).
-    fn release(&mut self) {
-        for r in self.runners() {
-            r.release();
-        }
-    }
 }

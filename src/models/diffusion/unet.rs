@@ -525,25 +525,32 @@ impl UNetModel {
         });
 
         let emb = self.embed(g, timesteps, y);
-        let mut h = self.input_conv.forward(g, x);
+        // Cut points for segmented runs under a memory budget (`max_vram`), where the
+        // reference has them: after the input conv, each res input block, the middle
+        // block and each output block.
+        let mut h = g.mark_cut(self.input_conv.forward(g, x), "unet.input_blocks.0");
         let mut skips = vec![h];
-        for block in &self.input_blocks {
+        for (i, block) in self.input_blocks.iter().enumerate() {
             h = block.forward(g, h, emb, context);
+            if matches!(block, InputBlock::Res { .. }) {
+                h = g.mark_cut(h, &format!("unet.input_blocks.{}", i + 1));
+            }
             skips.push(h);
         }
         if let Some(m) = &self.middle {
-            h = m.forward(g, h, emb, context);
+            h = g.mark_cut(m.forward(g, h, emb, context), "unet.middle_block");
         }
         let mut controls = controls.iter().rev();
         if let Some(&c) = controls.next() {
             h = h.add(nn::scale(c, control_strength, true));
         }
-        for block in &self.output_blocks {
+        for (k, block) in self.output_blocks.iter().enumerate() {
             let mut skip = skips.pop().expect("one skip per output block");
             if let Some(&c) = controls.next() {
                 skip = skip.add(nn::scale(c, control_strength, true));
             }
             h = block.forward(g, h, skip, emb, context);
+            h = g.mark_cut(h, &format!("unet.output_blocks.{k}"));
         }
         self.head(g, h)
     }
@@ -636,10 +643,6 @@ impl DiffusionModel for Loaded<UNetModel> {
         let context = c.crossattn.as_ref().context("the UNet needs a cross-attention context")?;
         let (model, runner) = self.parts();
         compute(runner, model, input.x, input.timesteps, context, c.concat.as_ref(), c.vector.as_ref(), input.controls, input.control_strength)
-    }
-
-    fn runners(&mut self) -> Vec<&mut Runner> {
-        vec![&mut self.runner]
     }
 }
 

@@ -264,7 +264,8 @@ impl ClipTextModel {
     ) -> (T<'g>, Option<T<'g>>) {
         let cfg = &self.cfg;
         assert_eq!(input_ids.ne()[0], cfg.n_token, "CLIP input must be chunks of {} tokens", cfg.n_token);
-        let mut x = self.embed(g, input_ids, custom);
+        // Cut points for segmented runs under `max_vram`, as in the reference.
+        let mut x = g.mark_cut(self.embed(g, input_ids, custom), "clip_text.prelude");
         let mask = causal_mask(g, cfg.n_token);
 
         let n_hidden = cfg.layers_to_run(cfg.resolve_clip_skip(clip_skip)) as usize;
@@ -274,7 +275,7 @@ impl ClipTextModel {
             if i == n_hidden {
                 hidden = Some(self.hidden_output(g, x));
             }
-            x = layer.forward(g, x, mask);
+            x = g.mark_cut(layer.forward(g, x, mask), &format!("clip_text.layers.{i}"));
         }
         if n_hidden == n_all {
             hidden = Some(self.hidden_output(g, x));

@@ -4,4 +4,6 @@
 pub mod clip;
 #[cfg(test)]
 mod test_weights;
+pub mod t5;
+pub mod t5_tokenizer;
 pub mod tokenizer;

@@ -15,12 +15,23 @@ const SCRIPT: &str = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/tools/clip_refe
 
 pub use crate::testutil::fixture_cache;
 
+/// A python with numpy: the fixture generator's virtual environment (`SD_FIXTURE_VENV`,
+/// default `target/fixture-venv`), else python3; None when none has numpy.
+pub fn numpy_python() -> Option<PathBuf> {
+    let venv = std::env::var_os("SD_FIXTURE_VENV")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| crate::testutil::repo().join("target/fixture-venv"));
+    [venv.join("bin/python"), PathBuf::from("python3")].into_iter().find(|py| {
+        Command::new(py).args(["-c", "import numpy"]).status().map(|s| s.success()).unwrap_or(false)
+    })
+}
+
 /// Whether python3 with numpy can run the reference script; tests skip without it.
 pub fn have_numpy() -> bool {
     if !crate::testutil::model_tests_enabled("CLIP vs numpy") {
         return false;
     }
-    let ok = Command::new("python3").args(["-c", "import numpy"]).status().map(|s| s.success()).unwrap_or(false);
+    let ok = Command::new(crate::testutil::numpy_python()).args(["-c", "import numpy"]).status().map(|s| s.success()).unwrap_or(false);
     if !ok {
         eprintln!("skipping: python3 with numpy is needed for the CLIP reference");
     }
@@ -40,17 +51,25 @@ pub fn clip_weights(arch: &str) -> PathBuf {
 }
 
 fn run_script(args: &[&str]) {
-    let st = Command::new("python3").arg(SCRIPT).args(args).status().expect("python3");
+    let st = Command::new(crate::testutil::numpy_python()).arg(SCRIPT).args(args).status().expect("python3");
     assert!(st.success(), "clip_reference.py {args:?} failed");
 }
 
 /// Runs the numpy model on `cases` (see the script) and returns each case's output.
 pub fn reference(arch: &str, weights: &Path, cases: &serde_json::Value) -> Vec<Vec<f32>> {
-    let dir = std::env::temp_dir().join(format!("sd-rs-clip-{arch}-{}", std::process::id()));
+    run_cases(&format!("clip-{arch}"), cases, |cases_path, dir| {
+        run_script(&["run", arch, weights.to_str().unwrap(), cases_path.to_str().unwrap(), dir.to_str().unwrap()]);
+    })
+}
+
+/// Writes `cases` (a JSON list of objects with a "name") to `cases.json` in a fresh temporary
+/// directory, lets `run(cases.json, dir)` write `dir/NAME.f32` for each, and reads them back.
+pub fn run_cases(tag: &str, cases: &serde_json::Value, run: impl FnOnce(&Path, &Path)) -> Vec<Vec<f32>> {
+    let dir = std::env::temp_dir().join(format!("sd-rs-{tag}-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let cases_path = dir.join("cases.json");
     std::fs::write(&cases_path, cases.to_string()).unwrap();
-    run_script(&["run", arch, weights.to_str().unwrap(), cases_path.to_str().unwrap(), dir.to_str().unwrap()]);
+    run(&cases_path, &dir);
     let out = cases
         .as_array()
         .unwrap()
@@ -121,6 +140,11 @@ pub struct Weights {
 
 impl Weights {
     pub fn open(path: &Path) -> Result<Weights> {
+        Self::open_mapped(path, internal_name)
+    }
+
+    /// The tensors `internal` gives a name for, under that name.
+    pub fn open_mapped(path: &Path, internal: impl Fn(&str) -> Option<String>) -> Result<Weights> {
         let file = File::open(path).with_context(|| format!("{}", path.display()))?;
         let mut n = [0u8; 8];
         file.read_exact_at(&mut n, 0)?;
@@ -141,10 +165,15 @@ impl Weights {
             let shape = info["shape"].as_array().context("shape")?.iter().map(|d| d.as_i64().unwrap()).collect();
             let off = info["data_offsets"].as_array().context("offsets")?;
             let (a, b) = (off[0].as_u64().unwrap(), off[1].as_u64().unwrap());
-            let Some(internal) = internal_name(name) else { continue };
+            let Some(internal) = internal(name) else { continue };
             tensors.insert(internal, FileTensor { ty, shape, offset: 8 + n as u64 + a, len: (b - a) as usize });
         }
         Ok(Weights { file, tensors })
+    }
+
+    /// Shape of a tensor in ggml order.
+    pub fn shape(&self, name: &str) -> Option<Vec<i64>> {
+        self.tensors.get(name).map(|t| t.shape.iter().rev().copied().collect())
     }
 
     pub fn types(&self) -> TypeMap {

@@ -25,7 +25,7 @@ pub use autoencoder_kl::{AutoEncoderKL, VaeConfig};
 pub use tae::{TaeConfig, TinyAutoEncoder};
 
 use crate::error::Result;
-use crate::graph::{Loaded, Runner};
+use crate::graph::{Components, Loaded, Runner};
 use crate::runtime::tiling::{self, TileSpec, TilingParams};
 use crate::tensor::Tensor;
 use std::time::Instant;
@@ -209,8 +209,9 @@ impl Vae {
 }
 
 /// A loaded first stage as the pipeline uses it: image ↔ diffusion latents, with the host
-/// steps of the reference's `VAE` base class around the networks.
-pub trait FirstStage: Send {
+/// steps of the reference's `VAE` base class around the networks. Encoding and decoding
+/// run between its networks' phase hooks (`Components::begin` / `end`).
+pub trait FirstStage: Components + Send {
     /// Image [W, H, 3, N] in [0, 1] → encoder output (see [`Vae::encode`]).
     fn encode(&mut self, image: &Tensor, tiling: &TilingParams, circular: (bool, bool)) -> Result<Tensor>;
     /// Encoder output → VAE-space latents, drawing noise from `randn` when it samples.
@@ -219,7 +220,6 @@ pub trait FirstStage: Send {
     fn diffusion_to_vae(&self, z: &Tensor) -> Tensor;
     /// VAE-space latents → image (see [`Vae::decode`]).
     fn decode(&mut self, latents: &Tensor, tiling: &TilingParams, circular: (bool, bool), progress: Progress<'_>) -> Result<Tensor>;
-    fn runners(&mut self) -> Vec<&mut Runner>;
 
     /// Image → diffusion latents: encode, sample (or take) the latent, scale it.
     fn encode_latents(
@@ -257,10 +257,6 @@ impl FirstStage for Loaded<Vae> {
         let (vae, runner) = self.parts();
         vae.decode(runner, latents, tiling, circular, progress)
     }
-
-    fn runners(&mut self) -> Vec<&mut Runner> {
-        vec![&mut self.runner]
-    }
 }
 
 /// Splits KL moments [w, h, 2c, N] into (mean, logvar), each [w, h, c, N].
@@ -293,7 +289,7 @@ mod tests {
     fn golden_png(set: &str, name: &str) -> Tensor {
         let dir = TempDir::new("png");
         let out = dir.0.join("png.bin");
-        let ok = std::process::Command::new("python3")
+        let ok = std::process::Command::new(crate::testutil::numpy_python())
             .arg(PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/tools/vae_ref.py"))
             .arg("png")
             .arg(golden_dir(set).join(name))

@@ -142,7 +142,7 @@ pub fn numpy_ref(cmd: &str, weights: &Path, input: &Tensor) -> Tensor {
     let dir = TempDir::new(cmd);
     let (inp, out) = (dir.0.join("in.bin"), dir.0.join("out.bin"));
     write_bin(&inp, input);
-    let status = Command::new("python3")
+    let status = Command::new(crate::testutil::numpy_python())
         .arg(repo().join("tests/tools/vae_ref.py"))
         .args([cmd.as_ref(), weights.as_os_str(), inp.as_os_str(), out.as_os_str()])
         .status()

@@ -11,13 +11,13 @@
 
 use super::{CondRequest, Conditioner};
 use crate::error::{Context as _, Result};
-use crate::graph::{Backend, Loaded, Runner};
+use crate::graph::{Component, Components, Loaded, Placement};
 use crate::models::te::clip::{self, ClipConfig, ClipTextModel, ClipVersion, SDXL_CLIP_G_PREFIX, SD_CLIP_PREFIX};
 use crate::models::te::tokenizer::{ClipTokenizer, EOS_TOKEN};
 use crate::models::Condition;
 use crate::params::Embedding;
 use crate::pipeline::loader::{read_all_f32, Weights};
-use crate::pipeline::prompt::{apply_token_weights, tokenize_weighted, zero_after_first_eos, EmbeddingSet, PadOptions, CHUNK_LEN};
+use crate::pipeline::prompt::{apply_token_weights, tokenize_weighted, zero_after_first_eos, EmbeddingSet, PadOptions, WeightedTokens, CHUNK_LEN};
 use crate::tensor::Tensor;
 use std::sync::Arc;
 use std::time::Instant;
@@ -49,7 +49,7 @@ pub struct ClipConditioner {
 impl ClipConditioner {
     /// The encoders of `set` from `weights`, with the textual-inversion `embeddings` (files
     /// of any float type; each encoder gets the rows of its own width).
-    pub fn new(weights: &Weights, set: ClipSet, embeddings: &[Embedding], backend: Arc<Backend>, n_threads: i32) -> Result<Self> {
+    pub fn new(weights: &Arc<Weights>, set: ClipSet, embeddings: &[Embedding], placement: &Placement, n_threads: i32) -> Result<Self> {
         let specs: &[(ClipVersion, &str)] = match set {
             ClipSet::L => &[(ClipVersion::OpenAiVitL14, SD_CLIP_PREFIX)],
             ClipSet::H => &[(ClipVersion::OpenClipVitH14, SD_CLIP_PREFIX)],
@@ -74,7 +74,7 @@ impl ClipConditioner {
                     ClipVersion::OpenClipVitBigG14 => "OpenCLIP ViT-bigG",
                 }
             );
-            encoders.push(weights.load_model(backend.clone(), n_threads, prefix, "text encoder", |s| ClipTextModel::new(s, &cfg))?);
+            encoders.push(weights.load_model(placement.clone(), n_threads, prefix, "text encoder", |s| ClipTextModel::new(s, &cfg))?);
         }
 
         let dims: Vec<usize> = encoders.iter().map(|e| e.model.cfg.hidden_size as usize).collect();
@@ -134,6 +134,12 @@ fn size_embedding(values: &[f32], dim: usize) -> Vec<f32> {
     out
 }
 
+impl Components for ClipConditioner {
+    fn components(&mut self) -> Vec<&mut dyn Component> {
+        self.encoders.iter_mut().map(|e| e as &mut dyn Component).collect()
+    }
+}
+
 impl Conditioner for ClipConditioner {
     fn encode(&mut self, req: &CondRequest<'_>) -> Result<Condition> {
         let start = Instant::now();
@@ -162,7 +168,6 @@ impl Conditioner for ClipConditioner {
             }
             data.extend_from_slice(hidden.data());
         }
-        self.release();
         let n = data.len() / dim;
         ensure!(n > 0, "the prompt produced no tokens");
         sd_debug!("computing condition graph completed, taking {} ms", start.elapsed().as_millis());
@@ -172,9 +177,81 @@ impl Conditioner for ClipConditioner {
         };
         Ok(Condition { crossattn: Some(Tensor::from_vec(&[dim, n, 1], data)?), vector, concat: None })
     }
+}
 
-    fn runners(&mut self) -> Vec<&mut Runner> {
-        self.encoders.iter_mut().map(|e| &mut e.runner).collect()
+/// One CLIP text encoder of a DiT conditioner (SD3's CLIP-L and CLIP-G, Flux's CLIP-L), as
+/// the reference's `SD3CLIPEmbedder` / `FluxCLIPEmbedder` use them: prompts tokenized piece by
+/// piece without `BREAK` or embeddings, 77-token chunks, hidden states at the clip skip
+/// (default 2), the pooled vector from the first chunk's first EOS.
+pub(super) struct ClipPart {
+    encoder: Loaded<ClipTextModel>,
+    tokenizer: &'static ClipTokenizer,
+    pad_token: u32,
+}
+
+impl ClipPart {
+    /// The encoder under `prefix` when the files hold it. `with_final_ln`: whether the
+    /// hidden states go through the final norm (Flux's CLIP-L only uses the pooled vector).
+    pub(super) fn open(
+        weights: &Arc<Weights>,
+        prefix: &str,
+        version: ClipVersion,
+        with_final_ln: bool,
+        place: &Placement,
+        n_threads: i32,
+    ) -> Result<Option<ClipPart>> {
+        if !weights.has_prefix(prefix) {
+            return Ok(None);
+        }
+        let mut cfg = ClipConfig::detect(weights.types(), prefix, version);
+        cfg.with_final_ln = with_final_ln;
+        cfg.default_clip_skip = 2;
+        let encoder = weights.load_model(place.clone(), n_threads, prefix, "text encoder", |s| ClipTextModel::new(s, &cfg))?;
+        // The reference's bigG tokenizer pads with 0, the ViT-L one with EOS.
+        let pad_token = if version == ClipVersion::OpenClipVitBigG14 { 0 } else { EOS_TOKEN };
+        Ok(Some(ClipPart { encoder, tokenizer: ClipTokenizer::shared()?, pad_token }))
+    }
+
+    pub(super) fn width(&self) -> usize {
+        self.encoder.model.cfg.hidden_size as usize
+    }
+
+    /// Parsed prompt pieces → weighted tokens in 77-token chunks.
+    pub(super) fn tokenize(&self, pieces: &[(String, f32)]) -> WeightedTokens {
+        let mut out = WeightedTokens::default();
+        for (piece, weight) in pieces {
+            let ids = self.tokenizer.encode(piece);
+            out.weights.extend(std::iter::repeat_n(*weight, ids.len()));
+            out.tokens.extend(ids);
+        }
+        out.pad(&PadOptions::clip_chunks(self.pad_token));
+        out
+    }
+
+    /// Hidden states `[width, 77]` of one chunk, re-weighted.
+    pub(super) fn hidden(&mut self, ids: &[u32], weights: &[f32], clip_skip: i32) -> Result<Tensor> {
+        let ids: Vec<i32> = ids.iter().map(|&t| t as i32).collect();
+        let (model, runner) = self.encoder.parts();
+        let mut h = clip::encode(runner, model, &ids, None, clip_skip)?;
+        let width = self.width();
+        h = h.reshape(&[width, ids.len()])?;
+        apply_token_weights(&mut h, weights, ids.len())?;
+        Ok(h)
+    }
+
+    /// The pooled (final-normed, projected when the model has a projection) state of the
+    /// chunk's first EOS: `[width]`.
+    pub(super) fn pooled(&mut self, ids: &[u32]) -> Result<Tensor> {
+        let at = ids.iter().position(|&t| t == EOS_TOKEN).unwrap_or(ids.len()).min(ids.len().saturating_sub(1));
+        let ids: Vec<i32> = ids.iter().map(|&t| t as i32).collect();
+        let (model, runner) = self.encoder.parts();
+        let p = clip::encode_pooled(runner, model, &ids, None, at)?;
+        let n = p.len();
+        p.reshape(&[n])
+    }
+
+    pub(super) fn component(&mut self) -> &mut dyn Component {
+        &mut self.encoder
     }
 }
 

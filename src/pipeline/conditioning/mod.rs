@@ -2,9 +2,12 @@
 //! kind of conditioner (the reference keeps ten of them in one 3,200-line header).
 
 pub mod clip;
+pub mod flux;
+pub mod sd3;
+pub mod t5;
 
 use crate::error::Result;
-use crate::graph::Runner;
+use crate::graph::Components;
 use crate::models::Condition;
 
 /// What one conditioning pass is asked for (the reference's `ConditionerParams`).
@@ -20,16 +23,9 @@ pub struct CondRequest<'a> {
     pub zero_out_masked: bool,
 }
 
-/// A loaded conditioner of some family.
-pub trait Conditioner: Send {
+/// A loaded conditioner of some family. `encode` runs between its networks' phase hooks
+/// (`Components::begin` / `end`), which the pipeline brackets around all of a request's
+/// prompts.
+pub trait Conditioner: Components + Send {
     fn encode(&mut self, req: &CondRequest<'_>) -> Result<Condition>;
-
-    /// Every graph runner (graph options, compute-buffer release).
-    fn runners(&mut self) -> Vec<&mut Runner>;
-
-    fn release(&mut self) {
-        for r in self.runners() {
-            r.release();
-        }
-    }
 }

@@ -7,15 +7,18 @@
 //! conditioner under `conditioning/` when it needs a new one, an [`Arch`] variant with a
 //! builder file here, and its rows in [`spec`].
 
+mod first_stage;
+mod flux;
+mod mmdit;
 mod unet;
 
 use super::conditioning::clip::ClipSet;
 use super::conditioning::Conditioner;
-use super::devices::Devices;
 use super::loader::Weights;
 use crate::error::Result;
-use crate::graph::Runner;
+use crate::graph::{DeviceMap, DeviceOptions, Runner};
 use crate::io::SdVersion;
+use crate::models::diffusion::flux::FluxVariant;
 use crate::models::diffusion::unet::UNetVersion;
 use crate::models::diffusion::DiffusionModel;
 use crate::models::vae::FirstStage;
@@ -24,6 +27,7 @@ use crate::runtime::defaults::ModelFamily;
 use crate::runtime::denoiser::Denoiser;
 use crate::runtime::preview::{self, Projection};
 use crate::types::{Prediction, RngType};
+use std::sync::Arc;
 
 /// How diffusion latents look.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -50,6 +54,10 @@ impl LatentFormat {
 pub enum Arch {
     /// The LDM UNet with CLIP text encoders and an AutoencoderKL (or TAESD).
     Unet { unet: UNetVersion, text: ClipSet },
+    /// Flux.1 / Chroma: CLIP-L + T5 (Chroma: T5 only) and a 16-channel AutoencoderKL.
+    Flux { variant: FluxVariant },
+    /// SD3 / SD3.5: CLIP-L + CLIP-G + T5 and a 16-channel AutoencoderKL.
+    Mmdit,
 }
 
 /// Extra latent channels the diffusion model takes next to the noisy latent.
@@ -60,6 +68,12 @@ pub enum Concat {
     Inpaint,
     /// Instruct-pix2pix: the reference image's latent.
     Edit,
+    /// Flux Fill: the masked image's latent and the mask as 8×8-pixel patches.
+    FluxFill,
+    /// Flux Controls: the control image's latent.
+    FluxControls,
+    /// Flex.2: masked latent, latent mask, control latent.
+    Flex2,
 }
 
 /// How the prediction type is chosen when the context does not set it.
@@ -89,12 +103,23 @@ pub struct FamilySpec {
     pub zero_empty_negative: bool,
     /// Its first stage is its own tiny autoencoder (SDXS).
     pub tae_first_stage: bool,
+    /// The AutoencoderKL has `quant_conv` / `post_quant_conv` (not the SD3 / Flux one).
+    pub vae_quant_convs: bool,
+    /// Reference images become extra tokens of the diffusion model (Flux Kontext).
+    pub ref_latents: bool,
+    /// With reference images, an unconditional pass without them gives 3-way guidance.
+    pub ref_latent_img_cfg: bool,
+    /// The `ref_image_args` preset used when the request names none.
+    pub ref_image_preset: Option<&'static str>,
+    /// Skip-layer guidance applies (transformers).
+    pub skip_layer_guidance: bool,
 }
 
 impl FamilySpec {
-    /// 3-way guidance (`img_cfg`) applies: models with concatenated image channels.
-    pub fn supports_img_cfg(&self) -> bool {
-        self.concat != Concat::None
+    /// 3-way guidance (`img_cfg`) applies: models with concatenated image channels, and
+    /// those that take reference latents when the request has reference images.
+    pub fn supports_img_cfg(&self, has_ref_images: bool) -> bool {
+        self.concat != Concat::None || (has_ref_images && self.ref_latent_img_cfg)
     }
 }
 
@@ -120,6 +145,47 @@ const fn unet_family(defaults: ModelFamily, unet: UNetVersion, concat: Concat) -
         shifted_timestep: sdxl,
         zero_empty_negative: sdxl,
         tae_first_stage: false,
+        vae_quant_convs: true,
+        ref_latents: false,
+        ref_latent_img_cfg: false,
+        ref_image_preset: None,
+        skip_layer_guidance: false,
+    }
+}
+
+/// SD3's and Flux's 16-channel latents (no further downsampling in the transformer).
+const fn dit16_latent(scale_factor: f32, shift_factor: f32) -> LatentFormat {
+    LatentFormat { channels: 16, vae_scale: 8, down_factor: 1, scale_factor, shift_factor }
+}
+
+const fn dit_family(defaults: ModelFamily, arch: Arch, latent: LatentFormat, preview: &'static Projection, concat: Concat, prediction: Prediction) -> FamilySpec {
+    FamilySpec {
+        defaults,
+        arch,
+        latent,
+        preview,
+        concat,
+        prediction: PredictionRule::Fixed(prediction),
+        shifted_timestep: false,
+        zero_empty_negative: false,
+        tae_first_stage: false,
+        vae_quant_convs: false,
+        ref_latents: false,
+        ref_latent_img_cfg: false,
+        ref_image_preset: None,
+        skip_layer_guidance: true,
+    }
+}
+
+const FLUX_LATENT: LatentFormat = dit16_latent(0.3611, 0.1159);
+
+const fn flux_family(variant: FluxVariant, concat: Concat) -> FamilySpec {
+    let plain = matches!(variant, FluxVariant::Flux);
+    FamilySpec {
+        ref_latents: true,
+        ref_latent_img_cfg: plain,
+        ref_image_preset: Some("flux_kontext"),
+        ..dit_family(ModelFamily::Flux, Arch::Flux { variant }, FLUX_LATENT, &preview::FLUX, concat, Prediction::FluxFlow)
     }
 }
 
@@ -145,6 +211,11 @@ static SDXL_INPAINT: FamilySpec = unet_family(F::Sdxl, U::Sdxl, Inpaint);
 static SDXL_PIX2PIX: FamilySpec = unet_family(F::Sdxl, U::Sdxl, Edit);
 static SDXL_VEGA: FamilySpec = unet_family(F::Sdxl, U::SdxlVega, Concat::None);
 static SDXL_SSD1B: FamilySpec = unet_family(F::Sdxl, U::SdxlSsd1b, Concat::None);
+static SD3: FamilySpec = dit_family(F::OtherDit, Arch::Mmdit, dit16_latent(1.5305, 0.0609), &preview::SD3, Concat::None, Prediction::Flow);
+static FLUX: FamilySpec = flux_family(FluxVariant::Flux, Concat::None);
+static FLUX_FILL: FamilySpec = flux_family(FluxVariant::Fill, Concat::FluxFill);
+static FLUX_CONTROLS: FamilySpec = flux_family(FluxVariant::Controls, Concat::FluxControls);
+static FLEX_2: FamilySpec = flux_family(FluxVariant::Flex2, Concat::Flex2);
 
 /// The family of `version`, if this build can generate with it.
 pub fn spec(version: SdVersion) -> Option<&'static FamilySpec> {
@@ -164,6 +235,11 @@ pub fn spec(version: SdVersion) -> Option<&'static FamilySpec> {
         V::SdxlPix2Pix => &SDXL_PIX2PIX,
         V::SdxlVega => &SDXL_VEGA,
         V::SdxlSsd1b => &SDXL_SSD1B,
+        V::Sd3 => &SD3,
+        V::Flux => &FLUX,
+        V::FluxFill => &FLUX_FILL,
+        V::FluxControls => &FLUX_CONTROLS,
+        V::Flex2 => &FLEX_2,
         _ => return None,
     })
 }
@@ -171,10 +247,11 @@ pub fn spec(version: SdVersion) -> Option<&'static FamilySpec> {
 /// What a family builder gets.
 pub struct BuildCtx<'a> {
     pub params: &'a CtxParams,
-    pub weights: &'a Weights,
+    /// Shared with components that load their weights later (T5).
+    pub weights: &'a Arc<Weights>,
     pub version: SdVersion,
     pub spec: &'static FamilySpec,
-    pub devices: &'a mut Devices,
+    pub devices: &'a DeviceMap,
     pub n_threads: i32,
 }
 
@@ -187,14 +264,21 @@ pub struct Parts {
     pub preview: Option<Box<dyn FirstStage>>,
     pub prediction: Prediction,
     pub denoiser: Denoiser,
+    /// The flow shift a request without one gets (flow families).
+    pub default_flow_shift: Option<f32>,
 }
 
 /// Everything `new_sd_ctx` loaded.
 pub struct ModelSet {
+    /// The model files (weights re-read per phase with `params_backend=disk`; checked
+    /// before each generation).
+    pub weights: Arc<Weights>,
+    pub devices: DeviceMap,
     pub version: SdVersion,
     pub spec: &'static FamilySpec,
     pub prediction: Prediction,
     pub denoiser: Denoiser,
+    pub default_flow_shift: Option<f32>,
     pub rng_type: RngType,
     pub sampler_rng_type: Option<RngType>,
     pub n_threads: i32,
@@ -207,15 +291,25 @@ pub struct ModelSet {
 impl ModelSet {
     /// Opens the files of `params`, detects the version and builds its family.
     pub fn new(params: &CtxParams) -> Result<ModelSet> {
-        let weights = Weights::open(params)?;
+        let weights = Arc::new(Weights::open(params)?);
         let version = weights.version();
         let spec = spec(version)
             .ok_or_else(|| crate::error::Error::new(format!("{} models are not supported yet in this build of libstable-diffusion", version.name())))?;
         let n_threads = if params.n_threads <= 0 { crate::graph::backend::physical_cores() } else { params.n_threads };
-        let mut devices = Devices::new(params)?;
-        let mut ctx = BuildCtx { params, weights: &weights, version, spec, devices: &mut devices, n_threads };
+        let devices = DeviceMap::new(&DeviceOptions {
+            backend: params.backend.as_deref(),
+            params_backend: params.params_backend.as_deref(),
+            split_mode: params.split_mode.as_deref(),
+            max_vram: params.max_vram.as_deref(),
+            rpc_servers: params.rpc_servers.as_deref(),
+            stream_layers: params.stream_layers,
+            auto_fit: params.auto_fit,
+        })?;
+        let mut ctx = BuildCtx { params, weights: &weights, version, spec, devices: &devices, n_threads };
         let parts = match spec.arch {
             Arch::Unet { unet, text } => unet::build(&mut ctx, unet, text)?,
+            Arch::Flux { variant } => flux::build(&mut ctx, variant)?,
+            Arch::Mmdit => mmdit::build(&mut ctx)?,
         };
         if params.flash_attn {
             sd_info!("Using flash attention");
@@ -230,10 +324,13 @@ impl ModelSet {
             }
         );
         Ok(ModelSet {
+            weights,
+            devices,
             version,
             spec,
             prediction: parts.prediction,
             denoiser: parts.denoiser,
+            default_flow_shift: parts.default_flow_shift,
             rng_type: params.rng_type,
             sampler_rng_type: params.sampler_rng_type,
             n_threads,
@@ -265,13 +362,19 @@ mod tests {
     use super::*;
 
     #[test]
-    fn every_unet_version_has_a_family_and_later_families_are_refused() {
+    fn every_unet_and_flux_sd3_version_has_a_family_and_later_families_are_refused() {
         for v in SdVersion::ALL {
             match spec(*v) {
-                Some(s) => {
-                    assert!(v.is_unet(), "{v}");
+                Some(s) if v.is_unet() => {
                     assert_eq!(s.latent.size_multiple(), 64);
-                    assert_eq!(s.supports_img_cfg(), v.is_inpaint() || matches!(v, SdVersion::Sd1Pix2Pix | SdVersion::SdxlPix2Pix));
+                    assert_eq!(s.supports_img_cfg(false), v.is_inpaint() || matches!(v, SdVersion::Sd1Pix2Pix | SdVersion::SdxlPix2Pix));
+                    assert!(s.vae_quant_convs && !s.skip_layer_guidance);
+                }
+                Some(s) => {
+                    assert!(v.is_flux() || *v == SdVersion::Sd3, "{v}");
+                    assert_eq!((s.latent.size_multiple(), s.latent.channels), (8, 16));
+                    assert!(!s.vae_quant_convs && s.skip_layer_guidance);
+                    assert_eq!(s.supports_img_cfg(true), *v != SdVersion::Sd3, "{v}");
                 }
                 None => assert!(!v.is_unet() || *v == SdVersion::Svd, "{v}"),
             }

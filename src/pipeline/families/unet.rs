@@ -3,36 +3,29 @@
 //! a tiny autoencoder, like the reference's `FrozenCLIPEmbedderWithCustomWords`,
 //! `UNetModelRunner` and `AutoEncoderKL`.
 
-use super::{BuildCtx, Concat, Parts, PredictionRule};
+use super::{first_stage, BuildCtx, Concat, Parts, PredictionRule};
 use crate::error::Result;
-use crate::graph::{Backend, Loaded};
-use crate::io::SdVersion;
+use crate::graph::{Component, Loaded, Module};
 use crate::models::condition::Condition;
 use crate::models::diffusion::unet::{UNetConfig, UNetModel, UNetVersion};
 use crate::models::diffusion::{DiffusionInput, DiffusionModel};
-use crate::models::vae::{self, AutoEncoderKL, FirstStage, TaeConfig, TinyAutoEncoder, Vae, VaeConfig};
 use crate::pipeline::conditioning::clip::{ClipConditioner, ClipSet};
 use crate::pipeline::loader::Weights;
 use crate::runtime::denoiser::Denoiser;
 use crate::runtime::schedulers::TIMESTEPS;
 use crate::tensor::Tensor;
 use crate::types::Prediction;
-use std::sync::Arc;
 
 /// Where the UNet's weights live in a checkpoint (and where split files are put).
 const UNET_PREFIX: &str = "model.diffusion_model.";
 
-/// The reference scales every VAE convolution's input by this for SDXL when no separate
-/// VAE is given: the original SDXL VAE overflows f16.
-const SDXL_VAE_CONV_SCALE: f32 = 1.0 / 32.0;
-
 pub(super) fn build(ctx: &mut BuildCtx<'_>, unet_version: UNetVersion, text: ClipSet) -> Result<Parts> {
     let (params, weights, spec, n_threads) = (ctx.params, ctx.weights, ctx.spec, ctx.n_threads);
-    let te_backend = ctx.devices.backend_for("te")?;
-    let diffusion_backend = ctx.devices.backend_for("diffusion")?;
-    let vae_backend = ctx.devices.backend_for("vae")?;
+    let te_place = ctx.devices.placement(Module::Te)?;
+    let diffusion_place = ctx.devices.placement(Module::Diffusion)?;
+    let vae_place = ctx.devices.placement(Module::Vae)?;
 
-    let cond = ClipConditioner::new(weights, text, &params.embeddings, te_backend, n_threads)?;
+    let cond = ClipConditioner::new(weights, text, &params.embeddings, &te_place, n_threads)?;
 
     let shape_of = |n: &str| weights.shape_of(n);
     let unet_cfg = UNetConfig::detect(&shape_of, UNET_PREFIX, Some(unet_version))?;
@@ -42,18 +35,14 @@ pub(super) fn build(ctx: &mut BuildCtx<'_>, unet_version: UNetVersion, text: Cli
         unet_cfg.context_dim,
         cond.context_dim()
     );
-    let mut unet = weights.load_model(diffusion_backend, n_threads, UNET_PREFIX, "diffusion model", |s| UNetModel::new(s, &unet_cfg))?;
+    let mut unet = weights.load_model(diffusion_place, n_threads, UNET_PREFIX, "diffusion model", |s| UNetModel::new(s, &unet_cfg))?;
     unet.runner.options.flash_attn = params.flash_attn || params.diffusion_flash_attn;
     unet.runner.options.conv_direct = params.diffusion_conv_direct;
     if params.diffusion_conv_direct {
         sd_info!("Using Conv2d direct in the diffusion model");
     }
 
-    let (mut first_stage, mut preview) = first_stage(ctx, vae_backend)?;
-    for v in std::iter::once(&mut first_stage).chain(preview.as_mut()) {
-        v.runner.options.flash_attn = params.flash_attn;
-        v.runner.options.conv_direct = params.vae_conv_direct;
-    }
+    let (first_stage, preview) = first_stage::build(ctx, vae_place)?;
 
     let alphas_cumprod = load_alphas_cumprod(weights);
     let prediction = match params.prediction {
@@ -84,8 +73,6 @@ pub(super) fn build(ctx: &mut BuildCtx<'_>, unet_version: UNetVersion, text: Cli
         prediction.name(),
         ctx.version.name()
     );
-    let first_stage: Box<dyn FirstStage> = Box::new(first_stage);
-    let preview = preview.map(|p| Box::new(p) as Box<dyn FirstStage>);
     Ok(Parts {
         cond: Box::new(cond),
         diffusion: Box::new(unet),
@@ -93,49 +80,8 @@ pub(super) fn build(ctx: &mut BuildCtx<'_>, unet_version: UNetVersion, text: Cli
         preview,
         prediction,
         denoiser: Denoiser::new(prediction, alphas_cumprod.as_deref()),
+        default_flow_shift: None,
     })
-}
-
-/// The first stage (AutoencoderKL, or the tiny autoencoder when given and not for previews
-/// only) and the preview-only decoder, with the reference's rules.
-fn first_stage(ctx: &BuildCtx<'_>, backend: Arc<Backend>) -> Result<(Loaded<Vae>, Option<Loaded<Vae>>)> {
-    let (params, weights, spec, n_threads) = (ctx.params, ctx.weights, ctx.spec, ctx.n_threads);
-    let has_tae = weights.has_prefix(vae::tae::PREFIX);
-    ensure!(!spec.tae_first_stage || has_tae, "{} models need their tiny autoencoder (taesd_path)", ctx.version.name());
-    let tae_preview_only = params.tae_preview_only && !spec.tae_first_stage;
-    let load_tae = |decode_only: bool, backend: Arc<Backend>| -> Result<Loaded<Vae>> {
-        let cfg = TaeConfig::detect(weights.types(), vae::tae::PREFIX, |n| weights.shape_of(n), decode_only);
-        weights.load_model(backend, n_threads, vae::tae::PREFIX, "TAE", |s| Vae::Tiny(TinyAutoEncoder::new(s, &cfg)))
-    };
-    if has_tae && !tae_preview_only {
-        sd_info!("using TAE for encoding / decoding");
-        return Ok((load_tae(false, backend)?, None));
-    }
-    sd_info!("using VAE for encoding / decoding");
-    let prefix = vae::autoencoder_kl::PREFIX;
-    let mut cfg = VaeConfig::detect(weights.types(), prefix, |n| weights.shape_of(n), spec.latent.scale_factor, false);
-    cfg.shift_factor = spec.latent.shift_factor;
-    cfg.raw_encoder_latents = ctx.version == SdVersion::Sd1Pix2Pix;
-    let conv_scale = (spec.defaults == crate::runtime::defaults::ModelFamily::Sdxl)
-        && (params.vae_path.as_deref().unwrap_or("").is_empty() || params.force_sdxl_vae_conv_scale);
-    let kl = weights.load_model(backend.clone(), n_threads, prefix, "VAE", |s| {
-        let mut m = AutoEncoderKL::new(s, &cfg);
-        if conv_scale {
-            sd_warn!(
-                "No valid VAE specified with --vae or --force-sdxl-vae-conv-scale flag set, using Conv2D scale {:.3}",
-                SDXL_VAE_CONV_SCALE
-            );
-            m.set_conv2d_scale(SDXL_VAE_CONV_SCALE);
-        }
-        Vae::Kl(m)
-    })?;
-    let preview = if has_tae {
-        sd_info!("using TAE for preview");
-        Some(load_tae(true, backend)?)
-    } else {
-        None
-    };
-    Ok((kl, preview))
 }
 
 /// SD 2.x checkpoints come with eps or v prediction and do not say which: like the
@@ -150,8 +96,10 @@ fn uses_v_parameterization(unet: &mut Loaded<UNetModel>, inpaint: bool) -> Resul
         concat: inpaint.then(|| Tensor::zeros(&[8, 8, cfg.in_channels as usize - 4, 1])),
     };
     let start = std::time::Instant::now();
-    let out = unet.compute(&DiffusionInput::new(&x, &[999.0], &cond))?;
-    unet.release();
+    Component::begin(unet)?;
+    let out = unet.compute(&DiffusionInput::new(&x, &[999.0], &cond));
+    Component::end(unet);
+    let out = out?;
     let mean = out.data().iter().zip(x.data()).map(|(&o, &i)| (o - i) as f64).sum::<f64>() / out.len() as f64;
     sd_debug!("check is_using_v_parameterization_for_sd2, taking {:.2}s", start.elapsed().as_secs_f32());
     Ok(mean < -1.0)

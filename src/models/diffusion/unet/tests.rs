@@ -134,7 +134,7 @@ fn fixture(candidates: &[&str], gen: Option<&str>) -> Option<PathBuf> {
     std::fs::create_dir_all(&dir).ok()?;
     let out = dir.join(format!("{arch}.safetensors"));
     let tmp = dir.join(format!("{arch}.safetensors.tmp{}", std::process::id()));
-    let ok = Command::new("python3")
+    let ok = Command::new(crate::testutil::numpy_python())
         .arg(repo().join("tests/fixtures/synth_model.py"))
         .arg(arch)
         .arg(&tmp)
@@ -202,7 +202,7 @@ fn numpy_expected(weights: &Path, variant: &str, case: &Case, dir: &Path, dump_b
         "dump_blocks": dump_blocks,
     });
     std::fs::write(dir.join("case.json"), meta.to_string()).unwrap();
-    let status = Command::new("python3")
+    let status = Command::new(crate::testutil::numpy_python())
         .arg(repo().join("tests/tools/unet_ref.py"))
         .arg(weights)
         .arg(dir)
@@ -381,7 +381,7 @@ fn sd2_unet_runs_and_matches_numpy_model() {
 
 /// Names and torch shapes synth_model.py gives an architecture; None without python3.
 fn synth_spec(arch: &str) -> Option<Vec<(String, Vec<i64>)>> {
-    let out = Command::new("python3").arg(repo().join("tests/fixtures/synth_model.py")).args(["list", arch]).output().ok()?;
+    let out = Command::new(crate::testutil::numpy_python()).arg(repo().join("tests/fixtures/synth_model.py")).args(["list", arch]).output().ok()?;
     if !out.status.success() {
         return None;
     }

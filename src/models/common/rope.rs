@@ -1,0 +1,279 @@
+//! Rotary position embeddings of the diffusion transformers, as the reference's `Rope`
+//! namespace computes them: integer position ids per token (text, image patches, reference
+//! images), turned on the host into a table of 2×2 rotations (`[[cos, -sin], [sin, cos]]`
+//! per frequency, f32 like the reference), applied to q and k in the graph before attention.
+
+use crate::graph::{nn, Graph, T};
+
+/// How reference images (Kontext, edit models) are numbered on the first id axis.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum RefIndexMode {
+    /// All references share index 1 and are placed side by side instead.
+    #[default]
+    Fixed,
+    Increase,
+    Decrease,
+}
+
+/// Position ids: `n_axes` numbers per token.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Ids {
+    pub n_axes: usize,
+    pub data: Vec<f32>,
+}
+
+impl Ids {
+    pub fn new(n_axes: usize) -> Ids {
+        Ids { n_axes, data: Vec::new() }
+    }
+
+    pub fn len(&self) -> usize {
+        self.data.len() / self.n_axes
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.data.is_empty()
+    }
+
+    fn push(&mut self, axes: &[f32]) {
+        let mut row = vec![0.0; self.n_axes];
+        row[..axes.len()].copy_from_slice(axes);
+        self.data.extend(row);
+    }
+
+    fn extend(&mut self, other: &Ids) {
+        self.data.extend_from_slice(&other.data);
+    }
+
+    fn axis(&self, a: usize) -> impl Iterator<Item = f32> + '_ {
+        self.data.chunks(self.n_axes).map(move |r| r[a])
+    }
+}
+
+/// Tokens per side of an image of `len` latent pixels cut into patches of `p`.
+fn patches(len: usize, p: usize) -> usize {
+    (len + p / 2) / p
+}
+
+/// Ids of an image's patch tokens, row by row: `[index, row, col]` with rows from `h_offset`
+/// and columns from `w_offset` (`h`, `w` in latent pixels).
+pub fn image_ids(n_axes: usize, h: usize, w: usize, p: usize, index: f32, h_offset: i64, w_offset: i64) -> Ids {
+    let (h_len, w_len) = (patches(h, p), patches(w, p));
+    let mut ids = Ids::new(n_axes);
+    for i in 0..h_len {
+        for j in 0..w_len {
+            ids.push(&[index, (h_offset + i as i64) as f32, (w_offset + j as i64) as f32]);
+        }
+    }
+    ids
+}
+
+/// Ids of reference images (`(h, w)` latent sizes): index `start_index` (changed per image
+/// by `mode`, scaled by `index_scale`); with `Fixed` each image is placed after the previous
+/// ones, down or to the right, whichever keeps the layout squarer.
+pub fn reference_ids(n_axes: usize, p: usize, start_index: i32, refs: &[(usize, usize)], mode: RefIndexMode, index_scale: f32) -> Ids {
+    let mut ids = Ids::new(n_axes);
+    let (mut cur_h, mut cur_w) = (0i64, 0i64);
+    let mut index = start_index;
+    for &(h, w) in refs {
+        let (mut h_off, mut w_off) = (0, 0);
+        match mode {
+            RefIndexMode::Fixed => {
+                if h as i64 + cur_h > w as i64 + cur_w {
+                    w_off = cur_w;
+                } else {
+                    h_off = cur_h;
+                }
+            }
+            RefIndexMode::Decrease => index -= 1,
+            RefIndexMode::Increase => {}
+        }
+        let idx = (index as f32 * index_scale) as i32 as f32;
+        ids.extend(&image_ids(n_axes, h, w, p, idx, h_off, w_off));
+        if mode == RefIndexMode::Increase {
+            index += 1;
+        }
+        cur_h = cur_h.max(h as i64 + h_off);
+        cur_w = cur_w.max(w as i64 + w_off);
+    }
+    ids
+}
+
+/// Flux's ids: `context_len` text tokens (all zero), the image's patches, then the
+/// reference images'.
+pub fn flux_ids(n_axes: usize, h: usize, w: usize, p: usize, context_len: usize, refs: &[(usize, usize)], mode: RefIndexMode, index_scale: f32) -> Ids {
+    let mut ids = Ids::new(n_axes);
+    for _ in 0..context_len {
+        ids.push(&[]);
+    }
+    ids.extend(&image_ids(n_axes, h, w, p, 0.0, 0, 0));
+    if !refs.is_empty() {
+        ids.extend(&reference_ids(n_axes, p, 1, refs, mode, index_scale));
+    }
+    ids
+}
+
+/// Rotation angles → `[cos, -sin, sin, cos]` per position and frequency for one axis of
+/// `dim` dimensions. A position with a wrap length > 0 uses the nearest frequency that is
+/// periodic over it (seamless tiling).
+fn axis_table(pos: &[f32], wrap: Option<&[usize]>, dim: usize, theta: f32) -> Vec<Vec<f32>> {
+    let half = dim / 2;
+    // linspace(0, (dim - 2) / dim, half) in f32, like the reference.
+    let end = (dim as f32 - 2.0) / dim as f32;
+    let step = if half > 1 { end / (half - 1) as f32 } else { 0.0 };
+    let omega: Vec<f32> = (0..half).map(|i| 1.0 / theta.powf(if half == 1 { 0.0 } else { i as f32 * step })).collect();
+    pos.iter()
+        .enumerate()
+        .map(|(i, &p)| {
+            let wrap_len = wrap.map_or(0, |w| w[i]);
+            let mut row = Vec::with_capacity(half * 4);
+            for &om in &omega {
+                let angle = if wrap_len > 0 {
+                    const TWO_PI: f32 = std::f32::consts::TAU;
+                    let cycles = om * wrap_len as f32 / TWO_PI;
+                    p * TWO_PI * cycles.round() / wrap_len as f32
+                } else {
+                    p * om
+                };
+                let (s, c) = (angle.sin(), angle.cos());
+                row.extend_from_slice(&[c, -s, s, c]);
+            }
+            row
+        })
+        .collect()
+}
+
+/// The rotation table of `ids` (batch 1): per token, the axes' tables side by side,
+/// `sum(axes_dim) / 2 · 4` values. `wrap[axis][token]` are optional wrap lengths.
+pub fn embed_nd(ids: &Ids, theta: f32, axes_dim: &[usize], wrap: Option<&[Vec<usize>]>) -> Vec<f32> {
+    let n = ids.len();
+    let tables: Vec<Vec<Vec<f32>>> = axes_dim
+        .iter()
+        .enumerate()
+        .map(|(a, &dim)| {
+            let pos: Vec<f32> = ids.axis(a).collect();
+            axis_table(&pos, wrap.and_then(|w| w.get(a)).map(|v| v.as_slice()), dim, theta)
+        })
+        .collect();
+    let mut out = Vec::with_capacity(n * axes_dim.iter().sum::<usize>() * 2);
+    for t in 0..n {
+        for table in &tables {
+            out.extend_from_slice(&table[t]);
+        }
+    }
+    out
+}
+
+/// Flux's rotation table for a latent of `h`×`w` with `context_len` text tokens and the
+/// reference latents `refs` (`(h, w)` each); on circular axes image tokens wrap around.
+#[allow(clippy::too_many_arguments)]
+pub fn flux_pe(
+    h: usize,
+    w: usize,
+    p: usize,
+    context_len: usize,
+    refs: &[(usize, usize)],
+    mode: RefIndexMode,
+    index_scale: f32,
+    theta: f32,
+    axes_dim: &[usize],
+    circular: (bool, bool),
+) -> Vec<f32> {
+    let ids = flux_ids(axes_dim.len(), h, w, p, context_len, refs, mode, index_scale);
+    let (circ_x, circ_y) = circular;
+    let mut wrap = None;
+    if (circ_x || circ_y) && axes_dim.len() >= 3 {
+        let (h_len, w_len) = (patches(h, p), patches(w, p));
+        if h_len > 0 && w_len > 0 {
+            let mut dims = vec![vec![0usize; ids.len()]; axes_dim.len()];
+            let mut cursor = context_len;
+            let mut mark = |cursor: usize, hl: usize, wl: usize| {
+                for t in 0..hl * wl {
+                    if circ_y {
+                        dims[1][cursor + t] = hl;
+                    }
+                    if circ_x {
+                        dims[2][cursor + t] = wl;
+                    }
+                }
+            };
+            mark(cursor, h_len, w_len);
+            cursor += h_len * w_len;
+            for &(rh, rw) in refs {
+                let (rhl, rwl) = (patches(rh, p), patches(rw, p));
+                mark(cursor, rhl, rwl);
+                cursor += rhl * rwl;
+            }
+            wrap = Some(dims);
+        }
+    }
+    embed_nd(&ids, theta, axes_dim, wrap.as_deref())
+}
+
+/// Rotates `x` `[d_head, n_head, L, N]` by `pe` `[2, 2, d_head / 2, L]` (interleaved pairs)
+/// → `[d_head, L, n_head · N]`, ready for attention.
+pub fn apply_rope<'g>(g: &'g Graph, x: T<'g>, pe: T<'g>) -> T<'g> {
+    let [d_head, n_head, l, n] = x.ne();
+    let x = x.permute(0, 2, 1, 3).cont();
+    let x = x.reshape(&[2, d_head / 2, l, n_head * n]).permute(3, 0, 1, 2).cont();
+    let half = |t: T<'g>, i: usize| {
+        let ne = t.ne();
+        let nb = t.nb();
+        t.view(&[ne[0], ne[1], ne[2]], &[nb[1], nb[2]], nb[2] * ne[2] as usize * i)
+    };
+    let shape = g.new_tensor(x.ty(), &[2, d_head / 2, l, n_head * n]);
+    let part = |i: usize| {
+        let v = half(x, i);
+        let ne = v.ne();
+        v.reshape(&[1, ne[0], ne[1], ne[2]]).repeat(shape)
+    };
+    let (x0, x1) = (part(0), part(1));
+    let pe = pe.permute(3, 0, 1, 2).cont();
+    let (pe0, pe1) = (half(pe, 0), half(pe, 1));
+    x0.mul(pe0).add_inplace(x1.mul(pe1)).reshape(&[d_head, l, n_head * n])
+}
+
+/// Attention of q, k, v `[d_head, n_head, L, N]` with q and k rotated by `pe`:
+/// `[n_head · d_head, L, N]`. `mask` is added to the scores.
+pub fn attention<'g>(g: &'g Graph, q: T<'g>, k: T<'g>, v: T<'g>, pe: T<'g>, mask: Option<T<'g>>) -> T<'g> {
+    let n_head = q.ne()[1];
+    let q = apply_rope(g, q, pe);
+    let k = apply_rope(g, k, pe);
+    nn::attention(g, q, k, v, n_head, mask, true, g.options.flash_attn, 1.0)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn flux_ids_place_text_image_and_references() {
+        // 4x6 latent, patch 2: 2x3 image tokens after 2 text tokens; one 4x4 reference.
+        let ids = flux_ids(3, 4, 6, 2, 2, &[(4, 4)], RefIndexMode::Fixed, 1.0);
+        assert_eq!(ids.len(), 2 + 6 + 4);
+        let row = |t: usize| ids.data[t * 3..t * 3 + 3].to_vec();
+        assert_eq!(row(0), vec![0., 0., 0.]);
+        assert_eq!(row(2), vec![0., 0., 0.]);
+        assert_eq!(row(7), vec![0., 1., 2.]);
+        assert_eq!(row(8), vec![1., 0., 0.]);
+        assert_eq!(row(11), vec![1., 1., 1.]);
+        // A second reference goes below the first (offsets in latent pixels).
+        let r = reference_ids(3, 2, 1, &[(4, 4), (4, 4)], RefIndexMode::Fixed, 1.0);
+        assert_eq!(&r.data[4 * 3..4 * 3 + 3], &[1., 4., 0.]);
+        let r = reference_ids(3, 2, 1, &[(2, 2), (2, 2)], RefIndexMode::Increase, 1.0);
+        assert_eq!(&r.data[3..6], &[2., 0., 0.]);
+    }
+
+    #[test]
+    fn rotation_table_layout() {
+        let mut ids = Ids::new(2);
+        ids.push(&[1.0, 2.0]);
+        let pe = embed_nd(&ids, 10000.0, &[4, 2], None);
+        // Axis 0 (dim 4): frequencies 1 and 10000^-0.5; axis 1 (dim 2): frequency 1.
+        assert_eq!(pe.len(), (2 + 1) * 4);
+        let f1 = 1.0f32 / 10000f32.powf(0.5);
+        assert_eq!(&pe[0..4], &[1f32.cos(), -1f32.sin(), 1f32.sin(), 1f32.cos()]);
+        assert_eq!(pe[4], f1.cos());
+        assert_eq!(pe[8], 2f32.cos());
+    }
+}

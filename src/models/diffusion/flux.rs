@@ -1,0 +1,738 @@
+//! Flux.1 (dev, schnell, Fill, Controls, Flex.2, Kontext through reference latents) and
+//! Chroma: the rectified-flow transformer of Black Forest Labs, like the reference's
+//! `flux.hpp`.
+//!
+//! - Weights under `model.diffusion_model.` with the original names (`img_in`, `txt_in`,
+//!   `time_in`, `vector_in`, `guidance_in`, `double_blocks.N.{img,txt}_{mod,attn,mlp}`,
+//!   `single_blocks.N.{linear1,linear2,norm,modulation}`, `final_layer`); Chroma replaces
+//!   the modulations by `distilled_guidance_layer` (the approximator) and reads them at
+//!   fixed offsets of its output.
+//! - The latent `[W, H, C, 1]` is cut into 2×2 patches (plus Fill's masked image and mask,
+//!   the control latent, and reference latents appended as extra tokens), text and image
+//!   tokens attend jointly with rotary position embeddings, and the output keeps the
+//!   latent's own tokens, unpatchified.
+//! - The conditioning: `context` (T5 hidden states), `y` (pooled CLIP-L, or Chroma's T5
+//!   attention mask), the distilled guidance value (dev), the timestep in [0, 1].
+
+use super::{DiffusionInput, DiffusionModel};
+use crate::error::{Context as _, Result};
+use crate::graph::nn::{LayerNorm, Linear};
+use crate::graph::{Component, Components, Graph, Loaded, Scope, TypeMap, F32, T};
+use crate::models::common::dit::{chunk, modulate, pad_and_patchify, timestep_embedding, unpatchify_and_crop, RmsNorm};
+use crate::models::common::rope;
+use crate::tensor::Tensor;
+
+/// Which Flux-family network (they differ in the input channels they concatenate).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FluxVariant {
+    Flux,
+    /// Inpainting: the masked image's latent and the 8×8-pixel mask patches.
+    Fill,
+    /// Canny / depth: the control image's latent.
+    Controls,
+    /// Flex.2: masked latent, latent mask and control latent.
+    Flex2,
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct FluxConfig {
+    pub variant: FluxVariant,
+    pub is_chroma: bool,
+    pub patch_size: i64,
+    pub in_channels: i64,
+    pub out_channels: i64,
+    pub vec_in_dim: i64,
+    pub context_in_dim: i64,
+    pub hidden_size: i64,
+    pub mlp_ratio: f32,
+    pub num_heads: i64,
+    pub depth: usize,
+    pub depth_single_blocks: usize,
+    pub axes_dim: Vec<usize>,
+    pub theta: f32,
+    pub qkv_bias: bool,
+    pub guidance_embed: bool,
+    /// Input width of Chroma's approximator.
+    pub approximator_in_dim: i64,
+}
+
+/// Tokens of Chroma's modulation table (3 per single block, 2 × 6 per double block of the
+/// full model, 2 for the final layer: the reference fixes them to Chroma's 19 + 38 blocks).
+const CHROMA_MOD_INDEX_LEN: usize = 344;
+const CHROMA_SINGLE_BLOCKS: i64 = 38;
+const CHROMA_DOUBLE_BLOCKS: i64 = 19;
+/// Width of Chroma's approximator.
+const CHROMA_INNER: i64 = 5120;
+const CHROMA_LAYERS: usize = 5;
+
+/// Index of the block in a name like `…double_blocks.12.img_attn…` (after `marker`).
+fn block_index(name: &str, marker: &str) -> Option<usize> {
+    let rest = &name[name.find(marker)? + marker.len()..];
+    rest.split('.').next()?.parse().ok()
+}
+
+impl FluxConfig {
+    /// The configuration of the network under `prefix`, read from the weights like the
+    /// reference (block counts, widths, head size, guidance embedding, Chroma).
+    pub fn detect(types: &TypeMap, shape_of: &dyn Fn(&str) -> Option<Vec<i64>>, prefix: &str, variant: FluxVariant) -> FluxConfig {
+        let mut cfg = FluxConfig {
+            variant,
+            is_chroma: false,
+            patch_size: 2,
+            in_channels: match variant {
+                FluxVariant::Flux => 64,
+                FluxVariant::Fill => 384,
+                FluxVariant::Controls => 128,
+                FluxVariant::Flex2 => 196,
+            },
+            out_channels: 64,
+            vec_in_dim: 768,
+            context_in_dim: 4096,
+            hidden_size: 3072,
+            mlp_ratio: 4.0,
+            num_heads: 24,
+            depth: 0,
+            depth_single_blocks: 0,
+            axes_dim: vec![16, 56, 56],
+            theta: 10000.0,
+            qkv_bias: true,
+            guidance_embed: false,
+            approximator_in_dim: 64,
+        };
+        let mut head_dim = 0;
+        for name in types.keys().filter(|n| n.starts_with(prefix)) {
+            if name.contains("guidance_in.in_layer.weight") {
+                cfg.guidance_embed = true;
+            }
+            if name.contains("distilled_guidance_layer.in_proj.weight") {
+                cfg.is_chroma = true;
+            }
+            if let Some(i) = block_index(name, "double_blocks.") {
+                cfg.depth = cfg.depth.max(i + 1);
+            }
+            if let Some(i) = block_index(name, "single_blocks.") {
+                cfg.depth_single_blocks = cfg.depth_single_blocks.max(i + 1);
+            }
+            if name.ends_with("txt_in.weight") {
+                if let Some(ne) = shape_of(name).filter(|ne| ne.len() >= 2) {
+                    cfg.context_in_dim = ne[0];
+                    cfg.hidden_size = ne[1];
+                }
+            }
+            if name.ends_with("single_blocks.0.norm.key_norm.scale") || name.ends_with("double_blocks.0.txt_attn.norm.key_norm.scale") {
+                if let Some(ne) = shape_of(name) {
+                    head_dim = ne[0];
+                }
+            }
+        }
+        if head_dim > 0 {
+            cfg.num_heads = cfg.hidden_size / head_dim;
+        }
+        sd_debug!(
+            "flux: depth = {}, depth_single_blocks = {}, guidance_embed = {}, context_in_dim = {}, hidden_size = {}, num_heads = {}",
+            cfg.depth,
+            cfg.depth_single_blocks,
+            cfg.guidance_embed,
+            cfg.context_in_dim,
+            cfg.hidden_size,
+            cfg.num_heads
+        );
+        cfg
+    }
+
+    fn head_dim(&self) -> i64 {
+        self.hidden_size / self.num_heads
+    }
+
+    fn mlp_hidden(&self) -> i64 {
+        (self.hidden_size as f32 * self.mlp_ratio) as i64
+    }
+
+    /// Latent channels of the image tokens (before the variant's extra channels).
+    pub fn latent_channels(&self) -> i64 {
+        self.out_channels / (self.patch_size * self.patch_size)
+    }
+
+    /// Channels the variant concatenates to the latent (`c_concat`).
+    pub fn concat_channels(&self) -> i64 {
+        let c = self.latent_channels();
+        match self.variant {
+            FluxVariant::Flux => 0,
+            FluxVariant::Fill => c + 64,
+            FluxVariant::Controls => c,
+            FluxVariant::Flex2 => 2 * c + 1,
+        }
+    }
+}
+
+/// Linear, SiLU, linear (`in_layer`, `out_layer`).
+#[derive(Clone, Copy, Debug)]
+struct MlpEmbedder {
+    in_layer: Linear,
+    out_layer: Linear,
+}
+
+impl MlpEmbedder {
+    fn new(s: &mut Scope, name: &str, in_dim: i64, hidden: i64) -> MlpEmbedder {
+        let mut s = s.sub(name);
+        MlpEmbedder { in_layer: Linear::new(&mut s, "in_layer", in_dim, hidden, true), out_layer: Linear::new(&mut s, "out_layer", hidden, hidden, true) }
+    }
+
+    fn forward<'g>(&self, g: &'g Graph, x: T<'g>) -> T<'g> {
+        self.out_layer.forward(g, self.in_layer.forward(g, x).silu_inplace())
+    }
+}
+
+/// Flux's RMSNorm: f32 `scale`, applied out of place.
+fn flux_rms_norm(s: &mut Scope, name: &str, dim: i64) -> RmsNorm {
+    RmsNorm::new(s, name, "scale", dim, 1e-6, false)
+}
+
+/// `norm.query_norm` and `norm.key_norm` of a head.
+fn qk_norm(s: &mut Scope, head_dim: i64) -> (RmsNorm, RmsNorm) {
+    let mut norm = s.sub("norm");
+    (flux_rms_norm(&mut norm, "query_norm", head_dim), flux_rms_norm(&mut norm, "key_norm", head_dim))
+}
+
+/// Shift, scale and (except for the final layer) gate of one adaLN modulation.
+#[derive(Clone, Copy)]
+struct ModOut<'g> {
+    shift: T<'g>,
+    scale: T<'g>,
+    gate: Option<T<'g>>,
+}
+
+impl<'g> ModOut<'g> {
+    /// The three consecutive `[dim, N]` planes of `vec` `[dim, N, K]` from plane `offset`
+    /// (two, without the gate, when `gated` is false).
+    fn planes(vec: T<'g>, offset: i64, gated: bool) -> ModOut<'g> {
+        let [ne0, ne1, _, _] = vec.ne();
+        let nb = vec.nb();
+        let stride = nb[1] * ne1 as usize;
+        let plane = |k: i64| vec.view(&[ne0, ne1], &[nb[1]], stride * (offset + k) as usize);
+        ModOut { shift: plane(0), scale: plane(1), gate: gated.then(|| plane(2)) }
+    }
+
+    fn at(vec: T<'g>, offset: i64) -> ModOut<'g> {
+        Self::planes(vec, offset, true)
+    }
+}
+
+/// `lin(silu(vec))` cut into 3 (single) or 6 (double) modulations.
+#[derive(Clone, Copy, Debug)]
+struct Modulation {
+    lin: Linear,
+    multiplier: i64,
+}
+
+impl Modulation {
+    fn new(s: &mut Scope, name: &str, dim: i64, double: bool) -> Modulation {
+        let multiplier = if double { 6 } else { 3 };
+        Modulation { lin: Linear::new(&mut s.sub(name), "lin", dim, dim * multiplier, true), multiplier }
+    }
+
+    fn forward<'g>(&self, g: &'g Graph, vec: T<'g>) -> (ModOut<'g>, Option<ModOut<'g>>) {
+        let [dim, n, _, _] = vec.ne();
+        let out = self.lin.forward(g, vec.silu());
+        let m = out.reshape(&[dim, self.multiplier, n]).permute(0, 2, 1, 3).cont();
+        (ModOut::at(m, 0), (self.multiplier == 6).then(|| ModOut::at(m, 3)))
+    }
+}
+
+/// `ggml_gelu` in place (tanh approximation), made dense first when needed.
+fn gelu_inplace<'g>(x: T<'g>) -> T<'g> {
+    x.contiguous().gelu_inplace()
+}
+
+/// Self-attention projections with RMS-normalised q and k.
+#[derive(Clone, Copy, Debug)]
+struct SelfAttention {
+    qkv: Linear,
+    query_norm: RmsNorm,
+    key_norm: RmsNorm,
+    proj: Linear,
+    num_heads: i64,
+}
+
+impl SelfAttention {
+    fn new(s: &mut Scope, name: &str, dim: i64, num_heads: i64, qkv_bias: bool) -> SelfAttention {
+        let mut s = s.sub(name);
+        let head_dim = dim / num_heads;
+        let qkv = Linear::new(&mut s, "qkv", dim, dim * 3, qkv_bias);
+        let (query_norm, key_norm) = qk_norm(&mut s, head_dim);
+        SelfAttention { qkv, query_norm, key_norm, proj: Linear::new(&mut s, "proj", dim, dim, true), num_heads }
+    }
+
+    /// q, k, v `[d_head, n_head, L, N]` (q, k normalised; v a view).
+    fn pre_attention<'g>(&self, g: &'g Graph, x: T<'g>) -> [T<'g>; 3] {
+        let qkv = self.qkv.forward(g, x);
+        let [d, l, n, _] = qkv.ne();
+        let head_dim = d / 3 / self.num_heads;
+        let nb = qkv.nb();
+        let part = |k: usize| qkv.view(&[head_dim, self.num_heads, l, n], &[nb[0] * head_dim as usize, nb[1], nb[2]], nb[0] * k * d as usize / 3);
+        [self.query_norm.forward(g, part(0)), self.key_norm.forward(g, part(1)), part(2)]
+    }
+}
+
+/// One stream's half of a double block.
+#[derive(Clone, Copy, Debug)]
+struct Stream {
+    modulation: Option<Modulation>,
+    norm1: LayerNorm,
+    attn: SelfAttention,
+    norm2: LayerNorm,
+    mlp_0: Linear,
+    mlp_2: Linear,
+}
+
+impl Stream {
+    fn new(s: &mut Scope, prefix: &str, cfg: &FluxConfig) -> Stream {
+        let h = cfg.hidden_size;
+        let mlp = cfg.mlp_hidden();
+        let modulation = (!cfg.is_chroma).then(|| Modulation::new(s, &format!("{prefix}_mod"), h, true));
+        let norm1 = LayerNorm::new(s, &format!("{prefix}_norm1"), h, 1e-6, false, false);
+        let attn = SelfAttention::new(s, &format!("{prefix}_attn"), h, cfg.num_heads, cfg.qkv_bias);
+        let norm2 = LayerNorm::new(s, &format!("{prefix}_norm2"), h, 1e-6, false, false);
+        let mut m = s.sub(&format!("{prefix}_mlp"));
+        let mlp_0 = Linear::new(&mut m, "0", h, mlp, true);
+        let mlp_2 = Linear::new(&mut m, "2", mlp, h, true);
+        Stream { modulation, norm1, attn, norm2, mlp_0, mlp_2 }
+    }
+
+    /// After attention: gated attention output and gated MLP added to `x`.
+    fn post<'g>(&self, g: &'g Graph, x: T<'g>, attn_out: T<'g>, m1: &ModOut<'g>, m2: &ModOut<'g>) -> T<'g> {
+        let x = x.add(self.attn.proj.forward(g, attn_out).mul(m1.gate.expect("gate")));
+        let h = modulate(self.norm2.forward(g, x), m2.shift, m2.scale);
+        let h = self.mlp_2.forward(g, gelu_inplace(self.mlp_0.forward(g, h)));
+        x.add(h.mul(m2.gate.expect("gate")))
+    }
+}
+
+/// Image and text streams with their own weights attending jointly.
+#[derive(Clone, Debug)]
+struct DoubleStreamBlock {
+    img: Stream,
+    txt: Stream,
+    idx: i64,
+}
+
+impl DoubleStreamBlock {
+    fn forward<'g>(&self, g: &'g Graph, img: T<'g>, txt: T<'g>, vec: T<'g>, pe: T<'g>, mask: Option<T<'g>>) -> (T<'g>, T<'g>) {
+        let mods = |stream: &Stream, chroma_offset: i64| match &stream.modulation {
+            Some(m) => {
+                let (a, b) = m.forward(g, vec);
+                (a, b.expect("double modulation"))
+            }
+            None => (ModOut::at(vec, chroma_offset), ModOut::at(vec, chroma_offset + 3)),
+        };
+        let (img_m1, img_m2) = mods(&self.img, 6 * self.idx + 3 * CHROMA_SINGLE_BLOCKS);
+        let (txt_m1, txt_m2) = mods(&self.txt, 6 * self.idx + 6 * CHROMA_DOUBLE_BLOCKS + 3 * CHROMA_SINGLE_BLOCKS);
+
+        let img_in = modulate(self.img.norm1.forward(g, img), img_m1.shift, img_m1.scale);
+        let [img_q, img_k, img_v] = self.img.attn.pre_attention(g, img_in);
+        let txt_in = modulate(self.txt.norm1.forward(g, txt), txt_m1.shift, txt_m1.scale);
+        let [txt_q, txt_k, txt_v] = self.txt.attn.pre_attention(g, txt_in);
+
+        let q = txt_q.concat(img_q, 2);
+        let k = txt_k.concat(img_k, 2);
+        let v = txt_v.concat(img_v, 2);
+        let attn = rope::attention(g, q, k, v, pe, mask);
+        let [d, _, n, _] = attn.ne();
+        let nb = attn.nb();
+        let n_txt = txt.ne()[1];
+        let txt_attn = attn.view(&[d, n_txt, n], &[nb[1], nb[2]], 0);
+        let img_attn = attn.view(&[d, img.ne()[1], n], &[nb[1], nb[2]], n_txt as usize * nb[1]);
+
+        let img = self.img.post(g, img, img_attn, &img_m1, &img_m2);
+        let txt = self.txt.post(g, txt, txt_attn, &txt_m1, &txt_m2);
+        (img, txt)
+    }
+}
+
+/// Text and image tokens through shared weights: attention and MLP in parallel.
+#[derive(Clone, Copy, Debug)]
+struct SingleStreamBlock {
+    linear1: Linear,
+    linear2: Linear,
+    query_norm: RmsNorm,
+    key_norm: RmsNorm,
+    pre_norm: LayerNorm,
+    modulation: Option<Modulation>,
+    hidden: i64,
+    num_heads: i64,
+    mlp_hidden: i64,
+    idx: i64,
+}
+
+impl SingleStreamBlock {
+    fn new(s: &mut Scope, cfg: &FluxConfig, idx: usize) -> SingleStreamBlock {
+        let h = cfg.hidden_size;
+        let mlp = cfg.mlp_hidden();
+        let (query_norm, key_norm) = qk_norm(s, cfg.head_dim());
+        SingleStreamBlock {
+            linear1: Linear::new(s, "linear1", h, h * 3 + mlp, true),
+            linear2: Linear::new(s, "linear2", h + mlp, h, true),
+            query_norm,
+            key_norm,
+            pre_norm: LayerNorm::new(s, "pre_norm", h, 1e-6, false, false),
+            modulation: (!cfg.is_chroma).then(|| Modulation::new(s, "modulation", h, false)),
+            hidden: h,
+            num_heads: cfg.num_heads,
+            mlp_hidden: mlp,
+            idx: idx as i64,
+        }
+    }
+
+    fn forward<'g>(&self, g: &'g Graph, x: T<'g>, vec: T<'g>, pe: T<'g>, mask: Option<T<'g>>) -> T<'g> {
+        let m = match &self.modulation {
+            Some(m) => m.forward(g, vec).0,
+            None => ModOut::at(vec, 3 * self.idx),
+        };
+        let x_mod = modulate(self.pre_norm.forward(g, x), m.shift, m.scale);
+        let qkv_mlp = self.linear1.forward(g, x_mod);
+        let [_, l, n, _] = qkv_mlp.ne();
+        let nb = qkv_mlp.nb();
+        let head_dim = self.hidden / self.num_heads;
+        let part = |k: usize| {
+            qkv_mlp.view(&[head_dim, self.num_heads, l, n], &[nb[0] * head_dim as usize, nb[1], nb[2]], nb[0] * k * self.hidden as usize)
+        };
+        let q = self.query_norm.forward(g, part(0));
+        let k = self.key_norm.forward(g, part(1));
+        let attn = rope::attention(g, q, k, part(2), pe, mask);
+        let mlp = qkv_mlp.view(&[self.mlp_hidden, l, n], &[nb[1], nb[2]], 3 * self.hidden as usize * nb[0]);
+        let attn_mlp = attn.concat(gelu_inplace(mlp), 0);
+        let out = self.linear2.forward(g, attn_mlp);
+        x.add(out.mul(m.gate.expect("gate")))
+    }
+}
+
+/// Final norm, modulation and projection to patch pixels.
+#[derive(Clone, Copy, Debug)]
+struct LastLayer {
+    linear: Linear,
+    ada_ln: Option<Linear>,
+}
+
+impl LastLayer {
+    fn forward<'g>(&self, g: &'g Graph, x: T<'g>, c: T<'g>) -> T<'g> {
+        let (shift, scale) = match &self.ada_ln {
+            Some(l) => {
+                let m = l.forward(g, c.silu());
+                let parts = chunk(m, 2, 0, true);
+                (parts[0], parts[1])
+            }
+            None => {
+                let m = ModOut::planes(c, c.ne()[2] - 2, false);
+                (m.shift, m.scale)
+            }
+        };
+        let x = modulate(x.norm(1e-6), shift, scale);
+        self.linear.forward(g, x)
+    }
+}
+
+/// Chroma's distilled guidance layer: the modulation table from timestep, guidance and the
+/// modulation index.
+#[derive(Clone, Debug)]
+struct ChromaApproximator {
+    in_proj: Linear,
+    norms: Vec<RmsNorm>,
+    layers: Vec<MlpEmbedder>,
+    out_proj: Linear,
+}
+
+impl ChromaApproximator {
+    fn new(s: &mut Scope, in_dim: i64, hidden: i64) -> ChromaApproximator {
+        let mut s = s.sub("distilled_guidance_layer");
+        ChromaApproximator {
+            in_proj: Linear::new(&mut s, "in_proj", in_dim, CHROMA_INNER, true),
+            norms: (0..CHROMA_LAYERS).map(|i| flux_rms_norm(&mut s, &format!("norms.{i}"), CHROMA_INNER)).collect(),
+            layers: (0..CHROMA_LAYERS).map(|i| MlpEmbedder::new(&mut s, &format!("layers.{i}"), CHROMA_INNER, CHROMA_INNER)).collect(),
+            out_proj: Linear::new(&mut s, "out_proj", CHROMA_INNER, hidden, true),
+        }
+    }
+
+    fn forward<'g>(&self, g: &'g Graph, x: T<'g>) -> T<'g> {
+        let mut x = self.in_proj.forward(g, x);
+        for (norm, layer) in self.norms.iter().zip(&self.layers) {
+            x = x.add_inplace(layer.forward(g, norm.forward(g, x)));
+        }
+        self.out_proj.forward(g, x)
+    }
+}
+
+/// The Flux / Chroma network.
+#[derive(Clone, Debug)]
+pub struct FluxModel {
+    pub config: FluxConfig,
+    img_in: Linear,
+    txt_in: Linear,
+    time_in: Option<MlpEmbedder>,
+    vector_in: Option<MlpEmbedder>,
+    guidance_in: Option<MlpEmbedder>,
+    approximator: Option<ChromaApproximator>,
+    double_blocks: Vec<DoubleStreamBlock>,
+    single_blocks: Vec<SingleStreamBlock>,
+    final_layer: LastLayer,
+}
+
+/// Graph inputs of one Flux evaluation.
+pub struct FluxInputs<'g, 'a> {
+    /// Latent `[W, H, C, 1]`.
+    pub x: T<'g>,
+    /// `[N]`, in [0, 1].
+    pub timesteps: T<'g>,
+    /// `[context_in_dim, L, N]`.
+    pub context: T<'g>,
+    pub c_concat: Option<T<'g>>,
+    /// Pooled text vector `[vec_in_dim, N]`; for Chroma the text attention mask `[L]`.
+    pub y: Option<T<'g>>,
+    /// `[N]`, Flux dev and Chroma.
+    pub guidance: Option<T<'g>>,
+    /// Rotation table `[2, 2, Σaxes/2, tokens]`.
+    pub pe: T<'g>,
+    /// Chroma: 0..344 as f32.
+    pub mod_index: Option<T<'g>>,
+    /// Reference latents `[W', H', C, 1]` appended as tokens.
+    pub refs: Vec<T<'g>>,
+    pub skip_layers: &'a [i32],
+}
+
+impl FluxModel {
+    pub fn new(s: &mut Scope, cfg: &FluxConfig) -> FluxModel {
+        let h = cfg.hidden_size;
+        let (time_in, vector_in, guidance_in, approximator) = if cfg.is_chroma {
+            (None, None, None, Some(ChromaApproximator::new(s, cfg.approximator_in_dim, h)))
+        } else {
+            (
+                Some(MlpEmbedder::new(s, "time_in", 256, h)),
+                (cfg.vec_in_dim > 0).then(|| MlpEmbedder::new(s, "vector_in", cfg.vec_in_dim, h)),
+                cfg.guidance_embed.then(|| MlpEmbedder::new(s, "guidance_in", 256, h)),
+                None,
+            )
+        };
+        let img_in = Linear::new(s, "img_in", cfg.in_channels, h, true);
+        let txt_in = Linear::new(s, "txt_in", cfg.context_in_dim, h, true);
+        let double_blocks = (0..cfg.depth)
+            .map(|i| {
+                let mut b = s.sub(&format!("double_blocks.{i}"));
+                DoubleStreamBlock { img: Stream::new(&mut b, "img", cfg), txt: Stream::new(&mut b, "txt", cfg), idx: i as i64 }
+            })
+            .collect();
+        let single_blocks = (0..cfg.depth_single_blocks).map(|i| SingleStreamBlock::new(&mut s.sub(&format!("single_blocks.{i}")), cfg, i)).collect();
+        let mut fl = s.sub("final_layer");
+        let final_layer = LastLayer {
+            // The reference declares it with patch size 1: out_channels already counts the patch.
+            linear: Linear::new(&mut fl, "linear", h, cfg.out_channels, true),
+            ada_ln: (!cfg.is_chroma).then(|| Linear::new(&mut fl, "adaLN_modulation.1", h, 2 * h, true)),
+        };
+        FluxModel { config: cfg.clone(), img_in, txt_in, time_in, vector_in, guidance_in, approximator, double_blocks, single_blocks, final_layer }
+    }
+
+    /// The transformer on tokens: image tokens `[in_channels, L_img, N]` → `[p·p·C, L_img, N]`.
+    #[allow(clippy::too_many_arguments)]
+    fn forward_tokens<'g>(
+        &self,
+        g: &'g Graph,
+        img: T<'g>,
+        txt: T<'g>,
+        timesteps: T<'g>,
+        y: Option<T<'g>>,
+        guidance: Option<T<'g>>,
+        pe: T<'g>,
+        mod_index: Option<T<'g>>,
+        skip_layers: &[i32],
+    ) -> T<'g> {
+        let cfg = &self.config;
+        let mut img = self.img_in.forward(g, img);
+        let mut mask = None;
+        let vec = match &self.approximator {
+            Some(approx) => {
+                let t = timestep_embedding(timesteps, 16, 10000, 1000.0);
+                let gd = timestep_embedding(guidance.expect("Chroma needs a guidance input"), 16, 10000, 1000.0);
+                let mi = timestep_embedding(mod_index.expect("Chroma needs the modulation index"), 32, 10000, 1000.0);
+                let mi_ne = mi.ne();
+                let mi = mi.repeat(g.new_tensor(F32, &[mi_ne[0], mi_ne[1], img.ne()[2]]));
+                let tg = t.concat(gd, 0).repeat(mi);
+                let v = tg.concat(mi, 0).permute(0, 2, 1, 3).cont();
+                if let Some(y) = y {
+                    mask = Some(y.pad(img.ne()[1] as i32, 0, 0, 0));
+                }
+                approx.forward(g, v)
+            }
+            None => {
+                let time_in = self.time_in.as_ref().expect("time_in");
+                let mut v = time_in.forward(g, timestep_embedding(timesteps, 256, 10000, 1000.0));
+                if let Some(gi) = &self.guidance_in {
+                    let gd = guidance.expect("Flux dev needs a guidance input");
+                    v = v.add(gi.forward(g, timestep_embedding(gd, 256, 10000, 1000.0)));
+                }
+                if let Some(vi) = &self.vector_in {
+                    v = v.add(vi.forward(g, y.expect("Flux needs the pooled text vector")));
+                }
+                v
+            }
+        };
+        let mut txt = self.txt_in.forward(g, txt);
+        let skip = |i: usize| skip_layers.contains(&(i as i32));
+        for (i, block) in self.double_blocks.iter().enumerate() {
+            if skip(i) {
+                continue;
+            }
+            (img, txt) = block.forward(g, img, txt, vec, pe, mask);
+        }
+        let n_img = img.ne()[1];
+        let mut txt_img = txt.concat(img, 1);
+        for (i, block) in self.single_blocks.iter().enumerate() {
+            if skip(i + cfg.depth) {
+                continue;
+            }
+            txt_img = block.forward(g, txt_img, vec, pe, mask);
+        }
+        let [d, _, n, _] = txt_img.ne();
+        let nb = txt_img.nb();
+        let img = txt_img.view(&[d, n_img, n], &[nb[1], nb[2]], txt.ne()[1] as usize * nb[1]);
+        self.final_layer.forward(g, img, vec)
+    }
+
+    /// One evaluation: the latent's prediction `[W, H, C, 1]`.
+    pub fn forward<'g>(&self, g: &'g Graph, i: &FluxInputs<'g, '_>) -> T<'g> {
+        let cfg = &self.config;
+        let p = cfg.patch_size;
+        let [w, h, c, _] = i.x.ne();
+        let mut img = pad_and_patchify(g, i.x, p, true);
+        let img_tokens = img.ne()[1];
+        if let Some(cc) = i.c_concat {
+            let nb = cc.nb();
+            let [cw, ch, _, _] = cc.ne();
+            let slice = |from: i64, len: i64| pad_and_patchify(g, cc.view(&[cw, ch, len, 1], &[nb[1], nb[2], nb[3]], nb[2] * from as usize), p, true);
+            let extra = match cfg.variant {
+                FluxVariant::Flux => None,
+                FluxVariant::Fill => Some(slice(0, c).concat(slice(c, 64), 0)),
+                FluxVariant::Flex2 => Some(slice(0, c).concat(slice(c, 1), 0).concat(slice(c + 1, c), 0)),
+                FluxVariant::Controls => Some(pad_and_patchify(g, cc, p, true)),
+            };
+            if let Some(e) = extra {
+                img = img.concat(e, 0);
+            }
+        }
+        for r in &i.refs {
+            img = img.concat(pad_and_patchify(g, *r, p, true), 1);
+        }
+        let mut out = self.forward_tokens(g, img, i.context, i.timesteps, i.y, i.guidance, i.pe, i.mod_index, i.skip_layers);
+        if out.ne()[1] > img_tokens {
+            let nb = out.nb();
+            let ne = out.ne();
+            out = out.view(&[ne[0], img_tokens, ne[2]], &[nb[1], nb[2]], 0).cont();
+        }
+        unpatchify_and_crop(out, h, w, p, true)
+    }
+
+    /// Checks host inputs against the configuration before a graph is built.
+    fn check_inputs(&self, x: &Tensor, context: &Tensor, c_concat: Option<&Tensor>, y: Option<&Tensor>, refs: &[Tensor]) -> Result<()> {
+        let cfg = &self.config;
+        let c = cfg.latent_channels() as usize;
+        ensure!(x.shape().len() <= 4 && x.ne(3) == 1 && x.ne(2) == c, "Flux takes one latent [W, H, {c}, 1], got {:?}", x.shape());
+        ensure!(
+            context.ne(0) as i64 == cfg.context_in_dim && context.ne(1) > 0 && context.ne(2) == 1 && context.ne(3) == 1,
+            "Flux context must be [{}, L, 1], got {:?}",
+            cfg.context_in_dim,
+            context.shape()
+        );
+        let extra = cfg.concat_channels() as usize;
+        match c_concat {
+            Some(cc) if extra > 0 => ensure!(
+                cc.ne(0) == x.ne(0) && cc.ne(1) == x.ne(1) && cc.ne(2) == extra && cc.ne(3) == 1,
+                "Flux c_concat must be [{}, {}, {extra}, 1], got {:?}",
+                x.ne(0),
+                x.ne(1),
+                cc.shape()
+            ),
+            None if extra > 0 => bail!("this Flux model needs {extra} concatenated latent channels (c_concat)"),
+            _ => {}
+        }
+        let in_ch = (c + extra) as i64 * cfg.patch_size * cfg.patch_size;
+        ensure!(in_ch == cfg.in_channels, "Flux img_in takes {} channels, the inputs give {in_ch}", cfg.in_channels);
+        if cfg.is_chroma {
+            if let Some(y) = y {
+                ensure!(y.len() == context.ne(1), "Chroma's text mask has {} values for {} tokens", y.len(), context.ne(1));
+            }
+        } else if self.vector_in.is_some() {
+            let y = y.context("Flux needs the pooled text vector (y)")?;
+            ensure!(y.len() as i64 == cfg.vec_in_dim, "Flux y must have {} values, got {:?}", cfg.vec_in_dim, y.shape());
+        }
+        for r in refs {
+            ensure!(r.ne(2) == c && r.ne(3) == 1 && r.ne(0) > 0 && r.ne(1) > 0, "Flux reference latent must be [W, H, {c}, 1], got {:?}", r.shape());
+        }
+        Ok(())
+    }
+}
+
+/// Options of a loaded Flux model.
+#[derive(Clone, Copy, Debug)]
+pub struct FluxOptions {
+    /// Chroma: pass the text attention mask to the transformer (`chroma_use_dit_mask`).
+    pub use_mask: bool,
+}
+
+/// A loaded Flux / Chroma network with its options.
+pub struct Flux {
+    pub model: Loaded<FluxModel>,
+    pub options: FluxOptions,
+}
+
+impl Components for Flux {
+    fn components(&mut self) -> Vec<&mut dyn Component> {
+        vec![&mut self.model]
+    }
+}
+
+impl DiffusionModel for Flux {
+    fn compute(&mut self, input: &DiffusionInput<'_>) -> Result<Tensor> {
+        let cond = input.cond;
+        let context = cond.crossattn.as_ref().context("Flux needs a text context (no text encoder produced one)")?;
+        let (model, runner) = self.model.parts();
+        let cfg = model.config.clone();
+        let y = if cfg.is_chroma && !self.options.use_mask { None } else { cond.vector.as_ref() };
+        model.check_inputs(input.x, context, cond.concat.as_ref(), y, input.ref_latents)?;
+        let p = cfg.patch_size as usize;
+        let refs: Vec<(usize, usize)> = input.ref_latents.iter().map(|r| (r.ne(1), r.ne(0))).collect();
+        let (w, h) = (input.x.ne(0), input.x.ne(1));
+        let circular = (runner.options.circular_x, runner.options.circular_y);
+        let pe = rope::flux_pe(h, w, p, context.ne(1), &refs, input.ref_index_mode, 1.0, cfg.theta, &cfg.axes_dim, circular);
+        let axes_sum: usize = cfg.axes_dim.iter().sum();
+        let pos_len = pe.len() / axes_sum / 2;
+        let guidance = if cfg.is_chroma { Some(0.0) } else if cfg.guidance_embed { Some(input.guidance) } else { None };
+        let timesteps = input.timesteps.to_vec();
+        let mod_index: Vec<f32> = (0..CHROMA_MOD_INDEX_LEN).map(|i| i as f32).collect();
+        runner.compute(|g| {
+            let refs = input.ref_latents.iter().map(|r| g.input(r)).collect();
+            let inputs = FluxInputs {
+                x: g.input(input.x),
+                timesteps: g.input_f32(&timesteps, &[timesteps.len() as i64]),
+                context: g.input(context),
+                c_concat: cond.concat.as_ref().filter(|_| cfg.concat_channels() > 0).map(|t| g.input(t)),
+                y: y.map(|t| g.input_f32(t.data(), &[t.len() as i64])),
+                guidance: guidance.map(|v| g.input_f32(&[v], &[1])),
+                pe: g.input_f32(&pe, &[2, 2, axes_sum as i64 / 2, pos_len as i64]),
+                mod_index: cfg.is_chroma.then(|| g.input_f32(&mod_index, &[CHROMA_MOD_INDEX_LEN as i64])),
+                refs,
+                skip_layers: input.skip_layers,
+            };
+            Ok(model.forward(g, &inputs))
+        })
+    }
+
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn block_indices_are_read_from_names() {
+        assert_eq!(block_index("model.diffusion_model.double_blocks.12.img_attn.qkv.weight", "double_blocks."), Some(12));
+        assert_eq!(block_index("single_blocks.3.linear1.weight", "single_blocks."), Some(3));
+        assert_eq!(block_index("img_in.weight", "single_blocks."), None);
+    }
+}

@@ -1,0 +1,3 @@
+//! Image upscaling networks, like the reference's `src/model/upscaler/`.
+
+pub mod esrgan;

@@ -1,0 +1,69 @@
+//! The first stage every latent family shares: an AutoencoderKL shaped by the family's
+//! latent format (4 or 16 channels, with or without quant convolutions, scale and shift), or
+//! a tiny autoencoder (TAESD / TAESDXL / TAESD3 / TAEF1) when one is given.
+
+use super::BuildCtx;
+use crate::error::Result;
+use crate::graph::{Loaded, Placement};
+use crate::io::SdVersion;
+use crate::models::vae::{self, AutoEncoderKL, FirstStage, TaeConfig, TinyAutoEncoder, Vae, VaeConfig};
+
+/// The reference scales every VAE convolution's input by this for SDXL when no separate
+/// VAE is given: the original SDXL VAE overflows f16.
+const SDXL_VAE_CONV_SCALE: f32 = 1.0 / 32.0;
+
+/// The first stage (AutoencoderKL, or the tiny autoencoder when given and not for previews
+/// only) and the preview-only decoder, with the reference's rules.
+pub(super) fn build(ctx: &BuildCtx<'_>, place: Placement) -> Result<(Box<dyn FirstStage>, Option<Box<dyn FirstStage>>)> {
+    let (params, weights, spec, n_threads) = (ctx.params, ctx.weights, ctx.spec, ctx.n_threads);
+    let has_tae = weights.has_prefix(vae::tae::PREFIX);
+    ensure!(!spec.tae_first_stage || has_tae, "{} models need their tiny autoencoder (taesd_path)", ctx.version.name());
+    let tae_preview_only = params.tae_preview_only && !spec.tae_first_stage;
+    let configure = |mut v: Loaded<Vae>| -> Box<dyn FirstStage> {
+        v.runner.options.flash_attn = params.flash_attn;
+        v.runner.options.conv_direct = params.vae_conv_direct;
+        Box::new(v)
+    };
+    let load_tae = |decode_only: bool, place: Placement| -> Result<Box<dyn FirstStage>> {
+        let cfg = TaeConfig::detect(weights.types(), vae::tae::PREFIX, |n| weights.shape_of(n), decode_only);
+        ensure!(
+            cfg.z_channels as usize == spec.latent.channels,
+            "the tiny autoencoder has {} latent channels, {} models use {}",
+            cfg.z_channels,
+            ctx.version.name(),
+            spec.latent.channels
+        );
+        Ok(configure(weights.load_model(place, n_threads, vae::tae::PREFIX, "TAE", |s| Vae::Tiny(TinyAutoEncoder::new(s, &cfg)))?))
+    };
+    if has_tae && !tae_preview_only {
+        sd_info!("using TAE for encoding / decoding");
+        return Ok((load_tae(false, place)?, None));
+    }
+    sd_info!("using VAE for encoding / decoding");
+    let prefix = vae::autoencoder_kl::PREFIX;
+    let mut cfg = VaeConfig::detect(weights.types(), prefix, |n| weights.shape_of(n), spec.latent.scale_factor, false);
+    cfg.shift_factor = spec.latent.shift_factor;
+    cfg.z_channels = spec.latent.channels as i64;
+    cfg.use_quant = spec.vae_quant_convs;
+    cfg.raw_encoder_latents = ctx.version == SdVersion::Sd1Pix2Pix;
+    let conv_scale = (spec.defaults == crate::runtime::defaults::ModelFamily::Sdxl)
+        && (params.vae_path.as_deref().unwrap_or("").is_empty() || params.force_sdxl_vae_conv_scale);
+    let kl = weights.load_model(place.clone(), n_threads, prefix, "VAE", |s| {
+        let mut m = AutoEncoderKL::new(s, &cfg);
+        if conv_scale {
+            sd_warn!(
+                "No valid VAE specified with --vae or --force-sdxl-vae-conv-scale flag set, using Conv2D scale {:.3}",
+                SDXL_VAE_CONV_SCALE
+            );
+            m.set_conv2d_scale(SDXL_VAE_CONV_SCALE);
+        }
+        Vae::Kl(m)
+    })?;
+    let preview = if has_tae {
+        sd_info!("using TAE for preview");
+        Some(load_tae(true, place)?)
+    } else {
+        None
+    };
+    Ok((configure(kl), preview))
+}

@@ -94,7 +94,8 @@ impl Default for GraphOptions {
     /// `SD_CPU_MEMORY_BOUNDS` says otherwise: `off` builds the reference's graphs (nothing
     /// split, ggml's im2col), `tight` splits everything as finely as possible (bands of one
     /// output row, one query row of scores at a time). None changes a number with ggml's
-    /// reference kernels; tests/parity_kernels.rs holds them to that.
+    /// reference kernels; tests/parity_kernels.rs holds them to that. `SD_CPU_OWN_MATMUL=0`
+    /// (or `off`) computes matrix products with ggml's `mul_mat` instead of `graph::matmul`.
     fn default() -> Self {
         let (im2col_limit, scores_limit, fast_im2col) = match std::env::var("SD_CPU_MEMORY_BOUNDS").as_deref().map(str::trim) {
             Ok("off") => (usize::MAX, usize::MAX, false),
@@ -109,7 +110,7 @@ impl Default for GraphOptions {
             cpu_im2col_limit: im2col_limit,
             cpu_scores_limit: scores_limit,
             cpu_fast_im2col: fast_im2col,
-            cpu_own_matmul: true,
+            cpu_own_matmul: !matches!(std::env::var("SD_CPU_OWN_MATMUL").as_deref().map(str::trim), Ok("0" | "off")),
         }
     }
 }

@@ -75,7 +75,7 @@ impl Problem {
         let types_ok = match self.dot {
             Dot::F16 => self.a.ty == Elem::F16 && matches!(self.b.ty, Elem::F16 | Elem::F32),
             Dot::F32 => self.a.ty == Elem::F32 && matches!(self.b.ty, Elem::F16 | Elem::F32),
-            Dot::Q8_0 => self.a.ty == Elem::Q8_0 && self.b.ty == Elem::F32 && self.k % 32 == 0,
+            Dot::Q8_0 => self.a.ty == Elem::Q8_0 && self.b.ty == Elem::F32 && self.k.is_multiple_of(32),
         };
         types_ok && self.k > 0 && self.bcast[0] > 0 && self.bcast[1] > 0
     }

@@ -55,6 +55,7 @@ unsafe fn load1(kind: Load, row: *const u8, i: usize) -> f32 {
 /// Packs lane group `j` of blocks c0..c1 of `rows` (≤ R) rows, `stride` bytes apart, as
 /// [c][r][8] (zero rows beyond `rows`).
 #[target_feature(enable = "avx2,fma,f16c")]
+#[allow(clippy::too_many_arguments)]
 unsafe fn pack_chunk<const R: usize>(kind: Load, src: *const u8, stride: usize, rows: usize, j: usize, c0: usize, c1: usize, dst: *mut f32) {
     for r in 0..R {
         let row = src.wrapping_add(r * stride);
@@ -366,8 +367,8 @@ pub(crate) const SMALL_K: usize = 192;
 unsafe fn pack_t8(kind: Load, src: *const u8, stride: usize, rows: usize, k: usize, dst: *mut f32) {
     let mut tmp = [0f32; 8];
     for t in 0..k {
-        for r in 0..8 {
-            tmp[r] = if r < rows { load1(kind, src.add(r * stride), t) } else { 0.0 };
+        for (r, v) in tmp.iter_mut().enumerate() {
+            *v = if r < rows { load1(kind, src.add(r * stride), t) } else { 0.0 };
         }
         _mm256_storeu_ps(dst.add(t * 8), _mm256_loadu_ps(tmp.as_ptr()));
     }
@@ -381,6 +382,7 @@ unsafe fn pack_row(kind: Load, src: *const u8, k: usize, dst: *mut f32) {
 }
 
 /// Lane l of the 8-row × NB tile: v_l = (x0 + x2) + (x1 + x3) of its four chains.
+#[allow(clippy::needless_range_loop)] // indices are ggml's accumulator lanes
 #[inline(always)]
 unsafe fn small_lane<const NB: usize>(a: *const f32, b: &[*const f32; NB], cs: usize, l: usize) -> [__m256; NB] {
     let mut x = [[_mm256_setzero_ps(); 4]; NB];
@@ -402,6 +404,7 @@ unsafe fn small_lane<const NB: usize>(a: *const f32, b: &[*const f32; NB], cs: u
 
 /// 8 rows × NB columns with k < SMALL_K: every lane chain of ggml's dot (32 per output) is
 /// vectorised across the 8 rows.
+#[allow(clippy::needless_range_loop)] // indices are ggml's accumulator lanes
 #[inline(always)]
 unsafe fn small_tile<const NB: usize>(dot: Dot, a: *const f32, b: [*const f32; NB], k: usize, out: &mut [__m256; NB]) {
     let k32 = k & !31;
@@ -442,6 +445,7 @@ unsafe fn small_tile<const NB: usize>(dot: Dot, a: *const f32, b: [*const f32; N
     }
 }
 
+#[allow(clippy::needless_range_loop)] // indices are ggml's accumulator lanes
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(crate) unsafe fn small_task(p: &Problem, t: &Task, s: &mut Scratch) {
     const NB: usize = 4;

@@ -12,6 +12,11 @@
 //!   about 1 grey level here and there: elsewhere that check is skipped with a note. To
 //!   run it on such a machine, build with `SD_GGML_CPU_VARIANTS=haswell`, or point
 //!   `SD_GGML_BACKEND_DIR` at a folder holding only `libggml-cpu-haswell.so`.
+//! - matrix products on the CPU are our own op (`graph::matmul`): every output summed as
+//!   ggml's AVX2 `vec_dot` sums it, on every CPU (unit-tested against ggml's `mul_mat` and a
+//!   scalar reproduction). With the `haswell` variant the reference's graphs computed with
+//!   ggml's `mul_mat` (`SD_CPU_OWN_MATMUL=0`) give the same bits. This does not make AVX-512
+//!   machines golden-exact: ggml's AVX-512 softmax and layer-norm variance sum 16 lanes.
 
 mod common;
 

@@ -1,6 +1,6 @@
 //! Matrix products on the CPU as our own ggml op: the values of ggml's default `mul_mat`
-//! as its AVX2 (`haswell`) CPU variant computes them, on every x86-64 CPU, faster (see
-//! `gemm`). ggml's own product picks its kernels by CPU (an AVX-512 machine sums in 16
+//! as its AVX2 (`haswell`) CPU variant computes them, on every x86-64 CPU with AVX2, faster
+//! (see `gemm`). ggml's own product picks its kernels by CPU (an AVX-512 machine sums in 16
 //! lanes), so pictures would depend on the machine; these kernels do not.
 
 use super::context::{GgmlType, Graph, F16, F32, T};
@@ -67,11 +67,11 @@ fn problem(a: &g::ggml_tensor, b: &g::ggml_tensor, out: Option<&g::ggml_tensor>)
 }
 
 /// `a.mul_mat(b)` (`[K, M, ..] × [K, N, ..] → [M, N, ..]`, f32) by our kernels when the graph
-/// runs on the CPU and the types are ones they reproduce; otherwise ggml's `mul_mat`.
+/// runs on a CPU with AVX2 and the types are ones they reproduce; otherwise ggml's `mul_mat`.
 /// `prec_f32` asks other backends for f32 accumulation (the CPU always accumulates in f32).
 pub(crate) fn mul_mat<'g>(g: &'g Graph, a: T<'g>, b: T<'g>, prec_f32: bool) -> T<'g> {
     // An evaluation callback (imatrix collection) looks for ggml's MUL_MAT nodes.
-    if g.on_cpu && g.options.cpu_own_matmul && !super::eval_callback::is_set() {
+    if g.on_cpu && g.options.cpu_own_matmul && gemm::vector_kernels_available() && !super::eval_callback::is_set() {
         if let Some(t) = custom(a, b, IMP_AUTO) {
             return t;
         }

@@ -132,6 +132,20 @@ thread_local! {
     static SCRATCH: RefCell<x86::Scratch> = RefCell::new(x86::Scratch::default());
 }
 
+/// Whether the vector kernels run on this CPU (x86-64 with AVX2, FMA and F16C). Elsewhere
+/// the scalar reproduction would be far slower than ggml's own kernels, so callers keep
+/// ggml's `mul_mat` there; the scalar code is the tests' specification of the order.
+pub(crate) fn vector_kernels_available() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        x86::available()
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
 /// Thread `ith` of `nth`: its share of the tasks (a contiguous run).
 ///
 /// # Safety

@@ -61,58 +61,8 @@ pub fn numpy_python() -> PathBuf {
     .clone()
 }
 
-/// IEEE half → single (exact).
-pub fn f16_to_f32(h: u16) -> f32 {
-    let sign = ((h >> 15) as u32) << 31;
-    let exp = ((h >> 10) & 0x1f) as u32;
-    let man = (h & 0x3ff) as u32;
-    let bits = match exp {
-        0 if man == 0 => sign,
-        0 => {
-            // Subnormal: value = man · 2^-24.
-            let v = man as f32 * f32::from_bits(0x3380_0000);
-            return if sign != 0 { -v } else { v };
-        }
-        0x1f => sign | 0x7f80_0000 | (man << 13),
-        _ => sign | ((exp + 112) << 23) | (man << 13),
-    };
-    f32::from_bits(bits)
-}
-
-/// Round-to-nearest-even f32 → f16.
-pub fn f32_to_f16(f: f32) -> u16 {
-    let x = f.to_bits();
-    let sign = ((x >> 16) & 0x8000) as u16;
-    let exp = ((x >> 23) & 0xff) as i32;
-    let man = x & 0x7f_ffff;
-    if exp == 0xff {
-        return sign | 0x7c00 | if man != 0 { 0x200 } else { 0 };
-    }
-    let e = exp - 127 + 15;
-    if e >= 0x1f {
-        return sign | 0x7c00;
-    }
-    if e <= 0 {
-        if e < -10 {
-            return sign;
-        }
-        let m = man | 0x80_0000;
-        let shift = (14 - e) as u32;
-        let half = 1u32 << (shift - 1);
-        let rest = m & ((1 << shift) - 1);
-        let mut r = m >> shift;
-        if rest > half || (rest == half && r & 1 == 1) {
-            r += 1;
-        }
-        return sign | r as u16;
-    }
-    let mut r = ((e as u32) << 10) | (man >> 13);
-    let rest = man & 0x1fff;
-    if rest > 0x1000 || (rest == 0x1000 && r & 1 == 1) {
-        r += 1;
-    }
-    sign | r as u16
-}
+/// Exact f16 ↔ f32 conversions (round to nearest even), shared with the CPU kernels.
+pub(crate) use crate::graph::gemm::scalar::{f16_to_f32, f32_to_f16};
 
 /// `n` deterministic values in [-1, 1) (an xorshift sequence from `seed`).
 pub fn pattern(n: usize, seed: u32) -> Vec<f32> {

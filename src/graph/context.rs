@@ -85,6 +85,9 @@ pub struct GraphOptions {
     pub cpu_scores_limit: usize,
     /// On the CPU, build im2col matrices with our op (`graph::im2col`) instead of ggml's.
     pub cpu_fast_im2col: bool,
+    /// On the CPU, matrix products by our kernels (`graph::matmul`: ggml's AVX2 values on
+    /// every CPU, faster) instead of ggml's `mul_mat`.
+    pub cpu_own_matmul: bool,
 }
 
 impl Default for GraphOptions {
@@ -92,7 +95,8 @@ impl Default for GraphOptions {
     /// `SD_CPU_MEMORY_BOUNDS` says otherwise: `off` builds the reference's graphs (nothing
     /// split, ggml's im2col), `tight` splits everything as finely as possible (bands of one
     /// output row, one query row of scores at a time). None changes a number with ggml's
-    /// reference kernels; tests/parity_kernels.rs holds them to that.
+    /// reference kernels; tests/parity_kernels.rs holds them to that. `SD_CPU_OWN_MATMUL=0`
+    /// (or `off`) computes matrix products with ggml's `mul_mat` instead of `graph::matmul`.
     fn default() -> Self {
         let (im2col_limit, scores_limit, fast_im2col) = match std::env::var("SD_CPU_MEMORY_BOUNDS").as_deref().map(str::trim) {
             Ok("off") => (usize::MAX, usize::MAX, false),
@@ -107,6 +111,7 @@ impl Default for GraphOptions {
             cpu_im2col_limit: im2col_limit,
             cpu_scores_limit: scores_limit,
             cpu_fast_im2col: fast_im2col,
+            cpu_own_matmul: !matches!(std::env::var("SD_CPU_OWN_MATMUL").as_deref().map(str::trim), Ok("0" | "off")),
         }
     }
 }

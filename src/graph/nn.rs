@@ -27,13 +27,13 @@ pub fn scale<'g>(x: T<'g>, s: f32, inplace: bool) -> T<'g> {
 }
 
 /// `w @ x + b` (torch Linear). Batches over dims 2×3 beyond 1024 are flattened first.
-pub fn linear<'g>(x: T<'g>, w: T<'g>, b: Option<T<'g>>, force_prec_f32: bool, scale_by: f32) -> T<'g> {
+pub fn linear<'g>(g: &'g Graph, x: T<'g>, w: T<'g>, b: Option<T<'g>>, force_prec_f32: bool, scale_by: f32) -> T<'g> {
     let mut x = x;
     if scale_by != 1.0 {
         x = scale(x, scale_by, false);
     }
     let ne = x.ne();
-    let mm = |w: T<'g>, x: T<'g>| if force_prec_f32 { w.mul_mat_f32(x) } else { w.mul_mat(x) };
+    let mm = |w: T<'g>, x: T<'g>| super::matmul::mul_mat(g, w, x, force_prec_f32);
     if ne[2] * ne[3] > 1024 {
         let flat = x.reshape(&[ne[0], ne[1] * ne[2] * ne[3]]);
         let y = mm(w, flat);
@@ -79,11 +79,11 @@ impl Linear {
 
     pub fn forward<'g>(&self, g: &'g Graph, x: T<'g>) -> T<'g> {
         let Some(a) = g.adapter_for(&[Some(self.weight), self.bias]) else {
-            return linear(x, g.param(self.weight), g.opt_param(self.bias), self.force_prec_f32, self.scale);
+            return linear(g, x, g.param(self.weight), g.opt_param(self.bias), self.force_prec_f32, self.scale);
         };
         let w = a.patch(g, self.weight, g.param(self.weight), false);
         let b = self.bias.map(|b| a.patch(g, b, g.param(b), false));
-        let out = linear(x, w, b, self.force_prec_f32, self.scale);
+        let out = linear(g, x, w, b, self.force_prec_f32, self.scale);
         a.add_to_output(g, self.weight, x, out, LayerOp::Linear { force_prec_f32: self.force_prec_f32, scale: self.scale })
     }
 }
@@ -150,10 +150,11 @@ fn cpu_im2col<'g>(g: &'g Graph, w: T<'g>, x: T<'g>, stride: (i32, i32), padding:
 
 /// ggml_conv_2d's composition around an im2col matrix `[K, OW, OH, N]`: the same matrix
 /// product, giving `[OW, OH, OC, N]`.
-fn product_with_kernel<'g>(cols: T<'g>, w: T<'g>) -> T<'g> {
+fn product_with_kernel<'g>(g: &'g Graph, cols: T<'g>, w: T<'g>) -> T<'g> {
     let [kw, kh, ic, oc] = w.ne();
     let [k, ow, oh, n] = cols.ne();
-    cols.reshape(&[k, ow * oh * n]).mul_mat(w.reshape(&[kw * kh * ic, oc])).reshape(&[ow, oh, n, oc]).permute(0, 1, 3, 2).cont()
+    let y = super::matmul::mul_mat(g, cols.reshape(&[k, ow * oh * n]), w.reshape(&[kw * kh * ic, oc]), false);
+    y.reshape(&[ow, oh, n, oc]).permute(0, 1, 3, 2).cont()
 }
 
 /// Size of the im2col matrix of one band of a banded convolution.
@@ -175,14 +176,14 @@ fn conv_in_bands<'g>(g: &'g Graph, w: T<'g>, x: T<'g>, stride: (i32, i32), paddi
     let first = super::im2col::im2col_f16(g, w.ne(), x, stride, padding, dilation, Some((0, band)))?;
     // The output grows out of the first band (zero rows appended), so it is allocated only
     // when the convolution runs, not for the whole graph like a fresh tensor would be.
-    let mut acc = product_with_kernel(first, w).pad(0, (oh - band) as i32, 0, 0);
+    let mut acc = product_with_kernel(g, first, w).pad(0, (oh - band) as i32, 0, 0);
     let nb = acc.nb();
     debug_assert_eq!(acc.ne(), [ow, oh, oc, n]);
     let mut y0 = band;
     while y0 < oh {
         let rows = band.min(oh - y0);
         let cols = super::im2col::im2col_f16(g, w.ne(), x, stride, padding, dilation, Some((y0, rows)))?;
-        acc = acc.set_inplace(product_with_kernel(cols, w), nb[1], nb[2], nb[3], y0 as usize * nb[1]);
+        acc = acc.set_inplace(product_with_kernel(g, cols, w), nb[1], nb[2], nb[3], y0 as usize * nb[1]);
         y0 += rows;
     }
     Some(acc)
@@ -233,7 +234,7 @@ pub fn conv_2d<'g>(
     } else if big {
         conv_in_bands(g, w, x, stride, (p0, p1), dilation).unwrap_or_else(|| direct(x))
     } else if let Some(cols) = cpu_im2col(g, w, x, stride, (p0, p1), dilation) {
-        product_with_kernel(cols, w)
+        product_with_kernel(g, cols, w)
     } else {
         w.conv_2d(x, stride.0, stride.1, p0, p1, dilation.0, dilation.1)
     };
@@ -464,12 +465,12 @@ pub fn attention<'g>(
         None => {
             let v = v.permute(1, 2, 0, 3).contiguous().reshape(&[l_k, d_head, n_kv_head * n]);
             let scores = |q: T<'g>| {
-                let mut kq = k.mul_mat_f32(q);
+                let mut kq = super::matmul::mul_mat(g, k, q, true);
                 kq = kq.scale_inplace(sc);
                 if let Some(m) = mask {
                     kq = kq.add_inplace(m);
                 }
-                v.mul_mat(kq.soft_max_inplace())
+                super::matmul::mul_mat(g, v, kq.soft_max_inplace(), false)
             };
             let rows = score_rows_per_chunk(l_q, l_k, n_head * n, g.options.cpu_scores_limit);
             let out = if g.on_cpu && mask.is_none() && rows < l_q {

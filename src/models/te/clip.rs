@@ -288,7 +288,7 @@ impl ClipTextModel {
             let nb1 = x.nb()[1];
             let v = x.view(&[cfg.hidden_size], &[], nb1 * idx);
             match self.text_projection {
-                Some(p) => linear(v, g.param(p), None, false, 1.0),
+                Some(p) => linear(g, v, g.param(p), None, false, 1.0),
                 None => v,
             }
         });

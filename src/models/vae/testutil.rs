@@ -6,7 +6,7 @@
 //! (`first_stage_model.*`); a TAESD file's names get the prefix `tae.` the reference loads
 //! it under. `SafeFile::new(path, prefix)` applies such a prefix to every file name.
 
-pub use crate::testutil::{f16_to_f32, f32_to_f16};
+pub(crate) use crate::testutil::{f16_to_f32, f32_to_f16};
 use crate::graph::{Backend, ParamStore, TensorSpec, TypeMap, F16, F32};
 use crate::tensor::Tensor;
 use safetensors::{Dtype, SafeTensors};

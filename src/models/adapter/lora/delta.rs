@@ -245,11 +245,11 @@ fn piece_output<'g>(g: &'g Graph, u: &Update, x: T<'g>, out_ne: [i64; 4], op: La
     match (*u, op) {
         (Update::Lora { down, up, mid }, LayerOp::Linear { force_prec_f32, scale }) => {
             let down = linear_factor(g.param(down), x.ne()[0])?;
-            let mut h = linear(x, down, None, force_prec_f32, scale);
+            let mut h = linear(g, x, down, None, force_prec_f32, scale);
             if let Some(mid) = mid {
-                h = linear(h, linear_factor(g.param(mid), h.ne()[0])?, None, force_prec_f32, scale);
+                h = linear(g, h, linear_factor(g.param(mid), h.ne()[0])?, None, force_prec_f32, scale);
             }
-            Ok(Some(linear(h, linear_factor(g.param(up), h.ne()[0])?, None, force_prec_f32, scale)))
+            Ok(Some(linear(g, h, linear_factor(g.param(up), h.ne()[0])?, None, force_prec_f32, scale)))
         }
         (Update::Lora { down, up, mid }, LayerOp::Conv2d { stride, padding, dilation, scale }) => {
             let down = conv_kernel(g.param(down), x.ne()[2])?;
@@ -327,7 +327,7 @@ fn merged_output<'g>(g: &'g Graph, patch: &Patch, weight_ne: [i64; 4], x: T<'g>,
     let low_rank = Patch { pieces: patch.pieces.iter().filter(|p| p.update.is_low_rank()).copied().collect() };
     let d = weight_delta(g, &low_rank, weight_ne, true, name)?.ok_or_else(|| crate::error::Error::new("no update"))?;
     Ok(match op {
-        LayerOp::Linear { force_prec_f32, scale } => linear(x, d, None, force_prec_f32, scale),
+        LayerOp::Linear { force_prec_f32, scale } => linear(g, x, d, None, force_prec_f32, scale),
         LayerOp::Conv2d { stride, padding, dilation, scale } => conv_2d(g, x, d.cast(F16), None, stride, padding, dilation, scale),
     })
 }

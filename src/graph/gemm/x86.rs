@@ -1,0 +1,498 @@
+//! AVX2 kernels. Every output is accumulated exactly as ggml's AVX2 `vec_dot` does it (the
+//! same 8-lane fused multiply-adds, in the same order, the same reduction), but a register
+//! tile of MR rows × NR columns shares each loaded vector, and the operands are repacked
+//! once into f32 panels so that the inner loop only loads and multiplies.
+//!
+//! Panel layout (float dots): the k elements of a row are split into 32-element blocks; lane
+//! group j (0..4) of every block feeds ggml's accumulator j. A panel of R rows stores, for
+//! j = 0..4, for each block c, the R rows' 8 values of group j — so the pass of accumulator
+//! j reads one contiguous stretch — followed by the rows' tails (k mod 32 values each).
+
+use super::{Dot, Elem, Problem, Task};
+use std::arch::x86_64::*;
+
+pub(crate) const MR: usize = 4;
+pub(crate) const NR: usize = 3;
+
+/// Whether this CPU runs the vector kernels.
+pub(crate) fn available() -> bool {
+    is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") && is_x86_feature_detected!("f16c")
+}
+
+/// How a source row becomes f32 lanes.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Load {
+    F16,
+    F32,
+    /// f32 rounded to f16 first (ggml converts f32 activations for f16 weights).
+    F32AsF16,
+}
+
+#[inline(always)]
+unsafe fn load8(kind: Load, row: *const u8, i: usize) -> __m256 {
+    match kind {
+        Load::F16 => _mm256_cvtph_ps(_mm_loadu_si128(row.add(2 * i) as *const __m128i)),
+        Load::F32 => _mm256_loadu_ps(row.add(4 * i) as *const f32),
+        Load::F32AsF16 => {
+            let v = _mm256_loadu_ps(row.add(4 * i) as *const f32);
+            _mm256_cvtph_ps(_mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(v))
+        }
+    }
+}
+
+#[inline(always)]
+unsafe fn load1(kind: Load, row: *const u8, i: usize) -> f32 {
+    match kind {
+        Load::F16 => super::scalar::f16_to_f32((row.add(2 * i) as *const u16).read_unaligned()),
+        Load::F32 => (row.add(4 * i) as *const f32).read_unaligned(),
+        Load::F32AsF16 => {
+            let v = (row.add(4 * i) as *const f32).read_unaligned();
+            _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(_mm_set_ss(v))))
+        }
+    }
+}
+
+/// Packs lane group `j` of blocks c0..c1 of `rows` (≤ R) rows, `stride` bytes apart, as
+/// [c][r][8] (zero rows beyond `rows`).
+#[target_feature(enable = "avx2,fma,f16c")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn pack_chunk<const R: usize>(kind: Load, src: *const u8, stride: usize, rows: usize, j: usize, c0: usize, c1: usize, dst: *mut f32) {
+    for r in 0..R {
+        let row = src.wrapping_add(r * stride);
+        let mut d = dst.add(r * 8);
+        for c in c0..c1 {
+            let v = if r < rows { load8(kind, row, c * 32 + j * 8) } else { _mm256_setzero_ps() };
+            _mm256_storeu_ps(d, v);
+            d = d.add(R * 8);
+        }
+    }
+}
+
+/// The elements past the last whole block of `rows` rows, as [r][tail].
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn pack_tail(kind: Load, src: *const u8, stride: usize, rows: usize, k32: usize, tail: usize, dst: *mut f32) {
+    for r in 0..rows {
+        for i in 0..tail {
+            *dst.add(r * tail + i) = load1(kind, src.add(r * stride), k32 + i);
+        }
+    }
+}
+
+/// One accumulator pass of an MR × NR tile over `cs` blocks: the tile's accumulators of one
+/// lane group, started from zero or from `st` (`resume`, the previous K chunk) and stored
+/// back to `st`. Every accumulator sees its fused multiply-adds in block order, as in ggml.
+#[inline(always)]
+unsafe fn tile_pass(a: *const f32, b: *const f32, cs: usize, st: *mut __m256, resume: bool) {
+    let mut c = [[_mm256_setzero_ps(); NR]; MR];
+    if resume {
+        for (i, row) in c.iter_mut().enumerate() {
+            for (j, v) in row.iter_mut().enumerate() {
+                *v = _mm256_loadu_ps(st.add(i * NR + j) as *const f32);
+            }
+        }
+    }
+    let (mut pa, mut pb) = (a, b);
+    for _ in 0..cs {
+        let bv: [__m256; NR] = [_mm256_loadu_ps(pb), _mm256_loadu_ps(pb.add(8)), _mm256_loadu_ps(pb.add(16))];
+        for (i, row) in c.iter_mut().enumerate() {
+            let av = _mm256_loadu_ps(pa.add(8 * i));
+            for (v, bj) in row.iter_mut().zip(bv) {
+                *v = _mm256_fmadd_ps(av, bj, *v);
+            }
+        }
+        pa = pa.add(MR * 8);
+        pb = pb.add(NR * 8);
+    }
+    for (i, row) in c.iter().enumerate() {
+        for (j, v) in row.iter().enumerate() {
+            _mm256_storeu_ps(st.add(i * NR + j) as *mut f32, *v);
+        }
+    }
+}
+
+/// `GGML_F32x8_REDUCE` of one output's four accumulators.
+#[inline(always)]
+unsafe fn reduce(s0: __m256, s1: __m256, s2: __m256, s3: __m256) -> f32 {
+    let x = _mm256_add_ps(_mm256_add_ps(s0, s2), _mm256_add_ps(s1, s3));
+    let t0 = _mm_add_ps(_mm256_castps256_ps128(x), _mm256_extractf128_ps::<1>(x));
+    let t1 = _mm_hadd_ps(t0, t0);
+    _mm_cvtss_f32(_mm_hadd_ps(t1, t1))
+}
+
+/// Per-thread buffers, kept between calls (ggml's worker threads live as long as the
+/// thread pool).
+#[derive(Default)]
+pub(crate) struct Scratch {
+    a: Vec<f32>,
+    b: Vec<f32>,
+    st: Vec<__m256>,
+    q: Vec<u8>,
+    /// (batch, first row) of the A block now packed in `a`.
+    a_key: Option<(usize, usize)>,
+}
+
+fn grow<T: Copy>(v: &mut Vec<T>, n: usize, zero: T) {
+    if v.len() < n {
+        v.resize(n, zero);
+    }
+}
+
+/// Runs the thread's tasks (consecutive, so that tasks sharing an A block pack it once).
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn run(p: &Problem, tasks: impl Iterator<Item = Task>, s: &mut Scratch) {
+    s.a_key = None;
+    for t in tasks {
+        let t = &t;
+        match p.dot {
+            Dot::F16 | Dot::F32 if p.k < SMALL_K => small_task(p, t, s),
+            Dot::F16 | Dot::F32 => float_task(p, t, s),
+            Dot::Q8_0 => q8_task(p, t, s),
+        }
+    }
+}
+
+/// Blocks of 32 elements per K chunk: a chunk of one lane group is 8 · KC_BLOCKS values
+/// per row, so that an A chunk of MC rows stays in L2 and a B panel chunk in L1.
+const KC_BLOCKS: usize = 64;
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn float_task(p: &Problem, t: &Task, s: &mut Scratch) {
+    let k = p.k;
+    let (k32, tail) = (k & !31, k % 32);
+    let cs = k32 / 32;
+    let a_kind = if p.a.ty == Elem::F16 { Load::F16 } else { Load::F32 };
+    let b_kind = match (p.dot, p.b.ty) {
+        (Dot::F16, Elem::F32) => Load::F32AsF16,
+        (_, Elem::F16) => Load::F16,
+        _ => Load::F32,
+    };
+    let (rows, cols) = (t.m1 - t.m0, t.n1 - t.n0);
+    let (pm, pn) = (rows.div_ceil(MR), cols.div_ceil(NR));
+    let kc = KC_BLOCKS.min(cs).max(1);
+    let a_len = pm * MR * kc * 8;
+    let b_len = NR * kc * 8;
+    grow(&mut s.a, a_len + rows * tail, 0.0);
+    grow(&mut s.b, b_len + cols * tail, 0.0);
+    grow(&mut s.st, pn * pm * 4 * MR * NR, _mm256_setzero_ps());
+    let (arow, brow, out) = p.batch_ptrs(t.batch);
+    let arow = arow.wrapping_add(t.m0 * p.a.nb[0]);
+    let brow = brow.wrapping_add(t.n0 * p.b.nb[0]);
+    let (ap, bp, st) = (s.a.as_mut_ptr(), s.b.as_mut_ptr(), s.st.as_mut_ptr());
+    for j in 0..4 {
+        for c0 in (0..cs).step_by(kc) {
+            let c1 = (c0 + kc).min(cs);
+            let nc = c1 - c0;
+            for q in 0..pm {
+                let r0 = q * MR;
+                pack_chunk::<MR>(a_kind, arow.wrapping_add(r0 * p.a.nb[0]), p.a.nb[0], MR.min(rows - r0), j, c0, c1, ap.add(q * MR * nc * 8));
+            }
+            for n in 0..pn {
+                let n0 = n * NR;
+                pack_chunk::<NR>(b_kind, brow.wrapping_add(n0 * p.b.nb[0]), p.b.nb[0], NR.min(cols - n0), j, c0, c1, bp);
+                for q in 0..pm {
+                    tile_pass(ap.add(q * MR * nc * 8), bp, nc, st.add(((n * pm + q) * 4 + j) * MR * NR), c0 > 0);
+                }
+            }
+        }
+    }
+    let (ta, tb) = (ap.add(a_len), bp.add(b_len));
+    if tail > 0 {
+        pack_tail(a_kind, arow, p.a.nb[0], rows, k32, tail, ta);
+        pack_tail(b_kind, brow, p.b.nb[0], cols, k32, tail, tb);
+    }
+    for ni in 0..cols {
+        let dst = (out.add((t.n0 + ni) * p.out_nb[0]) as *mut f32).add(t.m0);
+        let (n, nn) = (ni / NR, ni % NR);
+        for mi in 0..rows {
+            let (q, mm) = (mi / MR, mi % MR);
+            let sq = st.add((n * pm + q) * 4 * MR * NR + mm * NR + nn);
+            let r = reduce(*sq, *sq.add(12), *sq.add(24), *sq.add(36));
+            *dst.add(mi) = if tail == 0 {
+                r
+            } else {
+                let a = std::slice::from_raw_parts(ta.add(mi * tail), tail);
+                let b = std::slice::from_raw_parts(tb.add(ni * tail), tail);
+                match p.dot {
+                    Dot::F16 => super::scalar::tail_f16(r, a, b),
+                    _ => super::scalar::tail_f32(r, a, b),
+                }
+            };
+        }
+    }
+}
+
+// ---- q8_0 ----
+
+const QMR: usize = 4;
+const QNR: usize = 2;
+
+/// q8_0 panel of R rows over `nb` blocks: per block the R rows' 32 quants, then (after all
+/// blocks) the scales as f32, block-major.
+unsafe fn q8_pack_rows<const R: usize>(src: *const u8, stride: usize, rows: usize, nb: usize, dst: *mut u8) {
+    let d = dst.add(nb * R * 32) as *mut f32;
+    for r in 0..R {
+        for b in 0..nb {
+            let q = dst.add((b * R + r) * 32);
+            if r < rows {
+                let blk = src.add(r * stride + b * super::scalar::Q8_0_BYTES);
+                std::ptr::copy_nonoverlapping(blk.add(2), q, 32);
+                *d.add(b * R + r) = super::scalar::f16_to_f32(u16::from_le_bytes([*blk, *blk.add(1)]));
+            } else {
+                std::ptr::write_bytes(q, 0, 32);
+                *d.add(b * R + r) = 0.0;
+            }
+        }
+    }
+}
+
+/// `quantize_row_q8_0` (AVX2) of `rows` f32 columns into a q8 panel.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q8_quantize_cols<const R: usize>(src: *const u8, stride: usize, rows: usize, nb: usize, dst: *mut u8) {
+    let d = dst.add(nb * R * 32) as *mut f32;
+    let sign = _mm256_set1_ps(-0.0);
+    for r in 0..R {
+        for b in 0..nb {
+            let q = dst.add((b * R + r) * 32);
+            if r >= rows {
+                std::ptr::write_bytes(q, 0, 32);
+                *d.add(b * R + r) = 0.0;
+                continue;
+            }
+            let x = src.add(r * stride + b * 128) as *const f32;
+            let v = [_mm256_loadu_ps(x), _mm256_loadu_ps(x.add(8)), _mm256_loadu_ps(x.add(16)), _mm256_loadu_ps(x.add(24))];
+            let mut m = _mm256_andnot_ps(sign, v[0]);
+            m = _mm256_max_ps(m, _mm256_andnot_ps(sign, v[1]));
+            m = _mm256_max_ps(m, _mm256_andnot_ps(sign, v[2]));
+            m = _mm256_max_ps(m, _mm256_andnot_ps(sign, v[3]));
+            let mut m4 = _mm_max_ps(_mm256_extractf128_ps::<1>(m), _mm256_castps256_ps128(m));
+            m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+            m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+            let amax = _mm_cvtss_f32(m4);
+            let dd = amax / 127.0;
+            let h = _mm_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(_mm_set_ss(dd));
+            *d.add(b * R + r) = _mm_cvtss_f32(_mm_cvtph_ps(h));
+            let id = _mm256_set1_ps(if amax != 0.0 { 127.0 / amax } else { 0.0 });
+            let i: [__m256i; 4] = std::array::from_fn(|t| {
+                _mm256_cvtps_epi32(_mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(_mm256_mul_ps(v[t], id)))
+            });
+            let p01 = _mm256_packs_epi32(i[0], i[1]);
+            let p23 = _mm256_packs_epi32(i[2], i[3]);
+            let p = _mm256_packs_epi16(p01, p23);
+            let p = _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+            _mm256_storeu_si256(q as *mut __m256i, p);
+        }
+    }
+}
+
+fn q8_panel_len(r: usize, nb: usize) -> usize {
+    nb * r * 36
+}
+
+/// The q8_0 tile: QMR × QNR outputs, each one 8-lane accumulator as in ggml.
+#[inline(always)]
+unsafe fn q8_tile(a: *const u8, b: *const u8, nb: usize, acc: &mut [__m256; QMR * QNR]) {
+    let ad = a.add(nb * QMR * 32) as *const f32;
+    let bd = b.add(nb * QNR * 32) as *const f32;
+    let ones = _mm256_set1_epi16(1);
+    let mut c = [_mm256_setzero_ps(); QMR * QNR];
+    for blk in 0..nb {
+        let pa = a.add(blk * QMR * 32);
+        let pb = b.add(blk * QNR * 32);
+        let b0 = _mm256_loadu_si256(pb as *const __m256i);
+        let b1 = _mm256_loadu_si256(pb.add(32) as *const __m256i);
+        let db0 = _mm256_broadcast_ss(&*bd.add(blk * QNR));
+        let db1 = _mm256_broadcast_ss(&*bd.add(blk * QNR + 1));
+        for m in 0..QMR {
+            let x = _mm256_loadu_si256(pa.add(m * 32) as *const __m256i);
+            let ax = _mm256_sign_epi8(x, x);
+            let da = _mm256_broadcast_ss(&*ad.add(blk * QMR + m));
+            let s0 = _mm256_cvtepi32_ps(_mm256_madd_epi16(ones, _mm256_maddubs_epi16(ax, _mm256_sign_epi8(b0, x))));
+            c[m * QNR] = _mm256_fmadd_ps(_mm256_mul_ps(da, db0), s0, c[m * QNR]);
+            let s1 = _mm256_cvtepi32_ps(_mm256_madd_epi16(ones, _mm256_maddubs_epi16(ax, _mm256_sign_epi8(b1, x))));
+            c[m * QNR + 1] = _mm256_fmadd_ps(_mm256_mul_ps(da, db1), s1, c[m * QNR + 1]);
+        }
+    }
+    *acc = c;
+}
+
+/// `hsum_float_8`.
+#[inline(always)]
+unsafe fn hsum8(x: __m256) -> f32 {
+    let mut r = _mm_add_ps(_mm256_extractf128_ps::<1>(x), _mm256_castps256_ps128(x));
+    r = _mm_add_ps(r, _mm_movehl_ps(r, r));
+    r = _mm_add_ss(r, _mm_movehdup_ps(r));
+    _mm_cvtss_f32(r)
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn q8_task(p: &Problem, t: &Task, s: &mut Scratch) {
+    let nb = p.k / 32;
+    let rows = t.m1 - t.m0;
+    let npan = rows.div_ceil(QMR);
+    let apanel = q8_panel_len(QMR, nb);
+    let bpanel = q8_panel_len(QNR, nb);
+    grow(&mut s.q, npan * apanel + bpanel, 0);
+    let (arow, brow, out) = p.batch_ptrs(t.batch);
+    let (aq, bq) = s.q.split_at_mut(npan * apanel);
+    if s.a_key != Some((t.batch, t.m0)) {
+        for q in 0..npan {
+            let r0 = t.m0 + q * QMR;
+            q8_pack_rows::<QMR>(arow.add(r0 * p.a.nb[0]), p.a.nb[0], QMR.min(t.m1 - r0), nb, aq.as_mut_ptr().add(q * apanel));
+        }
+        s.a_key = Some((t.batch, t.m0));
+    }
+    let mut acc = [_mm256_setzero_ps(); QMR * QNR];
+    for n0 in (t.n0..t.n1).step_by(QNR) {
+        let cols = QNR.min(t.n1 - n0);
+        q8_quantize_cols::<QNR>(brow.add(n0 * p.b.nb[0]), p.b.nb[0], cols, nb, bq.as_mut_ptr());
+        for q in 0..npan {
+            let r0 = t.m0 + q * QMR;
+            q8_tile(aq.as_ptr().add(q * apanel), bq.as_ptr(), nb, &mut acc);
+            for ni in 0..cols {
+                let dst = out.add((n0 + ni) * p.out_nb[0]) as *mut f32;
+                for mi in 0..QMR.min(t.m1 - r0) {
+                    *dst.add(r0 + mi) = hsum8(acc[mi * QNR + ni]);
+                }
+            }
+        }
+    }
+}
+
+// ---- small k: one vector = 8 outputs (rows m..m+8 of one column) ----
+
+pub(crate) const SMALL_K: usize = 192;
+
+/// A block transposed: per 8 rows, element t of the 8 rows at [t][8].
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn pack_t8(kind: Load, src: *const u8, stride: usize, rows: usize, k: usize, dst: *mut f32) {
+    let mut tmp = [0f32; 8];
+    for t in 0..k {
+        for (r, v) in tmp.iter_mut().enumerate() {
+            *v = if r < rows { load1(kind, src.add(r * stride), t) } else { 0.0 };
+        }
+        _mm256_storeu_ps(dst.add(t * 8), _mm256_loadu_ps(tmp.as_ptr()));
+    }
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn pack_row(kind: Load, src: *const u8, k: usize, dst: *mut f32) {
+    for t in 0..k {
+        *dst.add(t) = load1(kind, src, t);
+    }
+}
+
+/// Lane l of the 8-row × NB tile: v_l = (x0 + x2) + (x1 + x3) of its four chains.
+#[allow(clippy::needless_range_loop)] // indices are ggml's accumulator lanes
+#[inline(always)]
+unsafe fn small_lane<const NB: usize>(a: *const f32, b: &[*const f32; NB], cs: usize, l: usize) -> [__m256; NB] {
+    let mut x = [[_mm256_setzero_ps(); 4]; NB];
+    for j in 0..4 {
+        let mut acc = [_mm256_setzero_ps(); NB];
+        for c in 0..cs {
+            let t = c * 32 + j * 8 + l;
+            let av = _mm256_loadu_ps(a.add(t * 8));
+            for q in 0..NB {
+                acc[q] = _mm256_fmadd_ps(av, _mm256_broadcast_ss(&*b[q].add(t)), acc[q]);
+            }
+        }
+        for q in 0..NB {
+            x[q][j] = acc[q];
+        }
+    }
+    std::array::from_fn(|q| _mm256_add_ps(_mm256_add_ps(x[q][0], x[q][2]), _mm256_add_ps(x[q][1], x[q][3])))
+}
+
+/// 8 rows × NB columns with k < SMALL_K: every lane chain of ggml's dot (32 per output) is
+/// vectorised across the 8 rows.
+#[allow(clippy::needless_range_loop)] // indices are ggml's accumulator lanes
+#[inline(always)]
+unsafe fn small_tile<const NB: usize>(dot: Dot, a: *const f32, b: [*const f32; NB], k: usize, out: &mut [__m256; NB]) {
+    let k32 = k & !31;
+    let cs = k32 / 32;
+    let mut tt = [[_mm256_setzero_ps(); 4]; NB];
+    for i in 0..4 {
+        let (lo, hi) = (small_lane::<NB>(a, &b, cs, i), small_lane::<NB>(a, &b, cs, i + 4));
+        for q in 0..NB {
+            tt[q][i] = _mm256_add_ps(lo[q], hi[q]);
+        }
+    }
+    for q in 0..NB {
+        let w = &tt[q];
+        let mut r = _mm256_add_ps(_mm256_add_ps(w[0], w[1]), _mm256_add_ps(w[2], w[3]));
+        match dot {
+            Dot::F16 if k > k32 => {
+                let mut lo = _mm256_cvtps_pd(_mm256_castps256_ps128(r));
+                let mut hi = _mm256_cvtps_pd(_mm256_extractf128_ps::<1>(r));
+                for t in k32..k {
+                    let p = _mm256_mul_ps(_mm256_loadu_ps(a.add(t * 8)), _mm256_broadcast_ss(&*b[q].add(t)));
+                    lo = _mm256_add_pd(lo, _mm256_cvtps_pd(_mm256_castps256_ps128(p)));
+                    hi = _mm256_add_pd(hi, _mm256_cvtps_pd(_mm256_extractf128_ps::<1>(p)));
+                }
+                r = _mm256_set_m128(_mm256_cvtpd_ps(hi), _mm256_cvtpd_ps(lo));
+            }
+            Dot::F32 => {
+                let q4 = k32 + ((k - k32) & !3);
+                for t in k32..q4 {
+                    r = _mm256_add_ps(r, _mm256_mul_ps(_mm256_loadu_ps(a.add(t * 8)), _mm256_broadcast_ss(&*b[q].add(t))));
+                }
+                for t in q4..k {
+                    r = _mm256_fmadd_ps(_mm256_loadu_ps(a.add(t * 8)), _mm256_broadcast_ss(&*b[q].add(t)), r);
+                }
+            }
+            _ => {}
+        }
+        out[q] = r;
+    }
+}
+
+#[allow(clippy::needless_range_loop)] // indices are ggml's accumulator lanes
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn small_task(p: &Problem, t: &Task, s: &mut Scratch) {
+    const NB: usize = 4;
+    let k = p.k;
+    let a_kind = if p.a.ty == Elem::F16 { Load::F16 } else { Load::F32 };
+    let b_kind = match (p.dot, p.b.ty) {
+        (Dot::F16, Elem::F32) => Load::F32AsF16,
+        (_, Elem::F16) => Load::F16,
+        _ => Load::F32,
+    };
+    let rows = t.m1 - t.m0;
+    let npan = rows.div_ceil(8);
+    grow(&mut s.a, npan * 8 * k, 0.0);
+    grow(&mut s.b, (t.n1 - t.n0) * k, 0.0);
+    let (arow, brow, out) = p.batch_ptrs(t.batch);
+    if s.a_key != Some((t.batch, t.m0)) {
+        for q in 0..npan {
+            let r0 = t.m0 + q * 8;
+            pack_t8(a_kind, arow.wrapping_add(r0 * p.a.nb[0]), p.a.nb[0], 8.min(t.m1 - r0), k, s.a.as_mut_ptr().add(q * 8 * k));
+        }
+        s.a_key = Some((t.batch, t.m0));
+    }
+    let bp = s.b.as_mut_ptr();
+    for n in t.n0..t.n1 {
+        pack_row(b_kind, brow.wrapping_add(n * p.b.nb[0]), k, bp.add((n - t.n0) * k));
+    }
+    let ap = s.a.as_ptr();
+    let mut res = [_mm256_setzero_ps(); NB];
+    let mut n = t.n0;
+    while n < t.n1 {
+        let cnt = NB.min(t.n1 - n);
+        let cols: [*const f32; NB] = std::array::from_fn(|q| bp.add((n + q.min(cnt - 1) - t.n0) * k) as *const f32);
+        for q8 in 0..npan {
+            let r0 = t.m0 + q8 * 8;
+            small_tile::<NB>(p.dot, ap.add(q8 * 8 * k), cols, k, &mut res);
+            let live = 8.min(t.m1 - r0);
+            for q in 0..cnt {
+                let dst = (out.add((n + q) * p.out_nb[0]) as *mut f32).add(r0);
+                if live == 8 {
+                    _mm256_storeu_ps(dst, res[q]);
+                } else {
+                    let mut tmp = [0f32; 8];
+                    _mm256_storeu_ps(tmp.as_mut_ptr(), res[q]);
+                    std::ptr::copy_nonoverlapping(tmp.as_ptr(), dst, live);
+                }
+            }
+        }
+        n += cnt;
+    }
+}

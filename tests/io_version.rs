@@ -57,6 +57,17 @@ fn every_family_from_names_and_shapes() {
             vec![SD2_TOK.into(), in4.clone(), "model.diffusion_model.output_blocks.7.1.transformer_blocks.0.attn1.to_k.weight:1024x640".into()],
         ),
         (Sdxl, vec![in4.clone(), "conditioner.embedders.1.model.ln_final.weight".into(), MID.into()]),
+        // split components: diffusion_model_path + clip_l_path + clip_g_path
+        (
+            Sdxl,
+            vec![
+                in4.clone(),
+                "clip_l.text_model.embeddings.token_embedding.weight:768x49408".into(),
+                "clip_g.text_model.embeddings.token_embedding.weight:1280x49408".into(),
+                MID.into(),
+            ],
+        ),
+        (Sdxl, vec!["clip_g.text_model.final_layer_norm.weight".into(), in4.clone(), MID.into()]),
         (SdxlInpaint, vec!["conditioner.embedders.1.x".into(), in9.clone(), MID.into()]),
         (SdxlPix2Pix, vec!["conditioner.embedders.1.x".into(), in8.clone(), MID.into()]),
         (SdxlSsd1b, vec![in4.clone(), "cond_stage_model.1.x".into(), dm("output_blocks.3.1.transformer_blocks.1.attn1.to_q.weight")]),

@@ -51,8 +51,11 @@ fn sdxl_variants_all_cases() {
 /// The SDXL checkpoint split the way users hold the parts: a standalone UNet
 /// (`diffusion_model_path`), CLIP-L with Hugging Face names (`clip_l_path`) and OpenCLIP bigG
 /// converted to Hugging Face `CLIPTextModelWithProjection` names (`clip_g_path`: separate
-/// q/k/v, transposed `text_projection.weight`), with the case's own `vae_path`. They must
-/// render the single file's golden picture. Writes 7 GB of split files into the cache once.
+/// q/k/v, `text_projection.weight`) and the checkpoint's VAE with its own names
+/// (`vae_path`, as users extract it). They must render the single file's golden picture of
+/// the case with a separate VAE (which the reference renders with the checkpoint's VAE: the
+/// case's `vae.safetensors` keeps `first_stage_model.` names, which a `vae_path` file's
+/// prefix does not match). Writes 7 GB of split files into the cache once.
 #[test]
 fn sdxl_from_split_components() {
     if !full() {
@@ -69,6 +72,7 @@ fn sdxl_from_split_components() {
             p.diffusion_model_path = arena.str(&parts[0].to_string_lossy());
             p.clip_l_path = arena.str(&parts[1].to_string_lossy());
             p.clip_g_path = arena.str(&parts[2].to_string_lossy());
+            p.vae_path = arena.str(&parts[3].to_string_lossy());
         },
     ));
 }
@@ -79,7 +83,8 @@ mod split {
     use safetensors::SafeTensors;
     use std::path::PathBuf;
 
-    const FILES: [&str; 3] = ["sdxl_split_unet.safetensors", "sdxl_split_clip_l.safetensors", "sdxl_split_clip_g.safetensors"];
+    const FILES: [&str; 4] =
+        ["sdxl_split_unet.safetensors", "sdxl_split_clip_l.safetensors", "sdxl_split_clip_g.safetensors", "sdxl_split_vae.safetensors"];
     const BIGG: &str = "conditioner.embedders.1.model.";
 
     /// An OpenCLIP bigG tensor as the Hugging Face tensors it becomes: (name, shape, bytes).
@@ -91,18 +96,10 @@ mod split {
             "token_embedding.weight" => one("text_model.embeddings.token_embedding.weight".into()),
             "positional_embedding" => one("text_model.embeddings.position_embedding.weight".into()),
             "ln_final.weight" | "ln_final.bias" => one(format!("text_model.final_layer_norm.{}", &name[9..])),
-            "text_projection" => {
-                // x @ P (OpenCLIP) is x @ Wᵀ (torch Linear) with W = Pᵀ.
-                let (r, c) = (shape[0], shape[1]);
-                let mut t = vec![0u8; data.len()];
-                for i in 0..r {
-                    for j in 0..c {
-                        let (s, d) = ((i * c + j) * 2, (j * r + i) * 2);
-                        t[d..d + 2].copy_from_slice(&data[s..s + 2]);
-                    }
-                }
-                vec![("text_projection.weight".into(), vec![c, r], t)]
-            }
+            // Kept as it is: the reference reads `text_projection.weight` into the same
+            // parameter as OpenCLIP's `text_projection` and applies both the same way (no
+            // transposition), so only the same matrix renders the checkpoint's picture.
+            "text_projection" => one("text_projection.weight".into()),
             _ => {
                 let rest = name.strip_prefix("transformer.resblocks.").expect("a resblock tensor");
                 let (layer, leaf) = rest.split_once('.').expect("layer.leaf");
@@ -141,9 +138,11 @@ mod split {
         let all = st.tensors();
         let write = |path: &PathBuf, tensors: Vec<(String, Vec<usize>, Vec<u8>)>| {
             assert!(!tensors.is_empty());
+            // f16 or f32, as the checkpoint holds it.
+            let dtype = |bytes: usize, shape: &[usize]| if bytes == shape.iter().product::<usize>() * 4 { Dtype::F32 } else { Dtype::F16 };
             let views: Vec<(String, TensorView)> = tensors
                 .iter()
-                .map(|(n, s, d)| (n.clone(), TensorView::new(Dtype::F16, s.clone(), d).expect("f16 tensor")))
+                .map(|(n, s, d)| (n.clone(), TensorView::new(dtype(d.len(), s), s.clone(), d).expect("float tensor")))
                 .collect();
             let tmp = path.with_extension(format!("tmp.{}", std::process::id()));
             safetensors::serialize_to_file(views, None, &tmp).expect("write split file");
@@ -158,13 +157,17 @@ mod split {
         write(&paths[1], strip("conditioner.embedders.0.transformer."));
         let bigg = all.iter().filter_map(|(n, v)| n.strip_prefix(BIGG).map(|n| bigg_to_hf(n, v))).flatten().collect();
         write(&paths[2], bigg);
+        write(&paths[3], strip("first_stage_model."));
         paths
     }
 }
 
-/// SDXL quantized: our `convert` of the checkpoint to a q8_0 GGUF renders exactly what the
-/// safetensors renders with `wtype = q8_0` (the same quantization), and q4_K renders too.
-/// There is no golden q8_0 SDXL picture; the f16 one bounds how far quantization may move it.
+/// SDXL quantized: our `convert` of the checkpoint to a q8_0 GGUF renders nearly what the
+/// safetensors renders with `wtype = q8_0`, and q4_K renders too. Not exactly: bigG's
+/// `text_projection` is an f32 tensor of the model, so `wtype` at load leaves it exact while
+/// the GGUF holds it quantized (as the reference's convert writes it) and it is dequantized
+/// at load, as in the reference. There is no golden q8_0 SDXL picture; the f16 one bounds how
+/// far quantization may move it.
 #[test]
 fn sdxl_quantized_and_converted() {
     if !full() {
@@ -178,7 +181,10 @@ fn sdxl_quantized_and_converted() {
     let with_wtype = common::parity::render_with("sdxl", case, |p, _| p.wtype = stable_diffusion::capi::sd_type_t(8));
     let q4k = common::parity::render_with("sdxl", case, |p, _| p.wtype = stable_diffusion::capi::sd_type_t(12));
     assert_eq!(from_gguf.len(), 1);
-    assert_eq!(from_gguf, with_wtype, "q8_0 GGUF and wtype=q8_0 render differently");
+    assert_eq!(with_wtype.len(), 1);
+    let d = common::parity::diff_bytes(&from_gguf[0], &with_wtype[0]);
+    eprintln!("sdxl_euler_v q8_0 GGUF vs wtype=q8_0: max {} mean {:.3}", d.0, d.1);
+    assert!(d.1 < 2.0, "q8_0 GGUF and wtype=q8_0 differ by mean {}", d.1);
     let golden = common::parity::golden_image("sdxl", "sdxl_euler_v_0.png");
     for (what, img) in [("q8_0", &from_gguf[0]), ("q4_K", &q4k[0])] {
         let d = common::parity::diff_bytes(img, &golden);

@@ -364,7 +364,9 @@ pub fn detect<T: NamedShape>(tensors: &[T]) -> Option<SdVersion> {
                 is_xl = true;
             }
         }
-        if c("conditioner.embedders.1") || c("cond_stage_model.1") || c("te.1") {
+        // `clip_g.`: a standalone OpenCLIP-bigG given as `clip_g_path` next to a standalone
+        // UNet (SDXL split into components; the reference detects SDXL only from a checkpoint).
+        if c("conditioner.embedders.1") || c("cond_stage_model.1") || c("te.1") || name.starts_with("clip_g.") {
             has_multiple_encoders = true;
             if is_unet {
                 is_xl = true;

@@ -65,7 +65,7 @@ scripts/install.sh --prefix "$prefix" --release ${features:+--features "$feature
 # found first in the venv); SD1 and SDXL, which the parity subsets and bindings use, are made now.
 export SD_FIXTURE_VENV=$venv
 scripts/fixtures.sh --python >/dev/null || fatal "numpy environment failed"
-scripts/fixtures.sh sd1 sdxl || fatal "synthetic fixtures failed"
+scripts/fixtures.sh sd1 sdxl loras/lora_sd1.safetensors || fatal "synthetic fixtures failed"
 export PATH="$venv/bin:$PATH"
 
 cargo_features=()

@@ -535,6 +535,17 @@ mod tests {
         v.iter().flat_map(|x| x.to_le_bytes()).collect()
     }
 
+    /// `v` as the bytes of a weight of type `ty` (f32, else ggml's f16 conversion).
+    fn weight_bytes(ty: crate::graph::GgmlType, v: &[f32]) -> Vec<u8> {
+        if ty == F32 {
+            return f32_bytes(v);
+        }
+        let mut h = vec![0u16; v.len()];
+        // SAFETY: h holds v.len() values.
+        unsafe { g::ggml_fp32_to_fp16_row(v.as_ptr(), h.as_mut_ptr(), v.len() as i64) };
+        h.iter().flat_map(|x| x.to_le_bytes()).collect()
+    }
+
     #[test]
     fn linear_conv_and_norm_compute_like_torch() {
         let backend = Arc::new(Backend::cpu().unwrap());
@@ -642,14 +653,7 @@ mod tests {
             .load(|name, spec, dst| {
                 let n = spec.ne.iter().product::<i64>() as usize;
                 let vals = pattern(n, if name.ends_with("bias") { 4 } else { 5 });
-                if spec.ty == F32 {
-                    dst.copy_from_slice(&f32_bytes(&vals));
-                } else {
-                    let mut h = vec![0u16; n];
-                    // SAFETY: h holds n values.
-                    unsafe { g::ggml_fp32_to_fp16_row(vals.as_ptr(), h.as_mut_ptr(), n as i64) };
-                    dst.copy_from_slice(&h.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>());
-                }
+                dst.copy_from_slice(&weight_bytes(spec.ty, &vals));
                 Ok(())
             })
             .unwrap();
@@ -714,14 +718,7 @@ mod tests {
             .load(|name, spec, dst| {
                 let n = spec.ne.iter().product::<i64>() as usize;
                 let v: Vec<f32> = pattern(n, name.len() as u32 + name.as_bytes()[1] as u32).iter().map(|x| x * 0.1).collect();
-                if spec.ty == F32 {
-                    dst.copy_from_slice(&f32_bytes(&v));
-                } else {
-                    let mut h = vec![0u16; n];
-                    // SAFETY: h holds n values.
-                    unsafe { g::ggml_fp32_to_fp16_row(v.as_ptr(), h.as_mut_ptr(), n as i64) };
-                    dst.copy_from_slice(&h.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>());
-                }
+                dst.copy_from_slice(&weight_bytes(spec.ty, &v));
                 Ok(())
             })
             .unwrap();
@@ -768,14 +765,7 @@ mod tests {
         store.load(|_, spec, dst| {
             let n = spec.ne.iter().product::<i64>() as usize;
             let v = pattern(n, 3);
-            if spec.ty == F32 {
-                dst.copy_from_slice(&f32_bytes(&v));
-            } else {
-                let mut h = vec![0u16; n];
-                // SAFETY: h holds n values.
-                unsafe { g::ggml_fp32_to_fp16_row(v.as_ptr(), h.as_mut_ptr(), n as i64) };
-                dst.copy_from_slice(&h.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>());
-            }
+            dst.copy_from_slice(&weight_bytes(spec.ty, &v));
             Ok(())
         })
         .unwrap();

@@ -9,7 +9,6 @@ mod third_party;
 
 fn main() {
     println!("cargo:rerun-if-changed=build.rs");
-    println!("cargo:rerun-if-changed=.git/HEAD");
     let manifest_dir = PathBuf::from(env::var("CARGO_MANIFEST_DIR").unwrap());
     let version = env::var("CARGO_PKG_VERSION").unwrap();
     let major = version.split('.').next().unwrap();
@@ -30,6 +29,7 @@ fn main() {
         .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
         .unwrap_or_else(|| "unknown".into());
     println!("cargo:rustc-env=SD_GIT_COMMIT={commit}");
+    watch_git_head(&manifest_dir);
 
     // Vocabularies from pinned registry packages (scripts/third-party.tsv; ggml-sys takes
     // care of the ggml tree).
@@ -81,4 +81,30 @@ fn decode_vocab(manifest_dir: &std::path::Path, name: &str, dst: &std::path::Pat
     std::fs::write(&tmp, &bytes).expect("write decoded vocabulary");
     std::fs::rename(&tmp, dst).expect("rename decoded vocabulary");
     dst.to_path_buf()
+}
+
+/// Re-runs this script when the commit changes: watches HEAD and the branch it names, where
+/// git keeps them (in a worktree `.git` is a file, and a path that does not exist would make
+/// cargo rebuild on every command).
+fn watch_git_head(dir: &std::path::Path) {
+    let git = |args: &[&str]| {
+        Command::new("git")
+            .args(args)
+            .current_dir(dir)
+            .output()
+            .ok()
+            .filter(|o| o.status.success())
+            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+    };
+    let mut files = vec!["HEAD".to_string()];
+    if let Some(branch) = git(&["rev-parse", "--symbolic-full-name", "HEAD"]).filter(|b| b.starts_with("refs/")) {
+        files.push(branch);
+    }
+    for f in files {
+        if let Some(path) = git(&["rev-parse", "--path-format=absolute", "--git-path", &f]) {
+            if std::path::Path::new(&path).is_file() {
+                println!("cargo:rerun-if-changed={path}");
+            }
+        }
+    }
 }

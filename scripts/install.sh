@@ -12,7 +12,7 @@
 #   PREFIX/bin/sd-cli
 #
 # Defaults: --prefix ./prefix, a release build with the default features. --features takes
-# cargo features (native, openmp, cuda, vulkan, metal, rpc; comma-separated). Every file
+# cargo features (native, openmp, cuda, vulkan, metal; rpc is a default; comma-separated). Every file
 # is written under a temporary name and renamed, so a failed or interrupted install never
 # leaves a half-written file behind. A build that is up to date is not redone.
 set -euo pipefail
@@ -162,10 +162,8 @@ render cmake/stable-diffusion.pc.in "$lib/pkgconfig/stable-diffusion.pc"
 render cmake/stable-diffusion-config.cmake.in "$lib/cmake/stable-diffusion/stable-diffusion-config.cmake"
 render cmake/stable-diffusion-config-version.cmake.in "$lib/cmake/stable-diffusion/stable-diffusion-config-version.cmake"
 put "$cli" "$prefix/bin/sd-cli" 755
-# Our rpc-server (ggml's RPC server over this build's devices), with the rpc feature.
-case ",$features," in
-    *,rpc,*) [ -n "${rpc_server:-}" ] || die "cargo's report names no rpc-server"
-             put "$rpc_server" "$prefix/bin/rpc-server" 755 ;;
-esac
+# Our rpc-server (ggml's RPC server over this build's devices; the rpc feature is a default).
+[ -n "${rpc_server:-}" ] || die "cargo's report names no rpc-server"
+put "$rpc_server" "$prefix/bin/rpc-server" 755
 
 echo "installed libstable-diffusion $version ($profile${features:+, features $features}) into $prefix"

@@ -8,18 +8,19 @@
 #   5. the CMake and pkg-config consumers (tests/cmake-consumer/run.sh)
 #   6. the Python bindings' pytest suite, in a virtual environment
 #   7. the C# bindings' tests under mono
-#   8. devices, only with SD_TEST_DEVICES=1 or when --only names them (a second build with
-#      --features vulkan,rpc takes longer than CI's budget on two cores; tests/devices.rs):
+#   8. ggml RPC devices (tests/devices.rs, the same build: rpc is a default feature):
+#      golden SD 1.x cases on rpc-server devices on loopback, a layer split over two, a
+#      host that is down and one lost mid-generation (suite `rpc`)
+#   9. Vulkan, only with SD_TEST_DEVICES=1 or when --only names it (a second build with
+#      --features vulkan, whose shaders alone take longer than CI's budget on two cores):
 #      golden SD 1.x cases on Mesa's software Vulkan device (lavapipe), with the text
-#      encoder on the CPU, weights off the device and a memory budget (suite `vulkan`), and
-#      on ggml RPC devices served by rpc-server on loopback, including a layer split over
-#      two (suite `rpc`)
+#      encoder on the CPU, weights off the device and a memory budget (suite `vulkan`)
 # Every suite runs even if an earlier one failed; the summary names the failures.
 #
 #   scripts/test.sh [--features LIST] [--only SUITE,...]
 # Environment: SD_TEST_PREFIX (default target/test-prefix), SD_TEST_VENV (default
 # target/test-venv), SD_GGML_BUILD_DIR (share a ggml build, see DESIGN.md), SD_TEST_DEVICES=1
-# (the device suites too).
+# (the Vulkan suite too).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
@@ -92,22 +93,23 @@ python_suite() {
 suite python python_suite
 suite csharp bindings/csharp/run.sh "$prefix"
 
-# One extra build serves both device suites. lavapipe is a CPU-type Vulkan device, which
-# ggml lists only when asked for by index (GGML_VK_VISIBLE_DEVICES); the heavy model tests
-# run one at a time.
-device_features=(--features stable-diffusion/vulkan,stable-diffusion/rpc)
-device_suite() { # test-name-filter env...
-    local filter=$1
-    shift
-    env "$@" cargo test --release "${device_features[@]}" --test devices -- --test-threads=1 "$filter"
+# The RPC suite runs on the build above; the Vulkan one needs its own. lavapipe is a
+# CPU-type Vulkan device, which ggml lists only when asked for by index
+# (GGML_VK_VISIBLE_DEVICES); the heavy model tests run one at a time.
+device_suite() { # extra-features test-name-filter env...
+    local extra=$1 filter=$2
+    shift 2
+    env "$@" cargo test --release "${cargo_features[@]}" ${extra:+--features "$extra"} --test devices -- \
+        --test-threads=1 "$filter"
 }
 # GGML_VK_DISABLE_F16: ggml-vulkan accumulates matrix products in f16 where the graph does
 # not ask for f32 (as the reference's graphs do not); that moves 64x64 pictures by up to 6
 # grey levels (mean 0.9), outside the golden tolerance made on the CPU. f32 on the device
 # keeps the comparison meaningful.
-devices_wanted() { [ "${SD_TEST_DEVICES:-}" = 1 ] || [[ ",$only," == *",$1,"* ]]; }
-devices_wanted vulkan && suite vulkan device_suite vulkan_ SD_TEST_VULKAN=1 GGML_VK_VISIBLE_DEVICES=0 GGML_VK_DISABLE_F16=1
-devices_wanted rpc && suite rpc device_suite rpc_ SD_TEST_RPC=1
+suite rpc device_suite "" rpc_ SD_TEST_RPC=1
+if [ "${SD_TEST_DEVICES:-}" = 1 ] || [[ ",$only," == *",vulkan,"* ]]; then
+    suite vulkan device_suite stable-diffusion/vulkan vulkan_ SD_TEST_VULKAN=1 GGML_VK_VISIBLE_DEVICES=0 GGML_VK_DISABLE_F16=1
+fi
 
 echo
 echo "=== summary $(stamp)"

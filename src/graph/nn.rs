@@ -478,19 +478,18 @@ pub fn attention<'g>(
                 // numbers while only one chunk's scores exist at a time.
                 let qn = q.ne();
                 let nb = q.nb();
-                let mut acc: Option<T<'g>> = None;
+                // Each chunk's rows are written in place into one output (a chain of
+                // concatenations would copy the rows gathered so far once per chunk).
+                let mut out = g.new_tensor(F32, &[d_head, l_q, n_head * n]);
+                let (onb1, onb2, onb3) = (out.nb()[1], out.nb()[2], out.nb()[3]);
                 let mut start = 0;
                 while start < l_q {
                     let len = rows.min(l_q - start);
                     let qc = q.view(&[qn[0], len, qn[2], qn[3]], &[nb[1], nb[2], nb[3]], start as usize * nb[1]).cont();
-                    let part = scores(qc);
-                    acc = Some(match acc {
-                        Some(a) => a.concat(part, 1),
-                        None => part,
-                    });
+                    out = out.set_inplace(scores(qc), onb1, onb2, onb3, start as usize * onb1);
                     start += len;
                 }
-                acc.expect("at least one chunk")
+                out
             } else {
                 scores(q)
             };

@@ -140,7 +140,9 @@ impl Runner {
         let mut graph = Graph::with_nodes(MAX_NODES + extra)?;
         graph.options = self.options;
         graph.backend = self.backend.raw();
-        graph.on_cpu = self.backend.is_cpu();
+        // A layer split schedules the graph over other devices: our CPU-only ops (custom ops
+        // included, which a remote RPC device would run as nothing) must not be built then.
+        graph.on_cpu = self.backend.is_cpu() && self.split.is_empty();
         graph.adapter = self.adapter.clone();
         let outputs = build(&graph)?;
         ensure!(!outputs.is_empty(), "graph has no output");

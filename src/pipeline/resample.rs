@@ -234,7 +234,8 @@ mod tests {
         let t = ramp(3, 2, 4);
         let out = resize_nearest_exact(&t, 6, 4).unwrap();
         assert_eq!(out.shape(), &[6, 4, 4, 1]);
-        assert_eq!(out.data()[6 * 4 + 2], t.data()[3 + 1]);
+        // Plane 1, x 2 (→ 1), y 0 (→ 0).
+        assert_eq!(out.data()[6 * 4 + 2], t.data()[3 * 2 + 1]);
     }
 
     #[test]

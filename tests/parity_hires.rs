@@ -18,6 +18,9 @@ fn sd1_hires_cases() {
     report(&run("sd1-hires", |_| true));
 }
 
+/// Changes to the hires parameters of a request.
+type Setting = Box<dyn FnOnce(&mut sd_hires_params_t, &mut Arena)>;
+
 /// A context on the synthetic sd1 model with v prediction (the golden cases' context).
 fn context() -> *mut sd_ctx_t {
     let mut arena = Arena::default();
@@ -89,7 +92,7 @@ fn hires_settings_off_errors_and_batches() {
 
     let plain = generate(ctx, 1, |h, _| h.enabled = CBool(0)).expect("plain picture");
     assert_eq!(size(&Some(plain.clone())), Some(vec![(64, 64)]));
-    let off: [(&str, Box<dyn FnOnce(&mut sd_hires_params_t, &mut Arena)>); 4] = [
+    let off: [(&str, Setting); 4] = [
         ("upscaler None", Box::new(|h, _| h.upscaler = sd_hires_upscaler_t(0))),
         ("negative scale", Box::new(|h, _| h.scale = -2.0)),
         ("zero scale", Box::new(|h, _| h.scale = 0.0)),

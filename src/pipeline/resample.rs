@@ -205,9 +205,9 @@ mod tests {
         let t = Tensor::from_vec(&[4, 1, 1, 1], vec![0.0, 1.0, 4.0, 9.0]).unwrap();
         let out = resize_filtered(&t, 8, 1, Filter::Bicubic, false).unwrap();
         // (Values from PyTorch's own formulation: floor index, fraction t, four clamped taps.)
-        let want = [-0.10546875f32, 0.12109375, 0.45703125, 1.609375, 2.828125, 5.44921875, 7.97265625, 9.52734375];
+        let want = [-0.10546875f64, 0.12109375, 0.45703125, 1.609375, 2.828125, 5.44921875, 7.97265625, 9.52734375];
         for (g, w) in out.data().iter().zip(want) {
-            assert!((g - w).abs() < 1e-6, "{:?}", out.data());
+            assert!((*g as f64 - w).abs() < 1e-6, "{:?}", out.data());
         }
     }
 

@@ -113,9 +113,7 @@ fn unsupported_modes_say_so() {
 /// missing (None when it cannot be made here).
 fn esrgan_fixture() -> Option<String> {
     let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("..");
-    let cache = std::env::var_os("SD_FIXTURE_CACHE").map(std::path::PathBuf::from).unwrap_or_else(|| {
-        std::path::PathBuf::from(std::env::var_os("HOME").unwrap_or_default()).join(".cache/sd-rs-fixtures")
-    });
+    let cache = fixture_cache();
     let path = cache.join("esrgan_x4.safetensors");
     if !path.exists() {
         let made = Command::new(root.join("scripts/fixtures.sh")).arg("esrgan_x4.safetensors").status();
@@ -124,6 +122,25 @@ fn esrgan_fixture() -> Option<String> {
         }
     }
     Some(path.to_string_lossy().into_owned())
+}
+
+/// The synthetic fixture cache (`SD_FIXTURE_CACHE`, default ~/.cache/sd-rs-fixtures).
+fn fixture_cache() -> std::path::PathBuf {
+    std::env::var_os("SD_FIXTURE_CACHE").map(std::path::PathBuf::from).unwrap_or_else(|| {
+        std::path::PathBuf::from(std::env::var_os("HOME").unwrap_or_default()).join(".cache/sd-rs-fixtures")
+    })
+}
+
+/// The PNG at `path` against golden picture `golden` (under tests/fixtures/golden/),
+/// within the tolerance of tests/fixtures/README.md.
+fn assert_like_golden(path: &std::path::Path, golden: &str) {
+    let got = sd_cli::image_io::decode_png_file(path).unwrap();
+    let golden = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/golden").join(golden);
+    let want = sd_cli::image_io::decode_png_file(&golden).unwrap();
+    assert_eq!((got.width, got.height, got.channels), (want.width, want.height, want.channels));
+    let d: Vec<f64> = got.data.iter().zip(&want.data).map(|(&a, &b)| (a as f64 - b as f64).abs()).collect();
+    let (max, mean) = (d.iter().cloned().fold(0.0, f64::max), d.iter().sum::<f64>() / d.len() as f64);
+    assert!(max <= 3.0 && mean <= 0.25, "max {max} mean {mean}");
 }
 
 /// Width and height of a PNG file.
@@ -166,9 +183,7 @@ fn upscale_mode_runs_the_model_repeatedly() {
 /// prompt and the LoRA file of that directory applied, giving golden case sd1-lora/lora_1_0.
 #[test]
 fn lora_tags_apply_the_lora_model_dir_files() {
-    let cache = std::env::var_os("SD_FIXTURE_CACHE").map(std::path::PathBuf::from).unwrap_or_else(|| {
-        std::path::PathBuf::from(std::env::var_os("HOME").unwrap_or_default()).join(".cache/sd-rs-fixtures")
-    });
+    let cache = fixture_cache();
     let (model, loras) = (cache.join("sd1.safetensors"), cache.join("loras"));
     if !model.exists() || !loras.join("lora_sd1.safetensors").exists() {
         eprintln!("skipped: sd1.safetensors and loras/lora_sd1.safetensors are made by scripts/fixtures.sh");
@@ -185,13 +200,36 @@ fn lora_tags_apply_the_lora_model_dir_files() {
     assert!(out.status.success(), "{}", text(&out.stderr));
     let log = text(&out.stdout) + &text(&out.stderr);
     assert!(log.contains("(792 / 792) LoRA tensors have been applied"), "{log}");
-    let got = sd_cli::image_io::decode_png_file(&output).unwrap();
-    let golden = concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/fixtures/golden/sd1-lora/lora_1_0_0.png");
-    let want = sd_cli::image_io::decode_png_file(std::path::Path::new(golden)).unwrap();
-    assert_eq!((got.width, got.height, got.channels), (want.width, want.height, want.channels));
-    let d: Vec<f64> = got.data.iter().zip(&want.data).map(|(&a, &b)| (a as f64 - b as f64).abs()).collect();
-    let (max, mean) = (d.iter().cloned().fold(0.0, f64::max), d.iter().sum::<f64>() / d.len() as f64);
-    // The tolerance of tests/fixtures/README.md.
-    assert!(max <= 3.0 && mean <= 0.25, "max {max} mean {mean}");
+    assert_like_golden(&output, "sd1-lora/lora_1_0_0.png");
     std::fs::remove_dir_all(&dir).ok();
+}
+
+/// `--hires` with a model named in `--hires-upscalers-dir` (the fixture cache holds
+/// esrgan_x4.safetensors): golden case sd1-hires/hires_model_esrgan.
+#[test]
+fn hires_fix_with_a_model_from_the_upscalers_dir() {
+    let cache = fixture_cache();
+    let model = cache.join("sd1.safetensors");
+    if !model.exists() || esrgan_fixture().is_none() {
+        eprintln!("skipped: sd1.safetensors and esrgan_x4.safetensors are made by scripts/fixtures.sh");
+        return;
+    }
+    let dir = std::env::temp_dir().join(format!("sd-cli-hires-{}", std::process::id()));
+    let output = dir.join("hires.png");
+    let args = [
+        "-m", model.to_str().unwrap(), "-p", "a lovely cat", "--prediction", "v", "-W", "64", "-H", "64", "-s", "42",
+        "--steps", "4", "--sampling-method", "euler", "-t", "2", "--hires", "--hires-upscalers-dir", cache.to_str().unwrap(),
+        "--hires-upscaler", "esrgan_x4", "--hires-steps", "3", "--hires-denoising-strength", "0.5", "-o", output.to_str().unwrap(),
+    ];
+    let out = sd_cli(&args);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+    let log = text(&out.stdout) + &text(&out.stderr);
+    assert!(log.contains("hires fix: loading model upscaler from"), "{log}");
+    assert_like_golden(&output, "sd1-hires/hires_model_esrgan_0.png");
+    std::fs::remove_dir_all(&dir).ok();
+
+    // A name that is not in the directory is refused before anything loads.
+    let out = sd_cli(&["-m", model.to_str().unwrap(), "--hires", "--hires-upscalers-dir", cache.to_str().unwrap(), "--hires-upscaler", "no_such_x4"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(text(&out.stderr).contains("can not find hires upscaler no_such_x4"), "{}", text(&out.stderr));
 }

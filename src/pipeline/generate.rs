@@ -14,7 +14,7 @@ use crate::image::Image;
 use crate::models::diffusion::DiffusionInput;
 use crate::models::vae::FirstStage;
 use crate::models::Condition;
-use crate::params::{GuidanceParams, ImgGenParams, TilingParams as ApiTiling};
+use crate::params::{GuidanceParams, ImgGenParams, SampleParams, TilingParams as ApiTiling};
 use crate::runtime::defaults::{default_sample_method, default_scheduler, resolve_eta, unset_if_infinite};
 use crate::runtime::denoiser::Denoiser;
 use crate::runtime::args::ExtraArgs;
@@ -25,12 +25,12 @@ use crate::runtime::samplers::{self, ModelOutput};
 use crate::runtime::schedulers;
 use crate::runtime::tiling::{retry_tiling, TilingParams};
 use crate::tensor::Tensor;
-use crate::types::{Prediction, Preview, SampleMethod};
+use crate::types::{Prediction, Preview, SampleMethod, Scheduler};
 use std::cell::RefCell;
 use std::time::Instant;
 
 /// Largest side accepted (before alignment).
-const MAX_SIDE: i32 = 16384;
+pub(super) const MAX_SIDE: i32 = 16384;
 
 thread_local! {
     static FINAL_LATENTS: RefCell<Option<Vec<Tensor>>> = const { RefCell::new(None) };
@@ -54,37 +54,37 @@ fn record_final_latent(t: &Tensor) {
 }
 
 /// The request after the reference's adjustments.
-struct Request {
+pub(super) struct Request {
     width: usize,
     height: usize,
-    seed: i64,
+    pub(super) seed: i64,
     guidance: GuidanceParams,
     use_uncond: bool,
     use_img_uncond: bool,
     shifted_timestep: i32,
     /// `extra_sample_args`, parsed once.
-    extra: ExtraArgs,
+    pub(super) extra: ExtraArgs,
     /// `ref_image_args` over the family's preset, parsed once.
     refs: RefImageParams,
 }
 
 /// Sampler, schedule and eta.
-struct Plan {
-    method: SampleMethod,
-    sample_steps: usize,
-    sigmas: Vec<f32>,
-    eta: f32,
+pub(super) struct Plan {
+    pub(super) method: SampleMethod,
+    pub(super) sample_steps: usize,
+    pub(super) sigmas: Vec<f32>,
+    pub(super) eta: f32,
 }
 
 /// What the sampling of every image of a batch shares.
-struct Prepared {
-    init_latent: Tensor,
-    denoise_mask: Tensor,
+pub(super) struct Prepared {
+    pub(super) init_latent: Tensor,
+    pub(super) denoise_mask: Tensor,
     /// Reference latents the diffusion model takes as extra tokens (empty otherwise).
     ref_latents: Vec<Tensor>,
-    cond: Condition,
-    uncond: Option<Condition>,
-    img_uncond: Option<Condition>,
+    pub(super) cond: Condition,
+    pub(super) uncond: Option<Condition>,
+    pub(super) img_uncond: Option<Condition>,
 }
 
 fn check_params(p: &ImgGenParams) -> Result<()> {
@@ -107,9 +107,6 @@ fn check_params(p: &ImgGenParams) -> Result<()> {
         p.strength
     );
     ensure!(p.sample_params.guidance.txt_cfg.is_finite(), "cfg scale must be a finite number");
-    if p.hires.enabled && p.hires.upscaler != crate::types::HiresUpscaler::None {
-        bail!("the hires fix is not supported yet in this build of libstable-diffusion");
-    }
     if p.cache.mode != crate::types::CacheMode::Disabled {
         sd_warn!("step caching ({}) is not supported for this model; ignoring it", p.cache.mode.name());
     }
@@ -138,7 +135,7 @@ fn check_params(p: &ImgGenParams) -> Result<()> {
     Ok(())
 }
 
-fn align_up(v: i32, multiple: i32) -> i32 {
+pub(super) fn align_up(v: i32, multiple: i32) -> i32 {
     v + (multiple - v % multiple) % multiple
 }
 
@@ -201,7 +198,7 @@ fn resolve_plan(ms: &mut ModelSet, p: &ImgGenParams, r: &Request) -> Result<Plan
         }
         sigmas
     } else {
-        let scheduler = sp.scheduler.unwrap_or_else(|| default_scheduler(Some((family, ms.prediction)), method));
+        let scheduler = scheduler_for(ms, sp, method);
         let scale = ms.spec.latent.vae_scale;
         let seq_len = ((r.width / scale) * (r.height / scale)) as i32;
         ms.denoiser.get_sigmas(sample_steps as u32, seq_len, scheduler, family, &r.extra)?
@@ -209,6 +206,11 @@ fn resolve_plan(ms: &mut ModelSet, p: &ImgGenParams, r: &Request) -> Result<Plan
     let eta = resolve_eta(unset_if_infinite(sp.eta), method, family);
     sd_info!("sampling using {} method", method.name());
     Ok(Plan { method, sample_steps, sigmas, eta })
+}
+
+/// The requested scheduler, or the family's default for `method`.
+pub(super) fn scheduler_for(ms: &ModelSet, sp: &SampleParams, method: SampleMethod) -> Scheduler {
+    sp.scheduler.unwrap_or_else(|| default_scheduler(Some((ms.family(), ms.prediction)), method))
 }
 
 fn runtime_tiling(t: &ApiTiling) -> TilingParams {
@@ -237,7 +239,7 @@ fn rgb_tensor(img: &Image, w: usize, h: usize) -> Result<Tensor> {
 
 /// Image [W, H, 3, 1] in [0, 1] → diffusion latents, sampling the VAE's distribution with
 /// the generation's noise generator.
-fn encode_first_stage(
+pub(super) fn encode_first_stage(
     first_stage: &mut dyn FirstStage,
     image: &Tensor,
     tiling: &TilingParams,
@@ -567,7 +569,7 @@ pub fn cancelled() -> Error {
 }
 
 #[allow(clippy::too_many_arguments)]
-fn sample(
+pub(super) fn sample(
     ms: &mut ModelSet,
     prepared: &Prepared,
     noise: &Tensor,
@@ -696,6 +698,23 @@ fn decode_all(ms: &mut ModelSet, latents: &[Tensor], tiling: &TilingParams, circ
     Ok(images)
 }
 
+/// Diffusion latent → image [W, H, 3, N] in [0, 1], retried in tiles when a whole decode
+/// fails (e.g. out of memory). Between the first stage's phase hooks.
+pub(super) fn decode_latent(fs: &mut dyn FirstStage, lat: &Tensor, tiling: &TilingParams, circular: (bool, bool)) -> Result<Tensor> {
+    let vae_latent = fs.diffusion_to_vae(lat);
+    let mut progress = |s: i32, n: i32, secs: f32| callbacks::progress(s, n, secs);
+    match fs.decode(&vae_latent, tiling, circular, Some(&mut progress)) {
+        Ok(d) => Ok(d),
+        Err(e) => match retry_tiling(tiling, lat.ne(0) as i64, lat.ne(1) as i64) {
+            Some(retry) => {
+                sd_warn!("decode failed ({e}); retrying with {}x{} tiles", retry.tile_size_x, retry.tile_size_y);
+                fs.decode(&vae_latent, &retry, circular, Some(&mut progress))
+            }
+            None => Err(e),
+        },
+    }
+}
+
 fn decode_each(fs: &mut dyn FirstStage, latents: &[Tensor], tiling: &TilingParams, circular: (bool, bool), cancel: &CancelFlag) -> Result<Vec<Image>> {
     let mut images = Vec::new();
     for (i, lat) in latents.iter().enumerate() {
@@ -704,18 +723,8 @@ fn decode_each(fs: &mut dyn FirstStage, latents: &[Tensor], tiling: &TilingParam
             break;
         }
         let t = Instant::now();
-        let vae_latent = fs.diffusion_to_vae(lat);
-        let mut progress = |s: i32, n: i32, secs: f32| callbacks::progress(s, n, secs);
-        let decoded = match fs.decode(&vae_latent, tiling, circular, Some(&mut progress)) {
-            Ok(d) => d,
-            Err(e) => match retry_tiling(tiling, lat.ne(0) as i64, lat.ne(1) as i64) {
-                Some(retry) => {
-                    sd_warn!("decode failed ({e}); retrying with {}x{} tiles", retry.tile_size_x, retry.tile_size_y);
-                    fs.decode(&vae_latent, &retry, circular, Some(&mut progress))?
-                }
-                None => return Err(Error::new(format!("decode_first_stage failed for latent {}: {e}", i + 1))),
-            },
-        };
+        let decoded = decode_latent(fs, lat, tiling, circular)
+            .map_err(|e| Error::new(format!("decode_first_stage failed for latent {}: {e}", i + 1)))?;
         images.push(tensor_to_image(&decoded, 0)?);
         sd_info!("latent {} decoded, taking {:.2}s", i + 1, t.elapsed().as_secs_f32());
     }
@@ -729,6 +738,8 @@ pub fn generate(ms: &mut ModelSet, p: &ImgGenParams, cancel: &CancelFlag) -> Res
     let t0 = Instant::now();
     ms.apply_loras(&p.loras)?;
     let mut r = resolve_request(ms, p);
+    let multiple = ms.spec.latent.size_multiple() as i32;
+    let hires = super::hires::resolve(&p.hires, r.width as i32, r.height as i32, multiple)?;
     sd_info!("generate_image {}x{}", r.width, r.height);
     let tiling = runtime_tiling(&p.vae_tiling_params);
     let circular = (p.circular_x, p.circular_y);
@@ -742,7 +753,7 @@ pub fn generate(ms: &mut ModelSet, p: &ImgGenParams, cancel: &CancelFlag) -> Res
     let default_shift = ms.default_flow_shift;
     ms.denoiser.set_flow_shift(unset_if_infinite(p.sample_params.flow_shift), default_shift);
     let mut plan = resolve_plan(ms, p, &r)?;
-    let prepared = prepare(ms, p, &mut r, &mut plan, &tiling, circular, &mut rngs)?;
+    let mut prepared = prepare(ms, p, &mut r, &mut plan, &tiling, circular, &mut rngs)?;
 
     let mut finals = Vec::new();
     let start = Instant::now();
@@ -766,11 +777,14 @@ pub fn generate(ms: &mut ModelSet, p: &ImgGenParams, cancel: &CancelFlag) -> Res
         let x0 = sample(ms, &prepared, &noise, &r, &plan, &tiling, circular, rngs.sampler(), cancel)
             .map_err(|e| Error::new(format!("sampling for image {}/{} failed: {e}", b + 1, p.batch_count)))?;
         sd_info!("sampling completed, taking {:.2}s", t.elapsed().as_secs_f32());
-        record_final_latent(&x0);
         finals.push(x0);
     }
     sd_info!("generating {} latent images completed, taking {:.2}s", finals.len(), start.elapsed().as_secs_f32());
     ensure!(!finals.is_empty(), "no latent images generated");
+    if let Some(h) = &hires {
+        finals = super::hires::run(ms, h, p, &r, &plan, &mut prepared, finals, &tiling, circular, &mut rngs, cancel)?;
+    }
+    finals.iter().for_each(record_final_latent);
     let images = decode_all(ms, &finals, &tiling, circular, cancel)?;
     sd_info!("generate_image completed in {:.2}s", t0.elapsed().as_secs_f32());
     Ok(images)

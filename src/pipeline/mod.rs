@@ -5,11 +5,13 @@ pub mod callbacks;
 pub mod conditioning;
 pub mod families;
 pub mod generate;
+pub mod hires;
 pub mod imageops;
 pub mod loader;
 pub mod lora;
 pub mod prompt;
 pub mod ref_images;
+pub mod resample;
 pub mod t5;
 pub mod upscaler;
 

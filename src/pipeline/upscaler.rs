@@ -33,7 +33,6 @@ impl Upscaler {
     /// ESRGAN names) on the backend `params.backend` assigns to the upscaler.
     pub fn load(params: &UpscalerParams) -> Result<Upscaler> {
         let path = params.esrgan_path.as_str();
-        ensure!(!path.is_empty(), "esrgan_path is empty");
         let n_threads = if params.n_threads <= 0 { crate::graph::backend::physical_cores() } else { params.n_threads };
         let devices = DeviceMap::new(&DeviceOptions {
             backend: params.backend.as_deref(),
@@ -41,6 +40,13 @@ impl Upscaler {
             ..Default::default()
         })
         .context("upscaler backend config failed")?;
+        Upscaler::load_on(path, &devices, n_threads, params.tile_size, params.direct)
+    }
+
+    /// Loads the ESRGAN model `path` where `devices` puts the upscaler (the hires fix uses
+    /// its context's device options).
+    pub fn load_on(path: &str, devices: &DeviceMap, n_threads: i32, tile_size: i32, direct: bool) -> Result<Upscaler> {
+        ensure!(!path.is_empty(), "esrgan_path is empty");
         let placement = devices.placement(Module::Upscaler)?;
         let weights = std::sync::Arc::new(Weights::open_file(path, SdVersion::Esrgan)?);
         // Convolutions are always f16 (`graph::nn::Conv2d`), whatever the file holds.
@@ -50,11 +56,11 @@ impl Upscaler {
         let mut net = weights
             .load_model(placement, n_threads, "", "ESRGAN", |s| Esrgan::new(s, &cfg))
             .with_context(|| format!("load esrgan weights from '{path}' failed"))?;
-        net.runner.options.conv_direct = params.direct;
-        if params.direct {
+        net.runner.options.conv_direct = direct;
+        if direct {
             sd_info!("Using Conv2d direct in the upscaler");
         }
-        Ok(Upscaler { net, tile_size: params.tile_size })
+        Ok(Upscaler { net, tile_size })
     }
 
     /// The model's own factor (1, 2 or 4).

@@ -317,6 +317,27 @@ fn gen_params(params: &Value, arena: &mut Arena) -> sd_img_gen_params_t {
                 p.lora_count = list.len() as u32;
                 arena.loras.push(list);
             }
+            "hires.enabled" => p.hires.enabled = CBool(v.as_bool().unwrap() as u8),
+            "hires.upscaler" => p.hires.upscaler = sd_hires_upscaler_t(enum_value(v)),
+            "hires.model_path" => {
+                let path = v.as_str().unwrap();
+                if let Some(f) = path.strip_prefix("{fx}/") {
+                    fixture(f);
+                }
+                p.hires.model_path = arena.str(path);
+            }
+            "hires.scale" => p.hires.scale = num(v) as f32,
+            "hires.target_width" => p.hires.target_width = num(v) as c_int,
+            "hires.target_height" => p.hires.target_height = num(v) as c_int,
+            "hires.steps" => p.hires.steps = num(v) as c_int,
+            "hires.denoising_strength" => p.hires.denoising_strength = num(v) as f32,
+            "hires.upscale_tile_size" => p.hires.upscale_tile_size = num(v) as c_int,
+            "hires.custom_sigmas" => {
+                let mut s: Vec<f32> = v.as_array().unwrap().iter().map(|x| num(x) as f32).collect();
+                p.hires.custom_sigmas = s.as_mut_ptr();
+                p.hires.custom_sigmas_count = s.len() as c_int;
+                arena.floats.push(s);
+            }
             "vae_tiling_params.enabled" => p.vae_tiling_params.enabled = CBool(v.as_bool().unwrap() as u8),
             "vae_tiling_params.tile_size_x" => p.vae_tiling_params.tile_size_x = num(v) as c_int,
             "vae_tiling_params.tile_size_y" => p.vae_tiling_params.tile_size_y = num(v) as c_int,

@@ -5,7 +5,10 @@
 //! SLG, T5 only). Components are separate files (diffusion model, T5, CLIP-L/G, VAE) as users
 //! hold them. The cases that crash the reference must fail cleanly or render here.
 //!
-//! Without `SD_PARITY=full` one small Flux case and one SD3 case run.
+//! A q8_0 GGUF of each diffusion model (as city96 distributes Flux) is checked against the
+//! same weights quantized at load.
+//!
+//! Without `SD_PARITY=full` one small Flux case and one SD3 case run, and the Flux GGUF.
 
 mod common;
 

@@ -5,7 +5,10 @@
 //! SLG, T5 only). Components are separate files (diffusion model, T5, CLIP-L/G, VAE) as users
 //! hold them. The cases that crash the reference must fail cleanly or render here.
 //!
-//! Without `SD_PARITY=full` one small Flux case and one SD3 case run.
+//! A q8_0 GGUF of each diffusion model (as city96 distributes Flux) is checked against the
+//! same weights quantized at load.
+//!
+//! Without `SD_PARITY=full` one small Flux case and one SD3 case run, and the Flux GGUF.
 
 mod common;
 
@@ -51,4 +54,62 @@ fn dit_selected_cases() {
     let (folder, name) = spec.split_once('/').unwrap_or((spec.as_str(), ""));
     let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     report(&run(folder, |c| name.is_empty() || c.name == name));
+}
+
+/// Quantized DiT weights, city96-style: our `convert` of the bare diffusion-model file (BFL /
+/// SD3 names, no prefix) to a q8_0 GGUF, loaded as `diffusion_model_path` with T5 and VAE
+/// apart, renders exactly what the f16 file renders with `tensor_type_rules` quantizing the
+/// diffusion model to q8_0 at load (the same quantization of the same weights), near what
+/// `wtype = q8_0` renders (which quantizes T5 too, as the reference's golden `flux_q8_0`),
+/// and near the f16 picture. The GGUF keeps the bare names and quantizes every block matrix.
+/// Rules quantizing only Flux's double blocks land between f16 and q8_0.
+#[test]
+fn dit_q8_0_gguf_as_diffusion_model() {
+    use common::parity::{converted_fixture, diff_bytes, golden_image, render_with};
+    use stable_diffusion::capi::sd_type_t;
+    use stable_diffusion::io::{ModelFiles, TensorStorage};
+    use stable_diffusion::types::SdType;
+    let models: &[(&str, &str, &str)] = if full() {
+        // Not SD3 yet: the GGUF stores pos_embed [1, 1024, 192] with 2 dimensions, and the
+        // pos_embed_max_size detection (like the reference's) wants 3, so the context fails.
+        &[("flux", "flux.safetensors", "flux_defaults"), ("chroma", "chroma.safetensors", "chroma_cfg1")]
+    } else {
+        &[("flux", "flux.safetensors", "flux_defaults")]
+    };
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    for &(folder, file, case) in models {
+        let gguf = converted_fixture(file, &file.replace(".safetensors", "_q8_0.gguf"), sd_type_t(8));
+        let mut header = ModelFiles::new();
+        header.add(&gguf, "").expect("GGUF header");
+        assert!(header.tensors().iter().all(|t| !t.name().starts_with("model.")), "{folder}: bare names");
+        let block_matrices = header.tensors().iter().filter(|t| t.name().contains("blocks.") && t.name().ends_with(".weight") && TensorStorage::ne(t)[1] > 1);
+        for t in block_matrices {
+            assert_eq!(t.ty(), SdType::Q8_0, "{folder}: {}", t.name());
+        }
+        let q8 = header.tensors().iter().filter(|t| t.ty() == SdType::Q8_0).count();
+        eprintln!("{folder}: {} tensors, {q8} q8_0", header.tensors().len());
+
+        let select = |c: &common::parity::Case| c.name == case;
+        let from_gguf = render_with(folder, select, |p, arena| p.diffusion_model_path = arena.str(&gguf.to_string_lossy()));
+        let ruled = |rules: &str| render_with(folder, select, |p, arena| p.tensor_type_rules = arena.str(rules)).remove(0);
+        let dit_q8 = ruled("^model\\.diffusion_model\\.=q8_0");
+        assert!(from_gguf[0] == dit_q8, "{folder}: the q8_0 GGUF and the diffusion model quantized at load differ: {:?}", diff_bytes(&from_gguf[0], &dit_q8));
+        let with_wtype = render_with(folder, select, |p, _| p.wtype = sd_type_t(8));
+        let (max, mean) = diff_bytes(&from_gguf[0], &with_wtype[0]);
+        eprintln!("{folder}/{case}: q8_0 GGUF (= DiT q8_0 at load) vs wtype=q8_0 (T5 too): max {max} mean {mean:.4}");
+        assert!(mean < 2.0, "{folder}: q8_0 GGUF and wtype=q8_0 differ by mean {mean}");
+        let f16 = golden_image(folder, &format!("{case}_0.png"));
+        if folder == "flux" {
+            let (max, mean) = diff_bytes(&with_wtype[0], &golden_image("flux", "flux_q8_0_0.png"));
+            eprintln!("{folder}/{case}: wtype=q8_0 vs golden flux_q8_0: max {max} mean {mean:.4}");
+            assert!(max <= 4.0 && mean <= 0.5, "{folder}: wtype=q8_0 vs golden: max {max} mean {mean}");
+            let double = ruled("^model\\.diffusion_model\\.double_blocks\\.=q8_0");
+            let (to_f16, to_q8) = (diff_bytes(&double, &f16), diff_bytes(&double, &dit_q8));
+            eprintln!("{folder}/{case}: double_blocks=q8_0 vs f16 golden: max {} mean {:.4}; vs DiT q8_0: max {} mean {:.4}", to_f16.0, to_f16.1, to_q8.0, to_q8.1);
+            assert!(to_f16.1 > 0.0 && to_q8.1 > 0.0 && to_f16.1 < 6.0, "{folder}: tensor_type_rules at load");
+        }
+        let (max, mean) = diff_bytes(&from_gguf[0], &f16);
+        eprintln!("{folder}/{case}: q8_0 GGUF vs f16 golden: max {max} mean {mean:.4}");
+        assert!(mean < 6.0, "{folder}: q8_0 moved the picture by mean {mean}");
+    }
 }

@@ -1,6 +1,7 @@
 // Generation through the C# bindings: the synthetic SD1 checkpoint must render the
 // reference's golden pictures for cases sd1/sampler_euler and (with a LoRA, then without)
-// sd1-lora/lora_1_0 and lora_none_after (tests/fixtures/golden/*/cases.json).
+// sd1-lora/lora_1_0 and lora_none_after, and the Flux components flux/flux_defaults
+// (tests/fixtures/golden/*/cases.json).
 // The checkpoint comes from the fixture cache ($SD_FIXTURE_CACHE, default
 // ~/.cache/sd-rs-fixtures), where scripts/test.sh writes it with scripts/fixtures.sh.
 using System;
@@ -157,6 +158,59 @@ static class GenerateTests
         return true;
     }
 
+    // Golden case flux/flux_defaults from the Flux DiT, T5 and 16-channel VAE as separate
+    // files: "a lovely cat", 64x64, seed 42, 3 steps, CFG 1 (the default sampler).
+    static void RenderFlux(Action<string, bool, string> check, string repoRoot)
+    {
+        var files = new[] { "flux.safetensors", "t5xxl_tiny.safetensors", "vae16.safetensors" };
+        var paths = new IntPtr[files.Length];
+        foreach (var f in files)
+        {
+            if (!File.Exists(Path.Combine(FixtureCache(), f)))
+            {
+                Console.Error.WriteLine("skipped Flux generation: " + f + " is missing (scripts/fixtures.sh flux t5xxl-tiny vae16 writes it)");
+                return;
+            }
+        }
+        for (int i = 0; i < files.Length; i++) paths[i] = Sd.AllocString(Path.Combine(FixtureCache(), files[i]));
+        IntPtr prompt = Sd.AllocString("a lovely cat");
+        try
+        {
+            var p = new sd_ctx_params_t();
+            Native.sd_ctx_params_init(ref p);
+            p.n_threads = 2;
+            p.diffusion_model_path = paths[0];
+            p.t5xxl_path = paths[1];
+            p.vae_path = paths[2];
+            using (var ctx = Native.new_sd_ctx(ref p))
+            {
+                check("new_sd_ctx(flux components)", !ctx.IsInvalid, "");
+                if (ctx.IsInvalid) return;
+                var ip = new sd_img_gen_params_t();
+                Native.sd_img_gen_params_init(ref ip);
+                ip.prompt = prompt;
+                ip.width = 64;
+                ip.height = 64;
+                ip.seed = 42;
+                ip.sample_params.sample_steps = 3;
+                ip.sample_params.guidance.txt_cfg = 1.0f;
+                IntPtr images;
+                int count;
+                bool ok = Native.generate_image(ctx, ref ip, out images, out count);
+                var headers = new List<sd_image_t>();
+                var got = Sd.TakeImages(images, count, headers);
+                check("generate_image(flux)", ok && got.Count == 1, "ok=" + ok + " count=" + count);
+                if (got.Count == 1)
+                    CheckGolden(check, Path.Combine(repoRoot, "tests", "fixtures", "golden", "flux"), "flux_defaults_0.png", headers[0], got[0]);
+            }
+        }
+        finally
+        {
+            foreach (var ptr in paths) Sd.FreeString(ptr);
+            Sd.FreeString(prompt);
+        }
+    }
+
     public static void Run(Action<string, bool, string> check, string repoRoot)
     {
         var steps = new List<int>();
@@ -173,5 +227,6 @@ static class GenerateTests
         // A LoRA merged in (sd1-lora/lora_1_0), then removed again on the same context.
         RenderGolden(check, repoRoot, "sd1.safetensors", "sd1-lora/lora_1_0", false, Path.Combine("loras", "lora_sd1.safetensors"), "sd1-lora/lora_none_after");
         RenderGolden(check, repoRoot, "sdxl.safetensors", "sdxl/sdxl_euler_v", true);
+        RenderFlux(check, repoRoot);
     }
 }

@@ -1,6 +1,6 @@
-"""Generation through the Python layer: the synthetic SD1 and SDXL checkpoints must render the
-reference's golden pictures for cases sd1/sampler_euler and sdxl/sdxl_euler_v
-(tests/fixtures/golden/*/cases.json).
+"""Generation through the Python layer: the synthetic SD1 and SDXL checkpoints and the Flux
+components must render the reference's golden pictures for cases sd1/sampler_euler,
+sdxl/sdxl_euler_v and flux/flux_defaults (tests/fixtures/golden/*/cases.json).
 
 The checkpoint comes from the fixture cache ($SD_FIXTURE_CACHE, default
 ~/.cache/sd-rs-fixtures), where scripts/test.sh writes it with scripts/fixtures.sh.
@@ -119,3 +119,26 @@ def test_lora_matches_golden_case_and_comes_off_again(sd):
         assert_matches_golden(images[0], os.path.join("sd1-lora", "lora_1_0_0.png"))
         images = ctx.generate_image(**common)
         assert_matches_golden(images[0], os.path.join("sd1-lora", "lora_none_after_0.png"))
+
+
+def test_flux_from_components_matches_golden_case(sd):
+    """Case flux/flux_defaults: the Flux DiT, T5 and the 16-channel VAE as separate files."""
+    parts = {
+        "diffusion_model_path": "flux.safetensors",
+        "t5xxl_path": "t5xxl_tiny.safetensors",
+        "vae_path": "vae16.safetensors",
+    }
+    paths = {k: os.path.join(fixture_cache(), f) for k, f in parts.items()}
+    for path in paths.values():
+        if not os.path.exists(path):
+            pytest.skip(f"{path} is missing: scripts/fixtures.sh flux t5xxl-tiny vae16 writes it")
+    with sd.Context(n_threads=2, **paths) as ctx:
+        images = ctx.generate_image(
+            prompt="a lovely cat",
+            width=64,
+            height=64,
+            seed=42,
+            sample_params={"sample_steps": 3, "guidance": {"txt_cfg": 1.0}},
+        )
+    assert len(images) == 1
+    assert_matches_golden(images[0], os.path.join("flux", "flux_defaults_0.png"))

@@ -671,7 +671,7 @@ pub fn options() -> Vec<Opt> {
             o.gen.ref_images.push(v.to_string());
             Ok(())
         })),
-        opt("", "--cache-mode", Generation, "step caching: easycache, ucache, dbcache, taylorseer, cache-dit or spectrum", manual!(|o, v| {
+        opt("", "--cache-mode", Generation, "step caching: ucache (UNet models), easycache (DiT), spectrum (UNet and DiT forecasting); dbcache, taylorseer, cache-dit (DiT block-level, not supported yet: ignored)", manual!(|o, v| {
             if !["easycache", "ucache", "dbcache", "taylorseer", "cache-dit", "spectrum"].contains(&v) {
                 return Err(format!("invalid cache mode '{v}', must be 'easycache', 'ucache', 'dbcache', 'taylorseer', 'cache-dit', or 'spectrum'"));
             }

@@ -14,10 +14,11 @@ use crate::image::Image;
 use crate::models::diffusion::DiffusionInput;
 use crate::models::vae::FirstStage;
 use crate::models::Condition;
-use crate::params::{GuidanceParams, ImgGenParams, SampleParams, TilingParams as ApiTiling};
+use crate::params::{CacheParams, GuidanceParams, ImgGenParams, SampleParams, TilingParams as ApiTiling};
 use crate::runtime::defaults::{default_sample_method, default_scheduler, resolve_eta, unset_if_infinite};
 use crate::runtime::denoiser::Denoiser;
 use crate::runtime::args::ExtraArgs;
+use crate::runtime::cache::{Backbone, Pass, StepCache};
 use super::ref_images::RefImageParams;
 use crate::runtime::preview;
 use crate::runtime::rng::{randn_like, resolve_seed, GenerationRngs, Rng};
@@ -66,6 +67,7 @@ pub(super) struct Request {
     pub(super) extra: ExtraArgs,
     /// `ref_image_args` over the family's preset, parsed once.
     refs: RefImageParams,
+    cache: CacheParams,
 }
 
 /// Sampler, schedule and eta.
@@ -107,9 +109,6 @@ fn check_params(p: &ImgGenParams) -> Result<()> {
         p.strength
     );
     ensure!(p.sample_params.guidance.txt_cfg.is_finite(), "cfg scale must be a finite number");
-    if p.cache.mode != crate::types::CacheMode::Disabled {
-        sd_warn!("step caching ({}) is not supported for this model; ignoring it", p.cache.mode.name());
-    }
     let images = [("init image", p.init_image.as_ref()), ("mask image", p.mask_image.as_ref())];
     for (what, img) in images.into_iter().chain(p.ref_images.iter().map(|r| ("reference image", Some(r)))) {
         if let Some(img) = img {
@@ -180,6 +179,7 @@ fn resolve_request(ms: &ModelSet, p: &ImgGenParams) -> Request {
         shifted_timestep,
         extra: ExtraArgs::parse(p.sample_params.extra_sample_args.as_deref()),
         refs: RefImageParams::resolve(&p.ref_image_args, ms.spec.ref_image_preset),
+        cache: p.cache.clone(),
     }
 }
 
@@ -583,6 +583,11 @@ pub(super) fn sample(
     let projection = ms.spec.preview;
     let ms_slg_supported = ms.spec.skip_layer_guidance;
     let ms_ref_latent_img_cfg = ms.spec.ref_latent_img_cfg;
+    let backbone = match ms.version {
+        v if v.is_unet() => Backbone::UNet,
+        v if v.is_dit() => Backbone::DiT,
+        _ => Backbone::Other,
+    };
     let ModelSet { diffusion, denoiser, first_stage, preview: preview_vae, .. } = ms;
     let denoiser: &Denoiser = denoiser;
     let decoder: &mut dyn FirstStage = match preview_vae {
@@ -601,6 +606,8 @@ pub(super) fn sample(
     // Kontext's image-unconditional pass sees no reference latents.
     let img_uncond_refs: &[Tensor] = if ms_ref_latent_img_cfg { &[] } else { ref_latents };
 
+    let mut cache = StepCache::new(&r.cache, backbone, &plan.sigmas, denoiser, needs_uncond);
+
     let x_t = denoiser.noise_scaling(plan.sigmas[0], noise, init)?;
     diffusion.begin()?;
     let mut model = |x: &Tensor, sigma: f32, step: i32| -> Result<ModelOutput> {
@@ -616,40 +623,56 @@ pub(super) fn sample(
         let t = denoiser.model_timestep(sigma, r.shifted_timestep);
         let s = denoiser.shifted_scalings(r.shifted_timestep, t, s);
         let input = x.map(|v| v * s.c_in);
-        if preview.noisy && preview.due(step.abs()) {
+        // A forecast step skips the model (and the noisy preview) altogether.
+        let forecast = cache.forecast();
+        if forecast.is_none() && preview.noisy && preview.due(step.abs()) {
             send_preview(&input, step, true, &preview, projection, decoder, tiling, circular);
         }
         let timesteps = [t];
         let skip_step = slg.enabled_for_step(step);
-        let mut run = |c: &Condition, refs: &[Tensor], skip_layers: &[i32]| {
-            let input = DiffusionInput {
-                guidance: r.guidance.distilled_guidance,
-                ref_latents: refs,
-                ref_index_mode: r.refs.ref_index_mode,
-                skip_layers,
-                ..DiffusionInput::new(&input, &timesteps, c)
-            };
-            diffusion.compute(&input).map_err(|e| Error::new(format!("diffusion model compute failed: {e}")))
-        };
-        let cond_out = run(&prepared.cond, ref_latents, &[])?;
-        let uncond_skip: &[i32] = if skip_step && slg.uncond { &slg.layers } else { &[] };
-        if !uncond_skip.is_empty() {
-            sd_debug!("Skipping layers at uncond step {step}");
-        }
-        let uncond_out = prepared.uncond.as_ref().map(|c| run(c, ref_latents, uncond_skip)).transpose()?;
-        let img_out = prepared.img_uncond.as_ref().map(|c| run(c, img_uncond_refs, &[])).transpose()?;
-        let mut guided = guide(&r.guidance, &cond_out, uncond_out.as_ref(), img_out.as_ref());
-        if skip_step && slg.scale != 0.0 {
-            sd_debug!("Skipping layers at step {step}");
-            let skipped = run(&prepared.cond, ref_latents, &slg.layers)?;
-            let scale = slg.scale;
-            let d: Vec<f32> = guided.data().iter().zip(cond_out.data()).zip(skipped.data()).map(|((&g, &c), &k)| g + (c - k) * scale).collect();
-            guided = Tensor::from_vec(guided.shape(), d)?;
-        }
+        let (denoised, uncond_denoised) = match forecast {
+            Some(denoised) => (denoised, None),
+            None => {
+                cache.begin_step(step, sigma);
+                let mut run = |cache: &mut StepCache, pass: Pass, c: &Condition, refs: &[Tensor], skip_layers: &[i32]| {
+                    if let Some(out) = cache.reuse(pass, &input) {
+                        return Ok(out);
+                    }
+                    let dinput = DiffusionInput {
+                        guidance: r.guidance.distilled_guidance,
+                        ref_latents: refs,
+                        ref_index_mode: r.refs.ref_index_mode,
+                        skip_layers,
+                        ..DiffusionInput::new(&input, &timesteps, c)
+                    };
+                    let out = diffusion.compute(&dinput).map_err(|e| Error::new(format!("diffusion model compute failed: {e}")))?;
+                    cache.store(pass, &input, &out);
+                    Ok::<_, Error>(out)
+                };
+                let cond_out = run(&mut cache, Pass::Cond, &prepared.cond, ref_latents, &[])?;
+                let uncond_skip: &[i32] = if skip_step && slg.uncond { &slg.layers } else { &[] };
+                if !uncond_skip.is_empty() {
+                    sd_debug!("Skipping layers at uncond step {step}");
+                }
+                let uncond_out = prepared.uncond.as_ref().map(|c| run(&mut cache, Pass::Uncond, c, ref_latents, uncond_skip)).transpose()?;
+                let img_out = prepared.img_uncond.as_ref().map(|c| run(&mut cache, Pass::ImgUncond, c, img_uncond_refs, &[])).transpose()?;
+                let mut guided = guide(&r.guidance, &cond_out, uncond_out.as_ref(), img_out.as_ref());
+                // Like the reference, a step whose outputs are reused gets no skip-layer pass.
+                if skip_step && slg.scale != 0.0 && !cache.step_skipped() {
+                    sd_debug!("Skipping layers at step {step}");
+                    let skipped = run(&mut cache, Pass::Cond, &prepared.cond, ref_latents, &slg.layers)?;
+                    let scale = slg.scale;
+                    let d: Vec<f32> = guided.data().iter().zip(cond_out.data()).zip(skipped.data()).map(|((&g, &c), &k)| g + (c - k) * scale).collect();
+                    guided = Tensor::from_vec(guided.shape(), d)?;
+                }
 
-        let to_denoised = |pred: &Tensor| pred.zip(x, |p, xv| p * s.c_out + xv * s.c_skip);
-        let denoised = to_denoised(&guided);
-        let uncond_denoised = needs_uncond.then(|| to_denoised(img_out.as_ref().or(uncond_out.as_ref()).unwrap_or(&cond_out)));
+                let to_denoised = |pred: &Tensor| pred.zip(x, |p, xv| p * s.c_out + xv * s.c_skip);
+                let denoised = to_denoised(&guided);
+                let uncond_denoised = needs_uncond.then(|| to_denoised(img_out.as_ref().or(uncond_out.as_ref()).unwrap_or(&cond_out)));
+                cache.observe(&denoised);
+                (denoised, uncond_denoised)
+            }
+        };
         let denoised = blend(&denoised, init, mask)?;
         if preview.denoised && preview.due(step.abs()) {
             send_preview(&denoised, step, false, &preview, projection, decoder, tiling, circular);
@@ -674,6 +697,7 @@ pub(super) fn sample(
     );
     diffusion.end();
     let x0 = result?;
+    cache.log_summary(plan.sigmas.len().saturating_sub(1));
     Ok(denoiser.inverse_noise_scaling(*plan.sigmas.last().unwrap_or(&0.0), x0))
 }
 

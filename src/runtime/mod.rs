@@ -1,8 +1,9 @@
 //! Math that is not a network: noise generators, sigma schedules, denoiser
-//! parameterisations, the samplers that drive a denoising model, tiling, latent previews,
-//! image preprocessing and the importance-matrix collector.
+//! parameterisations, the samplers that drive a denoising model, step caches, tiling, latent
+//! previews, image preprocessing and the importance-matrix collector.
 
 pub mod args;
+pub mod cache;
 pub mod defaults;
 pub mod denoiser;
 pub mod imatrix;

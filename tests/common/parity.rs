@@ -338,6 +338,20 @@ fn gen_params(params: &Value, arena: &mut Arena) -> sd_img_gen_params_t {
                 p.hires.custom_sigmas_count = s.len() as c_int;
                 arena.floats.push(s);
             }
+            "cache.mode" => p.cache.mode = sd_cache_mode_t(enum_value(v)),
+            "cache.reuse_threshold" => p.cache.reuse_threshold = num(v) as f32,
+            "cache.start_percent" => p.cache.start_percent = num(v) as f32,
+            "cache.end_percent" => p.cache.end_percent = num(v) as f32,
+            "cache.error_decay_rate" => p.cache.error_decay_rate = num(v) as f32,
+            "cache.use_relative_threshold" => p.cache.use_relative_threshold = CBool(v.as_bool().unwrap() as u8),
+            "cache.reset_error_on_compute" => p.cache.reset_error_on_compute = CBool(v.as_bool().unwrap() as u8),
+            "cache.spectrum_w" => p.cache.spectrum_w = num(v) as f32,
+            "cache.spectrum_m" => p.cache.spectrum_m = num(v) as c_int,
+            "cache.spectrum_lam" => p.cache.spectrum_lam = num(v) as f32,
+            "cache.spectrum_window_size" => p.cache.spectrum_window_size = num(v) as c_int,
+            "cache.spectrum_flex_window" => p.cache.spectrum_flex_window = num(v) as f32,
+            "cache.spectrum_warmup_steps" => p.cache.spectrum_warmup_steps = num(v) as c_int,
+            "cache.spectrum_stop_percent" => p.cache.spectrum_stop_percent = num(v) as f32,
             "vae_tiling_params.enabled" => p.vae_tiling_params.enabled = CBool(v.as_bool().unwrap() as u8),
             "vae_tiling_params.tile_size_x" => p.vae_tiling_params.tile_size_x = num(v) as c_int,
             "vae_tiling_params.tile_size_y" => p.vae_tiling_params.tile_size_y = num(v) as c_int,

@@ -1,0 +1,93 @@
+//! Golden parity of the step caches on a UNet (`golden/sd1-cache/`): UCache with its
+//! defaults, a threshold of 0.5 and an absolute threshold without reset, Spectrum, and
+//! DBCache (DiT-only: refused, the run is uncached) against the uncached run. Besides the
+//! pictures, the number of skipped steps the reference logged is checked from our log.
+
+mod common;
+
+use common::parity::{report, run};
+use stable_diffusion::capi::{sd_log_level_t, sd_set_log_callback};
+use std::ffi::{c_char, c_void, CStr};
+use std::sync::Mutex;
+
+static LOG: Mutex<Vec<String>> = Mutex::new(Vec::new());
+
+unsafe extern "C" fn capture(_level: sd_log_level_t, text: *const c_char, _data: *mut c_void) {
+    if text.is_null() {
+        return;
+    }
+    // SAFETY: the library passes a NUL-terminated string valid during the call.
+    let line = unsafe { CStr::from_ptr(text) }.to_string_lossy().trim_end().to_string();
+    // Lines read `file.rs:LINE - message`.
+    let line = line.split_once(" - ").map_or(line.clone(), |(_, m)| m.to_string());
+    LOG.lock().unwrap_or_else(|e| e.into_inner()).push(line);
+}
+
+/// The log lines of each generation, in order: split where a generation starts.
+fn per_generation(lines: &[String]) -> Vec<Vec<String>> {
+    let mut out: Vec<Vec<String>> = Vec::new();
+    for l in lines {
+        if l.starts_with("generate_image ") && !l.starts_with("generate_image completed") {
+            out.push(Vec::new());
+        }
+        if let Some(cur) = out.last_mut() {
+            cur.push(l.clone());
+        }
+    }
+    out
+}
+
+#[test]
+fn sd1_cache_all_cases() {
+    sd_set_log_callback(Some(capture), std::ptr::null_mut());
+    let results = run("sd1-cache", |_| true);
+    sd_set_log_callback(None, std::ptr::null_mut());
+    let lines = std::mem::take(&mut *LOG.lock().unwrap_or_else(|e| e.into_inner()));
+    let logs = per_generation(&lines);
+
+    // What the reference logged for each case (tests/fixtures/README.md).
+    let expected: &[(&str, Option<&str>)] = &[
+        ("nocache_10_steps", None),
+        ("ucache_default", Some("UCache skipped 5/10 steps")),
+        ("ucache_thr_0_5", Some("UCache skipped 4/10 steps")),
+        ("ucache_abs_noreset_thr_0_2", Some("UCache skipped 1/10 steps")),
+        ("spectrum_default", Some("Spectrum skipped 3/10 steps")),
+        ("dbcache_on_unet_ignored", None),
+    ];
+    let mut problems = Vec::new();
+    if logs.len() != results.len() {
+        report(&results);
+        panic!("{} generations logged for {} cases", logs.len(), results.len());
+    }
+    for (r, log) in results.iter().zip(&logs) {
+        let (_, want) = expected.iter().find(|(n, _)| *n == r.name).unwrap_or_else(|| panic!("unexpected case {}", r.name));
+        let skipped: Vec<&String> = log.iter().filter(|l| l.contains(" skipped ") && l.contains(" steps")).collect();
+        match want {
+            Some(w) => {
+                if !skipped.iter().any(|l| l.starts_with(w)) {
+                    problems.push(format!("{}: expected '{w}', logged {skipped:?}", r.name));
+                }
+            }
+            None if !skipped.is_empty() => problems.push(format!("{}: expected no skipped steps, logged {skipped:?}", r.name)),
+            None => {}
+        }
+        eprintln!("{}: {}", r.name, skipped.first().map_or("no steps skipped", |s| s.as_str()));
+    }
+    let log_of = |name: &str| results.iter().position(|r| r.name == name).map(|i| &logs[i]);
+    if let Some(log) = log_of("dbcache_on_unet_ignored") {
+        if !log.iter().any(|l| l.contains("CacheDIT requested but not supported for this model type (only DiT models)")) {
+            problems.push("dbcache_on_unet_ignored: no warning that the mode is DiT-only".into());
+        }
+    }
+    // A refused cache leaves the run exactly as uncached.
+    let pixels = |name: &str| results.iter().find(|r| r.name == name).map(|r| &r.pixels);
+    if pixels("nocache_10_steps") != pixels("dbcache_on_unet_ignored") {
+        problems.push("dbcache_on_unet_ignored differs from nocache_10_steps".into());
+    }
+    // A cache that skipped steps changes the picture.
+    if pixels("nocache_10_steps") == pixels("ucache_default") {
+        problems.push("ucache_default is identical to the uncached picture".into());
+    }
+    report(&results);
+    assert!(problems.is_empty(), "{problems:#?}");
+}

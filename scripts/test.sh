@@ -9,7 +9,7 @@
 #   6. the Python bindings' pytest suite, in a virtual environment
 #   7. the C# bindings' tests under mono
 #   8. ggml RPC devices (tests/devices.rs, the same build: rpc is a default feature):
-#      golden SD 1.x cases on rpc-server devices on loopback, a layer split over two, a
+#      golden SD 1.x cases on rpc-server devices on loopback, a
 #      host that is down and one lost mid-generation (suite `rpc`)
 #   9. Vulkan, only with SD_TEST_DEVICES=1 or when --only names it (a second build with
 #      --features vulkan, whose shaders alone take longer than CI's budget on two cores):

@@ -66,6 +66,7 @@ struct Request {
     extra: ExtraArgs,
     /// `ref_image_args` over the family's preset, parsed once.
     refs: RefImageParams,
+    control_strength: f32,
 }
 
 /// Sampler, schedule and eta.
@@ -85,6 +86,8 @@ struct Prepared {
     cond: Condition,
     uncond: Option<Condition>,
     img_uncond: Option<Condition>,
+    /// The control image [W, H, 3, 1] in [0, 1] when a ControlNet will read it.
+    control_hint: Option<Tensor>,
 }
 
 fn check_params(p: &ImgGenParams) -> Result<()> {
@@ -183,6 +186,7 @@ fn resolve_request(ms: &ModelSet, p: &ImgGenParams) -> Request {
         shifted_timestep,
         extra: ExtraArgs::parse(p.sample_params.extra_sample_args.as_deref()),
         refs: RefImageParams::resolve(&p.ref_image_args, ms.spec.ref_image_preset),
+        control_strength: p.control_strength,
     }
 }
 
@@ -322,14 +326,20 @@ fn prepare(
         None => Tensor::zeros(&[lw, lh, latent.channels, 1]),
     };
     // Like the reference, a control image is encoded whenever one is given (before the
-    // reference images); only the control families read it.
+    // reference images; the encoding draws from the noise generator); only the control
+    // families read the latent, a ControlNet reads the image itself.
     let takes_control = matches!(concat_kind, Concat::FluxControls | Concat::Flex2);
+    let mut control_hint = None;
     let control_latent = match &p.control_image {
         Some(img) => {
-            if !takes_control {
+            let image = rgb_tensor(img, w, h)?;
+            let latent = encode("control image", &image)?;
+            if ms.control_net.is_some() {
+                control_hint = Some(image);
+            } else if !takes_control {
                 sd_warn!("a control image was given but no ControlNet is loaded; ignoring it");
             }
-            Some(encode("control image", &rgb_tensor(img, w, h)?)?)
+            Some(latent)
         }
         None => None,
     };
@@ -410,7 +420,7 @@ fn prepare(
     ms.cond.end();
     let (cond, uncond, img_uncond) = conds?;
     sd_info!("get_learned_condition completed, taking {:.2}s", start.elapsed().as_secs_f32());
-    Ok(Prepared { init_latent, denoise_mask, ref_latents, cond, uncond, img_uncond })
+    Ok(Prepared { init_latent, denoise_mask, ref_latents, cond, uncond, img_uncond, control_hint })
 }
 
 /// The request's conditions: prompt, negative prompt (when guidance needs it) and the
@@ -581,7 +591,7 @@ fn sample(
     let projection = ms.spec.preview;
     let ms_slg_supported = ms.spec.skip_layer_guidance;
     let ms_ref_latent_img_cfg = ms.spec.ref_latent_img_cfg;
-    let ModelSet { diffusion, denoiser, first_stage, preview: preview_vae, .. } = ms;
+    let ModelSet { diffusion, denoiser, first_stage, preview: preview_vae, control_net, .. } = ms;
     let denoiser: &Denoiser = denoiser;
     let decoder: &mut dyn FirstStage = match preview_vae {
         Some(p) => p.as_mut(),
@@ -600,7 +610,20 @@ fn sample(
     let img_uncond_refs: &[Tensor] = if ms_ref_latent_img_cfg { &[] } else { ref_latents };
 
     let x_t = denoiser.noise_scaling(plan.sigmas[0], noise, init)?;
-    diffusion.begin()?;
+    // The ControlNet runs only with a control image.
+    let mut control = match (control_net.as_mut(), &prepared.control_hint) {
+        (Some(cn), Some(hint)) => {
+            cn.begin_run(hint)?;
+            Some(cn)
+        }
+        _ => None,
+    };
+    if let Err(e) = diffusion.begin() {
+        if let Some(cn) = control.as_mut() {
+            cn.end_run();
+        }
+        return Err(e);
+    }
     let mut model = |x: &Tensor, sigma: f32, step: i32| -> Result<ModelOutput> {
         if cancel.stop_now() {
             sd_debug!("cancelling generation");
@@ -619,27 +642,38 @@ fn sample(
         }
         let timesteps = [t];
         let skip_step = slg.enabled_for_step(step);
-        let mut run = |c: &Condition, refs: &[Tensor], skip_layers: &[i32]| {
+        let mut run = |c: &Condition, refs: &[Tensor], skip_layers: &[i32], controls: Option<&[Tensor]>| {
             let input = DiffusionInput {
                 guidance: r.guidance.distilled_guidance,
                 ref_latents: refs,
                 ref_index_mode: r.refs.ref_index_mode,
                 skip_layers,
+                controls,
+                control_strength: r.control_strength,
                 ..DiffusionInput::new(&input, &timesteps, c)
             };
             diffusion.compute(&input).map_err(|e| Error::new(format!("diffusion model compute failed: {e}")))
         };
-        let cond_out = run(&prepared.cond, ref_latents, &[])?;
+        // Like the reference, the ControlNet runs under the prompt's condition, then under
+        // the negative one; the image-unconditioned pass reuses the last residuals.
+        let mut controls = None;
+        if let Some(cn) = control.as_mut() {
+            controls = Some(cn.controls(&input, &timesteps, &prepared.cond)?);
+        }
+        let cond_out = run(&prepared.cond, ref_latents, &[], controls.as_deref())?;
         let uncond_skip: &[i32] = if skip_step && slg.uncond { &slg.layers } else { &[] };
         if !uncond_skip.is_empty() {
             sd_debug!("Skipping layers at uncond step {step}");
         }
-        let uncond_out = prepared.uncond.as_ref().map(|c| run(c, ref_latents, uncond_skip)).transpose()?;
-        let img_out = prepared.img_uncond.as_ref().map(|c| run(c, img_uncond_refs, &[])).transpose()?;
+        if let (Some(cn), Some(u)) = (control.as_mut(), prepared.uncond.as_ref()) {
+            controls = Some(cn.controls(&input, &timesteps, u)?);
+        }
+        let uncond_out = prepared.uncond.as_ref().map(|c| run(c, ref_latents, uncond_skip, controls.as_deref())).transpose()?;
+        let img_out = prepared.img_uncond.as_ref().map(|c| run(c, img_uncond_refs, &[], controls.as_deref())).transpose()?;
         let mut guided = guide(&r.guidance, &cond_out, uncond_out.as_ref(), img_out.as_ref());
         if skip_step && slg.scale != 0.0 {
             sd_debug!("Skipping layers at step {step}");
-            let skipped = run(&prepared.cond, ref_latents, &slg.layers)?;
+            let skipped = run(&prepared.cond, ref_latents, &slg.layers, controls.as_deref())?;
             let scale = slg.scale;
             let d: Vec<f32> = guided.data().iter().zip(cond_out.data()).zip(skipped.data()).map(|((&g, &c), &k)| g + (c - k) * scale).collect();
             guided = Tensor::from_vec(guided.shape(), d)?;
@@ -671,6 +705,9 @@ fn sample(
         Some(denoiser),
     );
     diffusion.end();
+    if let Some(cn) = control {
+        cn.end_run();
+    }
     let x0 = result?;
     Ok(denoiser.inverse_noise_scaling(*plan.sigmas.last().unwrap_or(&0.0), x0))
 }
@@ -725,6 +762,9 @@ fn decode_each(fs: &mut dyn FirstStage, latents: &[Tensor], tiling: &TilingParam
 /// Text/image to image: `batch_count` RGB images, fewer when new latents were cancelled.
 pub fn generate(ms: &mut ModelSet, p: &ImgGenParams, cancel: &CancelFlag) -> Result<Vec<Image>> {
     ms.weights.validate()?;
+    if let Some(cn) = &ms.control_net {
+        cn.validate()?;
+    }
     check_params(p)?;
     let t0 = Instant::now();
     ms.apply_loras(&p.loras)?;

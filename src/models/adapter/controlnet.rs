@@ -152,7 +152,6 @@ impl ControlNet {
     /// channels), the guided hint (batch 1, broadcast), timesteps [N], context
     /// [context_dim, L, N or 1], y [adm, N or 1] (SDXL). Returns the residuals in the order
     /// the UNet takes them (input convolution, encoder blocks, middle).
-    #[allow(clippy::too_many_arguments)]
     pub fn forward<'g>(&self, g: &'g Graph, x: T<'g>, guided_hint: T<'g>, timesteps: T<'g>, context: T<'g>, y: Option<T<'g>>) -> Vec<T<'g>> {
         let n = x.ne()[3];
         let context = expand_batch(g, context, 2, n);

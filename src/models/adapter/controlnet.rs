@@ -264,7 +264,7 @@ pub fn compute(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::graph::{ParamStore, TypeMap};
+    use crate::graph::{ParamStore, TypeMap, F32};
     use crate::io::{ModelFiles, ModelSource, SdVersion};
     use crate::models::diffusion::unet::UNetModel;
     use crate::testutil::synthetic_fixture;
@@ -297,6 +297,22 @@ mod tests {
         let mut unet_store = ParamStore::new(4096).unwrap();
         let unet = UNetModel::new(&mut Scope::new(&mut unet_store, &types, "model.diffusion_model."), &UNetConfig::for_version(UNetVersion::Sd1));
         assert_eq!(net.num_controls(), unet.num_controls());
+
+        // The graphs build (no data needed): a 96×64 hint becomes a 12×8 guided hint, and the
+        // residuals of a batch of 2 have the UNet's skip shapes.
+        let g = Graph::new().unwrap();
+        let gh = net.forward_hint(&g, g.new_tensor(F32, &[96, 64, 3, 1]));
+        assert_eq!(gh.ne(), [12, 8, 320, 1]);
+        let x = g.new_tensor(F32, &[12, 8, 4, 2]);
+        let outs = net.forward(&g, x, gh, g.new_tensor(F32, &[2]), g.new_tensor(F32, &[768, 77, 1]), None);
+        let want = unet.control_shapes(12, 8);
+        assert_eq!(outs.len(), want.len());
+        for (o, w) in outs.iter().zip(&want) {
+            assert_eq!(o.ne(), [w[0], w[1], w[2], 2]);
+        }
+        assert!(net.check_inputs(&Tensor::zeros(&[16, 8, 4, 2]), 2, &Tensor::zeros(&[16, 8, 320, 1]), &Tensor::zeros(&[768, 77, 1]), None).is_ok());
+        assert!(net.check_inputs(&Tensor::zeros(&[16, 8, 4, 1]), 1, &Tensor::zeros(&[8, 8, 320, 1]), &Tensor::zeros(&[768, 77, 1]), None).is_err());
+        assert!(net.check_hint(&Tensor::zeros(&[96, 64, 4, 1])).is_err());
     }
 
     #[test]

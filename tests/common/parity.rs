@@ -276,6 +276,7 @@ pub fn gen_params(params: &Value, arena: &mut Arena) -> sd_img_gen_params_t {
             }
             "mask_image" => p.mask_image = arena.image(v.as_str().unwrap()),
             "control_image" => p.control_image = arena.image(v.as_str().unwrap()),
+            "control_strength" => p.control_strength = num(v) as f32,
             "ref_image_args" => p.ref_image_args = arena.str(v.as_str().unwrap()),
             "sample_params.extra_sample_args" => sp.extra_sample_args = arena.str(v.as_str().unwrap()),
             "sample_params.sample_steps" => sp.sample_steps = num(v) as c_int,

@@ -49,18 +49,20 @@ impl Context {
         false
     }
 
-    /// Loads (or replaces) the ControlNet. Not safe while a generation runs.
+    /// Loads (or replaces) the ControlNet without reloading anything else. Not safe while a
+    /// generation runs (the call waits for it). On failure the previous state stays.
     pub fn load_control_net(&self, path: &str) -> Result<()> {
-        let _ = path;
-        not_supported("ControlNet hot-swap")
+        self.sd.lock().load_control_net(path)
     }
 
+    /// Drops the ControlNet; later generations run without one.
     pub fn unload_control_net(&self) -> Result<()> {
-        not_supported("ControlNet hot-swap")
+        self.sd.lock().unload_control_net();
+        Ok(())
     }
 
     pub fn has_control_net(&self) -> bool {
-        false
+        self.sd.lock().control_net.is_some()
     }
 
     /// The sampler used when a request leaves it unset.

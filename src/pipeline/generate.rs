@@ -68,6 +68,7 @@ pub(super) struct Request {
     /// `ref_image_args` over the family's preset, parsed once.
     refs: RefImageParams,
     cache: CacheParams,
+    control_strength: f32,
 }
 
 /// Sampler, schedule and eta.
@@ -87,6 +88,8 @@ pub(super) struct Prepared {
     pub(super) cond: Condition,
     pub(super) uncond: Option<Condition>,
     pub(super) img_uncond: Option<Condition>,
+    /// The control image [W, H, 3, 1] in [0, 1] when a ControlNet will read it.
+    control_hint: Option<Tensor>,
 }
 
 fn check_params(p: &ImgGenParams) -> Result<()> {
@@ -180,6 +183,7 @@ fn resolve_request(ms: &ModelSet, p: &ImgGenParams) -> Request {
         extra: ExtraArgs::parse(p.sample_params.extra_sample_args.as_deref()),
         refs: RefImageParams::resolve(&p.ref_image_args, ms.spec.ref_image_preset),
         cache: p.cache.clone(),
+        control_strength: p.control_strength,
     }
 }
 
@@ -324,14 +328,20 @@ fn prepare(
         None => Tensor::zeros(&[lw, lh, latent.channels, 1]),
     };
     // Like the reference, a control image is encoded whenever one is given (before the
-    // reference images); only the control families read it.
+    // reference images; the encoding draws from the noise generator); only the control
+    // families read the latent, a ControlNet reads the image itself.
     let takes_control = matches!(concat_kind, Concat::FluxControls | Concat::Flex2);
+    let mut control_hint = None;
     let control_latent = match &p.control_image {
         Some(img) => {
-            if !takes_control {
+            let image = rgb_tensor(img, w, h)?;
+            let latent = encode("control image", &image)?;
+            if ms.control_net.is_some() {
+                control_hint = Some(image);
+            } else if !takes_control {
                 sd_warn!("a control image was given but no ControlNet is loaded; ignoring it");
             }
-            Some(encode("control image", &rgb_tensor(img, w, h)?)?)
+            Some(latent)
         }
         None => None,
     };
@@ -412,7 +422,7 @@ fn prepare(
     ms.cond.end();
     let (cond, uncond, img_uncond) = conds?;
     sd_info!("get_learned_condition completed, taking {:.2}s", start.elapsed().as_secs_f32());
-    Ok(Prepared { init_latent, denoise_mask, ref_latents, cond, uncond, img_uncond })
+    Ok(Prepared { init_latent, denoise_mask, ref_latents, cond, uncond, img_uncond, control_hint })
 }
 
 /// The request's conditions: prompt, negative prompt (when guidance needs it) and the
@@ -588,7 +598,7 @@ pub(super) fn sample(
         v if v.is_dit() => Backbone::DiT,
         _ => Backbone::Other,
     };
-    let ModelSet { diffusion, denoiser, first_stage, preview: preview_vae, .. } = ms;
+    let ModelSet { diffusion, denoiser, first_stage, preview: preview_vae, control_net, .. } = ms;
     let denoiser: &Denoiser = denoiser;
     let decoder: &mut dyn FirstStage = match preview_vae {
         Some(p) => p.as_mut(),
@@ -609,7 +619,20 @@ pub(super) fn sample(
     let mut cache = StepCache::new(&r.cache, backbone, &plan.sigmas, denoiser, needs_uncond);
 
     let x_t = denoiser.noise_scaling(plan.sigmas[0], noise, init)?;
-    diffusion.begin()?;
+    // The ControlNet runs only with a control image.
+    let mut control = match (control_net.as_mut(), &prepared.control_hint) {
+        (Some(cn), Some(hint)) => {
+            cn.begin_run(hint)?;
+            Some(cn)
+        }
+        _ => None,
+    };
+    if let Err(e) = diffusion.begin() {
+        if let Some(cn) = control.as_mut() {
+            cn.end_run();
+        }
+        return Err(e);
+    }
     let mut model = |x: &Tensor, sigma: f32, step: i32| -> Result<ModelOutput> {
         if cancel.stop_now() {
             sd_debug!("cancelling generation");
@@ -634,7 +657,7 @@ pub(super) fn sample(
             Some(denoised) => (denoised, None),
             None => {
                 cache.begin_step(step, sigma);
-                let mut run = |cache: &mut StepCache, pass: Pass, c: &Condition, refs: &[Tensor], skip_layers: &[i32]| {
+                let mut run = |cache: &mut StepCache, pass: Pass, c: &Condition, refs: &[Tensor], skip_layers: &[i32], controls: Option<&[Tensor]>| {
                     if let Some(out) = cache.reuse(pass, &input) {
                         return Ok(out);
                     }
@@ -643,24 +666,43 @@ pub(super) fn sample(
                         ref_latents: refs,
                         ref_index_mode: r.refs.ref_index_mode,
                         skip_layers,
+                        controls,
+                        control_strength: r.control_strength,
                         ..DiffusionInput::new(&input, &timesteps, c)
                     };
                     let out = diffusion.compute(&dinput).map_err(|e| Error::new(format!("diffusion model compute failed: {e}")))?;
                     cache.store(pass, &input, &out);
                     Ok::<_, Error>(out)
                 };
-                let cond_out = run(&mut cache, Pass::Cond, &prepared.cond, ref_latents, &[])?;
+                // Like the reference, the ControlNet runs under the prompt's condition, then
+                // under the negative one; the image-unconditioned pass reuses the last residuals.
+                let mut controls = None;
+                if let Some(cn) = control.as_mut() {
+                    controls = Some(cn.controls(&input, &timesteps, &prepared.cond)?);
+                }
+                let cond_out = run(&mut cache, Pass::Cond, &prepared.cond, ref_latents, &[], controls.as_deref())?;
                 let uncond_skip: &[i32] = if skip_step && slg.uncond { &slg.layers } else { &[] };
                 if !uncond_skip.is_empty() {
                     sd_debug!("Skipping layers at uncond step {step}");
                 }
-                let uncond_out = prepared.uncond.as_ref().map(|c| run(&mut cache, Pass::Uncond, c, ref_latents, uncond_skip)).transpose()?;
-                let img_out = prepared.img_uncond.as_ref().map(|c| run(&mut cache, Pass::ImgUncond, c, img_uncond_refs, &[])).transpose()?;
+                if let (Some(cn), Some(u)) = (control.as_mut(), prepared.uncond.as_ref()) {
+                    controls = Some(cn.controls(&input, &timesteps, u)?);
+                }
+                let uncond_out = prepared
+                    .uncond
+                    .as_ref()
+                    .map(|c| run(&mut cache, Pass::Uncond, c, ref_latents, uncond_skip, controls.as_deref()))
+                    .transpose()?;
+                let img_out = prepared
+                    .img_uncond
+                    .as_ref()
+                    .map(|c| run(&mut cache, Pass::ImgUncond, c, img_uncond_refs, &[], controls.as_deref()))
+                    .transpose()?;
                 let mut guided = guide(&r.guidance, &cond_out, uncond_out.as_ref(), img_out.as_ref());
                 // Like the reference, a step whose outputs are reused gets no skip-layer pass.
                 if skip_step && slg.scale != 0.0 && !cache.step_skipped() {
                     sd_debug!("Skipping layers at step {step}");
-                    let skipped = run(&mut cache, Pass::Cond, &prepared.cond, ref_latents, &slg.layers)?;
+                    let skipped = run(&mut cache, Pass::Cond, &prepared.cond, ref_latents, &slg.layers, controls.as_deref())?;
                     let scale = slg.scale;
                     let d: Vec<f32> = guided.data().iter().zip(cond_out.data()).zip(skipped.data()).map(|((&g, &c), &k)| g + (c - k) * scale).collect();
                     guided = Tensor::from_vec(guided.shape(), d)?;
@@ -696,6 +738,9 @@ pub(super) fn sample(
         Some(denoiser),
     );
     diffusion.end();
+    if let Some(cn) = control {
+        cn.end_run();
+    }
     let x0 = result?;
     cache.log_summary(plan.sigmas.len().saturating_sub(1));
     Ok(denoiser.inverse_noise_scaling(*plan.sigmas.last().unwrap_or(&0.0), x0))
@@ -758,6 +803,9 @@ fn decode_each(fs: &mut dyn FirstStage, latents: &[Tensor], tiling: &TilingParam
 /// Text/image to image: `batch_count` RGB images, fewer when new latents were cancelled.
 pub fn generate(ms: &mut ModelSet, p: &ImgGenParams, cancel: &CancelFlag) -> Result<Vec<Image>> {
     ms.weights.validate()?;
+    if let Some(cn) = &ms.control_net {
+        cn.validate()?;
+    }
     check_params(p)?;
     let t0 = Instant::now();
     ms.apply_loras(&p.loras)?;

@@ -90,6 +90,19 @@ impl Weights {
         Ok(Weights { files, types, version })
     }
 
+    /// Lists an add-on network's file (a ControlNet) for a context of `version`: names
+    /// converted for it, weights typed by the context's `wtype` and `tensor_type_rules`
+    /// like the files of the model itself.
+    pub fn open_addon(path: &str, version: SdVersion, params: &CtxParams) -> Result<Weights> {
+        let mut files = ModelFiles::new();
+        files.set_mmap(params.enable_mmap);
+        files
+            .add(path, "")
+            .map_err(|e| crate::error::Error::new(format!("init model loader from file failed: '{path}': {e}")))?;
+        files.convert_names(Some(version));
+        Ok(Self::from_files(files, version, params.wtype, params.tensor_type_rules.as_deref().unwrap_or("")))
+    }
+
     /// Internal names of every tensor in the files.
     pub fn names(&self) -> impl Iterator<Item = &str> {
         self.files.tensors().iter().map(TensorStorage::name)

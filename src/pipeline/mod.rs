@@ -3,6 +3,7 @@
 
 pub mod callbacks;
 pub mod conditioning;
+pub mod control;
 pub mod families;
 pub mod generate;
 pub mod hires;

@@ -181,7 +181,7 @@ fn num(v: &Value) -> f64 {
 }
 
 /// Files a context's fields refer to (`{fx}/...`), generated when missing.
-fn ensure_fixtures(model: &str, ctx: &Value) {
+pub fn ensure_fixtures(model: &str, ctx: &Value) {
     if !model.is_empty() && ctx["model_path"].as_str() != Some("") {
         fixture(model);
     }
@@ -200,7 +200,7 @@ fn ensure_fixtures(model: &str, ctx: &Value) {
     }
 }
 
-fn ctx_params(model: &str, ctx: &Value, arena: &mut Arena) -> sd_ctx_params_t {
+pub fn ctx_params(model: &str, ctx: &Value, arena: &mut Arena) -> sd_ctx_params_t {
     let mut p = std::mem::MaybeUninit::<sd_ctx_params_t>::uninit();
     // SAFETY: the init function writes every field.
     let mut p = unsafe {
@@ -249,7 +249,7 @@ fn ctx_params(model: &str, ctx: &Value, arena: &mut Arena) -> sd_ctx_params_t {
     p
 }
 
-fn gen_params(params: &Value, arena: &mut Arena) -> sd_img_gen_params_t {
+pub fn gen_params(params: &Value, arena: &mut Arena) -> sd_img_gen_params_t {
     let mut p = std::mem::MaybeUninit::<sd_img_gen_params_t>::uninit();
     // SAFETY: the init function writes every field.
     let mut p = unsafe {
@@ -276,6 +276,7 @@ fn gen_params(params: &Value, arena: &mut Arena) -> sd_img_gen_params_t {
             }
             "mask_image" => p.mask_image = arena.image(v.as_str().unwrap()),
             "control_image" => p.control_image = arena.image(v.as_str().unwrap()),
+            "control_strength" => p.control_strength = num(v) as f32,
             "ref_image_args" => p.ref_image_args = arena.str(v.as_str().unwrap()),
             "sample_params.extra_sample_args" => sp.extra_sample_args = arena.str(v.as_str().unwrap()),
             "sample_params.sample_steps" => sp.sample_steps = num(v) as c_int,

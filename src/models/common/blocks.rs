@@ -6,7 +6,7 @@
 //! only match when the float roundings match.
 
 use crate::graph::nn::{self, Conv2d, GroupNorm, LayerNorm, Linear};
-use crate::graph::{Graph, Scope, T};
+use crate::graph::{Graph, Scope, F32, T};
 
 /// `x` split into `n` equal views along dim 0 (no copies), like torch's `chunk(n, -1)`.
 pub fn chunk_dim0<'g>(x: T<'g>, n: i64) -> Vec<T<'g>> {
@@ -17,6 +17,74 @@ pub fn chunk_dim0<'g>(x: T<'g>, n: i64) -> Vec<T<'g>> {
     (0..n)
         .map(|i| x.view(&[size, ne[1], ne[2], ne[3]], &[nb[1], nb[2], nb[3]], (i * size) as usize * nb[0]))
         .collect()
+}
+
+/// `t` repeated along its batch dimension `dim` (its last) to `n` items when it holds another
+/// count (conditioning of batch 1 for a batch of latents).
+pub fn expand_batch<'g>(g: &'g Graph, t: T<'g>, dim: usize, n: i64) -> T<'g> {
+    let mut ne = t.ne()[..=dim].to_vec();
+    if ne[dim] == n {
+        return t;
+    }
+    ne[dim] = n;
+    t.repeat(g.new_tensor(F32, &ne))
+}
+
+/// The timestep embedding MLP (`time_embed`) and, for SDXL, the label embedding of the size
+/// vector `y` (`label_emb`), summed.
+#[derive(Clone, Copy, Debug)]
+pub struct TimestepEmbed {
+    model_channels: i64,
+    time: (Linear, Linear),
+    label: Option<(Linear, Linear)>,
+}
+
+impl TimestepEmbed {
+    pub fn new(s: &mut Scope, model_channels: i64, time_embed_dim: i64, adm_in_channels: Option<i64>) -> TimestepEmbed {
+        let ted = time_embed_dim;
+        let time = (Linear::new(s, "time_embed.0", model_channels, ted, true), Linear::new(s, "time_embed.2", ted, ted, true));
+        let label = adm_in_channels.map(|adm| {
+            (Linear::new(s, "label_emb.0.0", adm, ted, true), Linear::new(s, "label_emb.0.2", ted, ted, true))
+        });
+        TimestepEmbed { model_channels, time, label }
+    }
+
+    /// timesteps [N], y [adm, N] → [time_embed_dim, N]; `y` is ignored without a label embedding.
+    pub fn forward<'g>(&self, g: &'g Graph, timesteps: T<'g>, y: Option<T<'g>>) -> T<'g> {
+        // The reference scales timesteps by a time factor (1 here) before embedding them.
+        let t_emb = nn::scale(timesteps, 1.0, false).timestep_embedding(self.model_channels as i32, 10000);
+        let emb = self.time.0.forward(g, t_emb).silu_inplace();
+        let emb = self.time.1.forward(g, emb);
+        match (y, &self.label) {
+            (Some(y), Some((l0, l2))) => emb.add(l2.forward(g, l0.forward(g, y).silu_inplace())),
+            _ => emb,
+        }
+    }
+}
+
+/// One block of the LDM encoder half (the UNet's input blocks, the ControlNet): a residual
+/// block with its spatial transformer where the level has one, or a downsampling.
+// A dozen per network, built once: boxing the larger variant would buy nothing.
+#[allow(clippy::large_enum_variant)]
+#[derive(Clone, Debug)]
+pub enum EncoderBlock {
+    Res { res: ResBlock, attn: Option<SpatialTransformer> },
+    Down(Downsample),
+}
+
+impl EncoderBlock {
+    pub fn forward<'g>(&self, g: &'g Graph, h: T<'g>, emb: T<'g>, context: T<'g>) -> T<'g> {
+        match self {
+            EncoderBlock::Res { res, attn } => {
+                let h = res.forward(g, h, Some(emb));
+                match attn {
+                    Some(a) => a.forward(g, h, context),
+                    None => h,
+                }
+            }
+            EncoderBlock::Down(d) => d.forward(g, h),
+        }
+    }
 }
 
 /// Residual block conditioned on the timestep embedding (`ResBlock` of openaimodel.py).

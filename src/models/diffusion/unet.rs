@@ -13,11 +13,11 @@
 //! The reference evaluates the conditional and unconditional branches in separate calls
 //! (batch N = the latent's N); any N ≥ 1 works, with context/c_concat/y of batch 1 broadcast.
 
-use crate::models::common::blocks::{Downsample, ResBlock, SpatialTransformer, Upsample};
+use crate::models::common::blocks::{expand_batch, Downsample, EncoderBlock, ResBlock, SpatialTransformer, TimestepEmbed, Upsample};
 use crate::error::{Context as _, Result};
-use crate::graph::nn::{self, Conv2d, GroupNorm, Linear};
+use crate::graph::nn::{self, Conv2d, GroupNorm};
 use super::{DiffusionInput, DiffusionModel};
-use crate::graph::{Graph, Loaded, Runner, Scope, F32, T};
+use crate::graph::{Graph, Loaded, Runner, Scope, T};
 use crate::tensor::Tensor;
 
 /// The UNet variants whose architecture differs (inpaint / pix2pix models only change the
@@ -259,6 +259,12 @@ impl UNetConfig {
         (n_head, d_head)
     }
 
+    /// Declares the spatial transformer `name` over `ch` channels.
+    pub fn transformer(&self, s: &mut Scope, name: &str, ch: i64, depth: i64) -> SpatialTransformer {
+        let (n_head, d_head) = self.heads(ch);
+        SpatialTransformer::new(&mut s.sub(name), ch, n_head, d_head, depth, self.context_dim, self.use_linear_projection)
+    }
+
     /// Latent sides must divide by this (one halving per level below the top).
     pub fn size_multiple(&self) -> i64 {
         1 << (self.channel_mult.len() - 1)
@@ -273,14 +279,6 @@ fn first_proj_out(shape_of: &dyn Fn(&str) -> Option<Vec<i64>>, p: &str) -> Optio
     blocks.filter_map(|b| shape_of(&format!("{p}{b}.proj_out.weight"))).next()
 }
 
-// A dozen per UNet, built once: boxing the larger variant would buy nothing.
-#[allow(clippy::large_enum_variant)]
-#[derive(Clone, Debug)]
-enum InputBlock {
-    Res { res: ResBlock, attn: Option<SpatialTransformer> },
-    Down(Downsample),
-}
-
 #[derive(Clone, Debug)]
 struct OutputBlock {
     res: ResBlock,
@@ -293,21 +291,6 @@ struct MiddleBlock {
     res0: ResBlock,
     /// Absent in SSD-1B / Vega.
     attn_res: Option<(SpatialTransformer, ResBlock)>,
-}
-
-impl InputBlock {
-    fn forward<'g>(&self, g: &'g Graph, h: T<'g>, emb: T<'g>, context: T<'g>) -> T<'g> {
-        match self {
-            InputBlock::Res { res, attn } => {
-                let h = res.forward(g, h, Some(emb));
-                match attn {
-                    Some(a) => a.forward(g, h, context),
-                    None => h,
-                }
-            }
-            InputBlock::Down(d) => d.forward(g, h),
-        }
-    }
 }
 
 impl MiddleBlock {
@@ -338,10 +321,9 @@ impl OutputBlock {
 #[derive(Clone, Debug)]
 pub struct UNetModel {
     pub config: UNetConfig,
-    time_embed: (Linear, Linear),
-    label_emb: Option<(Linear, Linear)>,
+    embed: TimestepEmbed,
     input_conv: Conv2d,
-    input_blocks: Vec<InputBlock>,
+    input_blocks: Vec<EncoderBlock>,
     middle: Option<MiddleBlock>,
     output_blocks: Vec<OutputBlock>,
     out_norm: GroupNorm,
@@ -354,16 +336,10 @@ impl UNetModel {
         let mc = cfg.model_channels;
         let ted = cfg.time_embed_dim;
         let v = cfg.version;
-        let time_embed = (Linear::new(s, "time_embed.0", mc, ted, true), Linear::new(s, "time_embed.2", ted, ted, true));
-        let label_emb = cfg.adm_in_channels.map(|adm| {
-            (Linear::new(s, "label_emb.0.0", adm, ted, true), Linear::new(s, "label_emb.0.2", ted, ted, true))
-        });
+        let embed = TimestepEmbed::new(s, mc, ted, cfg.adm_in_channels);
         let input_conv = Conv2d::square(s, "input_blocks.0.0", cfg.in_channels, mc, 3, 1, 1);
 
-        let transformer = |s: &mut Scope, name: &str, ch: i64, depth: i64| {
-            let (n_head, d_head) = cfg.heads(ch);
-            SpatialTransformer::new(&mut s.sub(name), ch, n_head, d_head, depth, cfg.context_dim, cfg.use_linear_projection)
-        };
+        let transformer = |s: &mut Scope, name: &str, ch: i64, depth: i64| cfg.transformer(s, name, ch, depth);
         let has_attn = |ds: i64| cfg.attention_resolutions.contains(&ds);
 
         let mut input_blocks = Vec::new();
@@ -381,7 +357,7 @@ impl UNetModel {
                     let depth = if v == UNetVersion::SdxlSsd1b && i == 2 { 4 } else { cfg.transformer_depth[i] };
                     transformer(s, &format!("input_blocks.{idx}.1"), ch, depth)
                 });
-                input_blocks.push(InputBlock::Res { res, attn });
+                input_blocks.push(EncoderBlock::Res { res, attn });
                 chans.push(ch);
                 if cfg.tiny_unet {
                     idx += 1;
@@ -389,7 +365,7 @@ impl UNetModel {
             }
             if i != levels - 1 {
                 idx += 1;
-                input_blocks.push(InputBlock::Down(Downsample::new(&mut s.sub(&format!("input_blocks.{idx}.0")), ch, ch)));
+                input_blocks.push(EncoderBlock::Down(Downsample::new(&mut s.sub(&format!("input_blocks.{idx}.0")), ch, ch)));
                 chans.push(ch);
                 ds *= 2;
             }
@@ -445,8 +421,7 @@ impl UNetModel {
         let out_conv = Conv2d::square(s, "out.2", mc, cfg.out_channels, 3, 1, 1);
         UNetModel {
             config: cfg.clone(),
-            time_embed,
-            label_emb,
+            embed,
             input_conv,
             input_blocks,
             middle,
@@ -504,27 +479,14 @@ impl UNetModel {
         control_strength: f32,
     ) -> T<'g> {
         let n = x.ne()[3];
-        let mut context = context;
-        let cn = context.ne();
-        if cn[2] != n {
-            context = context.repeat(g.new_tensor(F32, &[cn[0], cn[1], n]));
-        }
+        let context = expand_batch(g, context, 2, n);
         let mut x = x;
         if let Some(c) = c_concat {
-            let ccn = c.ne();
-            let c = if ccn[3] != n { c.repeat(g.new_tensor(F32, &[ccn[0], ccn[1], ccn[2], n])) } else { c };
-            x = x.concat(c, 2);
+            x = x.concat(expand_batch(g, c, 3, n), 2);
         }
-        let y = y.map(|y| {
-            let yn = y.ne();
-            if yn[1] != n {
-                y.repeat(g.new_tensor(F32, &[yn[0], n]))
-            } else {
-                y
-            }
-        });
+        let y = y.map(|y| expand_batch(g, y, 1, n));
 
-        let emb = self.embed(g, timesteps, y);
+        let emb = self.embed.forward(g, timesteps, y);
         // Cut points for segmented runs under a memory budget (`max_vram`), where the
         // reference has them: after the input conv, each res input block, the middle
         // block and each output block.
@@ -532,7 +494,7 @@ impl UNetModel {
         let mut skips = vec![h];
         for (i, block) in self.input_blocks.iter().enumerate() {
             h = block.forward(g, h, emb, context);
-            if matches!(block, InputBlock::Res { .. }) {
+            if matches!(block, EncoderBlock::Res { .. }) {
                 h = g.mark_cut(h, &format!("unet.input_blocks.{}", i + 1));
             }
             skips.push(h);
@@ -553,18 +515,6 @@ impl UNetModel {
             h = g.mark_cut(h, &format!("unet.output_blocks.{k}"));
         }
         self.head(g, h)
-    }
-
-    /// Timestep embedding (+ SDXL label embedding of `y`): [time_embed_dim, N].
-    fn embed<'g>(&self, g: &'g Graph, timesteps: T<'g>, y: Option<T<'g>>) -> T<'g> {
-        // The reference scales timesteps by a time factor (1 here) before embedding them.
-        let t_emb = nn::scale(timesteps, 1.0, false).timestep_embedding(self.config.model_channels as i32, 10000);
-        let emb = self.time_embed.0.forward(g, t_emb).silu_inplace();
-        let emb = self.time_embed.1.forward(g, emb);
-        match (y, &self.label_emb) {
-            (Some(y), Some((l0, l2))) => emb.add(l2.forward(g, l0.forward(g, y).silu_inplace())),
-            _ => emb,
-        }
     }
 
     fn head<'g>(&self, g: &'g Graph, h: T<'g>) -> T<'g> {

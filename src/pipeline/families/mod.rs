@@ -14,10 +14,11 @@ mod unet;
 
 use super::conditioning::clip::ClipSet;
 use super::conditioning::Conditioner;
+use super::control::ControlNetModel;
 use super::loader::Weights;
 use super::lora::LoraSet;
 use crate::error::Result;
-use crate::graph::{DeviceMap, DeviceOptions, Runner, WeightsMut};
+use crate::graph::{Components, DeviceMap, DeviceOptions, Runner, WeightsMut};
 use crate::io::SdVersion;
 use crate::models::diffusion::flux::FluxVariant;
 use crate::models::diffusion::unet::UNetVersion;
@@ -289,6 +290,10 @@ pub struct ModelSet {
     pub preview: Option<Box<dyn FirstStage>>,
     /// The LoRAs in effect on the conditioner, diffusion model and first stage.
     pub loras: LoraSet,
+    /// The ControlNet (UNet families), loaded from `control_net_path` or swapped later.
+    pub control_net: Option<ControlNetModel>,
+    /// What add-on networks loaded later are read with (mmap, weight types, devices).
+    ctx_params: CtxParams,
 }
 
 impl ModelSet {
@@ -342,10 +347,37 @@ impl ModelSet {
             diffusion: parts.diffusion,
             first_stage: parts.first_stage,
             preview: parts.preview,
+            control_net: None,
+            ctx_params: params.clone(),
         };
         let targets = lora_targets(&mut *set.cond, &mut *set.diffusion, &mut *set.first_stage);
         set.loras = LoraSet::new(params.lora_apply_mode, &set.weights, &targets);
+        if let Some(path) = params.control_net_path.as_deref().filter(|p| !p.is_empty()) {
+            set.control_net = Some(set.read_control_net(path)?);
+        }
         Ok(set)
+    }
+
+    fn read_control_net(&self, path: &str) -> Result<ControlNetModel> {
+        ControlNetModel::load(path, self.version, &self.ctx_params, &self.devices, self.n_threads)
+    }
+
+    /// Loads the ControlNet in `path`, replacing the one loaded; on failure the previous
+    /// one (or none) stays in place. Nothing else is reloaded.
+    pub fn load_control_net(&mut self, path: &str) -> Result<()> {
+        let net = self.read_control_net(path)?;
+        if let Some(old) = &self.control_net {
+            sd_info!("replacing control net '{}'", old.path());
+        }
+        self.control_net = Some(net);
+        Ok(())
+    }
+
+    /// Drops the ControlNet (nothing to do without one).
+    pub fn unload_control_net(&mut self) {
+        if let Some(old) = self.control_net.take() {
+            sd_info!("unloaded control net '{}'", old.path());
+        }
     }
 
     /// Brings the model to the LoRAs of a request (see [`LoraSet::apply`]): nothing to do
@@ -366,6 +398,9 @@ impl ModelSet {
         v.extend(self.first_stage.runners());
         if let Some(p) = self.preview.as_mut() {
             v.extend(p.runners());
+        }
+        if let Some(c) = self.control_net.as_mut() {
+            v.extend(c.runners());
         }
         v
     }

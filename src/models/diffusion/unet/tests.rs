@@ -9,7 +9,7 @@
 
 use crate::testutil::f16_to_f32;
 use super::*;
-use crate::graph::{Backend, GgmlType, ParamStore, TypeMap, F16};
+use crate::graph::{Backend, GgmlType, ParamStore, TypeMap, F16, F32};
 use std::collections::HashMap;
 use std::io::{Read, Seek, SeekFrom};
 use std::path::{Path, PathBuf};
@@ -241,7 +241,7 @@ fn blockwise_errors(runner: &mut Runner, unet: &UNetModel, case: &Case, dir: &Pa
 
     let emb = read("emb");
     let n_t = case.timesteps.len() as i64;
-    let got = runner.compute(|g| Ok(unet.embed(g, g.input_f32(&case.timesteps, &[n_t]), None))).unwrap();
+    let got = runner.compute(|g| Ok(unet.embed.forward(g, g.input_f32(&case.timesteps, &[n_t]), None))).unwrap();
     check("time embedding".into(), got, emb.data());
     let got = runner.compute(|g| Ok(unet.input_conv.forward(g, g.input(&case.x)))).unwrap();
     check("input_blocks.0".into(), got, read("skip0").data());
@@ -250,8 +250,8 @@ fn blockwise_errors(runner: &mut Runner, unet: &UNetModel, case: &Case, dir: &Pa
         // Inputs a graph does not use are never allocated (and cannot be uploaded), so blocks
         // without attention get the embedding in place of the (unused) context.
         let got = match block {
-            InputBlock::Down(d) => runner.compute(|g| Ok(d.forward(g, g.input(&h)))),
-            InputBlock::Res { attn, .. } => runner.compute(|g| {
+            EncoderBlock::Down(d) => runner.compute(|g| Ok(d.forward(g, g.input(&h)))),
+            EncoderBlock::Res { attn, .. } => runner.compute(|g| {
                 let e = g.input(&emb);
                 let ctx = if attn.is_some() { g.input(&case.context) } else { e };
                 Ok(block.forward(g, g.input(&h), e, ctx))

@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::parity::{fixture, report, run, Arena};
+use common::parity::{ctx_params, report, run, Arena};
 use stable_diffusion::capi::*;
 use std::ffi::c_int;
 use std::sync::Mutex;
@@ -25,14 +25,7 @@ type Setting = Box<dyn FnOnce(&mut sd_hires_params_t, &mut Arena)>;
 /// A context on the synthetic sd1 model with v prediction (the golden cases' context).
 fn context() -> *mut sd_ctx_t {
     let mut arena = Arena::default();
-    let mut p = std::mem::MaybeUninit::<sd_ctx_params_t>::uninit();
-    // SAFETY: the init function writes every field.
-    let mut p = unsafe {
-        sd_ctx_params_init(p.as_mut_ptr());
-        p.assume_init()
-    };
-    p.model_path = arena.str(&fixture("sd1.safetensors").to_string_lossy());
-    p.n_threads = 2;
+    let mut p = ctx_params("sd1.safetensors", &serde_json::json!({}), &mut arena);
     p.prediction = prediction_t(1); // V_PRED
     // SAFETY: p and its strings are alive during the call.
     let ctx = unsafe { new_sd_ctx(&p) };

@@ -7,7 +7,7 @@
 
 mod common;
 
-use common::parity::{diff_bytes, fixture, full, golden_image, Arena, MAX_DIFF, MEAN_DIFF};
+use common::parity::{ctx_params, diff_bytes, fixture, full, gen_params, golden_image, Arena, MAX_DIFF, MEAN_DIFF};
 use stable_diffusion::capi::*;
 use std::ffi::{c_int, CString};
 use std::sync::Mutex;
@@ -27,16 +27,10 @@ const CHROMA: Dit = Dit { file: "chroma.safetensors", steps: 2, cfg: 1.0 };
 
 fn context(model: &Dit, mode: &str) -> *mut sd_ctx_t {
     let mut arena = Arena::default();
-    let mut p = std::mem::MaybeUninit::<sd_ctx_params_t>::uninit();
-    // SAFETY: the init function writes every field.
-    let mut p = unsafe {
-        sd_ctx_params_init(p.as_mut_ptr());
-        p.assume_init()
-    };
+    let mut p = ctx_params("", &serde_json::json!({}), &mut arena);
     p.diffusion_model_path = arena.str(&fixture(model.file).to_string_lossy());
     p.t5xxl_path = arena.str(&fixture("t5xxl_tiny.safetensors").to_string_lossy());
     p.vae_path = arena.str(&fixture("vae16.safetensors").to_string_lossy());
-    p.n_threads = 2;
     p.lora_apply_mode = lora_apply_mode_t(match mode {
         "immediately" => 1,
         "at_runtime" => 2,
@@ -53,17 +47,8 @@ fn generate(ctx: *mut sd_ctx_t, model: &Dit, loras: &[(&str, f32)]) -> Vec<u8> {
     let paths: Vec<CString> = loras.iter().map(|(p, _)| CString::new(*p).unwrap()).collect();
     let list: Vec<sd_lora_t> =
         loras.iter().zip(&paths).map(|((_, m), p)| sd_lora_t { is_high_noise: CBool(0), multiplier: *m, path: p.as_ptr() }).collect();
-    let prompt = CString::new("a lovely cat").unwrap();
-    let mut p = std::mem::MaybeUninit::<sd_img_gen_params_t>::uninit();
-    // SAFETY: the init function writes every field.
-    let mut p = unsafe {
-        sd_img_gen_params_init(p.as_mut_ptr());
-        p.assume_init()
-    };
-    p.prompt = prompt.as_ptr();
-    p.width = 64;
-    p.height = 64;
-    p.seed = 42;
+    let mut arena = Arena::default();
+    let mut p = gen_params(&serde_json::json!({"prompt": "a lovely cat", "width": 64, "height": 64, "seed": 42}), &mut arena);
     p.sample_params.sample_steps = model.steps;
     p.sample_params.guidance.txt_cfg = model.cfg;
     p.loras = list.as_ptr();

@@ -210,10 +210,7 @@ fn rpc_renders_the_golden_subset_like_locally() {
 }
 
 /// `diffusion=A&B`: the UNet's blocks spread over two devices (two rpc-servers here).
-/// Known broken since the family seam and LoRA merges (the first device's UNet output is all
-/// zeros, caught by the output check; with `SD_CPU_OWN_MATMUL=0` too): run with `--ignored`.
 #[test]
-#[ignore = "layer split over two RPC devices computes zeros on the current main (issue 12)"]
 fn rpc_layer_split_over_two_servers() {
     if !rpc() {
         return;

@@ -70,9 +70,9 @@ fn dit_q8_0_gguf_as_diffusion_model() {
     use stable_diffusion::io::{ModelFiles, TensorStorage};
     use stable_diffusion::types::SdType;
     let models: &[(&str, &str, &str)] = if full() {
-        // Not SD3 yet: the GGUF stores pos_embed [1, 1024, 192] with 2 dimensions, and the
-        // pos_embed_max_size detection (like the reference's) wants 3, so the context fails.
-        &[("flux", "flux.safetensors", "flux_defaults"), ("chroma", "chroma.safetensors", "chroma_cfg1")]
+        // SD3's GGUF stores pos_embed [1, 1024, 192] with 2 dimensions (the reference's
+        // detection wants 3 and fails on it; ours reads both).
+        &[("flux", "flux.safetensors", "flux_defaults"), ("chroma", "chroma.safetensors", "chroma_cfg1"), ("sd3", "sd3.safetensors", "sd3_cfg1")]
     } else {
         &[("flux", "flux.safetensors", "flux_defaults")]
     };

@@ -385,13 +385,15 @@ impl ParamStore {
     /// Host buffers are filled in place; device buffers through a staging copy.
     pub fn load(&mut self, mut fill: impl FnMut(&str, &TensorSpec, &mut [u8]) -> Result<()>) -> Result<()> {
         ensure!(self.allocated, "parameters loaded before allocation");
-        let Some(buf) = self.buffer else { return Ok(()) };
-        // SAFETY: valid buffer.
-        let host = unsafe { g::ggml_backend_buffer_is_host(buf.as_ptr()) };
         let mut staging = Vec::new();
         for (name, w) in self.to_fill() {
             let spec = Self::spec(*w);
-            if host {
+            // Per tensor: a layer split spreads the store over buffers of several devices.
+            // SAFETY: an allocated tensor of this store.
+            let buffer = unsafe { (*w.raw()).buffer };
+            ensure!(!buffer.is_null(), "tensor '{name}' has no buffer");
+            // SAFETY: valid buffer.
+            if unsafe { g::ggml_backend_buffer_is_host(buffer) } {
                 // SAFETY: the tensor's data lives in a host buffer of nbytes bytes, exclusively ours.
                 let dst = unsafe { std::slice::from_raw_parts_mut((*w.raw()).data as *mut u8, spec.nbytes) };
                 fill(name, &spec, dst)?;
@@ -410,11 +412,11 @@ impl ParamStore {
     /// Device buffers are filled one by one through a staging copy.
     pub fn load_parallel(&mut self, threads: usize, fill: impl Fn(&str, &TensorSpec, &mut [u8]) -> Result<()> + Sync) -> Result<()> {
         ensure!(self.allocated, "parameters loaded before allocation");
-        let Some(buf) = self.buffer else { return Ok(()) };
         // SAFETY: valid buffer.
-        let host = unsafe { g::ggml_backend_buffer_is_host(buf.as_ptr()) };
+        let host = self.buffer.is_some_and(|b| unsafe { g::ggml_backend_buffer_is_host(b.as_ptr()) });
         let threads = threads.clamp(1, self.entries.len().max(1));
-        if !host || threads == 1 {
+        // A layer split has no single buffer: its device buffers are filled one by one.
+        if !host || !self.split_buffers.is_empty() || threads == 1 {
             return self.load(|name, spec, dst| fill(name, spec, dst));
         }
         /// A tensor's bytes in the host buffer: disjoint from every other tensor's.
@@ -770,6 +772,28 @@ mod tests {
         for i in 0..37 {
             let name = format!("t{i}");
             assert_eq!(a.get_data(a.get(&name).unwrap()).unwrap(), b.get_data(b.get(&name).unwrap()).unwrap(), "{name}");
+        }
+    }
+
+    /// A layer split has no single buffer: every tensor of every device's range is filled
+    /// (the devices' weights once stayed all zero).
+    #[test]
+    fn a_layer_split_store_is_filled_on_every_device() {
+        let fill = |name: &str, _: &TensorSpec, dst: &mut [u8]| -> Result<()> {
+            let i: f32 = name[1..].parse().unwrap();
+            dst.chunks_exact_mut(4).for_each(|v| v.copy_from_slice(&(i + 1.0).to_le_bytes()));
+            Ok(())
+        };
+        let devices = [Arc::new(Backend::cpu().unwrap()), Arc::new(Backend::cpu().unwrap())];
+        let mut s = ParamStore::new(9).unwrap();
+        for i in 0..9 {
+            s.declare(&format!("t{i}"), F32, &[4]);
+        }
+        s.alloc_split(&devices, &[1.0, 2.0]).unwrap();
+        s.load_parallel(3, fill).unwrap();
+        for i in 0..9 {
+            let bytes = s.get_data(s.get(&format!("t{i}")).unwrap()).unwrap();
+            assert_eq!(bytes, vec![(i as f32 + 1.0).to_le_bytes(); 4].concat(), "t{i}");
         }
     }
 

@@ -16,7 +16,7 @@ use super::params::Staged;
 use crate::error::{Context as _, Result};
 use crate::tensor::Tensor;
 use ggml_sys as g;
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::ptr::NonNull;
 use std::sync::Arc;
 
@@ -311,10 +311,14 @@ impl Runner {
     }
 
     /// Runs each op without weights on the device of the weights used last (layer split):
-    /// the activations then cross devices once per block range.
+    /// the activations then cross devices once per block range. An in-place op writes into
+    /// the memory of the tensor it modifies, so it runs where that tensor was computed; left
+    /// to ggml's expansion it can land on the other device, which then cannot reach that
+    /// memory (an RPC server drops such a graph and the output stays zero).
     fn pin_to_weight_devices(&self, s: NonNull<g::ggml_backend_sched>, gf: *mut g::ggml_cgraph) {
         let devices: Vec<&Arc<Backend>> = std::iter::once(&self.backend).chain(self.split.iter()).collect();
         let mut current = self.backend.raw();
+        let mut placed: HashMap<*mut g::ggml_tensor, g::ggml_backend_t> = HashMap::new();
         // SAFETY: nodes of a valid graph; backends outlive the call.
         unsafe {
             for i in 0..g::ggml_graph_n_nodes(gf) {
@@ -325,15 +329,25 @@ impl Runner {
                         current = d.raw();
                     }
                 }
-                // Views (in-place ops included) live where their source does: the
-                // scheduler places them itself.
-                if !(*node).view_src.is_null()
-                    || matches!((*node).op, g::GGML_OP_NONE | g::GGML_OP_VIEW | g::GGML_OP_RESHAPE | g::GGML_OP_PERMUTE | g::GGML_OP_TRANSPOSE)
-                {
+                if matches!((*node).op, g::GGML_OP_NONE | g::GGML_OP_VIEW | g::GGML_OP_RESHAPE | g::GGML_OP_PERMUTE | g::GGML_OP_TRANSPOSE) {
+                    // Views live where their source does: the scheduler places them itself.
                     continue;
                 }
-                if g::ggml_backend_supports_op(current, node) {
-                    g::ggml_backend_sched_set_tensor_backend(s.as_ptr(), node, current);
+                let mut root = (*node).view_src;
+                while !root.is_null() && !(*root).view_src.is_null() {
+                    root = (*root).view_src;
+                }
+                let target = if root.is_null() {
+                    current
+                } else {
+                    match placed.get(&root) {
+                        Some(&b) => b,
+                        None => continue,
+                    }
+                };
+                if g::ggml_backend_supports_op(target, node) {
+                    g::ggml_backend_sched_set_tensor_backend(s.as_ptr(), node, target);
+                    placed.insert(node, target);
                 }
             }
         }

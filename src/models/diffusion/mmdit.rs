@@ -90,7 +90,8 @@ impl MmditConfig {
                 if area > 0 {
                     cfg.out_channels = ne[1] / area;
                 }
-            } else if name.contains("pos_embed") && dims == 3 {
+            } else if name.contains("pos_embed") && (dims == 3 || (dims == 2 && ne[1] > 1)) {
+                // GGUF writers drop the trailing 1 of [1, patches, hidden]: 2-D is the same table.
                 has_pos = true;
                 has_hidden = true;
                 cfg.hidden_size = ne[0];
@@ -466,4 +467,21 @@ impl DiffusionModel for Loaded<MmditModel> {
         })
     }
 
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The positional table is found whether the file keeps its leading 1 (safetensors,
+    /// `[1, 1024, 192]`) or not (GGUF writers store it 2-D).
+    #[test]
+    fn pos_embed_table_size_from_2d_or_3d_tensor() {
+        for shape in [vec![192i64, 1024, 1], vec![192, 1024]] {
+            let types: TypeMap = [("model.diffusion_model.pos_embed".to_string(), F32)].into_iter().collect();
+            let shape_of = |_: &str| Some(shape.clone());
+            let cfg = MmditConfig::detect(&types, &shape_of, "model.diffusion_model.");
+            assert_eq!((cfg.pos_embed_max_size, cfg.num_patches, cfg.hidden_size), (32, 1024, 192), "{shape:?}");
+        }
+    }
 }

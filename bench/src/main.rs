@@ -38,6 +38,11 @@ usage: sd-bench [--quick] [options]
                        ours-rpc on this CPU through ggml's RPC server on loopback)
   --model PATH         checkpoint (default $SD_FIXTURE_CACHE/sd1.safetensors,
                        SD_FIXTURE_CACHE defaulting to ~/.cache/sd-rs-fixtures)
+  --component KEY=PATH a component file held apart, repeatable (KEY: diffusion_model,
+                       clip_l, clip_g, t5xxl, llm, vae), as DiT models come; with
+                       --model '' there is no checkpoint
+  --sampler NAME       sample method (default euler_a)
+  --cfg X              CFG scale (default 7)
   --no-load            skip the load-only workloads (mmap on / off)
   --no-gen             skip the generation workloads
   --upscale-model PATH ESRGAN model of the upscale workloads (default
@@ -65,6 +70,9 @@ struct Options {
     threads: i32,
     sides: Vec<String>,
     model: PathBuf,
+    components: Vec<(String, String)>,
+    sampler: String,
+    cfg: f32,
     load: bool,
     gen: bool,
     upscale_model: PathBuf,
@@ -119,6 +127,9 @@ fn parse_args() -> Result<Options, String> {
         threads: 2,
         sides: list("reference,ours"),
         model: fixture("sd1.safetensors"),
+        components: Vec::new(),
+        sampler: Job::default().sampler,
+        cfg: Job::default().cfg,
         load: true,
         gen: true,
         upscale_model: fixture("esrgan_x4.safetensors"),
@@ -158,6 +169,9 @@ fn parse_args() -> Result<Options, String> {
             "--threads" => o.threads = num(value()?)? as i32,
             "--sides" => o.sides = list(&value()?),
             "--model" => o.model = PathBuf::from(value()?),
+            "--component" => o.components.push(sd_bench_common::parse_component(&value()?)?),
+            "--sampler" => o.sampler = value()?,
+            "--cfg" => o.cfg = value()?.parse().map_err(|_| "--cfg: not a number".to_string())?,
             "--no-load" => o.load = false,
             "--load" => o.load = true,
             "--no-gen" => o.gen = false,
@@ -258,7 +272,15 @@ struct Workload {
 /// The load workloads first (short), then the sizes in order, so that a run cut short
 /// still has the small results.
 fn workloads(o: &Options) -> Vec<Workload> {
-    let base = Job { model: o.model.display().to_string(), threads: o.threads, verbose: o.verbose, ..Job::default() };
+    let base = Job {
+        model: o.model.display().to_string(),
+        components: o.components.clone(),
+        sampler: o.sampler.clone(),
+        cfg: o.cfg,
+        threads: o.threads,
+        verbose: o.verbose,
+        ..Job::default()
+    };
     let mut w = Vec::new();
     if o.load {
         for wtype in &o.wtypes {
@@ -398,8 +420,15 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     }
-    let models = [(o.load || o.gen, &o.model), (o.upscale, &o.upscale_model)];
-    let warm = models.iter().filter(|(used, _)| *used).try_for_each(|(_, m)| warm_page_cache(m));
+    let parts: Vec<PathBuf> = o.components.iter().map(|(_, p)| PathBuf::from(p)).collect();
+    let checkpoint = !o.model.as_os_str().is_empty();
+    let models = [(checkpoint && (o.load || o.gen), &o.model), (o.upscale, &o.upscale_model)];
+    let warm = models
+        .into_iter()
+        .filter(|(used, _)| *used)
+        .map(|(_, m)| m)
+        .chain(parts.iter().filter(|_| o.load || o.gen))
+        .try_for_each(|m| warm_page_cache(m));
     if let Err(e) = warm.and_then(|_| std::fs::create_dir_all(&o.out).map_err(|e| e.to_string())) {
         eprintln!("sd-bench: {e}");
         return ExitCode::FAILURE;

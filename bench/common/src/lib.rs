@@ -45,6 +45,21 @@ pub struct Job {
     pub upscale_model: String,
     /// The `tile_size` of `new_upscaler_ctx`.
     pub tile_size: i32,
+    /// Component files held apart (`KEY=PATH`, KEY one of [`COMPONENTS`]), as DiT models
+    /// come; `model` may then be empty.
+    pub components: Vec<(String, String)>,
+}
+
+/// Component keys of [`Job::components`], named after the `sd_ctx_params_t` fields
+/// (`diffusion_model` is `diffusion_model_path`, ...).
+pub const COMPONENTS: &[&str] = &["diffusion_model", "clip_l", "clip_g", "t5xxl", "llm", "vae"];
+
+/// `KEY=PATH` with a known key.
+pub fn parse_component(v: &str) -> Result<(String, String), String> {
+    match v.split_once('=') {
+        Some((k, p)) if COMPONENTS.contains(&k) && !p.is_empty() => Ok((k.to_string(), p.to_string())),
+        _ => Err(format!("--component: want KEY=PATH with KEY one of {}, got {v:?}", COMPONENTS.join(", "))),
+    }
 }
 
 impl Default for Job {
@@ -67,6 +82,7 @@ impl Default for Job {
             verbose: false,
             upscale_model: String::new(),
             tile_size: 128,
+            components: Vec::new(),
         }
     }
 }
@@ -117,6 +133,9 @@ impl Job {
         if !self.upscale_model.is_empty() {
             a.extend(["--upscale-model".into(), self.upscale_model.clone(), "--tile-size".into(), self.tile_size.to_string()]);
         }
+        for (k, p) in &self.components {
+            a.extend(["--component".into(), format!("{k}={p}")]);
+        }
         a
     }
 
@@ -143,11 +162,12 @@ impl Job {
                 "--verbose" => job.verbose = true,
                 "--upscale-model" => job.upscale_model = value()?,
                 "--tile-size" => job.tile_size = parse_num(&flag, &value()?)?,
+                "--component" => job.components.push(parse_component(&value()?)?),
                 _ => return Err(format!("unknown flag {flag:?}")),
             }
         }
-        if job.model.is_empty() && job.upscale_model.is_empty() {
-            return Err("--model or --upscale-model is required".into());
+        if job.model.is_empty() && job.upscale_model.is_empty() && job.components.is_empty() {
+            return Err("--model, --component or --upscale-model is required".into());
         }
         Ok(job)
     }
@@ -426,6 +446,9 @@ mod tests {
         assert_eq!(Job::from_args(job.to_args()).unwrap(), job);
         let up = Job { upscale_model: "x4.pth".into(), tile_size: 64, ..Job::default() };
         assert_eq!(Job::from_args(up.to_args()).unwrap(), up);
+        let dit = Job { components: vec![("diffusion_model".into(), "flux.gguf".into()), ("vae".into(), "ae.safetensors".into())], ..Job::default() };
+        assert_eq!(Job::from_args(dit.to_args()).unwrap(), dit);
+        assert!(parse_component("unet=x").is_err() && parse_component("vae=").is_err());
         assert_eq!(test_image(7, 5).len(), 105);
         assert!(Job::from_args(vec!["--bogus".to_string()]).is_err());
         assert!(Job::from_args(Vec::<String>::new()).is_err());

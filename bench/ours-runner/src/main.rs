@@ -103,11 +103,23 @@ fn run(job: &Job) -> Result<Outcome<'static>, String> {
     }
 
     let mut cp = CtxParams {
-        model_path: Some(job.model.clone()),
+        model_path: Some(job.model.clone()).filter(|m| !m.is_empty()),
         n_threads: job.threads,
         enable_mmap: job.mmap,
         ..CtxParams::default()
     };
+    for (key, path) in &job.components {
+        let slot = match key.as_str() {
+            "diffusion_model" => &mut cp.diffusion_model_path,
+            "clip_l" => &mut cp.clip_l_path,
+            "clip_g" => &mut cp.clip_g_path,
+            "t5xxl" => &mut cp.t5xxl_path,
+            "llm" => &mut cp.llm_path,
+            "vae" => &mut cp.vae_path,
+            _ => return Err(format!("unknown component {key:?}")),
+        };
+        *slot = Some(path.clone());
+    }
     device_setup(&mut cp, job.threads)?;
     if !job.wtype.is_empty() {
         cp.wtype = Some(SdType::parse(&job.wtype).ok_or_else(|| format!("unknown weight type {:?}", job.wtype))?);

@@ -79,6 +79,7 @@ fn run(job: &Job) -> Result<Outcome<'static>, String> {
     let negative = cstr(&job.negative_prompt)?;
     let wtype_name = cstr(&job.wtype)?;
     let sampler_name = cstr(&job.sampler)?;
+    let components = job.components.iter().map(|(_, p)| cstr(p)).collect::<Result<Vec<_>, _>>()?;
 
     // SAFETY: plain C calls with valid, NUL-terminated strings and initialised structs that
     // outlive the calls; results are checked for NULL before use and freed by the library.
@@ -94,6 +95,18 @@ fn run(job: &Job) -> Result<Outcome<'static>, String> {
         let mut cp: sys::sd_ctx_params_t = std::mem::zeroed();
         sys::sd_ctx_params_init(&mut cp);
         cp.model_path = model.as_ptr();
+        for ((key, _), path) in job.components.iter().zip(&components) {
+            let slot = match key.as_str() {
+                "diffusion_model" => &mut cp.diffusion_model_path,
+                "clip_l" => &mut cp.clip_l_path,
+                "clip_g" => &mut cp.clip_g_path,
+                "t5xxl" => &mut cp.t5xxl_path,
+                "llm" => &mut cp.llm_path,
+                "vae" => &mut cp.vae_path,
+                _ => return Err(format!("unknown component {key:?}")),
+            };
+            *slot = path.as_ptr();
+        }
         cp.n_threads = job.threads;
         cp.enable_mmap = job.mmap;
         if !job.wtype.is_empty() {

@@ -113,3 +113,67 @@ fn dit_q8_0_gguf_as_diffusion_model() {
         assert!(mean < 6.0, "{folder}: q8_0 moved the picture by mean {mean}");
     }
 }
+
+/// Every sample method and every scheduler on a flow model (Flux, 64×64, 3 steps, one
+/// context): each renders a picture that is not flat. The golden cases pin the numbers of
+/// the common ones (and the sampler code is shared with the UNet families' golden-tested
+/// paths); this covers the rest of the matrix the reference allows. Quick run: a few of each.
+#[test]
+fn flow_models_take_every_sampler_and_scheduler() {
+    use common::parity::{ctx_params, ensure_fixtures, folder, gen_params, Arena};
+    use stable_diffusion::capi::*;
+    use stable_diffusion::types::{SampleMethod, Scheduler};
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let f = folder("flux");
+    let case = f.cases.iter().find(|c| c.name == "flux_defaults").expect("flux_defaults");
+    ensure_fixtures(&f.model, &case.ctx);
+    let mut arena = Arena::default();
+    let p = ctx_params(&f.model, &case.ctx, &mut arena);
+    // SAFETY: p and what it points to outlive the call.
+    let ctx = unsafe { new_sd_ctx(&p) };
+    assert!(!ctx.is_null(), "new_sd_ctx");
+    let render = |method: u32, scheduler: u32| -> Option<Vec<u8>> {
+        let mut a = Arena::default();
+        let mut gp = gen_params(&case.params, &mut a);
+        gp.sample_params.sample_method = sample_method_t(method);
+        gp.sample_params.scheduler = scheduler_t(scheduler);
+        let (mut images, mut n): (*mut sd_image_t, std::ffi::c_int) = (std::ptr::null_mut(), 0);
+        // SAFETY: valid context and params; writable out-pointers.
+        let ok = unsafe { generate_image(ctx, &gp, &mut images, &mut n) };
+        let out = (ok.0 != 0 && n == 1).then(|| {
+            // SAFETY: one image of width * height * channel bytes was returned.
+            let img = unsafe { &*images };
+            unsafe { std::slice::from_raw_parts(img.data, (img.width * img.height * img.channel) as usize) }.to_vec()
+        });
+        // SAFETY: freed once, as returned.
+        unsafe { free_sd_images(images, n) };
+        out
+    };
+    let name = |m: u32| sample_method_t(m).name();
+    let sched = |s: u32| scheduler_t(s).name();
+    let method_id = |n: &str| SampleMethod::parse(n).expect(n).raw();
+    let sched_id = |n: &str| Scheduler::parse(n).expect(n).raw();
+    let (euler, flux_sched) = (method_id("euler"), sched_id("flux"));
+    let methods: Vec<u32> = if full() { (0..sample_method_t::COUNT.0).collect() } else { ["euler_a", "dpm++2s_a", "res_2s", "lms"].map(method_id).to_vec() };
+    let schedulers: Vec<u32> = if full() { (0..scheduler_t::COUNT.0).collect() } else { ["sgm_uniform", "logit_normal", "beta"].map(sched_id).to_vec() };
+    let reference = render(euler, flux_sched).expect("euler + flux");
+    let mut failures = Vec::new();
+    let mut check = |what: String, got: Option<Vec<u8>>| match got {
+        None => failures.push(format!("{what}: generate_image failed")),
+        Some(img) if img.iter().all(|&v| v == img[0]) => failures.push(format!("{what}: flat picture")),
+        Some(img) => eprintln!("{what}: ok, mean |diff| to euler + flux {:.2}", common::parity::diff_bytes(&img, &reference).1),
+    };
+    for &m in &methods {
+        check(format!("{} + flux", name(m)), render(m, flux_sched));
+    }
+    for &s in &schedulers {
+        if sched(s) == "ays" {
+            // The reference has AYS tables for SD 1.x / SDXL / SVD only and refuses the rest.
+            assert!(render(euler, s).is_none(), "AYS on Flux must fail cleanly, as in the reference");
+            continue;
+        }
+        check(format!("euler + {}", sched(s)), render(euler, s));
+    }
+    free_sd_ctx(ctx);
+    assert!(failures.is_empty(), "{failures:?}");
+}

@@ -6,7 +6,7 @@
 
 mod common;
 
-use common::parity::{diff_bytes, ctx_params, folder, fixture, gen_params, golden_image, report, run, Arena, MAX_DIFF, MEAN_DIFF};
+use common::parity::{diff_bytes, ctx_params, ensure_fixtures, folder, fixture, full, gen_params, golden_image, report, run, Arena, MAX_DIFF, MEAN_DIFF};
 use stable_diffusion::capi::*;
 use std::ffi::{c_int, CString};
 use std::sync::Mutex;
@@ -40,8 +40,13 @@ fn context(name: &str, with_control: bool) -> *mut sd_ctx_t {
 fn render(ctx: *mut sd_ctx_t, name: &str) -> Vec<u8> {
     let f = folder("sd1-control");
     let case = f.cases.iter().find(|c| c.name == name).expect("case");
+    render_params(ctx, &case.params)
+}
+
+/// The picture of generation parameters `params` (golden-case JSON) on `ctx`.
+fn render_params(ctx: *mut sd_ctx_t, params: &serde_json::Value) -> Vec<u8> {
     let mut arena = Arena::default();
-    let p = gen_params(&case.params, &mut arena);
+    let p = gen_params(params, &mut arena);
     let mut images: *mut sd_image_t = std::ptr::null_mut();
     let mut n: c_int = 0;
     // SAFETY: valid context and params; out-pointers are writable.
@@ -108,4 +113,41 @@ fn control_net_hot_swap() {
     assert!(has(fresh));
     assert!(render(fresh, CASE) == controlled, "a context created with the ControlNet must render what the hot-loaded one did");
     free_sd_ctx(fresh);
+}
+
+/// An SDXL ControlNet (synthetic, no golden data: tests/fixtures/synth_control_sdxl.py) loads
+/// with its layout read from the weights (label embedding, three levels, transformer depths
+/// 0/2/10, 2048-wide context) and acts: it changes the picture, strength 0 gives the plain
+/// picture, and unloading it gives the plain picture again. With `SD_PARITY=full` (7 GB).
+#[test]
+fn sdxl_controlnet_acts() {
+    if !full() {
+        eprintln!("skipped: set SD_PARITY=full");
+        return;
+    }
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let f = folder("sdxl");
+    let case = f.cases.iter().find(|c| c.name == "sdxl_euler_v").expect("case");
+    ensure_fixtures(&f.model, &case.ctx);
+    let control = fixture("control_sdxl.safetensors").to_string_lossy().into_owned();
+    let mut arena = Arena::default();
+    let p = ctx_params(&f.model, &case.ctx, &mut arena);
+    // SAFETY: p and everything it points to are alive during the call.
+    let ctx = unsafe { new_sd_ctx(&p) };
+    assert!(!ctx.is_null(), "new_sd_ctx failed");
+    let mut params = case.params.clone();
+    params["control_image"] = "init_64.png".into();
+    params["control_strength"] = 0.9.into();
+    let plain = render_params(ctx, &params);
+    assert!(load(ctx, &control), "loading the SDXL ControlNet failed");
+    let controlled = render_params(ctx, &params);
+    let (max, mean) = diff_bytes(&controlled, &plain);
+    eprintln!("SDXL ControlNet vs none: max {max} mean {mean:.3}");
+    assert!(mean > 0.5, "the SDXL ControlNet must change the picture (mean {mean})");
+    params["control_strength"] = 0.0.into();
+    assert!(render_params(ctx, &params) == plain, "strength 0 must give the plain picture");
+    params["control_strength"] = 0.9.into();
+    assert!(sd_ctx_unload_control_net(ctx).0 != 0);
+    assert!(render_params(ctx, &params) == plain, "after unloading, the plain picture");
+    free_sd_ctx(ctx);
 }

@@ -239,13 +239,12 @@ pub fn zimage_pe(h: usize, w: usize, p: usize, context_len: usize, seq_multiple:
         let (h_len, w_len) = (patches(h, p), patches(w, p));
         if h_len > 0 && w_len > 0 {
             let mut dims = vec![vec![0usize; ids.len()]; n_axes];
-            for t in padded_context..padded_context + img_tokens {
-                if circ_y {
-                    dims[1][t] = h_len;
-                }
-                if circ_x {
-                    dims[2][t] = w_len;
-                }
+            let image = padded_context..padded_context + img_tokens;
+            if circ_y {
+                dims[1][image.clone()].fill(h_len);
+            }
+            if circ_x {
+                dims[2][image].fill(w_len);
             }
             wrap = Some(dims);
         }

@@ -499,5 +499,10 @@ mod tests {
         assert!((row(0)[0] - 1f32.cos()).abs() < 1e-6);
         // Image padding tokens have id 0: identity rotations.
         assert_eq!(&row(63)[..4], &[1.0, -0.0, 0.0, 1.0]);
+        // Seamless tiling changes the image tokens' rows and columns only (tokens 32..38).
+        let circ = rope::zimage_pe(4, 6, 2, 5, SEQ_MULTIPLE, 256.0, &axes, (true, true));
+        assert_eq!(&circ[..32 * 256], &pe[..32 * 256]);
+        assert_eq!(&circ[38 * 256..], &pe[38 * 256..]);
+        assert_ne!(&circ[37 * 256..38 * 256], &pe[37 * 256..38 * 256]);
     }
 }

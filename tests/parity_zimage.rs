@@ -31,7 +31,8 @@ fn zimage_all_cases() {
 
 /// What the reference does without the README's golden pictures: no `llm_path` at all is a
 /// clean `new_sd_ctx` failure, and the 8-layer Qwen3 (Z-Image reads layer 35) renders from the
-/// normed final state, a different picture.
+/// normed final state, a different picture. (The harness prints both as FAIL lines against the
+/// golden case; the assertions below are the test.)
 #[test]
 fn zimage_llm_variants() {
     use common::parity::{diff_bytes, fixture, golden_image, run_with};

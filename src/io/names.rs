@@ -1332,6 +1332,20 @@ mod tests {
             "text_encoders.t5xxl.transformer.encoder.block.0.layer.0.SelfAttention.q.weight"
         );
         assert_eq!(c("text_encoders.llm.blk.3.ffn_down.weight", QwenImage), "text_encoders.llm.model.layers.3.mlp.down_proj.weight");
+        // A llama.cpp Qwen3 GGUF as `llm_path` (Z-Image): HF names; HF names stay as they are.
+        for (gguf, hf) in [
+            ("token_embd.weight", "model.embed_tokens.weight"),
+            ("blk.35.attn_q_norm.weight", "model.layers.35.self_attn.q_norm.weight"),
+            ("blk.0.attn_k.weight", "model.layers.0.self_attn.k_proj.weight"),
+            ("blk.0.attn_output.weight", "model.layers.0.self_attn.o_proj.weight"),
+            ("blk.0.attn_norm.weight", "model.layers.0.input_layernorm.weight"),
+            ("blk.0.ffn_norm.weight", "model.layers.0.post_attention_layernorm.weight"),
+            ("blk.0.ffn_gate.weight", "model.layers.0.mlp.gate_proj.weight"),
+            ("output_norm.weight", "model.norm.weight"),
+        ] {
+            assert_eq!(c(&format!("text_encoders.llm.{gguf}"), ZImage), format!("text_encoders.llm.{hf}"));
+            assert_eq!(c(&format!("text_encoders.llm.{hf}"), ZImage), format!("text_encoders.llm.{hf}"));
+        }
         assert_eq!(c("text_encoder.2.x", Sdxl), "cond_stage_model.transformer.2.x");
     }
 

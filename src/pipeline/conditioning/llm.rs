@@ -140,6 +140,11 @@ impl LlmText {
     pub fn component(&mut self) -> &mut dyn Component {
         &mut self.net
     }
+
+    /// Whether the weights are in memory (between a phase's begin and end, or resident).
+    pub fn is_loaded(&self) -> bool {
+        self.net.store().is_allocated()
+    }
 }
 
 /// The conditioner of the LLM families.
@@ -206,5 +211,48 @@ mod tests {
         let t = tokenize(tok, &padded, "a lovely cat");
         assert_eq!(t.ids.len(), 16);
         assert_eq!((t.ids[11], t.keep[10], t.keep[11]), (PAD_TOKEN, true, false));
+    }
+
+    fn llm_weights(file: &str) -> Arc<Weights> {
+        use crate::io::{Component as Source, ModelFiles, SdVersion};
+        let path = crate::testutil::synthetic_fixture(file).expect("LLM fixture");
+        let mut files = ModelFiles::new();
+        files.add(&path, Source::Llm.prefix()).unwrap();
+        files.convert_names(Some(SdVersion::ZImage));
+        Arc::new(Weights::from_files(files, SdVersion::ZImage, None, ""))
+    }
+
+    /// The synthetic Qwen3 (36 layers × 64) read the way a context names an `llm_path` file:
+    /// its weights are read for a phase and freed after it; the layers read decide the width,
+    /// and an 8-layer LLM falls back to the normed final state.
+    #[test]
+    fn llm_weights_are_read_per_phase() {
+        if !crate::testutil::model_tests_enabled("LLM text encoder") {
+            return;
+        }
+        let place = Placement::on(crate::graph::Module::Te, Arc::new(crate::graph::Backend::cpu().unwrap()));
+        let mut llm = LlmText::open(&llm_weights("qwen3_tiny.safetensors"), LlmArch::Qwen3, &place, 2, false).unwrap();
+        assert_eq!((llm.config().num_layers, llm.config().hidden_size, llm.config().vocab_size), (36, 64, 151936));
+        assert!(!llm.is_loaded());
+        let tokens = tokenize(llm.tokenizer(), &ZIMAGE_TEMPLATE, "a lovely cat");
+        let a = llm.encode(&tokens, &[35]).unwrap();
+        assert_eq!(a.shape(), &[64, 11, 1]);
+        assert!(!llm.is_loaded(), "weights are freed after an encoding outside a phase");
+        Component::begin(llm.component()).unwrap();
+        assert!(llm.is_loaded());
+        assert_eq!(llm.encode(&tokens, &[35]).unwrap(), a);
+        let three = llm.encode(&tokens, &[27, 9, 18]).unwrap();
+        assert_eq!(three.shape(), &[192, 11, 1]);
+        assert_ne!(&three.data()[..64], &a.data()[..64]);
+        Component::end(llm.component());
+        assert!(!llm.is_loaded(), "weights are freed at the phase's end");
+
+        let mut short = LlmText::open(&llm_weights("qwen3_8layers.safetensors"), LlmArch::Qwen3, &place, 2, true).unwrap();
+        assert!(short.is_loaded(), "resident weights are loaded at creation");
+        assert_eq!(short.config().output_width(&[35]), 64);
+        let normed = short.encode(&tokens, &[35]).unwrap();
+        assert_eq!(normed, short.encode(&tokens, &[9]).unwrap());
+        assert_eq!(normed.shape(), &[64, 11, 1]);
+        assert!(short.encode(&LlmTokens { ids: vec![151936], weights: vec![1.0], keep: vec![true] }, &[35]).is_err());
     }
 }

@@ -11,6 +11,7 @@ mod first_stage;
 mod flux;
 mod mmdit;
 mod unet;
+mod zimage;
 
 use super::conditioning::clip::ClipSet;
 use super::conditioning::Conditioner;
@@ -60,6 +61,8 @@ pub enum Arch {
     Flux { variant: FluxVariant },
     /// SD3 / SD3.5: CLIP-L + CLIP-G + T5 and a 16-channel AutoencoderKL.
     Mmdit,
+    /// Z-Image: a Qwen3 LLM and Flux.1's 16-channel AutoencoderKL.
+    ZImage,
 }
 
 /// Extra latent channels the diffusion model takes next to the noisy latent.
@@ -218,6 +221,7 @@ static FLUX: FamilySpec = flux_family(FluxVariant::Flux, Concat::None);
 static FLUX_FILL: FamilySpec = flux_family(FluxVariant::Fill, Concat::FluxFill);
 static FLUX_CONTROLS: FamilySpec = flux_family(FluxVariant::Controls, Concat::FluxControls);
 static FLEX_2: FamilySpec = flux_family(FluxVariant::Flex2, Concat::Flex2);
+static Z_IMAGE: FamilySpec = dit_family(F::OtherDit, Arch::ZImage, FLUX_LATENT, &preview::FLUX, Concat::None, Prediction::Flow);
 
 /// The family of `version`, if this build can generate with it.
 pub fn spec(version: SdVersion) -> Option<&'static FamilySpec> {
@@ -242,6 +246,7 @@ pub fn spec(version: SdVersion) -> Option<&'static FamilySpec> {
         V::FluxFill => &FLUX_FILL,
         V::FluxControls => &FLUX_CONTROLS,
         V::Flex2 => &FLEX_2,
+        V::ZImage => &Z_IMAGE,
         _ => return None,
     })
 }
@@ -318,6 +323,7 @@ impl ModelSet {
             Arch::Unet { unet, text } => unet::build(&mut ctx, unet, text)?,
             Arch::Flux { variant } => flux::build(&mut ctx, variant)?,
             Arch::Mmdit => mmdit::build(&mut ctx)?,
+            Arch::ZImage => zimage::build(&mut ctx)?,
         };
         if params.flash_attn {
             sd_info!("Using flash attention");
@@ -420,7 +426,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn every_unet_and_flux_sd3_version_has_a_family_and_later_families_are_refused() {
+    fn every_unet_flux_sd3_zimage_version_has_a_family_and_later_families_are_refused() {
         for v in SdVersion::ALL {
             match spec(*v) {
                 Some(s) if v.is_unet() => {
@@ -429,10 +435,10 @@ mod tests {
                     assert!(s.vae_quant_convs && !s.skip_layer_guidance);
                 }
                 Some(s) => {
-                    assert!(v.is_flux() || *v == SdVersion::Sd3, "{v}");
+                    assert!(v.is_flux() || matches!(*v, SdVersion::Sd3 | SdVersion::ZImage), "{v}");
                     assert_eq!((s.latent.size_multiple(), s.latent.channels), (8, 16));
                     assert!(!s.vae_quant_convs && s.skip_layer_guidance);
-                    assert_eq!(s.supports_img_cfg(true), *v != SdVersion::Sd3, "{v}");
+                    assert_eq!(s.supports_img_cfg(true), v.is_flux(), "{v}");
                 }
                 None => assert!(!v.is_unet() || *v == SdVersion::Svd, "{v}"),
             }

@@ -1,6 +1,6 @@
 // Generation through the C# bindings: the synthetic SD1 checkpoint must render the
 // reference's golden pictures for cases sd1/sampler_euler and (with a LoRA, then without)
-// sd1-lora/lora_1_0 and lora_none_after, and the Flux components flux/flux_defaults
+// sd1-lora/lora_1_0 and lora_none_after, and the components of flux/flux_defaults and zimage/zimage_cfg1
 // (tests/fixtures/golden/*/cases.json).
 // The checkpoint comes from the fixture cache ($SD_FIXTURE_CACHE, default
 // ~/.cache/sd-rs-fixtures), where scripts/test.sh writes it with scripts/fixtures.sh.
@@ -158,33 +158,41 @@ static class GenerateTests
         return true;
     }
 
-    // Golden case flux/flux_defaults from the Flux DiT, T5 and 16-channel VAE as separate
-    // files: "a lovely cat", 64x64, seed 42, 3 steps, CFG 1 (the default sampler).
-    static void RenderFlux(Action<string, bool, string> check, string repoRoot)
+    // A DiT family held as separate files (the diffusion model, its text encoder, its VAE):
+    // golden case `golden` ("folder/case"), "a lovely cat", 64x64, seed 42, CFG 1, the
+    // default sampler. `parts` pairs an sd_ctx_params_t path field with a fixture file.
+    static void RenderComponents(Action<string, bool, string> check, string repoRoot, string golden, int steps, string make, params Tuple<string, string>[] parts)
     {
-        var files = new[] { "flux.safetensors", "t5xxl_tiny.safetensors", "vae16.safetensors" };
-        var paths = new IntPtr[files.Length];
-        foreach (var f in files)
+        foreach (var part in parts)
         {
-            if (!File.Exists(Path.Combine(FixtureCache(), f)))
+            if (!File.Exists(Path.Combine(FixtureCache(), part.Item2)))
             {
-                Console.Error.WriteLine("skipped Flux generation: " + f + " is missing (scripts/fixtures.sh flux t5xxl-tiny vae16 writes it)");
+                Console.Error.WriteLine("skipped " + golden + ": " + part.Item2 + " is missing (scripts/fixtures.sh " + make + " writes it)");
                 return;
             }
         }
-        for (int i = 0; i < files.Length; i++) paths[i] = Sd.AllocString(Path.Combine(FixtureCache(), files[i]));
+        var paths = new IntPtr[parts.Length];
+        for (int i = 0; i < parts.Length; i++) paths[i] = Sd.AllocString(Path.Combine(FixtureCache(), parts[i].Item2));
         IntPtr prompt = Sd.AllocString("a lovely cat");
         try
         {
             var p = new sd_ctx_params_t();
             Native.sd_ctx_params_init(ref p);
             p.n_threads = 2;
-            p.diffusion_model_path = paths[0];
-            p.t5xxl_path = paths[1];
-            p.vae_path = paths[2];
+            for (int i = 0; i < parts.Length; i++)
+            {
+                switch (parts[i].Item1)
+                {
+                    case "diffusion_model_path": p.diffusion_model_path = paths[i]; break;
+                    case "t5xxl_path": p.t5xxl_path = paths[i]; break;
+                    case "llm_path": p.llm_path = paths[i]; break;
+                    case "vae_path": p.vae_path = paths[i]; break;
+                    default: throw new ArgumentException("no such path field: " + parts[i].Item1);
+                }
+            }
             using (var ctx = Native.new_sd_ctx(ref p))
             {
-                check("new_sd_ctx(flux components)", !ctx.IsInvalid, "");
+                check("new_sd_ctx(" + golden + " components)", !ctx.IsInvalid, "");
                 if (ctx.IsInvalid) return;
                 var ip = new sd_img_gen_params_t();
                 Native.sd_img_gen_params_init(ref ip);
@@ -192,16 +200,17 @@ static class GenerateTests
                 ip.width = 64;
                 ip.height = 64;
                 ip.seed = 42;
-                ip.sample_params.sample_steps = 3;
+                ip.sample_params.sample_steps = steps;
                 ip.sample_params.guidance.txt_cfg = 1.0f;
                 IntPtr images;
                 int count;
                 bool ok = Native.generate_image(ctx, ref ip, out images, out count);
                 var headers = new List<sd_image_t>();
                 var got = Sd.TakeImages(images, count, headers);
-                check("generate_image(flux)", ok && got.Count == 1, "ok=" + ok + " count=" + count);
+                check("generate_image(" + golden + ")", ok && got.Count == 1, "ok=" + ok + " count=" + count);
+                var where = golden.Split('/');
                 if (got.Count == 1)
-                    CheckGolden(check, Path.Combine(repoRoot, "tests", "fixtures", "golden", "flux"), "flux_defaults_0.png", headers[0], got[0]);
+                    CheckGolden(check, Path.Combine(repoRoot, "tests", "fixtures", "golden", where[0]), where[1] + "_0.png", headers[0], got[0]);
             }
         }
         finally
@@ -227,6 +236,9 @@ static class GenerateTests
         // A LoRA merged in (sd1-lora/lora_1_0), then removed again on the same context.
         RenderGolden(check, repoRoot, "sd1.safetensors", "sd1-lora/lora_1_0", false, Path.Combine("loras", "lora_sd1.safetensors"), "sd1-lora/lora_none_after");
         RenderGolden(check, repoRoot, "sdxl.safetensors", "sdxl/sdxl_euler_v", true);
-        RenderFlux(check, repoRoot);
+        RenderComponents(check, repoRoot, "flux/flux_defaults", 3, "flux t5xxl-tiny vae16",
+            Tuple.Create("diffusion_model_path", "flux.safetensors"), Tuple.Create("t5xxl_path", "t5xxl_tiny.safetensors"), Tuple.Create("vae_path", "vae16.safetensors"));
+        RenderComponents(check, repoRoot, "zimage/zimage_cfg1", 4, "z-image qwen3-tiny zimage-vae",
+            Tuple.Create("diffusion_model_path", "z_image.safetensors"), Tuple.Create("llm_path", "qwen3_tiny.safetensors"), Tuple.Create("vae_path", "zimage_vae.safetensors"));
     }
 }

@@ -1,6 +1,6 @@
 """Generation through the Python layer: the synthetic SD1 and SDXL checkpoints and the Flux
 components must render the reference's golden pictures for cases sd1/sampler_euler,
-sdxl/sdxl_euler_v and flux/flux_defaults (tests/fixtures/golden/*/cases.json).
+sdxl/sdxl_euler_v, flux/flux_defaults and zimage/zimage_cfg1 (tests/fixtures/golden/*/cases.json).
 
 The checkpoint comes from the fixture cache ($SD_FIXTURE_CACHE, default
 ~/.cache/sd-rs-fixtures), where scripts/test.sh writes it with scripts/fixtures.sh.
@@ -121,24 +121,33 @@ def test_lora_matches_golden_case_and_comes_off_again(sd):
         assert_matches_golden(images[0], os.path.join("sd1-lora", "lora_none_after_0.png"))
 
 
-def test_flux_from_components_matches_golden_case(sd):
-    """Case flux/flux_defaults: the Flux DiT, T5 and the 16-channel VAE as separate files."""
-    parts = {
-        "diffusion_model_path": "flux.safetensors",
-        "t5xxl_path": "t5xxl_tiny.safetensors",
-        "vae_path": "vae16.safetensors",
-    }
+COMPONENT_CASES = [
+    # (golden case, component files, steps, CFG, how to make the files)
+    ("flux/flux_defaults",
+     {"diffusion_model_path": "flux.safetensors", "t5xxl_path": "t5xxl_tiny.safetensors", "vae_path": "vae16.safetensors"},
+     3, 1.0, "flux t5xxl-tiny vae16"),
+    ("zimage/zimage_cfg1",
+     {"diffusion_model_path": "z_image.safetensors", "llm_path": "qwen3_tiny.safetensors", "vae_path": "zimage_vae.safetensors"},
+     4, 1.0, "z-image qwen3-tiny zimage-vae"),
+]
+
+
+@pytest.mark.parametrize("case,parts,steps,cfg,make", COMPONENT_CASES, ids=[c[0] for c in COMPONENT_CASES])
+def test_model_from_components_matches_golden_case(sd, case, parts, steps, cfg, make):
+    """A DiT family held as separate files (diffusion model, text encoder, VAE): Flux with T5,
+    Z-Image with its Qwen3 LLM."""
     paths = {k: os.path.join(fixture_cache(), f) for k, f in parts.items()}
     for path in paths.values():
         if not os.path.exists(path):
-            pytest.skip(f"{path} is missing: scripts/fixtures.sh flux t5xxl-tiny vae16 writes it")
+            pytest.skip(f"{path} is missing: scripts/fixtures.sh {make} writes it")
     with sd.Context(n_threads=2, **paths) as ctx:
         images = ctx.generate_image(
             prompt="a lovely cat",
             width=64,
             height=64,
             seed=42,
-            sample_params={"sample_steps": 3, "guidance": {"txt_cfg": 1.0}},
+            sample_params={"sample_steps": steps, "guidance": {"txt_cfg": cfg}},
         )
     assert len(images) == 1
-    assert_matches_golden(images[0], os.path.join("flux", "flux_defaults_0.png"))
+    folder, name = case.split("/")
+    assert_matches_golden(images[0], os.path.join(folder, f"{name}_0.png"))

@@ -47,6 +47,9 @@ fn main() {
     // UMT5's (Wan) is decoded too but not embedded yet: only the tests read it.
     let umt5 = decode_vocab(&manifest_dir, "umt5.hpp", &out_dir.join("umt5_tokenizer.json"));
     println!("cargo:rustc-env=SD_UMT5_VOCAB={}", umt5.display());
+    // Qwen2's byte-level BPE merges (one "a b" pair per line), the LLM text encoders' table.
+    let qwen = decode_vocab(&manifest_dir, "qwen_merges.hpp", &out_dir.join("qwen_merges.txt"));
+    println!("cargo:rustc-env=SD_QWEN_MERGES={}", qwen.display());
     if let Ok(dir) = env::var("DEP_GGML_LIB_DIR") {
         println!("cargo:rustc-env=SD_GGML_LIB_DIR={dir}");
     }

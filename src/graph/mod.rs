@@ -22,4 +22,5 @@ pub use devices::{DeviceMap, DeviceOptions, Module, Placement, WeightHome};
 pub use context::{is_block_quantized, GgmlType, Graph, GraphOptions, F16, F32, I32, T, W};
 pub use loaded::{Component, Components, Loaded, WeightSource, WeightsMut};
 pub use params::{ParamStore, Scope, TensorSpec, TypeMap};
+pub use ops::RopeParams;
 pub use runner::Runner;

@@ -27,6 +27,21 @@ macro_rules! binary {
     };
 }
 
+/// The parameters of ggml's rotary embeddings (`ggml_rope_ext`, YaRN fields included).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct RopeParams {
+    pub n_dims: i32,
+    /// `GGML_ROPE_TYPE_*`.
+    pub mode: i32,
+    pub n_ctx_orig: i32,
+    pub freq_base: f32,
+    pub freq_scale: f32,
+    pub ext_factor: f32,
+    pub attn_factor: f32,
+    pub beta_fast: f32,
+    pub beta_slow: f32,
+}
+
 impl<'g> T<'g> {
     unary!(
         cont => ggml_cont,
@@ -73,6 +88,7 @@ impl<'g> T<'g> {
         repeat => ggml_repeat,
         get_rows => ggml_get_rows,
         cpy => ggml_cpy,
+        swiglu_split => ggml_swiglu_split,
     );
 
     /// `ggml_mul_mat` computed with f32 accumulation where the backend distinguishes it.
@@ -277,6 +293,53 @@ impl<'g> T<'g> {
         // SAFETY: r is a FLASH_ATTN_EXT node.
         unsafe { g::ggml_flash_attn_ext_set_prec(r.raw(), g::GGML_PREC_F32) };
         r
+    }
+
+    /// Rotary position embedding of `self` `[d, heads, L, N]` by the i32 positions `pos`
+    /// (`[L]`); the caller checks the shapes (ggml asserts them).
+    pub fn rope_ext(self, pos: T<'g>, p: &RopeParams) -> T<'g> {
+        // SAFETY: live tensors; no frequency factors.
+        self.wrap(unsafe {
+            g::ggml_rope_ext(
+                self.ctx(),
+                self.raw(),
+                pos.raw(),
+                std::ptr::null_mut(),
+                p.n_dims,
+                p.mode,
+                p.n_ctx_orig,
+                p.freq_base,
+                p.freq_scale,
+                p.ext_factor,
+                p.attn_factor,
+                p.beta_fast,
+                p.beta_slow,
+            )
+        })
+    }
+
+    /// Multi-section rotary embedding (M-RoPE: `pos` holds 4 position rows, `[4·L]`).
+    pub fn rope_multi(self, pos: T<'g>, sections: [i32; 4], p: &RopeParams) -> T<'g> {
+        let mut sections = sections;
+        // SAFETY: live tensors; ggml copies the four sections.
+        self.wrap(unsafe {
+            g::ggml_rope_multi(
+                self.ctx(),
+                self.raw(),
+                pos.raw(),
+                std::ptr::null_mut(),
+                p.n_dims,
+                sections.as_mut_ptr(),
+                p.mode,
+                p.n_ctx_orig,
+                p.freq_base,
+                p.freq_scale,
+                p.ext_factor,
+                p.attn_factor,
+                p.beta_fast,
+                p.beta_slow,
+            )
+        })
     }
 
     pub fn set_output(self) -> T<'g> {

@@ -29,6 +29,8 @@ fn sources(params: &CtxParams) -> Vec<(Component, &str, &'static str)> {
         (Component::ClipL, &params.clip_l_path, "clip_l"),
         (Component::ClipG, &params.clip_g_path, "clip_g"),
         (Component::T5xxl, &params.t5xxl_path, "t5xxl"),
+        (Component::Llm, &params.llm_path, "llm"),
+        (Component::LlmVision, &params.llm_vision_path, "llm vision"),
         (Component::Vae, &params.vae_path, "vae"),
         (Component::Taesd, &params.taesd_path, "tae"),
     ];

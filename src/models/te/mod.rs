@@ -2,6 +2,8 @@
 //! `src/model/te/`.
 
 pub mod clip;
+pub mod llm;
+pub mod qwen_tokenizer;
 #[cfg(test)]
 mod test_weights;
 pub mod t5;

@@ -100,7 +100,7 @@ impl std::fmt::Debug for ClipTokenizer {
 
 /// GPT-2's reversible byte → printable character map, in vocabulary order: printable
 /// Latin-1 bytes map to themselves, the others to U+0100 upwards.
-fn byte_chars_in_vocab_order() -> Vec<(u8, char)> {
+pub(crate) fn byte_chars_in_vocab_order() -> Vec<(u8, char)> {
     let printable = |b: u32| (0x21..=0x7e).contains(&b) || (0xa1..=0xac).contains(&b) || (0xae..=0xff).contains(&b);
     let mut pairs: Vec<(u8, char)> =
         (0u32..256).filter(|&b| printable(b)).map(|b| (b as u8, char::from_u32(b).unwrap_or('\0'))).collect();

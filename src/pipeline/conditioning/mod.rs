@@ -3,7 +3,7 @@
 
 pub mod clip;
 pub mod flux;
-pub mod flux2;
+pub mod llm;
 pub mod sd3;
 pub mod t5;
 

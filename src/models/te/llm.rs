@@ -1,0 +1,451 @@
+//! Decoder-only LLMs used as text encoders (the text model of the reference's `llm.hpp`):
+//! Qwen3 (Z-Image, Flux.2 klein), Qwen2.5-VL's text part (Qwen-Image), Mistral Small 3.2
+//! and Ministral 3B (Flux.2) are one network with different configurations ([`LlmConfig`]):
+//! pre-norm blocks with RMS norms (f32 weights), grouped-query attention (q/k/v biases and
+//! per-head q/k RMS norms by arch) rotated by RoPE (NeoX, normal or multi-section, by arch),
+//! under a causal (and padding) mask, and a SiLU-gated MLP.
+//!
+//! Weights use the Hugging Face names under [`LLM_PREFIX`] (`model.embed_tokens.weight`,
+//! `model.layers.N.self_attn.q_proj.weight`, …, `model.norm.weight`); io maps llama.cpp GGUF
+//! names (`token_embd`, `blk.N.attn_q`, …) to them. Widths, layer count and vocabulary come
+//! from the weights, head counts and RoPE from the arch ([`LlmConfig::detect`]).
+//!
+//! The encoders read hidden states, not logits: [`hidden_states`] returns the outputs of the
+//! requested layers (1-based: layer `i` is the output of block `i - 1`; `num_layers + 1` is
+//! the final normed state), concatenated along the features; layers beyond the model are
+//! skipped, and with none left it returns the normed final state, like the reference.
+
+use crate::error::Result;
+use crate::graph::nn::{attention, Embedding, Linear};
+use crate::graph::{Graph, RopeParams, Runner, Scope, TypeMap, T};
+use crate::models::common::dit::RmsNorm;
+use crate::tensor::Tensor;
+use ggml_sys as gs;
+
+/// Where the reference puts the LLM text encoder (`llm_path` files get this prefix).
+pub const LLM_PREFIX: &str = "text_encoders.llm.";
+
+/// Added to the attention scores of masked (future or padding) tokens: the reference's
+/// `-FLT_MAX / 4`.
+pub const MASKED: f32 = -f32::MAX / 4.0;
+
+/// Which LLM (its head layout, biases, norms and RoPE).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LlmArch {
+    /// Qwen2.5-VL-7B's text model: q/k/v biases, multi-section RoPE.
+    Qwen25Vl,
+    /// Qwen3: per-head q/k norms, NeoX RoPE.
+    Qwen3,
+    /// Mistral Small 3.2: normal RoPE with base 1e9.
+    MistralSmall32,
+    /// Ministral 3B: NeoX RoPE.
+    Ministral3b,
+}
+
+/// How q and k are rotated.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum LlmRope {
+    /// `ggml_rope_ext` with positions 0..L.
+    Ext(RopeParams),
+    /// `ggml_rope_multi` with 4 position rows (t, h, w, e) = (i, i, i, 0) for text.
+    Multi { sections: [i32; 4], params: RopeParams },
+}
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct LlmConfig {
+    pub arch: LlmArch,
+    pub num_layers: usize,
+    pub hidden_size: i64,
+    pub intermediate_size: i64,
+    pub num_heads: i64,
+    pub num_kv_heads: i64,
+    pub head_dim: i64,
+    pub qkv_bias: bool,
+    pub qk_norm: bool,
+    pub final_norm: bool,
+    pub rms_norm_eps: f32,
+    /// Rows of the token table.
+    pub vocab_size: i64,
+    pub rope: LlmRope,
+}
+
+const fn rope(mode: u32, n_ctx_orig: i32, freq_base: f32) -> RopeParams {
+    RopeParams {
+        n_dims: 128,
+        mode: mode as i32,
+        n_ctx_orig,
+        freq_base,
+        freq_scale: 1.0,
+        ext_factor: 0.0,
+        attn_factor: 1.0,
+        beta_fast: 32.0,
+        beta_slow: 1.0,
+    }
+}
+
+/// Index of the block in `…layers.12.…`.
+fn layer_index(name: &str) -> Option<usize> {
+    let rest = &name[name.find("layers.")? + "layers.".len()..];
+    rest.split('.').next()?.parse().ok()
+}
+
+impl LlmConfig {
+    /// The arch's fixed facts and the reference's defaults for the sizes the weights decide.
+    pub fn for_arch(arch: LlmArch) -> LlmConfig {
+        let base = LlmConfig {
+            arch,
+            num_layers: 28,
+            hidden_size: 3584,
+            intermediate_size: 18944,
+            num_heads: 28,
+            num_kv_heads: 4,
+            head_dim: 128,
+            qkv_bias: true,
+            qk_norm: false,
+            final_norm: true,
+            rms_norm_eps: 1e-6,
+            vocab_size: 152064,
+            rope: LlmRope::Multi { sections: [16, 24, 24, 0], params: rope(gs::GGML_ROPE_TYPE_MROPE, 128000, 1_000_000.0) },
+        };
+        match arch {
+            LlmArch::Qwen25Vl => base,
+            LlmArch::Qwen3 => LlmConfig {
+                num_heads: 32,
+                num_kv_heads: 8,
+                qkv_bias: false,
+                qk_norm: true,
+                rope: LlmRope::Ext(rope(gs::GGML_ROPE_TYPE_NEOX, 40960, 1_000_000.0)),
+                ..base
+            },
+            LlmArch::MistralSmall32 => LlmConfig {
+                num_heads: 32,
+                num_kv_heads: 8,
+                qkv_bias: false,
+                rms_norm_eps: 1e-5,
+                rope: LlmRope::Ext(rope(gs::GGML_ROPE_TYPE_NORMAL, 8192, 1_000_000_000.0)),
+                ..base
+            },
+            LlmArch::Ministral3b => LlmConfig {
+                num_heads: 32,
+                num_kv_heads: 8,
+                qkv_bias: false,
+                rms_norm_eps: 1e-5,
+                rope: LlmRope::Ext(rope(gs::GGML_ROPE_TYPE_NEOX, 262144, 1_000_000.0)),
+                ..base
+            },
+        }
+    }
+
+    /// The configuration of the LLM under `prefix` (ending in '.'): layers from the highest
+    /// block index, width and vocabulary from `embed_tokens`, MLP width from the first
+    /// `gate_proj`; heads and RoPE from the arch (Qwen3 with 28 layers has 16 heads, like the
+    /// reference). `shape_of` gives ggml-order shapes. Vision weights are ignored.
+    pub fn detect(types: &TypeMap, shape_of: &dyn Fn(&str) -> Option<Vec<i64>>, prefix: &str, arch: LlmArch) -> LlmConfig {
+        let mut cfg = LlmConfig::for_arch(arch);
+        cfg.num_layers = 0;
+        for name in types.keys().filter(|n| n.starts_with(prefix) && !n.contains("visual.")) {
+            if let Some(i) = layer_index(name) {
+                cfg.num_layers = cfg.num_layers.max(i + 1);
+            }
+            let matrix = || shape_of(name).filter(|s| s.len() >= 2);
+            if name.ends_with("embed_tokens.weight") {
+                if let Some(s) = matrix() {
+                    cfg.hidden_size = s[0];
+                    cfg.vocab_size = s[1];
+                }
+            }
+            if name.ends_with("layers.0.mlp.gate_proj.weight") {
+                if let Some(s) = matrix() {
+                    cfg.intermediate_size = s[1];
+                }
+            }
+        }
+        if arch == LlmArch::Qwen3 && cfg.num_layers == 28 {
+            cfg.num_heads = 16;
+        }
+        sd_debug!(
+            "llm: num_layers = {}, vocab_size = {}, hidden_size = {}, intermediate_size = {}",
+            cfg.num_layers,
+            cfg.vocab_size,
+            cfg.hidden_size,
+            cfg.intermediate_size
+        );
+        cfg
+    }
+
+    /// The layers of `out_layers` this model has, in layer order, and whether the normed
+    /// final state (`num_layers + 1`) is appended; none of them: the normed state alone.
+    pub fn read_layers(&self, out_layers: &[i32]) -> (Vec<usize>, bool) {
+        let n = self.num_layers as i64;
+        let mut layers: Vec<usize> = out_layers.iter().filter(|&&l| l >= 1 && (l as i64) <= n).map(|&l| l as usize).collect();
+        layers.sort_unstable();
+        layers.dedup();
+        let normed = layers.is_empty() || out_layers.iter().any(|&l| l as i64 == n + 1);
+        (layers, normed)
+    }
+
+    /// Width of [`hidden_states`] for `out_layers`.
+    pub fn output_width(&self, out_layers: &[i32]) -> usize {
+        let (layers, normed) = self.read_layers(out_layers);
+        (layers.len() + usize::from(normed)) * self.hidden_size as usize
+    }
+}
+
+fn rms_norm(s: &mut Scope, name: &str, dim: i64, eps: f32) -> RmsNorm {
+    RmsNorm::new(s, name, "weight", dim, eps, false)
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Attention {
+    q: Linear,
+    k: Linear,
+    v: Linear,
+    o: Linear,
+    qk_norm: Option<(RmsNorm, RmsNorm)>,
+}
+
+impl Attention {
+    fn new(s: &mut Scope, cfg: &LlmConfig) -> Attention {
+        let (h, d) = (cfg.hidden_size, cfg.head_dim);
+        Attention {
+            q: Linear::new(s, "q_proj", h, cfg.num_heads * d, cfg.qkv_bias),
+            k: Linear::new(s, "k_proj", h, cfg.num_kv_heads * d, cfg.qkv_bias),
+            v: Linear::new(s, "v_proj", h, cfg.num_kv_heads * d, cfg.qkv_bias),
+            o: Linear::new(s, "o_proj", cfg.num_heads * d, h, false),
+            qk_norm: cfg.qk_norm.then(|| (rms_norm(s, "q_norm", d, cfg.rms_norm_eps), rms_norm(s, "k_norm", d, cfg.rms_norm_eps))),
+        }
+    }
+
+    /// x: [hidden, L, N] → [hidden, L, N].
+    fn forward<'g>(&self, g: &'g Graph, cfg: &LlmConfig, x: T<'g>, pos: T<'g>, mask: Option<T<'g>>) -> T<'g> {
+        let [_, l, n, _] = x.ne();
+        let d = cfg.head_dim;
+        let mut q = self.q.forward(g, x).reshape(&[d, cfg.num_heads, l, n]);
+        let mut k = self.k.forward(g, x).reshape(&[d, cfg.num_kv_heads, l, n]);
+        let v = self.v.forward(g, x).reshape(&[d, cfg.num_kv_heads, l, n]);
+        if let Some((qn, kn)) = &self.qk_norm {
+            q = qn.forward(g, q);
+            k = kn.forward(g, k);
+        }
+        (q, k) = match &cfg.rope {
+            LlmRope::Ext(p) => (q.rope_ext(pos, p), k.rope_ext(pos, p)),
+            LlmRope::Multi { sections, params } => (q.rope_multi(pos, *sections, params), k.rope_multi(pos, *sections, params)),
+        };
+        let heads_first = |t: T<'g>| {
+            let ne = t.ne();
+            t.permute(0, 2, 1, 3).cont().reshape(&[ne[0], ne[2], ne[1] * ne[3]])
+        };
+        let x = attention(g, heads_first(q), heads_first(k), v, cfg.num_heads, mask, true, false, 1.0);
+        self.o.forward(g, x)
+    }
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Mlp {
+    gate: Linear,
+    up: Linear,
+    down: Linear,
+}
+
+impl Mlp {
+    fn forward<'g>(&self, g: &'g Graph, x: T<'g>) -> T<'g> {
+        let h = self.gate.forward(g, x).silu_inplace();
+        let h = h.mul_inplace(self.up.forward(g, x));
+        self.down.forward(g, h)
+    }
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Block {
+    input_norm: RmsNorm,
+    attn: Attention,
+    post_attention_norm: RmsNorm,
+    mlp: Mlp,
+}
+
+impl Block {
+    fn new(s: &mut Scope, cfg: &LlmConfig) -> Block {
+        let (h, ff, eps) = (cfg.hidden_size, cfg.intermediate_size, cfg.rms_norm_eps);
+        let attn = Attention::new(&mut s.sub("self_attn"), cfg);
+        let mlp = {
+            let mut m = s.sub("mlp");
+            Mlp { gate: Linear::new(&mut m, "gate_proj", h, ff, false), up: Linear::new(&mut m, "up_proj", h, ff, false), down: Linear::new(&mut m, "down_proj", ff, h, false) }
+        };
+        Block { input_norm: rms_norm(s, "input_layernorm", h, eps), attn, post_attention_norm: rms_norm(s, "post_attention_layernorm", h, eps), mlp }
+    }
+
+    fn forward<'g>(&self, g: &'g Graph, cfg: &LlmConfig, x: T<'g>, pos: T<'g>, mask: Option<T<'g>>) -> T<'g> {
+        let h = self.attn.forward(g, cfg, self.input_norm.forward(g, x), pos, mask).add_inplace(x);
+        self.mlp.forward(g, self.post_attention_norm.forward(g, h)).add_inplace(h)
+    }
+}
+
+/// An LLM's text model whose weights live in a `ParamStore`.
+pub struct LlmModel {
+    pub cfg: LlmConfig,
+    embed_tokens: Embedding,
+    layers: Vec<Block>,
+    norm: Option<RmsNorm>,
+}
+
+impl LlmModel {
+    /// Declares every weight under the scope's prefix (e.g. [`LLM_PREFIX`]).
+    pub fn new(s: &mut Scope, cfg: &LlmConfig) -> LlmModel {
+        let mut m = s.sub("model");
+        let embed_tokens = Embedding::new(&mut m, "embed_tokens", cfg.vocab_size, cfg.hidden_size);
+        let layers = (0..cfg.num_layers).map(|i| Block::new(&mut m.sub(&format!("layers.{i}")), cfg)).collect();
+        let norm = cfg.final_norm.then(|| rms_norm(&mut m, "norm", cfg.hidden_size, cfg.rms_norm_eps));
+        LlmModel { cfg: cfg.clone(), embed_tokens, layers, norm }
+    }
+
+    /// Hidden states `[width, L, N]` of `ids` (i32 `[L, N]`) at `out_layers` (see the module
+    /// documentation), given the positions (i32 `[L]`, or `[4·L]` for multi-section RoPE)
+    /// and an additive attention mask `[L, L]` (key fastest).
+    pub fn forward<'g>(&self, g: &'g Graph, ids: T<'g>, pos: T<'g>, mask: Option<T<'g>>, out_layers: &[i32]) -> T<'g> {
+        let (read, normed) = self.cfg.read_layers(out_layers);
+        let many = read.len() + usize::from(normed) > 1;
+        let mut x = self.embed_tokens.forward(g, ids);
+        let mut outs = Vec::new();
+        for (i, block) in self.layers.iter().enumerate() {
+            x = block.forward(g, &self.cfg, x, pos, mask);
+            if many {
+                x = x.cont();
+            }
+            if read.contains(&(i + 1)) {
+                outs.push(x);
+            }
+        }
+        if normed {
+            outs.push(self.norm.map_or(x, |n| n.forward(g, x)));
+        }
+        let first = outs[0];
+        outs[1..].iter().fold(first, |acc, &o| acc.concat(o, 0))
+    }
+}
+
+/// The additive attention mask the LLM conditioners pass: causal, and padding (`keep[i]`
+/// false) never attended; `[L, L]` with the key index fastest, masked entries [`MASKED`]
+/// (both reasons add up, like the reference).
+pub fn causal_mask(keep: &[bool]) -> Vec<f32> {
+    let n = keep.len();
+    let mut m = vec![0.0f32; n * n];
+    for q in 0..n {
+        for k in 0..n {
+            let mut v = 0.0;
+            if !keep[k] {
+                v += MASKED;
+            }
+            if k > q {
+                v += MASKED;
+            }
+            m[q * n + k] = v;
+        }
+    }
+    m
+}
+
+/// Hidden states `[width, L, 1]` of one token sequence at `out_layers` (1-based layer
+/// outputs concatenated along the features, see the module documentation), with the
+/// additive attention mask `mask` (`[L·L]`, e.g. [`causal_mask`]; without one the model
+/// attends causally, like the reference's own default).
+pub fn hidden_states(runner: &mut Runner, model: &LlmModel, ids: &[i32], mask: Option<&[f32]>, out_layers: &[i32]) -> Result<Tensor> {
+    let cfg = &model.cfg;
+    let len = ids.len();
+    ensure!(len > 0, "LLM input has no tokens");
+    ensure!(cfg.num_layers > 0, "the LLM has no layers");
+    if let Some(&bad) = ids.iter().find(|&&t| t < 0 || t as i64 >= cfg.vocab_size) {
+        bail!("token id {bad} is outside the LLM's {} embeddings", cfg.vocab_size);
+    }
+    let default_mask;
+    let mask = match mask {
+        Some(m) => {
+            ensure!(m.len() == len * len, "LLM attention mask has {} values for {len} tokens", m.len());
+            m
+        }
+        None => {
+            default_mask = causal_mask(&vec![true; len]);
+            &default_mask
+        }
+    };
+    let pos: Vec<i32> = match cfg.rope {
+        LlmRope::Ext(_) => (0..len as i32).collect(),
+        LlmRope::Multi { .. } => (0..4).flat_map(|row| (0..len as i32).map(move |i| if row < 3 { i } else { 0 })).collect(),
+    };
+    let width = cfg.output_width(out_layers);
+    let out = runner.compute(|g| {
+        let ids = g.input_i32(ids, &[len as i64, 1]);
+        let pos = g.input_i32(&pos, &[pos.len() as i64]);
+        let mask = g.input_f32(mask, &[len as i64, len as i64]);
+        Ok(model.forward(g, ids, pos, Some(mask), out_layers))
+    })?;
+    out.reshape(&[width, len, 1])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::graph::ParamStore;
+    use std::collections::HashMap;
+
+    fn qwen3_types(layers: usize, hidden: i64) -> (TypeMap, HashMap<String, Vec<i64>>) {
+        let mut types = TypeMap::new();
+        let mut shapes = HashMap::new();
+        let mut add = |n: String, s: &[i64]| {
+            types.insert(n.clone(), crate::graph::F16);
+            shapes.insert(n, s.to_vec());
+        };
+        add(format!("{LLM_PREFIX}model.embed_tokens.weight"), &[hidden, 151936]);
+        for i in 0..layers {
+            add(format!("{LLM_PREFIX}model.layers.{i}.mlp.gate_proj.weight"), &[hidden, 128]);
+        }
+        add(format!("{LLM_PREFIX}model.norm.weight"), &[hidden]);
+        (types, shapes)
+    }
+
+    #[test]
+    fn config_from_weights() {
+        let (types, shapes) = qwen3_types(36, 64);
+        let cfg = LlmConfig::detect(&types, &|n| shapes.get(n).cloned(), LLM_PREFIX, LlmArch::Qwen3);
+        assert_eq!((cfg.num_layers, cfg.hidden_size, cfg.intermediate_size, cfg.vocab_size), (36, 64, 128, 151936));
+        assert_eq!((cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.qk_norm, cfg.qkv_bias), (32, 8, 128, true, false));
+        let (types, shapes) = qwen3_types(28, 64);
+        assert_eq!(LlmConfig::detect(&types, &|n| shapes.get(n).cloned(), LLM_PREFIX, LlmArch::Qwen3).num_heads, 16);
+        let vl = LlmConfig::for_arch(LlmArch::Qwen25Vl);
+        assert!(vl.qkv_bias && !vl.qk_norm && matches!(vl.rope, LlmRope::Multi { .. }));
+
+        // Declared weights: Qwen3 has q/k norms and no q/k/v biases.
+        let mut store = ParamStore::new(4096).unwrap();
+        LlmModel::new(&mut Scope::new(&mut store, &types, LLM_PREFIX), &cfg);
+        let names: Vec<&str> = store.entries().map(|e| e.0).collect();
+        assert!(names.contains(&"text_encoders.llm.model.layers.35.self_attn.k_norm.weight"));
+        assert!(names.contains(&"text_encoders.llm.model.norm.weight"));
+        assert!(!names.iter().any(|n| n.ends_with("q_proj.bias")));
+        assert_eq!(store.len(), 2 + 36 * 11);
+    }
+
+    #[test]
+    fn layers_read() {
+        let mut cfg = LlmConfig::for_arch(LlmArch::Qwen3);
+        cfg.num_layers = 36;
+        assert_eq!(cfg.read_layers(&[35]), (vec![35], false));
+        assert_eq!(cfg.read_layers(&[27, 9, 18]), (vec![9, 18, 27], false));
+        assert_eq!(cfg.read_layers(&[37]), (vec![], true));
+        assert_eq!(cfg.read_layers(&[36, 37]), (vec![36], true));
+        cfg.num_layers = 8;
+        // Layers beyond the model are skipped; none left: the normed final state.
+        assert_eq!(cfg.read_layers(&[9, 18, 27]), (vec![], true));
+        assert_eq!(cfg.read_layers(&[35]), (vec![], true));
+        assert_eq!(cfg.read_layers(&[]), (vec![], true));
+        cfg.hidden_size = 64;
+        assert_eq!(cfg.output_width(&[2, 4, 6]), 192);
+        assert_eq!(cfg.output_width(&[9, 18, 27]), 64);
+    }
+
+    #[test]
+    fn mask_is_causal_and_hides_padding() {
+        let m = causal_mask(&[true, true, false]);
+        assert_eq!(&m[0..3], &[0.0, MASKED, 2.0 * MASKED]);
+        assert_eq!(&m[3..6], &[0.0, 0.0, 2.0 * MASKED]);
+        assert_eq!(&m[6..9], &[0.0, 0.0, MASKED]);
+    }
+}

@@ -1,0 +1,210 @@
+//! LLM conditioning (the reference's `LLMEmbedder`): the prompt is put into the family's
+//! chat template, tokenized with the Qwen2 tokenizer (the template's text around the prompt
+//! and each attention-weighted piece of the prompt separately), run through the LLM, and
+//! the hidden states of the family's layers become the cross-attention context, re-weighted
+//! by the attention syntax. The families differ only in their [`LlmTemplate`].
+//!
+//! The LLM's weights are not kept through sampling: unless `eager_load`, its placement keeps
+//! them on disk, so the conditioner's phase reads them and its end frees them again (the
+//! 4B Qwen3 is 8 GB in f16).
+
+use super::{CondRequest, Conditioner};
+use crate::error::{Context as _, Result};
+use crate::graph::{Component, Components, Loaded, Placement, WeightHome};
+use crate::models::te::llm::{self, causal_mask, LlmArch, LlmConfig, LlmModel, LLM_PREFIX};
+use crate::models::te::qwen_tokenizer::{Qwen2Tokenizer, PAD_TOKEN};
+use crate::models::Condition;
+use crate::pipeline::loader::Weights;
+use crate::pipeline::prompt::{apply_token_weights, parse_prompt_attention};
+use crate::tensor::Tensor;
+use std::sync::Arc;
+use std::time::Instant;
+
+/// How a family asks its LLM.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct LlmTemplate {
+    pub arch: LlmArch,
+    /// Text before and after the prompt.
+    pub prefix: &'static str,
+    pub suffix: &'static str,
+    /// Hidden states read (1-based layer outputs, see `models::te::llm`).
+    pub out_layers: &'static [i32],
+    /// Sequences shorter than this are padded with `<|endoftext|>`, masked out.
+    pub min_length: usize,
+    /// Tokens dropped from the front of the hidden states (a system prompt).
+    pub drop_first: usize,
+}
+
+/// Z-Image: the user turn of Qwen3's chat template, the output of layer 35 (`[-2]` of 36).
+pub const ZIMAGE_TEMPLATE: LlmTemplate = LlmTemplate {
+    arch: LlmArch::Qwen3,
+    prefix: "<|im_start|>user\n",
+    suffix: "<|im_end|>\n<|im_start|>assistant\n",
+    out_layers: &[35],
+    min_length: 0,
+    drop_first: 0,
+};
+
+/// A prompt as LLM tokens: ids, per-token weights and which tokens are real (not padding).
+#[derive(Clone, Debug, Default, PartialEq)]
+pub struct LlmTokens {
+    pub ids: Vec<u32>,
+    pub weights: Vec<f32>,
+    pub keep: Vec<bool>,
+}
+
+/// `text` in `template`, tokenized like the reference: the prefix and the suffix (weight 1)
+/// and each piece of the prompt's attention syntax are tokenized separately, then padded to
+/// `min_length`.
+pub fn tokenize(tokenizer: &Qwen2Tokenizer, template: &LlmTemplate, text: &str) -> LlmTokens {
+    let mut pieces: Vec<(String, f32)> = Vec::new();
+    if !template.prefix.is_empty() {
+        pieces.push((template.prefix.to_string(), 1.0));
+    }
+    if !text.is_empty() {
+        pieces.extend(parse_prompt_attention(text));
+    }
+    if !template.suffix.is_empty() {
+        pieces.push((template.suffix.to_string(), 1.0));
+    }
+    sd_debug!("parse '{}{text}{}' to [{}]", template.prefix, template.suffix, pieces.iter().map(|(t, w)| format!("['{t}', {w}], ")).collect::<String>());
+    let mut t = LlmTokens::default();
+    for (piece, weight) in &pieces {
+        let ids = tokenizer.encode(piece);
+        t.weights.extend(std::iter::repeat_n(*weight, ids.len()));
+        t.ids.extend(ids);
+    }
+    t.keep = vec![true; t.ids.len()];
+    if t.ids.len() < template.min_length {
+        let pad = template.min_length - t.ids.len();
+        t.ids.extend(std::iter::repeat_n(PAD_TOKEN, pad));
+        t.weights.extend(std::iter::repeat_n(1.0, pad));
+        t.keep.extend(std::iter::repeat_n(false, pad));
+    }
+    t
+}
+
+/// An LLM text encoder with its tokenizer, as a conditioner's component.
+pub struct LlmText {
+    net: Loaded<LlmModel>,
+    tokenizer: &'static Qwen2Tokenizer,
+}
+
+impl LlmText {
+    /// The LLM of the context's files (`llm_path`, under [`LLM_PREFIX`]); its weights are
+    /// read per conditioning phase unless `resident`.
+    pub fn open(weights: &Arc<Weights>, arch: LlmArch, place: &Placement, n_threads: i32, resident: bool) -> Result<LlmText> {
+        ensure!(weights.has_prefix(LLM_PREFIX), "no LLM text encoder weights (llm_path) in the model files");
+        let cfg = LlmConfig::detect(weights.types(), &|n| weights.shape_of(n), LLM_PREFIX, arch);
+        ensure!(cfg.num_layers > 0, "the LLM text encoder has no layers under '{LLM_PREFIX}model.layers.'");
+        let mut place = place.clone();
+        if !resident {
+            place.weights = WeightHome::Disk;
+        }
+        let net = weights.load_model(place, n_threads, LLM_PREFIX, "llm", |s| LlmModel::new(s, &cfg))?;
+        Ok(LlmText { net, tokenizer: Qwen2Tokenizer::shared()? })
+    }
+
+    pub fn config(&self) -> &LlmConfig {
+        &self.net.model.cfg
+    }
+
+    pub fn tokenizer(&self) -> &'static Qwen2Tokenizer {
+        self.tokenizer
+    }
+
+    /// Hidden states `[width, L, 1]` of `tokens` at `out_layers`, re-weighted by the tokens'
+    /// weights. Outside a conditioning phase the weights are read and freed around the call.
+    pub fn encode(&mut self, tokens: &LlmTokens, out_layers: &[i32]) -> Result<Tensor> {
+        let start = Instant::now();
+        let own_phase = !self.net.store().is_allocated();
+        if own_phase {
+            Component::begin(&mut self.net)?;
+        }
+        let ids: Vec<i32> = tokens.ids.iter().map(|&t| i32::try_from(t).unwrap_or(-1)).collect();
+        let mask = causal_mask(&tokens.keep);
+        let (model, runner) = self.net.parts();
+        let result = llm::hidden_states(runner, model, &ids, Some(&mask), out_layers);
+        runner.release();
+        if own_phase {
+            Component::end(&mut self.net);
+        }
+        let mut h = result?;
+        let (width, n) = (h.ne(0), tokens.ids.len());
+        h = h.reshape(&[width, n])?;
+        apply_token_weights(&mut h, &tokens.weights, n)?;
+        sd_debug!("llm: {n} tokens encoded in {} ms", start.elapsed().as_millis());
+        h.reshape(&[width, n, 1])
+    }
+
+    pub fn component(&mut self) -> &mut dyn Component {
+        &mut self.net
+    }
+}
+
+/// The conditioner of the LLM families.
+pub struct LlmConditioner {
+    llm: LlmText,
+    template: LlmTemplate,
+}
+
+impl LlmConditioner {
+    pub fn new(weights: &Arc<Weights>, template: LlmTemplate, place: &Placement, n_threads: i32, resident: bool) -> Result<LlmConditioner> {
+        let llm = LlmText::open(weights, template.arch, place, n_threads, resident)?;
+        Ok(LlmConditioner { llm, template })
+    }
+
+    /// Width of the context this conditioner produces.
+    pub fn context_width(&self) -> usize {
+        self.llm.config().output_width(self.template.out_layers)
+    }
+}
+
+impl Components for LlmConditioner {
+    fn components(&mut self) -> Vec<&mut dyn Component> {
+        vec![self.llm.component()]
+    }
+}
+
+impl Conditioner for LlmConditioner {
+    fn encode(&mut self, req: &CondRequest<'_>) -> Result<Condition> {
+        let start = Instant::now();
+        let tokens = tokenize(self.llm.tokenizer(), &self.template, req.text);
+        let h = self.llm.encode(&tokens, self.template.out_layers)?;
+        let (width, n) = (h.ne(0), h.ne(1));
+        let drop = self.template.drop_first;
+        ensure!(n > drop, "the prompt gave {n} LLM tokens, the template drops the first {drop}");
+        let data = h.data().get(drop * width..).context("LLM hidden states")?.to_vec();
+        let mut context = Tensor::from_vec(&[width, n - drop, 1], data)?;
+        if req.zero_out_masked {
+            context.data_mut().fill(0.0);
+        }
+        sd_debug!("computing condition graph completed, taking {} ms", start.elapsed().as_millis());
+        Ok(Condition { crossattn: Some(context), vector: None, concat: None })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::models::te::qwen_tokenizer::{IM_END, IM_START};
+
+    #[test]
+    fn zimage_prompt_tokens() {
+        let tok = Qwen2Tokenizer::shared().unwrap();
+        let t = tokenize(tok, &ZIMAGE_TEMPLATE, "a lovely cat");
+        assert_eq!(t.ids, [IM_START, 872, 198, 64, 16690, 8251, IM_END, 198, IM_START, 77091, 198]);
+        assert!(t.weights.iter().all(|&w| w == 1.0) && t.keep.iter().all(|&k| k));
+        // Weighted pieces are tokenized apart: "a " ends in a lone Ġ before the cut.
+        let t = tokenize(tok, &ZIMAGE_TEMPLATE, "a (red:1.4) apple");
+        assert_eq!(t.ids[3..7], [64, 220, 1151, 23268]);
+        assert_eq!(t.weights[3..7], [1.0, 1.0, 1.4, 1.0]);
+        // The empty prompt is the template alone.
+        assert_eq!(tokenize(tok, &ZIMAGE_TEMPLATE, "").ids.len(), 8);
+        // Padding to a minimum length is masked out.
+        let padded = LlmTemplate { min_length: 16, ..ZIMAGE_TEMPLATE };
+        let t = tokenize(tok, &padded, "a lovely cat");
+        assert_eq!(t.ids.len(), 16);
+        assert_eq!((t.ids[11], t.keep[10], t.keep[11]), (PAD_TOKEN, true, false));
+    }
+}

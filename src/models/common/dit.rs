@@ -2,7 +2,7 @@
 //! tokens, adaLN modulation, RMS norms and the sinusoidal timestep embedding, built with the
 //! reference's op sequences (its `DiT` helpers and the blocks of `flux.hpp` / `mmdit.hpp`).
 
-use crate::graph::nn::{pad_circular, scale};
+use crate::graph::nn::{pad_circular, scale, Linear};
 use crate::graph::{Graph, Scope, F32, T, W};
 
 /// `[W, H, C, N]` → patch tokens `[C·p·p, (H/p)·(W/p), N]` (`patch_last`: each token is C
@@ -94,6 +94,28 @@ pub fn chunk<'g>(x: T<'g>, n: i64, dim: usize, cont: bool) -> Vec<T<'g>> {
             }
         })
         .collect()
+}
+
+/// Linear, SiLU, linear with f32 weights (`mlp.0`, `mlp.2`): the timestep / vector embedders
+/// of SD3 and Z-Image.
+#[derive(Clone, Copy, Debug)]
+pub struct MlpEmbedder {
+    mlp_0: Linear,
+    mlp_2: Linear,
+}
+
+impl MlpEmbedder {
+    pub fn new(s: &mut Scope, name: &str, in_dim: i64, hidden: i64, out_dim: i64) -> MlpEmbedder {
+        let mut s = s.sub(name);
+        MlpEmbedder {
+            mlp_0: Linear::with_options(&mut s, "mlp.0", in_dim, hidden, true, true),
+            mlp_2: Linear::with_options(&mut s, "mlp.2", hidden, out_dim, true, true),
+        }
+    }
+
+    pub fn forward<'g>(&self, g: &'g Graph, x: T<'g>) -> T<'g> {
+        self.mlp_2.forward(g, self.mlp_0.forward(g, x).silu_inplace())
+    }
 }
 
 /// RMS normalisation over dim 0 with an f32 scale (`weight` or, in Flux, `scale`).

@@ -229,6 +229,49 @@ pub fn flux_pe(
     embed_nd(&ids, theta, axes_dim, wrap.as_deref())
 }
 
+/// Tokens that pad `len` up to a multiple of `multiple`.
+pub fn pad_to_multiple(len: usize, multiple: usize) -> usize {
+    (multiple - len % multiple) % multiple
+}
+
+/// Z-Image's rotation table: `context_len` text tokens padded to a multiple of
+/// `seq_multiple` (ids `[i + 1, 0, 0]`), then the image's patches at index
+/// `padded_context_len + 1`, then the image padding (ids 0). On circular axes the image
+/// tokens wrap around.
+#[allow(clippy::too_many_arguments)]
+pub fn zimage_pe(h: usize, w: usize, p: usize, context_len: usize, seq_multiple: usize, theta: f32, axes_dim: &[usize], circular: (bool, bool)) -> Vec<f32> {
+    let n_axes = axes_dim.len();
+    let padded_context = context_len + pad_to_multiple(context_len, seq_multiple);
+    let mut ids = Ids::new(n_axes);
+    for i in 0..padded_context {
+        ids.push(&[(i + 1) as f32]);
+    }
+    let img = image_ids(n_axes, h, w, p, (padded_context + 1) as f32, 0, 0);
+    let img_tokens = img.len();
+    ids.extend(&img);
+    for _ in 0..pad_to_multiple(img_tokens, seq_multiple) {
+        ids.push(&[]);
+    }
+    let (circ_x, circ_y) = circular;
+    let mut wrap = None;
+    if (circ_x || circ_y) && n_axes >= 3 {
+        let (h_len, w_len) = (patches(h, p), patches(w, p));
+        if h_len > 0 && w_len > 0 {
+            let mut dims = vec![vec![0usize; ids.len()]; n_axes];
+            for t in padded_context..padded_context + img_tokens {
+                if circ_y {
+                    dims[1][t] = h_len;
+                }
+                if circ_x {
+                    dims[2][t] = w_len;
+                }
+            }
+            wrap = Some(dims);
+        }
+    }
+    embed_nd(&ids, theta, axes_dim, wrap.as_deref())
+}
+
 /// Rotates `x` `[d_head, n_head, L, N]` by `pe` `[2, 2, d_head / 2, L]` (interleaved pairs)
 /// → `[d_head, L, n_head · N]`, ready for attention.
 pub fn apply_rope<'g>(g: &'g Graph, x: T<'g>, pe: T<'g>) -> T<'g> {
@@ -255,10 +298,16 @@ pub fn apply_rope<'g>(g: &'g Graph, x: T<'g>, pe: T<'g>) -> T<'g> {
 /// Attention of q, k, v `[d_head, n_head, L, N]` with q and k rotated by `pe`:
 /// `[n_head · d_head, L, N]`. `mask` is added to the scores.
 pub fn attention<'g>(g: &'g Graph, q: T<'g>, k: T<'g>, v: T<'g>, pe: T<'g>, mask: Option<T<'g>>) -> T<'g> {
+    attention_scaled(g, q, k, v, pe, mask, 1.0)
+}
+
+/// [`attention`] whose fused kernel sees K and V scaled by `kv_scale` (undone after it),
+/// which keeps large activations within f16 (Z-Image uses 1/128).
+pub fn attention_scaled<'g>(g: &'g Graph, q: T<'g>, k: T<'g>, v: T<'g>, pe: T<'g>, mask: Option<T<'g>>, kv_scale: f32) -> T<'g> {
     let n_head = q.ne()[1];
     let q = apply_rope(g, q, pe);
     let k = apply_rope(g, k, pe);
-    nn::attention(g, q, k, v, n_head, mask, true, g.options.flash_attn, 1.0)
+    nn::attention(g, q, k, v, n_head, mask, true, g.options.flash_attn, kv_scale)
 }
 
 #[cfg(test)]

@@ -13,7 +13,7 @@ use super::{DiffusionInput, DiffusionModel};
 use crate::error::{Context as _, Result};
 use crate::graph::nn::{self, Conv2d, LayerNorm, Linear};
 use crate::graph::{Graph, Loaded, Scope, TypeMap, F32, T, W};
-use crate::models::common::dit::{chunk, modulate, timestep_embedding, unpatchify_and_crop, RmsNorm};
+use crate::models::common::dit::{chunk, modulate, timestep_embedding, unpatchify_and_crop, MlpEmbedder, RmsNorm};
 use crate::tensor::Tensor;
 
 /// q/k normalisation of the attention heads.
@@ -137,27 +137,6 @@ impl MmditConfig {
 
     fn num_heads(&self) -> i64 {
         self.depth as i64
-    }
-}
-
-/// Linear, SiLU, linear with f32 weights (`mlp.0`, `mlp.2`).
-#[derive(Clone, Copy, Debug)]
-struct Embedder {
-    mlp_0: Linear,
-    mlp_2: Linear,
-}
-
-impl Embedder {
-    fn new(s: &mut Scope, name: &str, in_dim: i64, hidden: i64) -> Embedder {
-        let mut s = s.sub(name);
-        Embedder {
-            mlp_0: Linear::with_options(&mut s, "mlp.0", in_dim, hidden, true, true),
-            mlp_2: Linear::with_options(&mut s, "mlp.2", hidden, hidden, true, true),
-        }
-    }
-
-    fn forward<'g>(&self, g: &'g Graph, x: T<'g>) -> T<'g> {
-        self.mlp_2.forward(g, self.mlp_0.forward(g, x).silu_inplace())
     }
 }
 
@@ -344,8 +323,8 @@ pub struct MmditModel {
     pub config: MmditConfig,
     x_embedder: Conv2d,
     pos_embed: W,
-    t_embedder: Embedder,
-    y_embedder: Embedder,
+    t_embedder: MlpEmbedder,
+    y_embedder: MlpEmbedder,
     context_embedder: Linear,
     blocks: Vec<JointBlock>,
     final_linear: Linear,
@@ -358,8 +337,8 @@ impl MmditModel {
         let p = cfg.patch_size;
         let x_embedder = Conv2d::new(&mut s.sub("x_embedder"), "proj", cfg.in_channels, h, (p, p), (p as i32, p as i32), (0, 0), true);
         let pos_embed = s.tensor("pos_embed", F32, &[h, cfg.num_patches, 1]);
-        let t_embedder = Embedder::new(s, "t_embedder", 256, h);
-        let y_embedder = Embedder::new(s, "y_embedder", cfg.adm_in_channels, h);
+        let t_embedder = MlpEmbedder::new(s, "t_embedder", 256, h, h);
+        let y_embedder = MlpEmbedder::new(s, "y_embedder", cfg.adm_in_channels, h, h);
         let context_embedder = Linear::with_options(s, "context_embedder", cfg.context_size, cfg.context_embedder_out_dim, true, true);
         let blocks = (0..cfg.depth)
             .map(|i| {

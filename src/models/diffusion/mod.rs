@@ -4,6 +4,7 @@
 pub mod flux;
 pub mod mmdit;
 pub mod unet;
+pub mod zimage;
 
 use super::common::rope::RefIndexMode;
 use super::condition::Condition;

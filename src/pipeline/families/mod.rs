@@ -12,6 +12,7 @@ mod flux;
 mod flux2;
 mod mmdit;
 mod unet;
+mod zimage;
 
 use super::conditioning::clip::ClipSet;
 use super::conditioning::Conditioner;
@@ -64,6 +65,8 @@ pub enum Arch {
     /// Flux.2 klein: a Qwen3 LLM, the Flux.2 transformer and the 32-channel AutoencoderKL
     /// with 2×2-patchified, normalised latents.
     Flux2,
+    /// Z-Image: a Qwen3 LLM and Flux.1's 16-channel AutoencoderKL.
+    ZImage,
 }
 
 /// Extra latent channels the diffusion model takes next to the noisy latent.
@@ -236,6 +239,7 @@ static FLUX_FILL: FamilySpec = flux_family(FluxVariant::Fill, Concat::FluxFill);
 static FLUX_CONTROLS: FamilySpec = flux_family(FluxVariant::Controls, Concat::FluxControls);
 static FLEX_2: FamilySpec = flux_family(FluxVariant::Flex2, Concat::Flex2);
 static FLUX2_KLEIN: FamilySpec = flux2_family();
+static Z_IMAGE: FamilySpec = dit_family(F::OtherDit, Arch::ZImage, FLUX_LATENT, &preview::FLUX, Concat::None, Prediction::Flow);
 
 /// The family of `version`, if this build can generate with it.
 pub fn spec(version: SdVersion) -> Option<&'static FamilySpec> {
@@ -261,6 +265,7 @@ pub fn spec(version: SdVersion) -> Option<&'static FamilySpec> {
         V::FluxControls => &FLUX_CONTROLS,
         V::Flex2 => &FLEX_2,
         V::Flux2Klein => &FLUX2_KLEIN,
+        V::ZImage => &Z_IMAGE,
         _ => return None,
     })
 }
@@ -338,6 +343,7 @@ impl ModelSet {
             Arch::Flux { variant } => flux::build(&mut ctx, variant)?,
             Arch::Mmdit => mmdit::build(&mut ctx)?,
             Arch::Flux2 => flux2::build(&mut ctx)?,
+            Arch::ZImage => zimage::build(&mut ctx)?,
         };
         if params.flash_attn {
             sd_info!("Using flash attention");
@@ -440,7 +446,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn every_unet_and_flux_sd3_version_has_a_family_and_later_families_are_refused() {
+    fn every_unet_flux_sd3_zimage_version_has_a_family_and_later_families_are_refused() {
         for v in SdVersion::ALL {
             match spec(*v) {
                 Some(s) if v.is_unet() => {
@@ -454,10 +460,10 @@ mod tests {
                     assert_eq!((s.defaults, s.ref_image_preset), (ModelFamily::Flux2, Some("flux2")));
                 }
                 Some(s) => {
-                    assert!(v.is_flux() || *v == SdVersion::Sd3, "{v}");
+                    assert!(v.is_flux() || matches!(*v, SdVersion::Sd3 | SdVersion::ZImage), "{v}");
                     assert_eq!((s.latent.size_multiple(), s.latent.channels), (8, 16));
                     assert!(!s.vae_quant_convs && s.skip_layer_guidance);
-                    assert_eq!(s.supports_img_cfg(true), *v != SdVersion::Sd3, "{v}");
+                    assert_eq!(s.supports_img_cfg(true), v.is_flux(), "{v}");
                 }
                 None => assert!(!v.is_unet() || *v == SdVersion::Svd, "{v}"),
             }

@@ -1,0 +1,53 @@
+//! Z-Image: the Qwen3 LLM conditioner (`LlmConditioner` with the Z-Image template), the
+//! Z-Image transformer and the 16-channel AutoencoderKL of Flux.1 (`vae_path`). Flow
+//! prediction with the default shift 3, like the reference.
+//!
+//! The LLM (`llm_path`) is read for each conditioning phase and freed before sampling unless
+//! the context's `eager_load` keeps it resident.
+
+use super::flux::DIT_PREFIX;
+use super::{first_stage, BuildCtx, Parts};
+use crate::error::Result;
+use crate::graph::Module;
+use crate::models::diffusion::zimage::{ZImageConfig, ZImageModel};
+use crate::pipeline::conditioning::llm::{LlmConditioner, ZIMAGE_TEMPLATE};
+use crate::runtime::denoiser::Denoiser;
+use crate::types::Prediction;
+
+/// The flow shift of a request that sets none.
+const DEFAULT_FLOW_SHIFT: f32 = 3.0;
+
+pub(super) fn build(ctx: &mut BuildCtx<'_>) -> Result<Parts> {
+    let (params, weights, n_threads) = (ctx.params, ctx.weights, ctx.n_threads);
+    let te_place = ctx.devices.placement(Module::Te)?;
+    let diffusion_place = ctx.devices.placement(Module::Diffusion)?;
+    let vae_place = ctx.devices.placement(Module::Vae)?;
+
+    let cfg = ZImageConfig::detect(weights.types(), &|n| weights.shape_of(n), DIT_PREFIX);
+    ensure!(cfg.num_layers > 0, "no Z-Image transformer layers found under '{DIT_PREFIX}'");
+    cfg.validate()?;
+    let cond = LlmConditioner::new(weights, ZIMAGE_TEMPLATE, &te_place, n_threads, params.eager_load)?;
+    let width = cond.context_width();
+    ensure!(
+        width as i64 == cfg.cap_feat_dim,
+        "the LLM's hidden states are {width} wide, the Z-Image transformer's cap_embedder takes {}",
+        cfg.cap_feat_dim
+    );
+
+    let mut model = weights.load_model(diffusion_place, n_threads, DIT_PREFIX, "diffusion model", |s| ZImageModel::new(s, &cfg))?;
+    model.runner.options.flash_attn = params.flash_attn || params.diffusion_flash_attn;
+    model.runner.options.conv_direct = params.diffusion_conv_direct;
+
+    let (first_stage, preview) = first_stage::build(ctx, vae_place)?;
+    let prediction = params.prediction.unwrap_or(Prediction::Flow);
+    let default_flow_shift = params.prediction.is_none().then_some(DEFAULT_FLOW_SHIFT);
+    Ok(Parts {
+        cond: Box::new(cond),
+        diffusion: Box::new(model),
+        first_stage,
+        preview,
+        prediction,
+        denoiser: Denoiser::new(prediction, None),
+        default_flow_shift,
+    })
+}

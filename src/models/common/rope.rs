@@ -99,12 +99,30 @@ pub fn reference_ids(n_axes: usize, p: usize, start_index: i32, refs: &[(usize, 
     ids
 }
 
-/// Flux's ids: `context_len` text tokens (all zero), the image's patches, then the
-/// reference images'.
-pub fn flux_ids(n_axes: usize, h: usize, w: usize, p: usize, context_len: usize, refs: &[(usize, usize)], mode: RefIndexMode, index_scale: f32) -> Ids {
+/// The text tokens of a Flux-style sequence: how many, and the axes on which they count up
+/// (Flux.2 numbers them on its fourth axis; elsewhere their ids are all zero).
+#[derive(Clone, Copy, Debug)]
+pub struct TextIds<'a> {
+    pub len: usize,
+    pub arange_axes: &'a [usize],
+}
+
+impl TextIds<'_> {
+    /// `len` tokens with all-zero ids.
+    pub fn zeros(len: usize) -> TextIds<'static> {
+        TextIds { len, arange_axes: &[] }
+    }
+}
+
+/// Flux's ids: the text tokens, the image's patches, then the reference images'.
+pub fn flux_ids(n_axes: usize, h: usize, w: usize, p: usize, text: TextIds<'_>, refs: &[(usize, usize)], mode: RefIndexMode, index_scale: f32) -> Ids {
     let mut ids = Ids::new(n_axes);
-    for _ in 0..context_len {
-        ids.push(&[]);
+    for i in 0..text.len {
+        let mut row = vec![0.0; n_axes];
+        for &a in text.arange_axes.iter().filter(|&&a| a < n_axes) {
+            row[a] = i as f32;
+        }
+        ids.push(&row);
     }
     ids.extend(&image_ids(n_axes, h, w, p, 0.0, 0, 0));
     if !refs.is_empty() {
@@ -164,14 +182,14 @@ pub fn embed_nd(ids: &Ids, theta: f32, axes_dim: &[usize], wrap: Option<&[Vec<us
     out
 }
 
-/// Flux's rotation table for a latent of `h`×`w` with `context_len` text tokens and the
-/// reference latents `refs` (`(h, w)` each); on circular axes image tokens wrap around.
+/// Flux's rotation table for a latent of `h`×`w` with the `text` tokens and the reference
+/// latents `refs` (`(h, w)` each); on circular axes image tokens wrap around.
 #[allow(clippy::too_many_arguments)]
 pub fn flux_pe(
     h: usize,
     w: usize,
     p: usize,
-    context_len: usize,
+    text: TextIds<'_>,
     refs: &[(usize, usize)],
     mode: RefIndexMode,
     index_scale: f32,
@@ -179,7 +197,8 @@ pub fn flux_pe(
     axes_dim: &[usize],
     circular: (bool, bool),
 ) -> Vec<f32> {
-    let ids = flux_ids(axes_dim.len(), h, w, p, context_len, refs, mode, index_scale);
+    let context_len = text.len;
+    let ids = flux_ids(axes_dim.len(), h, w, p, text, refs, mode, index_scale);
     let (circ_x, circ_y) = circular;
     let mut wrap = None;
     if (circ_x || circ_y) && axes_dim.len() >= 3 {
@@ -297,7 +316,7 @@ mod tests {
     #[test]
     fn flux_ids_place_text_image_and_references() {
         // 4x6 latent, patch 2: 2x3 image tokens after 2 text tokens; one 4x4 reference.
-        let ids = flux_ids(3, 4, 6, 2, 2, &[(4, 4)], RefIndexMode::Fixed, 1.0);
+        let ids = flux_ids(3, 4, 6, 2, TextIds::zeros(2), &[(4, 4)], RefIndexMode::Fixed, 1.0);
         assert_eq!(ids.len(), 2 + 6 + 4);
         let row = |t: usize| ids.data[t * 3..t * 3 + 3].to_vec();
         assert_eq!(row(0), vec![0., 0., 0.]);
@@ -310,6 +329,19 @@ mod tests {
         assert_eq!(&r.data[4 * 3..4 * 3 + 3], &[1., 4., 0.]);
         let r = reference_ids(3, 2, 1, &[(2, 2), (2, 2)], RefIndexMode::Increase, 1.0);
         assert_eq!(&r.data[3..6], &[2., 0., 0.]);
+    }
+
+    /// Flux.2: text tokens count up on the fourth axis; references get index 10, 20, … on
+    /// the first (index × 10, increasing), images sit at 0 there.
+    #[test]
+    fn flux2_ids_number_text_on_the_last_axis() {
+        let ids = flux_ids(4, 2, 2, 1, TextIds { len: 3, arange_axes: &[3] }, &[(1, 1), (1, 1)], RefIndexMode::Increase, 10.0);
+        assert_eq!(ids.len(), 3 + 4 + 2);
+        let row = |t: usize| ids.data[t * 4..t * 4 + 4].to_vec();
+        assert_eq!(row(2), vec![0., 0., 0., 2.]);
+        assert_eq!(row(6), vec![0., 1., 1., 0.]);
+        assert_eq!(row(7), vec![10., 0., 0., 0.]);
+        assert_eq!(row(8), vec![20., 0., 0., 0.]);
     }
 
     #[test]

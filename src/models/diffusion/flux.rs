@@ -19,7 +19,7 @@ use crate::error::{Context as _, Result};
 use crate::graph::nn::{LayerNorm, Linear};
 use crate::graph::{Component, Components, Graph, Loaded, Scope, TypeMap, F32, T};
 use crate::models::common::dit::{chunk, modulate, pad_and_patchify, timestep_embedding, unpatchify_and_crop, RmsNorm};
-use crate::models::common::rope;
+use crate::models::common::rope::{self, RefIndexMode};
 use crate::tensor::Tensor;
 
 /// Which Flux-family network (they differ in the input channels they concatenate).
@@ -32,6 +32,9 @@ pub enum FluxVariant {
     Controls,
     /// Flex.2: masked latent, latent mask and control latent.
     Flex2,
+    /// Flux.2 (dev, klein): 128-channel latents (the VAE patchifies), shared modulations,
+    /// SwiGLU MLPs, no biases, four rotary axes with the text tokens numbered on the last.
+    Flux2,
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -54,6 +57,16 @@ pub struct FluxConfig {
     pub guidance_embed: bool,
     /// Input width of Chroma's approximator.
     pub approximator_in_dim: i64,
+    /// No linear layer has a bias (Flux.2).
+    pub disable_bias: bool,
+    /// One modulation per stream kind for all blocks instead of one per block (Flux.2).
+    pub share_modulation: bool,
+    /// The MLPs are SwiGLU (`silu(gate) · x`, twice the hidden width in) instead of GELU.
+    pub mlp_silu_act: bool,
+    /// Reference images' first rotary id is their index times this.
+    pub ref_index_scale: f32,
+    /// Rotary axes on which text tokens count up (0, 1, 2, …) instead of being all zero.
+    pub txt_arange_axes: Vec<usize>,
 }
 
 /// Tokens of Chroma's modulation table (3 per single block, 2 × 6 per double block of the
@@ -84,6 +97,7 @@ impl FluxConfig {
                 FluxVariant::Fill => 384,
                 FluxVariant::Controls => 128,
                 FluxVariant::Flex2 => 196,
+                FluxVariant::Flux2 => 128,
             },
             out_channels: 64,
             vec_in_dim: 768,
@@ -98,7 +112,26 @@ impl FluxConfig {
             qkv_bias: true,
             guidance_embed: false,
             approximator_in_dim: 64,
+            disable_bias: false,
+            share_modulation: false,
+            mlp_silu_act: false,
+            ref_index_scale: 1.0,
+            txt_arange_axes: Vec::new(),
         };
+        if variant == FluxVariant::Flux2 {
+            cfg.patch_size = 1;
+            cfg.out_channels = 128;
+            cfg.mlp_ratio = 3.0;
+            cfg.theta = 2000.0;
+            cfg.axes_dim = vec![32, 32, 32, 32];
+            cfg.vec_in_dim = 0;
+            cfg.qkv_bias = false;
+            cfg.disable_bias = true;
+            cfg.share_modulation = true;
+            cfg.ref_index_scale = 10.0;
+            cfg.mlp_silu_act = true;
+            cfg.txt_arange_axes = vec![3];
+        }
         let mut head_dim = 0;
         for name in types.keys().filter(|n| n.starts_with(prefix)) {
             if name.contains("guidance_in.in_layer.weight") {
@@ -157,7 +190,7 @@ impl FluxConfig {
     pub fn concat_channels(&self) -> i64 {
         let c = self.latent_channels();
         match self.variant {
-            FluxVariant::Flux => 0,
+            FluxVariant::Flux | FluxVariant::Flux2 => 0,
             FluxVariant::Fill => c + 64,
             FluxVariant::Controls => c,
             FluxVariant::Flex2 => 2 * c + 1,
@@ -173,9 +206,9 @@ struct MlpEmbedder {
 }
 
 impl MlpEmbedder {
-    fn new(s: &mut Scope, name: &str, in_dim: i64, hidden: i64) -> MlpEmbedder {
+    fn new(s: &mut Scope, name: &str, in_dim: i64, hidden: i64, bias: bool) -> MlpEmbedder {
         let mut s = s.sub(name);
-        MlpEmbedder { in_layer: Linear::new(&mut s, "in_layer", in_dim, hidden, true), out_layer: Linear::new(&mut s, "out_layer", hidden, hidden, true) }
+        MlpEmbedder { in_layer: Linear::new(&mut s, "in_layer", in_dim, hidden, bias), out_layer: Linear::new(&mut s, "out_layer", hidden, hidden, bias) }
     }
 
     fn forward<'g>(&self, g: &'g Graph, x: T<'g>) -> T<'g> {
@@ -226,9 +259,9 @@ struct Modulation {
 }
 
 impl Modulation {
-    fn new(s: &mut Scope, name: &str, dim: i64, double: bool) -> Modulation {
+    fn new(s: &mut Scope, name: &str, dim: i64, double: bool, bias: bool) -> Modulation {
         let multiplier = if double { 6 } else { 3 };
-        Modulation { lin: Linear::new(&mut s.sub(name), "lin", dim, dim * multiplier, true), multiplier }
+        Modulation { lin: Linear::new(&mut s.sub(name), "lin", dim, dim * multiplier, bias), multiplier }
     }
 
     fn forward<'g>(&self, g: &'g Graph, vec: T<'g>) -> (ModOut<'g>, Option<ModOut<'g>>) {
@@ -244,6 +277,22 @@ fn gelu_inplace<'g>(x: T<'g>) -> T<'g> {
     x.contiguous().gelu_inplace()
 }
 
+/// SwiGLU on `[2·d, …]`: the first half (made dense) through SiLU gates the second half.
+fn silu_act<'g>(x: T<'g>) -> T<'g> {
+    let halves = chunk(x, 2, 0, false);
+    let gate = halves[0].cont().silu_inplace();
+    halves[1].mul(gate)
+}
+
+/// The MLP activation of the configuration: SwiGLU or tanh-GELU.
+fn mlp_act<'g>(x: T<'g>, silu: bool) -> T<'g> {
+    if silu {
+        silu_act(x)
+    } else {
+        gelu_inplace(x)
+    }
+}
+
 /// Self-attention projections with RMS-normalised q and k.
 #[derive(Clone, Copy, Debug)]
 struct SelfAttention {
@@ -255,12 +304,12 @@ struct SelfAttention {
 }
 
 impl SelfAttention {
-    fn new(s: &mut Scope, name: &str, dim: i64, num_heads: i64, qkv_bias: bool) -> SelfAttention {
+    fn new(s: &mut Scope, name: &str, dim: i64, num_heads: i64, qkv_bias: bool, proj_bias: bool) -> SelfAttention {
         let mut s = s.sub(name);
         let head_dim = dim / num_heads;
         let qkv = Linear::new(&mut s, "qkv", dim, dim * 3, qkv_bias);
         let (query_norm, key_norm) = qk_norm(&mut s, head_dim);
-        SelfAttention { qkv, query_norm, key_norm, proj: Linear::new(&mut s, "proj", dim, dim, true), num_heads }
+        SelfAttention { qkv, query_norm, key_norm, proj: Linear::new(&mut s, "proj", dim, dim, proj_bias), num_heads }
     }
 
     /// q, k, v `[d_head, n_head, L, N]` (q, k normalised; v a view).
@@ -283,28 +332,67 @@ struct Stream {
     norm2: LayerNorm,
     mlp_0: Linear,
     mlp_2: Linear,
+    mlp_silu_act: bool,
 }
 
 impl Stream {
     fn new(s: &mut Scope, prefix: &str, cfg: &FluxConfig) -> Stream {
         let h = cfg.hidden_size;
         let mlp = cfg.mlp_hidden();
-        let modulation = (!cfg.is_chroma).then(|| Modulation::new(s, &format!("{prefix}_mod"), h, true));
+        let bias = !cfg.disable_bias;
+        let modulation = (!cfg.is_chroma && !cfg.share_modulation).then(|| Modulation::new(s, &format!("{prefix}_mod"), h, true, true));
         let norm1 = LayerNorm::new(s, &format!("{prefix}_norm1"), h, 1e-6, false, false);
-        let attn = SelfAttention::new(s, &format!("{prefix}_attn"), h, cfg.num_heads, cfg.qkv_bias);
+        let attn = SelfAttention::new(s, &format!("{prefix}_attn"), h, cfg.num_heads, cfg.qkv_bias, bias);
         let norm2 = LayerNorm::new(s, &format!("{prefix}_norm2"), h, 1e-6, false, false);
         let mut m = s.sub(&format!("{prefix}_mlp"));
-        let mlp_0 = Linear::new(&mut m, "0", h, mlp, true);
-        let mlp_2 = Linear::new(&mut m, "2", mlp, h, true);
-        Stream { modulation, norm1, attn, norm2, mlp_0, mlp_2 }
+        let mlp_in = if cfg.mlp_silu_act { 2 * mlp } else { mlp };
+        let mlp_0 = Linear::new(&mut m, "0", h, mlp_in, bias);
+        let mlp_2 = Linear::new(&mut m, "2", mlp, h, bias);
+        Stream { modulation, norm1, attn, norm2, mlp_0, mlp_2, mlp_silu_act: cfg.mlp_silu_act }
     }
 
     /// After attention: gated attention output and gated MLP added to `x`.
     fn post<'g>(&self, g: &'g Graph, x: T<'g>, attn_out: T<'g>, m1: &ModOut<'g>, m2: &ModOut<'g>) -> T<'g> {
         let x = x.add(self.attn.proj.forward(g, attn_out).mul(m1.gate.expect("gate")));
         let h = modulate(self.norm2.forward(g, x), m2.shift, m2.scale);
-        let h = self.mlp_2.forward(g, gelu_inplace(self.mlp_0.forward(g, h)));
+        let h = self.mlp_2.forward(g, mlp_act(self.mlp_0.forward(g, h), self.mlp_silu_act));
         x.add(h.mul(m2.gate.expect("gate")))
+    }
+}
+
+/// The two modulations (attention, MLP) of one stream of a double block.
+type DoubleMods<'g> = (ModOut<'g>, ModOut<'g>);
+
+/// Flux.2's modulations, computed once and used by every block.
+struct SharedMods<'g> {
+    img: DoubleMods<'g>,
+    txt: DoubleMods<'g>,
+    single: ModOut<'g>,
+}
+
+/// The modulation layers of [`SharedMods`].
+#[derive(Clone, Copy, Debug)]
+struct SharedModulation {
+    img: Modulation,
+    txt: Modulation,
+    single: Modulation,
+}
+
+impl SharedModulation {
+    fn new(s: &mut Scope, dim: i64, bias: bool) -> SharedModulation {
+        SharedModulation {
+            img: Modulation::new(s, "double_stream_modulation_img", dim, true, bias),
+            txt: Modulation::new(s, "double_stream_modulation_txt", dim, true, bias),
+            single: Modulation::new(s, "single_stream_modulation", dim, false, bias),
+        }
+    }
+
+    fn forward<'g>(&self, g: &'g Graph, vec: T<'g>) -> SharedMods<'g> {
+        let double = |m: &Modulation| {
+            let (a, b) = m.forward(g, vec);
+            (a, b.expect("double modulation"))
+        };
+        SharedMods { img: double(&self.img), txt: double(&self.txt), single: self.single.forward(g, vec).0 }
     }
 }
 
@@ -317,16 +405,27 @@ struct DoubleStreamBlock {
 }
 
 impl DoubleStreamBlock {
-    fn forward<'g>(&self, g: &'g Graph, img: T<'g>, txt: T<'g>, vec: T<'g>, pe: T<'g>, mask: Option<T<'g>>) -> (T<'g>, T<'g>) {
-        let mods = |stream: &Stream, chroma_offset: i64| match &stream.modulation {
-            Some(m) => {
+    #[allow(clippy::too_many_arguments)]
+    fn forward<'g>(
+        &self,
+        g: &'g Graph,
+        img: T<'g>,
+        txt: T<'g>,
+        vec: T<'g>,
+        pe: T<'g>,
+        mask: Option<T<'g>>,
+        shared: Option<&SharedMods<'g>>,
+    ) -> (T<'g>, T<'g>) {
+        let mods = |stream: &Stream, shared: Option<DoubleMods<'g>>, chroma_offset: i64| match (shared, &stream.modulation) {
+            (Some(m), _) => m,
+            (None, Some(m)) => {
                 let (a, b) = m.forward(g, vec);
                 (a, b.expect("double modulation"))
             }
-            None => (ModOut::at(vec, chroma_offset), ModOut::at(vec, chroma_offset + 3)),
+            (None, None) => (ModOut::at(vec, chroma_offset), ModOut::at(vec, chroma_offset + 3)),
         };
-        let (img_m1, img_m2) = mods(&self.img, 6 * self.idx + 3 * CHROMA_SINGLE_BLOCKS);
-        let (txt_m1, txt_m2) = mods(&self.txt, 6 * self.idx + 6 * CHROMA_DOUBLE_BLOCKS + 3 * CHROMA_SINGLE_BLOCKS);
+        let (img_m1, img_m2) = mods(&self.img, shared.map(|s| s.img), 6 * self.idx + 3 * CHROMA_SINGLE_BLOCKS);
+        let (txt_m1, txt_m2) = mods(&self.txt, shared.map(|s| s.txt), 6 * self.idx + 6 * CHROMA_DOUBLE_BLOCKS + 3 * CHROMA_SINGLE_BLOCKS);
 
         let img_in = modulate(self.img.norm1.forward(g, img), img_m1.shift, img_m1.scale);
         let [img_q, img_k, img_v] = self.img.attn.pre_attention(g, img_in);
@@ -361,6 +460,7 @@ struct SingleStreamBlock {
     hidden: i64,
     num_heads: i64,
     mlp_hidden: i64,
+    mlp_silu_act: bool,
     idx: i64,
 }
 
@@ -368,25 +468,30 @@ impl SingleStreamBlock {
     fn new(s: &mut Scope, cfg: &FluxConfig, idx: usize) -> SingleStreamBlock {
         let h = cfg.hidden_size;
         let mlp = cfg.mlp_hidden();
+        let bias = !cfg.disable_bias;
+        let mlp_in = if cfg.mlp_silu_act { 2 * mlp } else { mlp };
         let (query_norm, key_norm) = qk_norm(s, cfg.head_dim());
         SingleStreamBlock {
-            linear1: Linear::new(s, "linear1", h, h * 3 + mlp, true),
-            linear2: Linear::new(s, "linear2", h + mlp, h, true),
+            linear1: Linear::new(s, "linear1", h, h * 3 + mlp_in, bias),
+            linear2: Linear::new(s, "linear2", h + mlp, h, bias),
             query_norm,
             key_norm,
             pre_norm: LayerNorm::new(s, "pre_norm", h, 1e-6, false, false),
-            modulation: (!cfg.is_chroma).then(|| Modulation::new(s, "modulation", h, false)),
+            modulation: (!cfg.is_chroma && !cfg.share_modulation).then(|| Modulation::new(s, "modulation", h, false, true)),
             hidden: h,
             num_heads: cfg.num_heads,
-            mlp_hidden: mlp,
+            mlp_hidden: mlp_in,
+            mlp_silu_act: cfg.mlp_silu_act,
             idx: idx as i64,
         }
     }
 
-    fn forward<'g>(&self, g: &'g Graph, x: T<'g>, vec: T<'g>, pe: T<'g>, mask: Option<T<'g>>) -> T<'g> {
-        let m = match &self.modulation {
-            Some(m) => m.forward(g, vec).0,
-            None => ModOut::at(vec, 3 * self.idx),
+    #[allow(clippy::too_many_arguments)]
+    fn forward<'g>(&self, g: &'g Graph, x: T<'g>, vec: T<'g>, pe: T<'g>, mask: Option<T<'g>>, shared: Option<ModOut<'g>>) -> T<'g> {
+        let m = match (shared, &self.modulation) {
+            (Some(m), _) => m,
+            (None, Some(m)) => m.forward(g, vec).0,
+            (None, None) => ModOut::at(vec, 3 * self.idx),
         };
         let x_mod = modulate(self.pre_norm.forward(g, x), m.shift, m.scale);
         let qkv_mlp = self.linear1.forward(g, x_mod);
@@ -400,7 +505,7 @@ impl SingleStreamBlock {
         let k = self.key_norm.forward(g, part(1));
         let attn = rope::attention(g, q, k, part(2), pe, mask);
         let mlp = qkv_mlp.view(&[self.mlp_hidden, l, n], &[nb[1], nb[2]], 3 * self.hidden as usize * nb[0]);
-        let attn_mlp = attn.concat(gelu_inplace(mlp), 0);
+        let attn_mlp = attn.concat(mlp_act(mlp, self.mlp_silu_act), 0);
         let out = self.linear2.forward(g, attn_mlp);
         x.add(out.mul(m.gate.expect("gate")))
     }
@@ -447,7 +552,7 @@ impl ChromaApproximator {
         ChromaApproximator {
             in_proj: Linear::new(&mut s, "in_proj", in_dim, CHROMA_INNER, true),
             norms: (0..CHROMA_LAYERS).map(|i| flux_rms_norm(&mut s, &format!("norms.{i}"), CHROMA_INNER)).collect(),
-            layers: (0..CHROMA_LAYERS).map(|i| MlpEmbedder::new(&mut s, &format!("layers.{i}"), CHROMA_INNER, CHROMA_INNER)).collect(),
+            layers: (0..CHROMA_LAYERS).map(|i| MlpEmbedder::new(&mut s, &format!("layers.{i}"), CHROMA_INNER, CHROMA_INNER, true)).collect(),
             out_proj: Linear::new(&mut s, "out_proj", CHROMA_INNER, hidden, true),
         }
     }
@@ -471,6 +576,7 @@ pub struct FluxModel {
     vector_in: Option<MlpEmbedder>,
     guidance_in: Option<MlpEmbedder>,
     approximator: Option<ChromaApproximator>,
+    shared_modulation: Option<SharedModulation>,
     double_blocks: Vec<DoubleStreamBlock>,
     single_blocks: Vec<SingleStreamBlock>,
     final_layer: LastLayer,
@@ -501,18 +607,19 @@ pub struct FluxInputs<'g, 'a> {
 impl FluxModel {
     pub fn new(s: &mut Scope, cfg: &FluxConfig) -> FluxModel {
         let h = cfg.hidden_size;
+        let bias = !cfg.disable_bias;
         let (time_in, vector_in, guidance_in, approximator) = if cfg.is_chroma {
             (None, None, None, Some(ChromaApproximator::new(s, cfg.approximator_in_dim, h)))
         } else {
             (
-                Some(MlpEmbedder::new(s, "time_in", 256, h)),
-                (cfg.vec_in_dim > 0).then(|| MlpEmbedder::new(s, "vector_in", cfg.vec_in_dim, h)),
-                cfg.guidance_embed.then(|| MlpEmbedder::new(s, "guidance_in", 256, h)),
+                Some(MlpEmbedder::new(s, "time_in", 256, h, bias)),
+                (cfg.vec_in_dim > 0).then(|| MlpEmbedder::new(s, "vector_in", cfg.vec_in_dim, h, bias)),
+                cfg.guidance_embed.then(|| MlpEmbedder::new(s, "guidance_in", 256, h, bias)),
                 None,
             )
         };
-        let img_in = Linear::new(s, "img_in", cfg.in_channels, h, true);
-        let txt_in = Linear::new(s, "txt_in", cfg.context_in_dim, h, true);
+        let img_in = Linear::new(s, "img_in", cfg.in_channels, h, bias);
+        let txt_in = Linear::new(s, "txt_in", cfg.context_in_dim, h, bias);
         let double_blocks = (0..cfg.depth)
             .map(|i| {
                 let mut b = s.sub(&format!("double_blocks.{i}"));
@@ -523,10 +630,23 @@ impl FluxModel {
         let mut fl = s.sub("final_layer");
         let final_layer = LastLayer {
             // The reference declares it with patch size 1: out_channels already counts the patch.
-            linear: Linear::new(&mut fl, "linear", h, cfg.out_channels, true),
-            ada_ln: (!cfg.is_chroma).then(|| Linear::new(&mut fl, "adaLN_modulation.1", h, 2 * h, true)),
+            linear: Linear::new(&mut fl, "linear", h, cfg.out_channels, bias),
+            ada_ln: (!cfg.is_chroma).then(|| Linear::new(&mut fl, "adaLN_modulation.1", h, 2 * h, bias)),
         };
-        FluxModel { config: cfg.clone(), img_in, txt_in, time_in, vector_in, guidance_in, approximator, double_blocks, single_blocks, final_layer }
+        let shared_modulation = cfg.share_modulation.then(|| SharedModulation::new(s, h, bias));
+        FluxModel {
+            config: cfg.clone(),
+            img_in,
+            txt_in,
+            time_in,
+            vector_in,
+            guidance_in,
+            approximator,
+            shared_modulation,
+            double_blocks,
+            single_blocks,
+            final_layer,
+        }
     }
 
     /// The transformer on tokens: image tokens `[in_channels, L_img, N]` → `[p·p·C, L_img, N]`.
@@ -573,13 +693,14 @@ impl FluxModel {
                 v
             }
         };
+        let shared = self.shared_modulation.map(|m| m.forward(g, vec));
         let mut txt = self.txt_in.forward(g, txt);
         let skip = |i: usize| skip_layers.contains(&(i as i32));
         for (i, block) in self.double_blocks.iter().enumerate() {
             if skip(i) {
                 continue;
             }
-            (img, txt) = block.forward(g, img, txt, vec, pe, mask);
+            (img, txt) = block.forward(g, img, txt, vec, pe, mask, shared.as_ref());
         }
         let n_img = img.ne()[1];
         let mut txt_img = txt.concat(img, 1);
@@ -587,7 +708,7 @@ impl FluxModel {
             if skip(i + cfg.depth) {
                 continue;
             }
-            txt_img = block.forward(g, txt_img, vec, pe, mask);
+            txt_img = block.forward(g, txt_img, vec, pe, mask, shared.as_ref().map(|m| m.single));
         }
         let [d, _, n, _] = txt_img.ne();
         let nb = txt_img.nb();
@@ -607,7 +728,7 @@ impl FluxModel {
             let [cw, ch, _, _] = cc.ne();
             let slice = |from: i64, len: i64| pad_and_patchify(g, cc.view(&[cw, ch, len, 1], &[nb[1], nb[2], nb[3]], nb[2] * from as usize), p, true);
             let extra = match cfg.variant {
-                FluxVariant::Flux => None,
+                FluxVariant::Flux | FluxVariant::Flux2 => None,
                 FluxVariant::Fill => Some(slice(0, c).concat(slice(c, 64), 0)),
                 FluxVariant::Flex2 => Some(slice(0, c).concat(slice(c, 1), 0).concat(slice(c + 1, c), 0)),
                 FluxVariant::Controls => Some(pad_and_patchify(g, cc, p, true)),
@@ -699,7 +820,10 @@ impl DiffusionModel for Flux {
         let refs: Vec<(usize, usize)> = input.ref_latents.iter().map(|r| (r.ne(1), r.ne(0))).collect();
         let (w, h) = (input.x.ne(0), input.x.ne(1));
         let circular = (runner.options.circular_x, runner.options.circular_y);
-        let pe = rope::flux_pe(h, w, p, context.ne(1), &refs, input.ref_index_mode, 1.0, cfg.theta, &cfg.axes_dim, circular);
+        // Flux.2 numbers its references one after the other whatever the request says.
+        let ref_index_mode = if cfg.variant == FluxVariant::Flux2 { RefIndexMode::Increase } else { input.ref_index_mode };
+        let text = rope::TextIds { len: context.ne(1), arange_axes: &cfg.txt_arange_axes };
+        let pe = rope::flux_pe(h, w, p, text, &refs, ref_index_mode, cfg.ref_index_scale, cfg.theta, &cfg.axes_dim, circular);
         let axes_sum: usize = cfg.axes_dim.iter().sum();
         let pos_len = pe.len() / axes_sum / 2;
         let guidance = if cfg.is_chroma { Some(0.0) } else if cfg.guidance_embed { Some(input.guidance) } else { None };

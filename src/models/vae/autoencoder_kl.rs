@@ -1,4 +1,6 @@
-//! AutoencoderKL (ldm `AutoencoderKL`): the first stage of SD 1.x, 2.x and SDXL.
+//! AutoencoderKL (ldm `AutoencoderKL`): the first stage of SD 1.x, 2.x and SDXL, of SD3 and
+//! Flux (16 channels, no quant convolutions) and of Flux.2 (32 channels whose latents are
+//! cut into 2×2 patches: 128 channels at 1/16 of the image, see [`VaeConfig::flux2`]).
 //!
 //! Weights live under `first_stage_model.` with the reference's internal (LDM) names:
 //! `encoder.*`, `quant_conv`, `post_quant_conv`, `decoder.*`. Convolutions are f16, norms
@@ -14,6 +16,7 @@
 use crate::error::{Context as _, Result};
 use crate::graph::nn::{pad_circular, Conv2d, GroupNorm, Linear};
 use crate::graph::{Graph, Runner, Scope, TypeMap, T};
+use crate::models::common::dit::chunk;
 use crate::tensor::Tensor;
 
 /// Architecture and latent convention of an AutoencoderKL.
@@ -41,7 +44,56 @@ pub struct VaeConfig {
     /// Encoded latents are the moments' mean, not a sample, and stay in VAE space (the
     /// reference does this for SD 1.x instruct-pix2pix only).
     pub raw_encoder_latents: bool,
+    /// Flux.2: the encoder returns the moments' mean cut into 2×2 patches (4·z channels at
+    /// half the size), the decoder takes such patches, and diffusion latents are these
+    /// normalised per channel with the fixed [`FLUX2_LATENT_MEAN`] / [`FLUX2_LATENT_STD`].
+    pub flux2: bool,
 }
+
+/// Per-channel mean of Flux.2's patchified latents (the reference's table).
+#[rustfmt::skip]
+pub const FLUX2_LATENT_MEAN: [f32; 128] = [
+    -0.0676, -0.0715, -0.0753, -0.0745, 0.0223, 0.0180, 0.0142, 0.0184,
+    -0.0001, -0.0063, -0.0002, -0.0031, -0.0272, -0.0281, -0.0276, -0.0290,
+    -0.0769, -0.0672, -0.0902, -0.0892, 0.0168, 0.0152, 0.0079, 0.0086,
+    0.0083, 0.0015, 0.0003, -0.0043, -0.0439, -0.0419, -0.0438, -0.0431,
+    -0.0102, -0.0132, -0.0066, -0.0048, -0.0311, -0.0306, -0.0279, -0.0180,
+    0.0030, 0.0015, 0.0126, 0.0145, 0.0347, 0.0338, 0.0337, 0.0283,
+    0.0020, 0.0047, 0.0047, 0.0050, 0.0123, 0.0081, 0.0081, 0.0146,
+    0.0681, 0.0679, 0.0767, 0.0732, -0.0462, -0.0474, -0.0392, -0.0511,
+    -0.0528, -0.0477, -0.0470, -0.0517, -0.0317, -0.0316, -0.0345, -0.0283,
+    0.0510, 0.0445, 0.0578, 0.0458, -0.0412, -0.0458, -0.0487, -0.0467,
+    -0.0088, -0.0106, -0.0088, -0.0046, -0.0376, -0.0432, -0.0436, -0.0499,
+    0.0118, 0.0166, 0.0203, 0.0279, 0.0113, 0.0129, 0.0016, 0.0072,
+    -0.0118, -0.0018, -0.0141, -0.0054, -0.0091, -0.0138, -0.0145, -0.0187,
+    0.0323, 0.0305, 0.0259, 0.0300, 0.0540, 0.0614, 0.0495, 0.0590,
+    -0.0511, -0.0603, -0.0478, -0.0524, -0.0227, -0.0274, -0.0154, -0.0255,
+    -0.0572, -0.0565, -0.0518, -0.0496, 0.0116, 0.0054, 0.0163, 0.0104,
+];
+
+/// Per-channel standard deviation of Flux.2's patchified latents (the reference's table).
+#[rustfmt::skip]
+pub const FLUX2_LATENT_STD: [f32; 128] = [
+    1.8029, 1.7786, 1.7868, 1.7837, 1.7717, 1.7590, 1.7610, 1.7479,
+    1.7336, 1.7373, 1.7340, 1.7343, 1.8626, 1.8527, 1.8629, 1.8589,
+    1.7593, 1.7526, 1.7556, 1.7583, 1.7363, 1.7400, 1.7355, 1.7394,
+    1.7342, 1.7246, 1.7392, 1.7304, 1.7551, 1.7513, 1.7559, 1.7488,
+    1.8449, 1.8454, 1.8550, 1.8535, 1.8240, 1.7813, 1.7854, 1.7945,
+    1.8047, 1.7876, 1.7695, 1.7676, 1.7782, 1.7667, 1.7925, 1.7848,
+    1.7579, 1.7407, 1.7483, 1.7368, 1.7961, 1.7998, 1.7920, 1.7925,
+    1.7780, 1.7747, 1.7727, 1.7749, 1.7526, 1.7447, 1.7657, 1.7495,
+    1.7775, 1.7720, 1.7813, 1.7813, 1.8162, 1.8013, 1.8023, 1.8033,
+    1.7527, 1.7331, 1.7563, 1.7482, 1.7610, 1.7507, 1.7681, 1.7613,
+    1.7665, 1.7545, 1.7828, 1.7726, 1.7896, 1.7999, 1.7864, 1.7760,
+    1.7613, 1.7625, 1.7560, 1.7577, 1.7783, 1.7671, 1.7810, 1.7799,
+    1.7201, 1.7068, 1.7265, 1.7091, 1.7793, 1.7578, 1.7502, 1.7455,
+    1.7587, 1.7500, 1.7525, 1.7362, 1.7616, 1.7572, 1.7444, 1.7430,
+    1.7509, 1.7610, 1.7634, 1.7612, 1.7254, 1.7135, 1.7321, 1.7226,
+    1.7664, 1.7624, 1.7718, 1.7664, 1.7457, 1.7441, 1.7569, 1.7530,
+];
+
+/// Side of Flux.2's latent patches.
+const FLUX2_PATCH: i64 = 2;
 
 impl VaeConfig {
     /// The SD-family VAE (ch 128, mult 1,2,4,4, 2 res blocks, 4 latent channels).
@@ -64,7 +116,14 @@ impl VaeConfig {
             scale_factor,
             shift_factor: 0.0,
             raw_encoder_latents: false,
+            flux2: false,
         }
+    }
+
+    /// Turns this into Flux.2's autoencoder: 32 latent channels with quant convolutions,
+    /// patchified latents, scale 1 and no shift (the mean/std table does the rest).
+    pub fn into_flux2(self) -> VaeConfig {
+        VaeConfig { z_channels: 32, embed_dim: 32, use_quant: true, scale_factor: 1.0, shift_factor: 0.0, flux2: true, ..self }
     }
 
     /// Variants from the files under `prefix` (e.g. `first_stage_model.`), like the
@@ -109,9 +168,31 @@ impl VaeConfig {
         self.z_channels * if self.double_z { 2 } else { 1 }
     }
 
-    /// Channels of the encoder's output (moments).
+    /// Channels of the encoder's output (moments; Flux.2: the patchified mean).
     pub fn encoder_output_channels(&self) -> i64 {
-        self.moments_channels()
+        if self.flux2 {
+            self.z_channels * FLUX2_PATCH * FLUX2_PATCH
+        } else {
+            self.moments_channels()
+        }
+    }
+
+    /// Channels of the latents the decoder takes.
+    pub fn latent_channels(&self) -> i64 {
+        if self.flux2 {
+            self.z_channels * FLUX2_PATCH * FLUX2_PATCH
+        } else {
+            self.z_channels
+        }
+    }
+
+    /// Pixels per latent pixel.
+    pub fn scale(&self) -> usize {
+        if self.flux2 {
+            16
+        } else {
+            8
+        }
     }
 }
 
@@ -458,7 +539,9 @@ impl AutoEncoderKL {
     }
 
     /// VAE-space latent [w, h, z, N] → image [8w, 8h, 3, N] in about [-1, 1] (unclamped).
+    /// Flux.2: [w, h, 4z, N] patches → [16w, 16h, 3, N].
     pub fn decode_graph<'g>(&self, g: &'g Graph, z: T<'g>) -> T<'g> {
+        let z = if self.cfg.flux2 { unpatchify_latent(z, FLUX2_PATCH) } else { z };
         let z = match &self.post_quant_conv {
             Some(c) => c.forward(g, z),
             None => z,
@@ -467,14 +550,39 @@ impl AutoEncoderKL {
     }
 
     /// Image [W, H, 3, N] in [-1, 1] → moments [W/8, H/8, 2z, N] (mean channels first).
+    /// Flux.2: the mean only, as patches [W/16, H/16, 4z, N].
     pub fn encode_graph<'g>(&self, g: &'g Graph, x: T<'g>) -> Result<T<'g>> {
         let enc = self.encoder.as_ref().context("this VAE was loaded for decoding only")?;
         let z = enc.forward(g, x);
-        Ok(match &self.quant_conv {
+        let z = match &self.quant_conv {
             Some(c) => c.forward(g, z),
             None => z,
-        })
+        };
+        if self.cfg.flux2 {
+            let mean = chunk(z, 2, 2, true)[0];
+            return Ok(patchify_latent(mean, FLUX2_PATCH));
+        }
+        Ok(z)
     }
+}
+
+/// [W, H, C, N] → [W/p, H/p, C·p·p, N]: each p×p block of a channel becomes p·p channels
+/// (row-major inside the block), channel by channel.
+fn patchify_latent<'g>(z: T<'g>, p: i64) -> T<'g> {
+    let [w_full, h_full, c, n] = z.ne();
+    let (w, h) = (w_full / p, h_full / p);
+    let z = z.reshape(&[p, w, p, h * c * n]).permute(0, 2, 1, 3).cont();
+    let z = z.reshape(&[p * p, w * h, c, n]).permute(1, 0, 2, 3).cont();
+    z.reshape(&[w, h, p * p * c, n])
+}
+
+/// Inverse of [`patchify_latent`].
+fn unpatchify_latent<'g>(z: T<'g>, p: i64) -> T<'g> {
+    let [w, h, cpp, n] = z.ne();
+    let c = cpp / p / p;
+    let z = z.reshape(&[w * h, p * p, c, n]).permute(1, 0, 2, 3).cont();
+    let z = z.reshape(&[p, p, w, h * c * n]).permute(0, 2, 1, 3).cont();
+    z.reshape(&[w * p, h * p, c, n])
 }
 
 
@@ -492,16 +600,21 @@ pub(crate) fn check_input(t: &Tensor, channels: i64, min_side: usize, what: &str
     Ok(())
 }
 
-/// Runs the encoder: image [W, H, 3, N] in [-1, 1] → moments [W/8, H/8, 8, N].
+/// Runs the encoder: image [W, H, 3, N] in [-1, 1] → moments [W/8, H/8, 8, N] (see
+/// [`AutoEncoderKL::encode_graph`]).
 pub fn encode(runner: &mut Runner, vae: &AutoEncoderKL, image: &Tensor) -> Result<Tensor> {
-    check_input(image, vae.cfg.in_channels, 8, "vae encode")?;
+    let scale = vae.cfg.scale();
+    check_input(image, vae.cfg.in_channels, scale, "vae encode")?;
+    if vae.cfg.flux2 {
+        ensure!(image.ne(0) % scale == 0 && image.ne(1) % scale == 0, "vae encode: Flux.2 needs sides that are multiples of {scale}, got {}x{}", image.ne(0), image.ne(1));
+    }
     runner.compute(|g| vae.encode_graph(g, g.input(image)))
 }
 
 /// Runs the decoder: VAE-space latent [w, h, 4, N] → image [8w, 8h, 3, N], unclamped, in
 /// about [-1, 1].
 pub fn decode(runner: &mut Runner, vae: &AutoEncoderKL, latent: &Tensor) -> Result<Tensor> {
-    check_input(latent, vae.cfg.z_channels, 1, "vae decode")?;
+    check_input(latent, vae.cfg.latent_channels(), 1, "vae decode")?;
     runner.compute(|g| Ok(vae.decode_graph(g, g.input(latent))))
 }
 
@@ -557,6 +670,26 @@ mod tests {
         let z = pattern(&[8, 8, 4, 1], -2.5, 2.5, 1);
         let ours = decode(&mut runner, &vae, &z).unwrap();
         assert_matches_numpy("kl decode (linear attn, conv scale, flash, direct)", "kl-decode", &path, &z, &ours);
+    }
+
+    /// Flux.2's latent patches: channel c's 2×2 block becomes channels 4c..4c+4 (row-major
+    /// inside the block), and unpatchify gives the latent back.
+    #[test]
+    fn flux2_latent_patches_round_trip() {
+        let (w, h, c) = (4i64, 2i64, 2i64);
+        let data: Vec<f32> = (0..w * h * c).map(|v| v as f32).collect();
+        let mut runner = Runner::new(cpu(), 1);
+        let patches = runner.compute(|g| Ok(patchify_latent(g.input_f32(&data, &[w, h, c, 1]), 2))).unwrap();
+        assert_eq!(patches.shape(), &[2, 1, 8, 1]);
+        // Patch 1 (x 2..4) of channel 1: pixels 8 + (2, 3, 6, 7).
+        let at = |ch: usize| patches.data()[ch * 2 + 1];
+        assert_eq!((at(4), at(5), at(6), at(7)), (10.0, 11.0, 14.0, 15.0));
+        let back = runner
+            .compute(|g| Ok(unpatchify_latent(patchify_latent(g.input_f32(&data, &[w, h, c, 1]), 2), 2)))
+            .unwrap();
+        assert_eq!(back.data(), &data[..]);
+        let cfg = VaeConfig::sd(0.18215, false).into_flux2();
+        assert_eq!((cfg.latent_channels(), cfg.encoder_output_channels(), cfg.scale()), (128, 128, 16));
     }
 
     #[test]

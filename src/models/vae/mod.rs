@@ -13,7 +13,9 @@
 //!   TAESD output is returned as computed (about [0, 1], unclamped), like the reference.
 //!
 //! The latent scale factor (0.18215 SD 1.x/2.x, 0.13025 SDXL) is therefore applied here,
-//! on the host, never inside the graphs. The pipeline holds a first stage as a
+//! on the host, never inside the graphs. Flux.2's autoencoder differs: its encoder output is
+//! the patchified mean (no sampling, no noise drawn) and diffusion latents are normalised
+//! per channel, `(z - mean) · scale / std`. The pipeline holds a first stage as a
 //! [`FirstStage`], which a loaded [`Vae`] implements.
 
 pub mod autoencoder_kl;
@@ -21,7 +23,7 @@ pub mod tae;
 #[cfg(test)]
 pub(crate) mod testutil;
 
-pub use autoencoder_kl::{AutoEncoderKL, VaeConfig};
+pub use autoencoder_kl::{AutoEncoderKL, VaeConfig, FLUX2_LATENT_MEAN, FLUX2_LATENT_STD};
 pub use tae::{TaeConfig, TinyAutoEncoder};
 
 use crate::error::Result;
@@ -30,7 +32,7 @@ use crate::runtime::tiling::{self, TileSpec, TilingParams};
 use crate::tensor::Tensor;
 use std::time::Instant;
 
-/// Pixels per latent pixel of every SD-family autoencoder.
+/// Pixels per latent pixel of the SD-family autoencoders (Flux.2's: 16, [`Vae::scale`]).
 pub const SCALE: usize = 8;
 
 /// Progress of tiled runs: (step, steps, seconds per step).
@@ -46,6 +48,14 @@ pub enum Vae {
 impl Vae {
     fn is_kl(&self) -> bool {
         matches!(self, Vae::Kl(_))
+    }
+
+    /// Pixels per latent pixel.
+    pub fn scale(&self) -> usize {
+        match self {
+            Vae::Kl(m) => m.cfg.scale(),
+            Vae::Tiny(_) => SCALE,
+        }
     }
 
     /// Channels of the encoder's output: moments (8) for KL, latents (4) for TAESD.
@@ -77,14 +87,15 @@ impl Vae {
     ) -> Result<Tensor> {
         let start = Instant::now();
         let input = if self.is_kl() { image.map(|v| v * 2.0 - 1.0) } else { image.clone() };
+        let scale = self.scale();
         let out = if tiling.enabled {
-            let (w, h) = (input.ne(0) / SCALE, input.ne(1) / SCALE);
+            let (w, h) = (input.ne(0) / scale, input.ne(1) / scale);
             ensure!(w > 0 && h > 0, "vae encode: image {}x{} is smaller than a latent pixel", input.ne(0), input.ne(1));
             // Encode tiles are twice the decode size: encoding needs more context.
             let (tx, ty, overlap) = tiling::tile_sizes(tiling, w as i64, h as i64, 2.0);
             sd_debug!("VAE Tile size: {tx}x{ty}");
             let spec = TileSpec { tile_size_x: tx, tile_size_y: ty, overlap, circular_x: circular.0, circular_y: circular.1 };
-            tiling::process_tiles(&input, w, h, SCALE, &spec, None, |t| {
+            tiling::process_tiles(&input, w, h, scale, &spec, None, |t| {
                 self.compute(runner, t, false)
                     .map_err(|e| crate::error::Error::new(format!("vae encode compute failed while processing a tile: {e}")))
             })
@@ -138,14 +149,15 @@ impl Vae {
         progress: Progress<'_>,
     ) -> Result<Tensor> {
         let start = Instant::now();
+        let scale = self.scale();
         let out = match spec {
             Some(spec) => {
                 let (w, h) = (latents.ne(0), latents.ne(1));
                 ensure!(
-                    w <= usize::MAX / SCALE && h <= usize::MAX / SCALE,
+                    w <= usize::MAX / scale && h <= usize::MAX / scale,
                     "vae decode: latent {w}x{h} too large"
                 );
-                tiling::process_tiles(latents, w * SCALE, h * SCALE, SCALE, spec, progress, |t| {
+                tiling::process_tiles(latents, w * scale, h * scale, scale, spec, progress, |t| {
                     self.compute(runner, t, true)
                         .map_err(|e| crate::error::Error::new(format!("vae decode compute failed while processing a tile: {e}")))
                 })
@@ -166,6 +178,7 @@ impl Vae {
     /// mean [w, h, 4, N]); TAESD output already is the latent.
     pub fn output_to_latents(&self, out: &Tensor, randn: impl FnOnce(usize) -> Vec<f32>) -> Result<Tensor> {
         match self {
+            Vae::Kl(m) if m.cfg.flux2 => Ok(out.clone()),
             Vae::Kl(m) if m.cfg.raw_encoder_latents => Ok(split_moments(out)?.0),
             Vae::Kl(_) => {
                 let (mean, logvar) = split_moments(out)?;
@@ -188,6 +201,10 @@ impl Vae {
     pub fn vae_to_diffusion_latents(&self, z: &Tensor) -> Tensor {
         match self {
             Vae::Kl(m) if m.cfg.raw_encoder_latents => z.clone(),
+            Vae::Kl(m) if m.cfg.flux2 => {
+                let scale = m.cfg.scale_factor;
+                per_channel(z, |v, c| ((v - FLUX2_LATENT_MEAN[c]) * scale) / FLUX2_LATENT_STD[c])
+            }
             Vae::Kl(m) => {
                 let (scale, shift) = (m.cfg.scale_factor, m.cfg.shift_factor);
                 z.map(|v| (v - shift) * scale)
@@ -199,6 +216,10 @@ impl Vae {
     /// `z / scale_factor + shift` for KL; identity for TAESD.
     pub fn diffusion_to_vae_latents(&self, z: &Tensor) -> Tensor {
         match self {
+            Vae::Kl(m) if m.cfg.flux2 => {
+                let scale = m.cfg.scale_factor;
+                per_channel(z, |v, c| (v * FLUX2_LATENT_STD[c]) / scale + FLUX2_LATENT_MEAN[c])
+            }
             Vae::Kl(m) => {
                 let (scale, shift) = (m.cfg.scale_factor, m.cfg.shift_factor);
                 z.map(|v| v / scale + shift)
@@ -257,6 +278,21 @@ impl FirstStage for Loaded<Vae> {
         let (vae, runner) = self.parts();
         vae.decode(runner, latents, tiling, circular, progress)
     }
+}
+
+/// `f(value, channel)` over a [w, h, C, N] latent. Flux.2's table has 128 channels; the
+/// decoder's input check refuses other widths, so other channels map to the identity.
+fn per_channel(z: &Tensor, f: impl Fn(f32, usize) -> f32) -> Tensor {
+    let plane = (z.ne(0) * z.ne(1)).max(1);
+    let channels = z.ne(2).max(1);
+    let mut out = z.clone();
+    for (i, v) in out.data_mut().iter_mut().enumerate() {
+        let c = (i / plane) % channels;
+        if c < FLUX2_LATENT_MEAN.len() {
+            *v = f(*v, c);
+        }
+    }
+    out
 }
 
 /// Splits KL moments [w, h, 2c, N] into (mean, logvar), each [w, h, c, N].
@@ -394,5 +430,24 @@ mod tests {
         }
         assert!(vae.output_to_latents(&moments, |_| vec![0.0; 3]).is_err());
         assert!(split_moments(&Tensor::zeros(&[1, 1, 3, 1])).is_err());
+    }
+
+    /// Flux.2: the encoder output is the latent (no noise drawn), normalised per channel
+    /// with the fixed table, and back.
+    #[test]
+    fn flux2_latent_normalisation() {
+        let types = TypeMap::new();
+        let mut store = ParamStore::new(1024).unwrap();
+        let cfg = VaeConfig::sd(0.18215, false).into_flux2();
+        let vae = Vae::Kl(AutoEncoderKL::new(&mut Scope::new(&mut store, &types, autoencoder_kl::PREFIX), &cfg));
+        assert_eq!((vae.scale(), vae.encoder_output_channels()), (16, 128));
+        let z = Tensor::from_vec(&[2, 1, 128, 1], (0..256).map(|v| v as f32 / 100.0).collect()).unwrap();
+        let lat = vae.output_to_latents(&z, |_| panic!("Flux.2 draws no noise")).unwrap();
+        assert_eq!(lat, z);
+        let d = vae.vae_to_diffusion_latents(&z);
+        let c = 5;
+        assert_eq!(d.data()[2 * c + 1], (z.data()[2 * c + 1] - FLUX2_LATENT_MEAN[c]) / FLUX2_LATENT_STD[c]);
+        let back = vae.diffusion_to_vae_latents(&d);
+        assert!(back.data().iter().zip(z.data()).all(|(a, b)| (a - b).abs() < 1e-5));
     }
 }

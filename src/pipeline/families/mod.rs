@@ -9,6 +9,7 @@
 
 mod first_stage;
 mod flux;
+mod flux2;
 mod mmdit;
 mod unet;
 mod zimage;
@@ -61,6 +62,9 @@ pub enum Arch {
     Flux { variant: FluxVariant },
     /// SD3 / SD3.5: CLIP-L + CLIP-G + T5 and a 16-channel AutoencoderKL.
     Mmdit,
+    /// Flux.2 klein: a Qwen3 LLM, the Flux.2 transformer and the 32-channel AutoencoderKL
+    /// with 2×2-patchified, normalised latents.
+    Flux2,
     /// Z-Image: a Qwen3 LLM and Flux.1's 16-channel AutoencoderKL.
     ZImage,
 }
@@ -194,6 +198,19 @@ const fn flux_family(variant: FluxVariant, concat: Concat) -> FamilySpec {
     }
 }
 
+/// Flux.2's 128 channels: 32 VAE channels × 2×2 patches, at 1/16 of the image.
+const FLUX2_LATENT: LatentFormat = LatentFormat { channels: 128, vae_scale: 16, down_factor: 1, scale_factor: 1.0, shift_factor: 0.0 };
+
+const fn flux2_family() -> FamilySpec {
+    FamilySpec {
+        vae_quant_convs: true,
+        ref_latents: true,
+        ref_latent_img_cfg: true,
+        ref_image_preset: Some("flux2"),
+        ..dit_family(ModelFamily::Flux2, Arch::Flux2, FLUX2_LATENT, &preview::FLUX2, Concat::None, Prediction::FluxFlow)
+    }
+}
+
 const fn with_tae(spec: FamilySpec) -> FamilySpec {
     FamilySpec { tae_first_stage: true, ..spec }
 }
@@ -221,6 +238,7 @@ static FLUX: FamilySpec = flux_family(FluxVariant::Flux, Concat::None);
 static FLUX_FILL: FamilySpec = flux_family(FluxVariant::Fill, Concat::FluxFill);
 static FLUX_CONTROLS: FamilySpec = flux_family(FluxVariant::Controls, Concat::FluxControls);
 static FLEX_2: FamilySpec = flux_family(FluxVariant::Flex2, Concat::Flex2);
+static FLUX2_KLEIN: FamilySpec = flux2_family();
 static Z_IMAGE: FamilySpec = dit_family(F::OtherDit, Arch::ZImage, FLUX_LATENT, &preview::FLUX, Concat::None, Prediction::Flow);
 
 /// The family of `version`, if this build can generate with it.
@@ -246,6 +264,7 @@ pub fn spec(version: SdVersion) -> Option<&'static FamilySpec> {
         V::FluxFill => &FLUX_FILL,
         V::FluxControls => &FLUX_CONTROLS,
         V::Flex2 => &FLEX_2,
+        V::Flux2Klein => &FLUX2_KLEIN,
         V::ZImage => &Z_IMAGE,
         _ => return None,
     })
@@ -323,6 +342,7 @@ impl ModelSet {
             Arch::Unet { unet, text } => unet::build(&mut ctx, unet, text)?,
             Arch::Flux { variant } => flux::build(&mut ctx, variant)?,
             Arch::Mmdit => mmdit::build(&mut ctx)?,
+            Arch::Flux2 => flux2::build(&mut ctx)?,
             Arch::ZImage => zimage::build(&mut ctx)?,
         };
         if params.flash_attn {
@@ -433,6 +453,11 @@ mod tests {
                     assert_eq!(s.latent.size_multiple(), 64);
                     assert_eq!(s.supports_img_cfg(false), v.is_inpaint() || matches!(v, SdVersion::Sd1Pix2Pix | SdVersion::SdxlPix2Pix));
                     assert!(s.vae_quant_convs && !s.skip_layer_guidance);
+                }
+                Some(s) if *v == SdVersion::Flux2Klein => {
+                    assert_eq!((s.latent.size_multiple(), s.latent.channels), (16, 128));
+                    assert!(s.vae_quant_convs && s.skip_layer_guidance && s.supports_img_cfg(true) && !s.supports_img_cfg(false));
+                    assert_eq!((s.defaults, s.ref_image_preset), (ModelFamily::Flux2, Some("flux2")));
                 }
                 Some(s) => {
                     assert!(v.is_flux() || matches!(*v, SdVersion::Sd3 | SdVersion::ZImage), "{v}");

@@ -1,0 +1,86 @@
+//! Flux.2 klein: the Qwen3 LLM conditioner ([`KLEIN_TEMPLATE`]), the Flux.2 transformer
+//! (the Flux network configured with shared modulations, SwiGLU MLPs and no biases) and
+//! the 32-channel AutoencoderKL with patchified, normalised latents. Flux flow prediction;
+//! the default shift is 1.15 when the model embeds guidance, else 1.0 (the default `flux2`
+//! scheduler ignores it), like the reference.
+
+use super::flux::DIT_PREFIX;
+use super::{first_stage, BuildCtx, Parts};
+use crate::error::Result;
+use crate::graph::Module;
+use crate::models::diffusion::flux::{Flux, FluxConfig, FluxModel, FluxOptions, FluxVariant};
+use crate::models::te::llm::LlmArch;
+use crate::pipeline::conditioning::llm::{LlmConditioner, LlmTemplate};
+use crate::runtime::denoiser::Denoiser;
+use crate::types::Prediction;
+
+/// Klein asks Qwen3 in its chat template with an empty reasoning block, padded to 512
+/// tokens, and reads the hidden states after layers 9, 18 and 27 side by side.
+pub const KLEIN_TEMPLATE: LlmTemplate = LlmTemplate {
+    arch: LlmArch::Qwen3,
+    prefix: "<|im_start|>user\n",
+    suffix: "<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n",
+    out_layers: &[9, 18, 27],
+    min_length: 512,
+    drop_first: 0,
+};
+
+pub(super) fn build(ctx: &mut BuildCtx<'_>) -> Result<Parts> {
+    let (params, weights, n_threads) = (ctx.params, ctx.weights, ctx.n_threads);
+    let te_place = ctx.devices.placement(Module::Te)?;
+    let diffusion_place = ctx.devices.placement(Module::Diffusion)?;
+    let vae_place = ctx.devices.placement(Module::Vae)?;
+
+    let shape_of = |n: &str| weights.shape_of(n);
+    let cfg = FluxConfig::detect(weights.types(), &shape_of, DIT_PREFIX, FluxVariant::Flux2);
+    ensure!(cfg.depth + cfg.depth_single_blocks > 0, "no Flux.2 transformer blocks found under '{DIT_PREFIX}'");
+    let cond = LlmConditioner::new(weights, KLEIN_TEMPLATE, &te_place, n_threads, params.eager_load)?;
+    // An LLM without the layers klein reads gives its final state instead (the reference
+    // then fails an assertion in the transformer's first product).
+    let width = cond.context_width() as i64;
+    ensure!(
+        width == cfg.context_in_dim,
+        "Flux.2 klein's transformer takes {} wide text (LLM layers {:?} side by side), this LLM gives {width} wide (too few layers or another width)",
+        cfg.context_in_dim,
+        KLEIN_TEMPLATE.out_layers
+    );
+
+    let mut model = weights.load_model(diffusion_place, n_threads, DIT_PREFIX, "diffusion model", |s| FluxModel::new(s, &cfg))?;
+    model.runner.options.flash_attn = params.flash_attn || params.diffusion_flash_attn;
+    model.runner.options.conv_direct = params.diffusion_conv_direct;
+    let diffusion = Flux { model, options: FluxOptions { use_mask: false } };
+
+    let (first_stage, preview) = first_stage::build(ctx, vae_place)?;
+    let prediction = params.prediction.unwrap_or(Prediction::FluxFlow);
+    let default_flow_shift = params.prediction.is_none().then_some(if cfg.guidance_embed { 1.15 } else { 1.0 });
+    Ok(Parts {
+        cond: Box::new(cond),
+        diffusion: Box::new(diffusion),
+        first_stage,
+        preview,
+        prediction,
+        denoiser: Denoiser::new(prediction, None),
+        default_flow_shift,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::models::te::qwen_tokenizer::{Qwen2Tokenizer, IM_END, IM_START, PAD_TOKEN};
+    use crate::pipeline::conditioning::llm::tokenize;
+
+    /// The prompt in klein's template: the user turn, the assistant turn with its empty
+    /// `<think>` block (special tokens), then `<|endoftext|>` padding to 512, masked.
+    #[test]
+    fn klein_prompt_tokens() {
+        let tok = Qwen2Tokenizer::shared().unwrap();
+        let t = tokenize(tok, &KLEIN_TEMPLATE, "a lovely cat");
+        assert_eq!(t.ids.len(), 512);
+        let real = t.keep.iter().filter(|&&k| k).count();
+        assert_eq!(&t.ids[..11], &[IM_START, 872, 198, 64, 16690, 8251, IM_END, 198, IM_START, 77091, 198]);
+        // <think>, "\n\n", </think>, "\n\n".
+        assert_eq!(&t.ids[11..real], &[151667, 271, 151668, 271]);
+        assert!(t.keep[..real].iter().all(|&k| k) && t.ids[real..].iter().all(|&i| i == PAD_TOKEN));
+    }
+}

@@ -4,8 +4,8 @@
 //! init image), and a missing or wrong component must fail cleanly at `new_sd_ctx`.
 //!
 //! Radiance works on pixels: the init image itself is the starting "latent", so img2img from
-//! a low noise level stays close to it. Its x0 / patch-32 file and the run without T5 are
-//! added by `SD_PARITY=full` (every Radiance evaluation runs Chroma's 5120-wide approximator).
+//! a low noise level stays close to it. Its x0 / patch-32 file (another 636 MB fixture) is
+//! added by `SD_PARITY=full`.
 
 mod common;
 
@@ -50,7 +50,7 @@ fn generate(ctx: *mut sd_ctx_t, params: &Value) -> Vec<(u32, u32, Vec<u8>)> {
 
 /// One picture of `params` (seed 42, cfg 1, 2 euler steps unless `params` says otherwise:
 /// Chroma's approximator is 5120 wide whatever the synthetic transformer's size, so each
-/// evaluation takes seconds).
+/// Radiance evaluation takes seconds).
 fn render(ctx: *mut sd_ctx_t, params: Value) -> (u32, u32, Vec<u8>) {
     let mut p = json!({
         "prompt": "a lovely cat",
@@ -99,7 +99,7 @@ fn chroma_radiance_renders_in_pixel_space() {
     assert_ne!(other, a, "the prompt reaches the picture");
 
     // img2img: the init image (in [-1, 1]) is the latent. One step from noise level 0.05
-    // stays near it; strength 0.9 starts from nearly pure noise.
+    // stays near it; strength 0.5 of 4 steps starts from a noisier mix (3 steps).
     let init = read_png(&root().join("tests/fixtures/inputs/init_64.png")).3;
     let low_noise = json!({
         "init_image": "init_64.png",
@@ -107,13 +107,13 @@ fn chroma_radiance_renders_in_pixel_space() {
         "sample_params.extra_sample_args": "strength_as_noise_level=true,force_first_sigma=true",
     });
     let near = render(ctx, low_noise.clone()).2;
-    let far = render(ctx, json!({ "init_image": "init_64.png", "strength": 0.9 })).2;
+    let far = render(ctx, json!({ "init_image": "init_64.png", "strength": 0.5, "sample_params.sample_steps": 4 })).2;
     let (d_near, d_far) = (diff_bytes(&near, &init), diff_bytes(&far, &init));
     eprintln!(
-        "radiance img2img vs init (max, mean): noise level 0.05 {d_near:?}, strength 0.9 {d_far:?}; strength 0.9 vs txt2img {:?}",
-        diff_bytes(&far, &a)
+        "radiance img2img vs init (max, mean): noise level 0.05 {d_near:?}, strength 0.5 {d_far:?}; txt2img {:?}",
+        diff_bytes(&a, &init)
     );
-    assert_structured("radiance img2img 0.9", &far);
+    assert_structured("radiance img2img 0.5", &far);
     assert!(d_near.1 < 16.0 && d_near.1 < d_far.1 / 2.0, "img2img from noise level 0.05 should stay near the init image");
     assert_eq!(render(ctx, low_noise).2, near, "the same request renders the same picture");
 
@@ -142,9 +142,6 @@ fn chroma_radiance_x0_with_halved_input_renders() {
 /// Like Chroma, Radiance renders without T5 (a zero text context, like the reference).
 #[test]
 fn chroma_radiance_without_t5_renders() {
-    if !full_only("Chroma Radiance without T5") {
-        return;
-    }
     let ctx = open(&json!({ "diffusion_model_path": "{fx}/chroma_radiance.safetensors" })).expect("new_sd_ctx without T5");
     assert_structured("radiance without T5", &render(ctx, json!({ "sample_params.sample_steps": 1 })).2);
     free_sd_ctx(ctx);

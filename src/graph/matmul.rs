@@ -72,7 +72,7 @@ fn problem(a: &g::ggml_tensor, b: &g::ggml_tensor, out: Option<&g::ggml_tensor>)
 pub(crate) fn mul_mat<'g>(g: &'g Graph, a: T<'g>, b: T<'g>, prec_f32: bool) -> T<'g> {
     // An evaluation callback (imatrix collection) looks for ggml's MUL_MAT nodes.
     if g.on_cpu && g.options.cpu_own_matmul && gemm::vector_kernels_available() && !super::eval_callback::is_set() {
-        if let Some(t) = custom(a, b, IMP_AUTO) {
+        if let Some(t) = flat(a, b).or_else(|| custom(a, b, IMP_AUTO)) {
             return t;
         }
     }
@@ -81,6 +81,18 @@ pub(crate) fn mul_mat<'g>(g: &'g Graph, a: T<'g>, b: T<'g>, prec_f32: bool) -> T
     } else {
         a.mul_mat(b)
     }
+}
+
+/// A matrix without batch dims times a dense batched `b` as one product over all of b's
+/// columns: the kernels then pack `a` once, not once per batch (Chroma's approximator runs
+/// 5120×5120 weights on 344 batches of one column). Every output keeps its sum.
+fn flat<'g>(a: T<'g>, b: T<'g>) -> Option<T<'g>> {
+    let [_, m, a2, a3] = a.ne();
+    let [k, n, b2, b3] = b.ne();
+    if a2 != 1 || a3 != 1 || b2 * b3 == 1 || !b.is_contiguous() {
+        return None;
+    }
+    custom(a, b.reshape(&[k, n * b2 * b3]), IMP_AUTO).map(|t| t.reshape(&[m, n, b2, b3]))
 }
 
 /// The custom op node, or None when the kernels do not apply.
@@ -252,6 +264,32 @@ mod tests {
 
     const FLOAT_PAIRS: [(GgmlType, GgmlType); 4] = [(F16, F32), (F16, F16), (F32, F32), (F32, F16)];
 
+    /// A batch-free matrix times a batched input is computed as one product (packed once):
+    /// the same bits as per batch, and as ggml's.
+    #[test]
+    fn batched_columns_share_one_product() {
+        let vs_ggml = ggml_sums_like_avx2();
+        let mut r = Rng(5);
+        for (ty, a_ne, b_ne) in [(F16, [96, 40, 1, 1], [96, 1, 7, 1]), (F32, [70, 33, 1, 1], [70, 3, 2, 2]), (F16, [64, 8, 1, 1], [64, 5, 1, 3])] {
+            let (da, db) = (data(&mut r, ty, a_ne, 1.0), data(&mut r, F32, b_ne, 1.0));
+            let mut runner = Runner::new(Arc::new(Backend::cpu().unwrap()), 2);
+            let outs = runner
+                .compute_many(|g| {
+                    let ta = g.input_bytes(ty, &a_ne, da.clone());
+                    let tb = g.input_bytes(F32, &b_ne, db.clone());
+                    let flat = mul_mat(g, ta, tb, false);
+                    assert_eq!(flat.ne(), [a_ne[1], b_ne[1], b_ne[2], b_ne[3]]);
+                    Ok(vec![flat, custom(ta, tb, IMP_AUTO).expect("supported"), ta.mul_mat(tb)])
+                })
+                .unwrap();
+            let bits = |i: usize| outs[i].data().iter().map(|v| v.to_bits()).collect::<Vec<u32>>();
+            assert_eq!(bits(0), bits(1), "{a_ne:?} x {b_ne:?}: flattened and per-batch products differ");
+            if vs_ggml {
+                assert_eq!(bits(0), bits(2), "{a_ne:?} x {b_ne:?}: differs from ggml");
+            }
+        }
+    }
+
     #[test]
     fn float_products_equal_ggml_bit_for_bit() {
         let vs_ggml = ggml_sums_like_avx2();
@@ -397,3 +435,4 @@ mod tests {
         }
     }
 }
+

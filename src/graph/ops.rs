@@ -139,6 +139,12 @@ impl<'g> T<'g> {
         self.wrap(unsafe { g::ggml_rms_norm(self.ctx(), self.raw(), eps) })
     }
 
+    /// Each row divided by its Euclidean norm (at least `eps`).
+    pub fn l2_norm(self, eps: f32) -> T<'g> {
+        // SAFETY: live tensor.
+        self.wrap(unsafe { g::ggml_l2_norm(self.ctx(), self.raw(), eps) })
+    }
+
     pub fn group_norm(self, groups: i32, eps: f32) -> T<'g> {
         // SAFETY: live tensor.
         self.wrap(unsafe { g::ggml_group_norm(self.ctx(), self.raw(), groups, eps) })

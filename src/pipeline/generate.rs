@@ -552,13 +552,13 @@ fn send_preview(
     step: i32,
     noisy: bool,
     config: &PreviewConfig,
-    projection: &preview::Projection,
+    projection: Option<&preview::Projection>,
     decoder: &mut dyn FirstStage,
     tiling: &TilingParams,
     circular: (bool, bool),
 ) {
     let image = match config.mode {
-        Preview::Proj => preview::project(latents, Some(projection)),
+        Preview::Proj => preview::project(latents, projection),
         Preview::Vae | Preview::Tae => {
             let lat = decoder.diffusion_to_vae(latents);
             let out = decoder.begin().and_then(|_| decoder.decode(&lat, tiling, circular, None));

@@ -1,6 +1,6 @@
-//! Flux.1 (dev, schnell, Fill, Controls, Flex.2, Kontext through reference latents) and
-//! Chroma: the rectified-flow transformer of Black Forest Labs, like the reference's
-//! `flux.hpp`.
+//! Flux.1 (dev, schnell, Fill, Controls, Flex.2, Kontext through reference latents),
+//! Chroma, Chroma1-Radiance, Ovis-Image and Flux.2: the rectified-flow transformer of Black
+//! Forest Labs and its relatives, like the reference's `flux.hpp`.
 //!
 //! - Weights under `model.diffusion_model.` with the original names (`img_in`, `txt_in`,
 //!   `time_in`, `vector_in`, `guidance_in`, `double_blocks.N.{img,txt}_{mod,attn,mlp}`,
@@ -13,12 +13,18 @@
 //!   latent's own tokens, unpatchified.
 //! - The conditioning: `context` (T5 hidden states), `y` (pooled CLIP-L, or Chroma's T5
 //!   attention mask), the distilled guidance value (dev), the timestep in [0, 1].
+//! - Chroma1-Radiance works on pixels: `img_in_patch` (a strided convolution) makes the
+//!   tokens, and instead of `final_layer` a small per-pixel network (`nerf_*`) whose weights
+//!   each token generates decodes every patch from its pixels and a DCT position code.
 
 use super::{DiffusionInput, DiffusionModel};
 use crate::error::{Context as _, Result};
-use crate::graph::nn::{LayerNorm, Linear};
+use crate::graph::matmul::mul_mat;
+use crate::graph::nn::{Conv2d, LayerNorm, Linear};
 use crate::graph::{Component, Components, Graph, Loaded, Scope, TypeMap, F32, T};
-use crate::models::common::dit::{chunk, modulate, pad_and_patchify, timestep_embedding, unpatchify_and_crop, RmsNorm};
+use crate::models::common::dit::{
+    chunk, modulate, pad_and_patchify, pad_to_patch, patchify, timestep_embedding, unpatchify, unpatchify_and_crop, RmsNorm,
+};
 use crate::models::common::rope::{self, RefIndexMode};
 use crate::tensor::Tensor;
 
@@ -35,6 +41,37 @@ pub enum FluxVariant {
     /// Flux.2 (dev, klein): 128-channel latents (the VAE patchifies), shared modulations,
     /// SwiGLU MLPs, no biases, four rotary axes with the text tokens numbered on the last.
     Flux2,
+    /// Chroma1-Radiance: Chroma on RGB pixels in [-1, 1] (no autoencoder), 16×16 patches.
+    ChromaRadiance,
+    /// Ovis-Image: LLM text RMS-normalised before `txt_in`, gate/up/down MLPs, no pooled
+    /// vector, text tokens numbered on rotary axes 1 and 2.
+    Ovis,
+}
+
+/// Chroma1-Radiance's pixel decoder. Its sizes are fixed (the reference does not read them
+/// from the weights); the markers and the patch kernel are.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct RadianceConfig {
+    pub nerf_hidden: i64,
+    pub nerf_mlp_ratio: i64,
+    pub nerf_depth: usize,
+    pub nerf_max_freqs: i64,
+    /// The network predicts the clean image (`__x0__` marker): the velocity is
+    /// `(x - prediction) / t`.
+    pub use_x0: bool,
+    /// Side of `img_in_patch`'s kernel: the patch size, or half of it when the input is
+    /// first downscaled 2× ("fake" 32×32 patches).
+    pub in_kernel: i64,
+}
+
+impl RadianceConfig {
+    fn new(patch_size: i64) -> RadianceConfig {
+        RadianceConfig { nerf_hidden: 64, nerf_mlp_ratio: 4, nerf_depth: 4, nerf_max_freqs: 8, use_x0: false, in_kernel: patch_size }
+    }
+
+    fn halves_input(&self, patch_size: i64) -> bool {
+        self.in_kernel != patch_size
+    }
 }
 
 #[derive(Clone, Debug, PartialEq)]
@@ -67,6 +104,12 @@ pub struct FluxConfig {
     pub ref_index_scale: f32,
     /// Rotary axes on which text tokens count up (0, 1, 2, …) instead of being all zero.
     pub txt_arange_axes: Vec<usize>,
+    /// The text is RMS-normalised (`txt_norm`) before `txt_in` (Ovis).
+    pub semantic_txt_norm: bool,
+    /// The MLPs are `down(up(x) · silu(gate(x)))` (`gate_proj`, `up_proj`, `down_proj`; Ovis).
+    pub yak_mlp: bool,
+    /// Chroma1-Radiance's pixel input and decoder.
+    pub radiance: Option<RadianceConfig>,
 }
 
 /// Tokens of Chroma's modulation table (3 per single block, 2 × 6 per double block of the
@@ -98,6 +141,8 @@ impl FluxConfig {
                 FluxVariant::Controls => 128,
                 FluxVariant::Flex2 => 196,
                 FluxVariant::Flux2 => 128,
+                FluxVariant::ChromaRadiance => 3,
+                FluxVariant::Ovis => 64,
             },
             out_channels: 64,
             vec_in_dim: 768,
@@ -117,6 +162,9 @@ impl FluxConfig {
             mlp_silu_act: false,
             ref_index_scale: 1.0,
             txt_arange_axes: Vec::new(),
+            semantic_txt_norm: false,
+            yak_mlp: false,
+            radiance: None,
         };
         if variant == FluxVariant::Flux2 {
             cfg.patch_size = 1;
@@ -132,8 +180,33 @@ impl FluxConfig {
             cfg.mlp_silu_act = true;
             cfg.txt_arange_axes = vec![3];
         }
+        if variant == FluxVariant::ChromaRadiance {
+            cfg.patch_size = 16;
+        }
+        if variant == FluxVariant::Ovis {
+            cfg.semantic_txt_norm = true;
+            cfg.yak_mlp = true;
+            cfg.vec_in_dim = 0;
+            cfg.txt_arange_axes = vec![1, 2];
+        }
+        let radiance = variant == FluxVariant::ChromaRadiance;
+        let (mut use_x0, mut in_kernel) = (false, None);
         let mut head_dim = 0;
         for name in types.keys().filter(|n| n.starts_with(prefix)) {
+            if radiance && name.contains("__x0__") {
+                sd_debug!("using x0 prediction");
+                use_x0 = true;
+            }
+            if radiance && name.contains("__32x32__") {
+                sd_debug!("using patch size 32");
+                cfg.patch_size = 32;
+            }
+            if radiance && name.contains("img_in_patch.weight") {
+                if let Some(ne) = shape_of(name) {
+                    sd_debug!("actual radiance patch size: {}", ne[0]);
+                    in_kernel = Some(ne[0]);
+                }
+            }
             if name.contains("guidance_in.in_layer.weight") {
                 cfg.guidance_embed = true;
             }
@@ -161,6 +234,17 @@ impl FluxConfig {
         if head_dim > 0 {
             cfg.num_heads = cfg.hidden_size / head_dim;
         }
+        if radiance {
+            let mut r = RadianceConfig::new(cfg.patch_size);
+            r.use_x0 = use_x0;
+            if let Some(k) = in_kernel.filter(|&k| k > 0) {
+                r.in_kernel = k;
+            }
+            if r.halves_input(cfg.patch_size) {
+                sd_debug!("using fake x2 patch size");
+            }
+            cfg.radiance = Some(r);
+        }
         sd_debug!(
             "flux: depth = {}, depth_single_blocks = {}, guidance_embed = {}, context_in_dim = {}, hidden_size = {}, num_heads = {}",
             cfg.depth,
@@ -177,12 +261,34 @@ impl FluxConfig {
         self.hidden_size / self.num_heads
     }
 
+    /// What the weights say that the network cannot be built from (the reference asserts).
+    pub fn validate(&self) -> Result<()> {
+        ensure!(
+            self.num_heads > 0 && self.hidden_size > 0 && self.hidden_size % self.num_heads == 0,
+            "Flux hidden size {} does not split into {} heads",
+            self.hidden_size,
+            self.num_heads
+        );
+        if let Some(r) = &self.radiance {
+            ensure!(
+                r.in_kernel == self.patch_size || 2 * r.in_kernel == self.patch_size,
+                "Chroma Radiance: img_in_patch has a {k}x{k} kernel, which does not fit patches of {p} (nor half of them)",
+                k = r.in_kernel,
+                p = self.patch_size
+            );
+        }
+        Ok(())
+    }
+
     fn mlp_hidden(&self) -> i64 {
         (self.hidden_size as f32 * self.mlp_ratio) as i64
     }
 
     /// Latent channels of the image tokens (before the variant's extra channels).
     pub fn latent_channels(&self) -> i64 {
+        if self.radiance.is_some() {
+            return self.in_channels;
+        }
         self.out_channels / (self.patch_size * self.patch_size)
     }
 
@@ -190,7 +296,7 @@ impl FluxConfig {
     pub fn concat_channels(&self) -> i64 {
         let c = self.latent_channels();
         match self.variant {
-            FluxVariant::Flux | FluxVariant::Flux2 => 0,
+            FluxVariant::Flux | FluxVariant::Flux2 | FluxVariant::ChromaRadiance | FluxVariant::Ovis => 0,
             FluxVariant::Fill => c + 64,
             FluxVariant::Controls => c,
             FluxVariant::Flex2 => 2 * c + 1,
@@ -277,19 +383,80 @@ fn gelu_inplace<'g>(x: T<'g>) -> T<'g> {
     x.contiguous().gelu_inplace()
 }
 
-/// SwiGLU on `[2·d, …]`: the first half (made dense) through SiLU gates the second half.
-fn silu_act<'g>(x: T<'g>) -> T<'g> {
-    let halves = chunk(x, 2, 0, false);
-    let gate = halves[0].cont().silu_inplace();
-    halves[1].mul(gate)
+/// The activation between an MLP's two products.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum MlpAct {
+    /// tanh-GELU.
+    Gelu,
+    /// SwiGLU on `[2·d, …]`: the first half (made dense) through SiLU gates the second.
+    SwiGlu,
+    /// SwiGLU with the gate in the second half (Ovis's single blocks).
+    SwiGluGateLast,
 }
 
-/// The MLP activation of the configuration: SwiGLU or tanh-GELU.
-fn mlp_act<'g>(x: T<'g>, silu: bool) -> T<'g> {
-    if silu {
-        silu_act(x)
-    } else {
-        gelu_inplace(x)
+impl MlpAct {
+    fn of(cfg: &FluxConfig) -> MlpAct {
+        if cfg.yak_mlp {
+            MlpAct::SwiGluGateLast
+        } else if cfg.mlp_silu_act {
+            MlpAct::SwiGlu
+        } else {
+            MlpAct::Gelu
+        }
+    }
+
+    /// Inputs of the second product per output of the first (2 for SwiGLU).
+    fn input_factor(self) -> i64 {
+        if self == MlpAct::Gelu {
+            1
+        } else {
+            2
+        }
+    }
+
+    fn apply<'g>(self, x: T<'g>) -> T<'g> {
+        let (gate, value) = match self {
+            MlpAct::Gelu => return gelu_inplace(x),
+            MlpAct::SwiGlu => (0, 1),
+            MlpAct::SwiGluGateLast => (1, 0),
+        };
+        let halves = chunk(x, 2, 0, false);
+        let gate = halves[gate].cont().silu_inplace();
+        halves[value].mul(gate)
+    }
+}
+
+/// A double block stream's MLP.
+#[derive(Clone, Copy, Debug)]
+enum StreamMlp {
+    /// `2(act(0(x)))`.
+    Plain { mlp_0: Linear, mlp_2: Linear, act: MlpAct },
+    /// `down(up(x) · silu(gate(x)))` (Ovis).
+    Yak { gate: Linear, up: Linear, down: Linear },
+}
+
+impl StreamMlp {
+    fn new(s: &mut Scope, cfg: &FluxConfig) -> StreamMlp {
+        let (h, mlp, bias) = (cfg.hidden_size, cfg.mlp_hidden(), !cfg.disable_bias);
+        if cfg.yak_mlp {
+            return StreamMlp::Yak {
+                gate: Linear::new(s, "gate_proj", h, mlp, bias),
+                up: Linear::new(s, "up_proj", h, mlp, bias),
+                down: Linear::new(s, "down_proj", mlp, h, bias),
+            };
+        }
+        let act = MlpAct::of(cfg);
+        StreamMlp::Plain { mlp_0: Linear::new(s, "0", h, mlp * act.input_factor(), bias), mlp_2: Linear::new(s, "2", mlp, h, bias), act }
+    }
+
+    fn forward<'g>(&self, g: &'g Graph, x: T<'g>) -> T<'g> {
+        match self {
+            StreamMlp::Plain { mlp_0, mlp_2, act } => mlp_2.forward(g, act.apply(mlp_0.forward(g, x))),
+            StreamMlp::Yak { gate, up, down } => {
+                let gate = gate.forward(g, x).silu_inplace();
+                down.forward(g, up.forward(g, x).mul(gate))
+            }
+        }
     }
 }
 
@@ -330,32 +497,26 @@ struct Stream {
     norm1: LayerNorm,
     attn: SelfAttention,
     norm2: LayerNorm,
-    mlp_0: Linear,
-    mlp_2: Linear,
-    mlp_silu_act: bool,
+    mlp: StreamMlp,
 }
 
 impl Stream {
     fn new(s: &mut Scope, prefix: &str, cfg: &FluxConfig) -> Stream {
         let h = cfg.hidden_size;
-        let mlp = cfg.mlp_hidden();
         let bias = !cfg.disable_bias;
         let modulation = (!cfg.is_chroma && !cfg.share_modulation).then(|| Modulation::new(s, &format!("{prefix}_mod"), h, true, true));
         let norm1 = LayerNorm::new(s, &format!("{prefix}_norm1"), h, 1e-6, false, false);
         let attn = SelfAttention::new(s, &format!("{prefix}_attn"), h, cfg.num_heads, cfg.qkv_bias, bias);
         let norm2 = LayerNorm::new(s, &format!("{prefix}_norm2"), h, 1e-6, false, false);
-        let mut m = s.sub(&format!("{prefix}_mlp"));
-        let mlp_in = if cfg.mlp_silu_act { 2 * mlp } else { mlp };
-        let mlp_0 = Linear::new(&mut m, "0", h, mlp_in, bias);
-        let mlp_2 = Linear::new(&mut m, "2", mlp, h, bias);
-        Stream { modulation, norm1, attn, norm2, mlp_0, mlp_2, mlp_silu_act: cfg.mlp_silu_act }
+        let mlp = StreamMlp::new(&mut s.sub(&format!("{prefix}_mlp")), cfg);
+        Stream { modulation, norm1, attn, norm2, mlp }
     }
 
     /// After attention: gated attention output and gated MLP added to `x`.
     fn post<'g>(&self, g: &'g Graph, x: T<'g>, attn_out: T<'g>, m1: &ModOut<'g>, m2: &ModOut<'g>) -> T<'g> {
         let x = x.add(self.attn.proj.forward(g, attn_out).mul(m1.gate.expect("gate")));
         let h = modulate(self.norm2.forward(g, x), m2.shift, m2.scale);
-        let h = self.mlp_2.forward(g, mlp_act(self.mlp_0.forward(g, h), self.mlp_silu_act));
+        let h = self.mlp.forward(g, h);
         x.add(h.mul(m2.gate.expect("gate")))
     }
 }
@@ -460,7 +621,7 @@ struct SingleStreamBlock {
     hidden: i64,
     num_heads: i64,
     mlp_hidden: i64,
-    mlp_silu_act: bool,
+    act: MlpAct,
     idx: i64,
 }
 
@@ -469,7 +630,8 @@ impl SingleStreamBlock {
         let h = cfg.hidden_size;
         let mlp = cfg.mlp_hidden();
         let bias = !cfg.disable_bias;
-        let mlp_in = if cfg.mlp_silu_act { 2 * mlp } else { mlp };
+        let act = MlpAct::of(cfg);
+        let mlp_in = mlp * act.input_factor();
         let (query_norm, key_norm) = qk_norm(s, cfg.head_dim());
         SingleStreamBlock {
             linear1: Linear::new(s, "linear1", h, h * 3 + mlp_in, bias),
@@ -481,7 +643,7 @@ impl SingleStreamBlock {
             hidden: h,
             num_heads: cfg.num_heads,
             mlp_hidden: mlp_in,
-            mlp_silu_act: cfg.mlp_silu_act,
+            act,
             idx: idx as i64,
         }
     }
@@ -505,7 +667,7 @@ impl SingleStreamBlock {
         let k = self.key_norm.forward(g, part(1));
         let attn = rope::attention(g, q, k, part(2), pe, mask);
         let mlp = qkv_mlp.view(&[self.mlp_hidden, l, n], &[nb[1], nb[2]], 3 * self.hidden as usize * nb[0]);
-        let attn_mlp = attn.concat(mlp_act(mlp, self.mlp_silu_act), 0);
+        let attn_mlp = attn.concat(self.act.apply(mlp), 0);
         let out = self.linear2.forward(g, attn_mlp);
         x.add(out.mul(m.gate.expect("gate")))
     }
@@ -566,11 +728,126 @@ impl ChromaApproximator {
     }
 }
 
+/// One block of Chroma1-Radiance's pixel network: a gated MLP over each patch's pixels whose
+/// three weight matrices the patch's transformer token generates (`param_generator`), each
+/// row L2-normalised.
+#[derive(Clone, Copy, Debug)]
+struct NerfGluBlock {
+    param_generator: Linear,
+    norm: RmsNorm,
+    hidden: i64,
+    mlp_ratio: i64,
+}
+
+impl NerfGluBlock {
+    fn new(s: &mut Scope, token_dim: i64, hidden: i64, mlp_ratio: i64) -> NerfGluBlock {
+        NerfGluBlock {
+            param_generator: Linear::new(s, "param_generator", token_dim, 3 * hidden * hidden * mlp_ratio, true),
+            norm: flux_rms_norm(s, "norm", hidden),
+            hidden,
+            mlp_ratio,
+        }
+    }
+
+    /// `x` `[hidden, p·p, B]` (the pixels of B patches), `tokens` `[token_dim, B]`.
+    fn forward<'g>(&self, g: &'g Graph, x: T<'g>, tokens: T<'g>) -> T<'g> {
+        let (d, r, b) = (self.hidden, self.mlp_ratio, x.ne()[2]);
+        let params = chunk(self.param_generator.forward(g, tokens), 3, 0, true);
+        // Generated as [out, in] per patch; the products want [in, out] rows.
+        let matrix = |t: T<'g>, out: i64, inp: i64| t.reshape(&[out, inp, b]).permute(1, 0, 2, 3).cont().l2_norm(1e-12);
+        let fc1_gate = matrix(params[0], d * r, d);
+        let fc1_value = matrix(params[1], d * r, d);
+        let fc2 = matrix(params[2], d, r * d);
+        let h = self.norm.forward(g, x);
+        let gate = mul_mat(g, fc1_gate, h, false).silu_inplace();
+        let value = mul_mat(g, fc1_value, h, false);
+        mul_mat(g, fc2, gate.mul_inplace(value), false).add_inplace(x)
+    }
+}
+
+/// Chroma1-Radiance's decoder from transformer tokens to pixels (`nerf_image_embedder`,
+/// `nerf_blocks.N`, `nerf_final_layer_conv`).
+#[derive(Clone, Debug)]
+struct NerfHead {
+    cfg: RadianceConfig,
+    embedder: Linear,
+    blocks: Vec<NerfGluBlock>,
+    final_norm: RmsNorm,
+    final_conv: Conv2d,
+}
+
+impl NerfHead {
+    fn new(s: &mut Scope, cfg: &FluxConfig, r: RadianceConfig) -> NerfHead {
+        let freqs = r.nerf_max_freqs * r.nerf_max_freqs;
+        let embedder = Linear::new(&mut s.sub("nerf_image_embedder"), "embedder.0", cfg.in_channels + freqs, r.nerf_hidden, true);
+        let blocks = (0..r.nerf_depth)
+            .map(|i| NerfGluBlock::new(&mut s.sub(&format!("nerf_blocks.{i}")), cfg.hidden_size, r.nerf_hidden, r.nerf_mlp_ratio))
+            .collect();
+        let mut f = s.sub("nerf_final_layer_conv");
+        let final_norm = flux_rms_norm(&mut f, "norm", r.nerf_hidden);
+        let final_conv = Conv2d::square(&mut f, "conv", r.nerf_hidden, cfg.in_channels, 3, 1, 1);
+        NerfHead { cfg: r, embedder, blocks, final_norm, final_conv }
+    }
+
+    /// The padded image `[W', H', C, 1]`, its tokens after the transformer `[hidden, L, 1]`
+    /// and the DCT code `[freqs², p·p]` → prediction `[W', H', C, 1]`.
+    fn forward<'g>(&self, g: &'g Graph, img: T<'g>, tokens: T<'g>, dct: T<'g>, p: i64) -> T<'g> {
+        let [w, h, c, _] = img.ne();
+        let pixels = patchify(img, p, true);
+        let [_, patches, n, _] = pixels.ne();
+        // Each patch's pixels as a sequence of C-vectors: [C, p·p, patches·N].
+        let pixels = pixels.reshape(&[p * p, c, patches * n]).permute(1, 0, 2, 3).cont();
+        let [d, l, tn, _] = tokens.ne();
+        let tokens = tokens.reshape(&[d, l * tn]);
+        let [f, pp, _, _] = dct.ne();
+        let dct = dct.repeat_4d([f, pp, patches * n, 1]);
+        let mut x = self.embedder.forward(g, pixels.concat(dct, 0));
+        for block in &self.blocks {
+            x = block.forward(g, x, tokens);
+        }
+        let nh = self.cfg.nerf_hidden;
+        let x = x.permute(1, 0, 2, 3).cont().reshape(&[p * p * nh, patches, n]);
+        let x = unpatchify(x, h / p, w / p, p, true);
+        // RMS norm over the channels of each pixel, then the 3×3 convolution to RGB.
+        let x = x.permute(1, 2, 0, 3).cont();
+        let x = self.final_norm.forward(g, x).permute(2, 0, 1, 3).cont();
+        self.final_conv.forward(g, x)
+    }
+}
+
+/// Chroma1-Radiance's position code of a p×p patch: for each pixel the products of cosines
+/// `cos(π·fx·x)·cos(π·fy·y) / (1 + fx·fy)` over `max_freqs²` frequency pairs, with x, y in
+/// [0, 1] across the patch (`[max_freqs², p·p]`, computed in f32 like the reference).
+pub fn dct_positions(p: usize, max_freqs: usize) -> Vec<f32> {
+    const PI: f32 = std::f32::consts::PI;
+    let pos: Vec<f32> = (0..p).map(|i| i as f32 / (p as f32 - 1.0)).collect();
+    let freqs: Vec<f32> = (0..max_freqs).map(|i| i as f32).collect();
+    let features = max_freqs * max_freqs;
+    let mut out = vec![0f32; p * p * features];
+    for (k, row) in out.chunks_mut(features).enumerate() {
+        let (px, py) = (pos[k % p], pos[k / p]);
+        for fx in 0..max_freqs {
+            let cx = (px * freqs[fx] * PI).cos();
+            for fy in 0..max_freqs {
+                let cy = (py * freqs[fy] * PI).cos();
+                let coeff = 1.0 / (1.0 + freqs[fx] * freqs[fy]);
+                row[fx * max_freqs + fy] = cx * cy * coeff;
+            }
+        }
+    }
+    out
+}
+
 /// The Flux / Chroma network.
 #[derive(Clone, Debug)]
 pub struct FluxModel {
     pub config: FluxConfig,
-    img_in: Linear,
+    /// Token projection of latent patches (all but Chroma1-Radiance).
+    img_in: Option<Linear>,
+    /// Chroma1-Radiance: pixels to tokens by a strided convolution.
+    img_in_patch: Option<Conv2d>,
+    /// Ovis: RMS norm of the text before `txt_in`.
+    txt_norm: Option<RmsNorm>,
     txt_in: Linear,
     time_in: Option<MlpEmbedder>,
     vector_in: Option<MlpEmbedder>,
@@ -579,7 +856,9 @@ pub struct FluxModel {
     shared_modulation: Option<SharedModulation>,
     double_blocks: Vec<DoubleStreamBlock>,
     single_blocks: Vec<SingleStreamBlock>,
-    final_layer: LastLayer,
+    /// Tokens to patch pixels (all but Chroma1-Radiance).
+    final_layer: Option<LastLayer>,
+    nerf: Option<NerfHead>,
 }
 
 /// Graph inputs of one Flux evaluation.
@@ -599,6 +878,8 @@ pub struct FluxInputs<'g, 'a> {
     pub pe: T<'g>,
     /// Chroma: 0..344 as f32.
     pub mod_index: Option<T<'g>>,
+    /// Chroma1-Radiance: [`dct_positions`] `[max_freqs², p·p]`.
+    pub dct: Option<T<'g>>,
     /// Reference latents `[W', H', C, 1]` appended as tokens.
     pub refs: Vec<T<'g>>,
     pub skip_layers: &'a [i32],
@@ -618,7 +899,14 @@ impl FluxModel {
                 None,
             )
         };
-        let img_in = Linear::new(s, "img_in", cfg.in_channels, h, bias);
+        let (img_in, img_in_patch) = match &cfg.radiance {
+            Some(r) => {
+                let k = r.in_kernel;
+                (None, Some(Conv2d::new(s, "img_in_patch", cfg.in_channels, h, (k, k), (k as i32, k as i32), (0, 0), true)))
+            }
+            None => (Some(Linear::new(s, "img_in", cfg.in_channels, h, bias)), None),
+        };
+        let txt_norm = cfg.semantic_txt_norm.then(|| flux_rms_norm(s, "txt_norm", cfg.context_in_dim));
         let txt_in = Linear::new(s, "txt_in", cfg.context_in_dim, h, bias);
         let double_blocks = (0..cfg.depth)
             .map(|i| {
@@ -627,16 +915,21 @@ impl FluxModel {
             })
             .collect();
         let single_blocks = (0..cfg.depth_single_blocks).map(|i| SingleStreamBlock::new(&mut s.sub(&format!("single_blocks.{i}")), cfg, i)).collect();
-        let mut fl = s.sub("final_layer");
-        let final_layer = LastLayer {
-            // The reference declares it with patch size 1: out_channels already counts the patch.
-            linear: Linear::new(&mut fl, "linear", h, cfg.out_channels, bias),
-            ada_ln: (!cfg.is_chroma).then(|| Linear::new(&mut fl, "adaLN_modulation.1", h, 2 * h, bias)),
-        };
+        let final_layer = cfg.radiance.is_none().then(|| {
+            let mut fl = s.sub("final_layer");
+            LastLayer {
+                // The reference declares it with patch size 1: out_channels already counts the patch.
+                linear: Linear::new(&mut fl, "linear", h, cfg.out_channels, bias),
+                ada_ln: (!cfg.is_chroma).then(|| Linear::new(&mut fl, "adaLN_modulation.1", h, 2 * h, bias)),
+            }
+        });
+        let nerf = cfg.radiance.map(|r| NerfHead::new(s, cfg, r));
         let shared_modulation = cfg.share_modulation.then(|| SharedModulation::new(s, h, bias));
         FluxModel {
             config: cfg.clone(),
             img_in,
+            img_in_patch,
+            txt_norm,
             txt_in,
             time_in,
             vector_in,
@@ -646,10 +939,12 @@ impl FluxModel {
             double_blocks,
             single_blocks,
             final_layer,
+            nerf,
         }
     }
 
-    /// The transformer on tokens: image tokens `[in_channels, L_img, N]` → `[p·p·C, L_img, N]`.
+    /// The transformer on tokens: image tokens `[in_channels, L_img, N]` → `[p·p·C, L_img, N]`
+    /// (Chroma1-Radiance: tokens `[hidden, L_img, N]` in and out).
     #[allow(clippy::too_many_arguments)]
     fn forward_tokens<'g>(
         &self,
@@ -664,7 +959,10 @@ impl FluxModel {
         skip_layers: &[i32],
     ) -> T<'g> {
         let cfg = &self.config;
-        let mut img = self.img_in.forward(g, img);
+        let mut img = match &self.img_in {
+            Some(l) => l.forward(g, img),
+            None => img,
+        };
         let mut mask = None;
         let vec = match &self.approximator {
             Some(approx) => {
@@ -694,6 +992,10 @@ impl FluxModel {
             }
         };
         let shared = self.shared_modulation.map(|m| m.forward(g, vec));
+        let txt = match &self.txt_norm {
+            Some(n) => n.forward(g, txt),
+            None => txt,
+        };
         let mut txt = self.txt_in.forward(g, txt);
         let skip = |i: usize| skip_layers.contains(&(i as i32));
         for (i, block) in self.double_blocks.iter().enumerate() {
@@ -713,12 +1015,50 @@ impl FluxModel {
         let [d, _, n, _] = txt_img.ne();
         let nb = txt_img.nb();
         let img = txt_img.view(&[d, n_img, n], &[nb[1], nb[2]], txt.ne()[1] as usize * nb[1]);
-        self.final_layer.forward(g, img, vec)
+        match &self.final_layer {
+            Some(f) => f.forward(g, img, vec),
+            None => img,
+        }
+    }
+
+    /// Chroma1-Radiance: image `[W, H, 3, 1]` → velocity `[W, H, 3, 1]`.
+    fn forward_radiance<'g>(&self, g: &'g Graph, i: &FluxInputs<'g, '_>) -> T<'g> {
+        let cfg = &self.config;
+        let (Some(r), Some(patch_in), Some(nerf)) = (&cfg.radiance, &self.img_in_patch, &self.nerf) else {
+            unreachable!("a Radiance model has its patch input and pixel decoder")
+        };
+        let p = cfg.patch_size;
+        let [w, h, c, n] = i.x.ne();
+        let img = pad_to_patch(g, i.x, p);
+        let mut tokens_in = img;
+        if r.halves_input(p) {
+            // Like the reference: bilinear (not nearest) to half the unpadded size.
+            tokens_in = tokens_in.interpolate([w / 2, h / 2, c, n], ggml_sys::GGML_SCALE_MODE_BILINEAR);
+        }
+        let t = patch_in.forward(g, tokens_in);
+        let [tw, th, hidden, tn] = t.ne();
+        let t = t.reshape(&[tw * th, hidden, tn]).permute(1, 0, 2, 3).cont();
+        let tokens = self.forward_tokens(g, t, i.context, i.timesteps, i.y, i.guidance, i.pe, i.mod_index, i.skip_layers);
+        let dct = i.dct.expect("Chroma Radiance needs the DCT position code");
+        let mut out = nerf.forward(g, img, tokens, dct, p);
+        if r.use_x0 {
+            out = img.sub(out).div(i.timesteps);
+        }
+        // The reference returns the padded size; the request's size is what the sampler holds.
+        let [ow, oh, oc, on] = out.ne();
+        if (ow, oh) != (w, h) {
+            let nb = out.nb();
+            out = out.view(&[w, h, oc, on], &[nb[1], nb[2], nb[3]], 0).cont();
+        }
+        out
     }
 
     /// One evaluation: the latent's prediction `[W, H, C, 1]`.
     pub fn forward<'g>(&self, g: &'g Graph, i: &FluxInputs<'g, '_>) -> T<'g> {
         let cfg = &self.config;
+        if cfg.radiance.is_some() {
+            return self.forward_radiance(g, i);
+        }
         let p = cfg.patch_size;
         let [w, h, c, _] = i.x.ne();
         let mut img = pad_and_patchify(g, i.x, p, true);
@@ -728,7 +1068,7 @@ impl FluxModel {
             let [cw, ch, _, _] = cc.ne();
             let slice = |from: i64, len: i64| pad_and_patchify(g, cc.view(&[cw, ch, len, 1], &[nb[1], nb[2], nb[3]], nb[2] * from as usize), p, true);
             let extra = match cfg.variant {
-                FluxVariant::Flux | FluxVariant::Flux2 => None,
+                FluxVariant::Flux | FluxVariant::Flux2 | FluxVariant::ChromaRadiance | FluxVariant::Ovis => None,
                 FluxVariant::Fill => Some(slice(0, c).concat(slice(c, 64), 0)),
                 FluxVariant::Flex2 => Some(slice(0, c).concat(slice(c, 1), 0).concat(slice(c + 1, c), 0)),
                 FluxVariant::Controls => Some(pad_and_patchify(g, cc, p, true)),
@@ -772,8 +1112,10 @@ impl FluxModel {
             None if extra > 0 => bail!("this Flux model needs {extra} concatenated latent channels (c_concat)"),
             _ => {}
         }
-        let in_ch = (c + extra) as i64 * cfg.patch_size * cfg.patch_size;
-        ensure!(in_ch == cfg.in_channels, "Flux img_in takes {} channels, the inputs give {in_ch}", cfg.in_channels);
+        if cfg.radiance.is_none() {
+            let in_ch = (c + extra) as i64 * cfg.patch_size * cfg.patch_size;
+            ensure!(in_ch == cfg.in_channels, "Flux img_in takes {} channels, the inputs give {in_ch}", cfg.in_channels);
+        }
         if cfg.is_chroma {
             if let Some(y) = y {
                 ensure!(y.len() == context.ne(1), "Chroma's text mask has {} values for {} tokens", y.len(), context.ne(1));
@@ -829,6 +1171,7 @@ impl DiffusionModel for Flux {
         let guidance = if cfg.is_chroma { Some(0.0) } else if cfg.guidance_embed { Some(input.guidance) } else { None };
         let timesteps = input.timesteps.to_vec();
         let mod_index: Vec<f32> = (0..CHROMA_MOD_INDEX_LEN).map(|i| i as f32).collect();
+        let dct = cfg.radiance.map(|r| (dct_positions(p, r.nerf_max_freqs as usize), r.nerf_max_freqs * r.nerf_max_freqs));
         runner.compute(|g| {
             let refs = input.ref_latents.iter().map(|r| g.input(r)).collect();
             let inputs = FluxInputs {
@@ -840,6 +1183,7 @@ impl DiffusionModel for Flux {
                 guidance: guidance.map(|v| g.input_f32(&[v], &[1])),
                 pe: g.input_f32(&pe, &[2, 2, axes_sum as i64 / 2, pos_len as i64]),
                 mod_index: cfg.is_chroma.then(|| g.input_f32(&mod_index, &[CHROMA_MOD_INDEX_LEN as i64])),
+                dct: dct.as_ref().map(|(v, f)| g.input_f32(v, &[*f, (p * p) as i64])),
                 refs,
                 skip_layers: input.skip_layers,
             };
@@ -858,5 +1202,67 @@ mod tests {
         assert_eq!(block_index("model.diffusion_model.double_blocks.12.img_attn.qkv.weight", "double_blocks."), Some(12));
         assert_eq!(block_index("single_blocks.3.linear1.weight", "single_blocks."), Some(3));
         assert_eq!(block_index("img_in.weight", "single_blocks."), None);
+    }
+
+    /// Names (with ggml shapes) of a small Flux-layout network plus `extra`.
+    fn detect_with(variant: FluxVariant, extra: &[(&str, &[i64])]) -> FluxConfig {
+        let p = "model.diffusion_model.";
+        let mut shapes: Vec<(String, Vec<i64>)> = vec![
+            (format!("{p}txt_in.weight"), vec![64, 256]),
+            (format!("{p}double_blocks.0.txt_attn.norm.key_norm.scale"), vec![128]),
+            (format!("{p}single_blocks.1.linear2.weight"), vec![1280, 256]),
+        ];
+        shapes.extend(extra.iter().map(|(n, s)| (format!("{p}{n}"), s.to_vec())));
+        let types: TypeMap = shapes.iter().map(|(n, _)| (n.clone(), F32)).collect();
+        let shape_of = |n: &str| shapes.iter().find(|(m, _)| m == n).map(|(_, s)| s.clone());
+        FluxConfig::detect(&types, &shape_of, p, variant)
+    }
+
+    #[test]
+    fn radiance_patches_and_markers_are_read_from_the_weights() {
+        let plain = detect_with(FluxVariant::ChromaRadiance, &[("img_in_patch.weight", &[16, 16, 3, 256])]);
+        assert_eq!((plain.patch_size, plain.in_channels, plain.latent_channels(), plain.concat_channels()), (16, 3, 3, 0));
+        let r = plain.radiance.unwrap();
+        assert_eq!((r.use_x0, r.in_kernel, r.halves_input(16)), (false, 16, false));
+        assert_eq!((plain.depth, plain.depth_single_blocks, plain.num_heads), (1, 2, 2));
+        plain.validate().unwrap();
+
+        let x0 = detect_with(FluxVariant::ChromaRadiance, &[("__x0__", &[1]), ("__32x32__", &[1]), ("img_in_patch.weight", &[16, 16, 3, 256])]);
+        let r = x0.radiance.unwrap();
+        assert_eq!((x0.patch_size, r.use_x0, r.in_kernel, r.halves_input(32)), (32, true, 16, true));
+        x0.validate().unwrap();
+
+        // A kernel that is neither the patch nor half of it: the reference asserts.
+        let bad = detect_with(FluxVariant::ChromaRadiance, &[("img_in_patch.weight", &[4, 4, 3, 256])]);
+        assert!(bad.validate().unwrap_err().to_string().contains("img_in_patch"));
+        // The markers mean nothing to other variants.
+        assert_eq!(detect_with(FluxVariant::Flux, &[("__32x32__", &[1])]).patch_size, 2);
+    }
+
+    #[test]
+    fn ovis_configuration() {
+        let cfg = detect_with(FluxVariant::Ovis, &[]);
+        assert!(cfg.semantic_txt_norm && cfg.yak_mlp && cfg.radiance.is_none());
+        assert_eq!((cfg.vec_in_dim, cfg.context_in_dim, cfg.latent_channels()), (0, 64, 16));
+        assert_eq!(cfg.txt_arange_axes, [1, 2]);
+        assert_eq!(MlpAct::of(&cfg), MlpAct::SwiGluGateLast);
+    }
+
+    /// Pixel 0 of the patch is at x = y = 0 (all cosines 1), the last at x = y = 1.
+    #[test]
+    fn dct_position_code() {
+        let dct = dct_positions(16, 8);
+        assert_eq!(dct.len(), 256 * 64);
+        for fx in 0..8 {
+            for fy in 0..8 {
+                let coeff = 1.0 / (1.0 + (fx * fy) as f32);
+                assert_eq!(dct[fx * 8 + fy], coeff);
+                let last = dct[255 * 64 + fx * 8 + fy];
+                let sign = if (fx + fy) % 2 == 0 { 1.0 } else { -1.0 };
+                assert!((last - sign * coeff).abs() < 1e-5, "{fx} {fy}: {last}");
+            }
+        }
+        // Pixel 1 moves along x only: frequency pair (1, 0) is cos(π/15).
+        assert!((dct[64 + 8] - (std::f32::consts::PI / 15.0).cos()).abs() < 1e-6);
     }
 }

@@ -1,4 +1,5 @@
-//! First-stage autoencoders: AutoencoderKL (SD 1.x/2.x/SDXL) and TAESD.
+//! First-stage autoencoders: AutoencoderKL (SD 1.x/2.x/SDXL) and TAESD, and the identity of
+//! pixel-space models ([`PixelSpace`]).
 //!
 //! [`Vae`] is what the pipeline holds; it does the host steps around the networks that
 //! the reference's `VAE` base class does, in the same order:
@@ -19,11 +20,13 @@
 //! [`FirstStage`], which a loaded [`Vae`] implements.
 
 pub mod autoencoder_kl;
+pub mod pixel;
 pub mod tae;
 #[cfg(test)]
 pub(crate) mod testutil;
 
 pub use autoencoder_kl::{AutoEncoderKL, VaeConfig, FLUX2_LATENT_MEAN, FLUX2_LATENT_STD};
+pub use pixel::PixelSpace;
 pub use tae::{TaeConfig, TinyAutoEncoder};
 
 use crate::error::Result;

@@ -27,6 +27,8 @@ pub struct LlmTemplate {
     /// Text before and after the prompt.
     pub prefix: &'static str,
     pub suffix: &'static str,
+    /// Put before the prompt inside its attention-weighted part (Ovis: a space).
+    pub lead: &'static str,
     /// Hidden states read (1-based layer outputs, see `models::te::llm`).
     pub out_layers: &'static [i32],
     /// Sequences shorter than this are padded with `<|endoftext|>`, masked out.
@@ -40,6 +42,7 @@ pub const ZIMAGE_TEMPLATE: LlmTemplate = LlmTemplate {
     arch: LlmArch::Qwen3,
     prefix: "<|im_start|>user\n",
     suffix: "<|im_end|>\n<|im_start|>assistant\n",
+    lead: "",
     out_layers: &[35],
     min_length: 0,
     drop_first: 0,
@@ -61,8 +64,9 @@ pub fn tokenize(tokenizer: &Qwen2Tokenizer, template: &LlmTemplate, text: &str) 
     if !template.prefix.is_empty() {
         pieces.push((template.prefix.to_string(), 1.0));
     }
+    let text = format!("{}{text}", template.lead);
     if !text.is_empty() {
-        pieces.extend(parse_prompt_attention(text));
+        pieces.extend(parse_prompt_attention(&text));
     }
     if !template.suffix.is_empty() {
         pieces.push((template.suffix.to_string(), 1.0));

@@ -1,14 +1,19 @@
 //! The Flux family (Flux.1 dev / schnell / Fill / Controls, Flex.2, Kontext through
-//! reference images, Chroma): `FluxConditioner` (CLIP-L + T5) or, for Chroma,
-//! `ChromaConditioner` (T5 only), the Flux transformer and the 16-channel AutoencoderKL.
-//! Flux flow prediction with the default shift 1.15 when the model embeds guidance (dev),
-//! 1.0 otherwise (schnell, Chroma), like the reference.
+//! reference images, Chroma, Chroma1-Radiance, Ovis-Image): `FluxConditioner` (CLIP-L + T5),
+//! for Chroma and Chroma1-Radiance `ChromaConditioner` (T5 only), for Ovis-Image the Qwen3
+//! `LlmConditioner` ([`OVIS_TEMPLATE`]); the Flux transformer; the 16-channel AutoencoderKL,
+//! or for Chroma1-Radiance no autoencoder (`PixelSpace`). Flux flow prediction with the
+//! default shift 1.15 when the model embeds guidance (dev), 1.0 otherwise (schnell, Chroma),
+//! like the reference.
 
 use super::{first_stage, BuildCtx, Parts};
 use crate::error::Result;
 use crate::graph::Module;
 use crate::models::diffusion::flux::{Flux, FluxConfig, FluxModel, FluxOptions, FluxVariant};
+use crate::models::te::llm::LlmArch;
+use crate::models::vae::{FirstStage, PixelSpace};
 use crate::pipeline::conditioning::flux::{ChromaConditioner, ChromaTextOptions, FluxConditioner};
+use crate::pipeline::conditioning::llm::{LlmConditioner, LlmTemplate};
 use crate::pipeline::conditioning::Conditioner;
 use crate::runtime::args::{parse_key_value_args, parse_strict_bool};
 use crate::runtime::denoiser::Denoiser;
@@ -16,6 +21,19 @@ use crate::types::Prediction;
 
 /// Where the transformer's weights live (`diffusion_model_path` files are put there).
 pub(super) const DIT_PREFIX: &str = "model.diffusion_model.";
+
+/// Ovis-Image asks Qwen3 to describe the picture (the prompt after a space), with an empty
+/// reasoning block, pads to 284 tokens and drops the first 28 (all of the prefix but its
+/// final ':', like the reference); the context is the LLM's normed final state.
+pub const OVIS_TEMPLATE: LlmTemplate = LlmTemplate {
+    arch: LlmArch::Qwen3,
+    prefix: "<|im_start|>user\nDescribe the image by detailing the color, quantity, text, shape, size, texture, spatial relationships of the objects and background:",
+    suffix: "<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n",
+    lead: " ",
+    out_layers: &[],
+    min_length: 28 + 256,
+    drop_first: 28,
+};
 
 /// `chroma_use_dit_mask` of the context's `model_args` (default true).
 fn chroma_use_dit_mask(model_args: Option<&str>) -> bool {
@@ -40,11 +58,21 @@ pub(super) fn build(ctx: &mut BuildCtx<'_>, variant: FluxVariant) -> Result<Part
     let shape_of = |n: &str| weights.shape_of(n);
     let cfg = FluxConfig::detect(weights.types(), &shape_of, DIT_PREFIX, variant);
     ensure!(cfg.depth + cfg.depth_single_blocks > 0, "no Flux transformer blocks found under '{DIT_PREFIX}'");
+    cfg.validate()?;
     let t5_resident = params.eager_load;
     let cond: Box<dyn Conditioner> = if cfg.is_chroma {
         sd_info!("Using pruned modulation (Chroma)");
         let options = ChromaTextOptions::parse(params.model_args.as_deref());
         Box::new(ChromaConditioner::new(weights, &te_place, n_threads, t5_resident, options)?)
+    } else if variant == FluxVariant::Ovis {
+        let cond = LlmConditioner::new(weights, OVIS_TEMPLATE, &te_place, n_threads, params.eager_load)?;
+        let width = cond.context_width() as i64;
+        ensure!(
+            width == cfg.context_in_dim,
+            "the LLM's hidden states are {width} wide, the Ovis-Image transformer's txt_in takes {}",
+            cfg.context_in_dim
+        );
+        Box::new(cond)
     } else {
         Box::new(FluxConditioner::new(weights, &te_place, n_threads, t5_resident)?)
     };
@@ -54,7 +82,12 @@ pub(super) fn build(ctx: &mut BuildCtx<'_>, variant: FluxVariant) -> Result<Part
     model.runner.options.conv_direct = params.diffusion_conv_direct;
     let diffusion = Flux { model, options: FluxOptions { use_mask: chroma_use_dit_mask(params.model_args.as_deref()) } };
 
-    let (first_stage, preview) = first_stage::build(ctx, vae_place)?;
+    let (first_stage, preview): (Box<dyn FirstStage>, _) = if variant == FluxVariant::ChromaRadiance {
+        sd_info!("using FakeVAE");
+        (Box::new(PixelSpace), None)
+    } else {
+        first_stage::build(ctx, vae_place)?
+    };
     let prediction = params.prediction.unwrap_or(Prediction::FluxFlow);
     // The reference picks the default shift only when it chose the prediction itself.
     let default_flow_shift = params.prediction.is_none().then_some(if cfg.guidance_embed { 1.15 } else { 1.0 });
@@ -72,6 +105,28 @@ pub(super) fn build(ctx: &mut BuildCtx<'_>, variant: FluxVariant) -> Result<Part
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The prompt follows the template's prefix after a space (inside its weighted part), then
+    /// the assistant turn; padding to 284.
+    #[test]
+    fn ovis_prompt_tokens() {
+        use crate::models::te::qwen_tokenizer::{Qwen2Tokenizer, IM_END, IM_START, PAD_TOKEN};
+        use crate::pipeline::conditioning::llm::tokenize;
+        let tok = Qwen2Tokenizer::shared().unwrap();
+        let prefix = tok.encode(OVIS_TEMPLATE.prefix);
+        // The reference drops 28 of the prefix's 29 tokens: its final ':' stays in the context.
+        assert_eq!((prefix.len(), prefix[0], tok.decode(&prefix[28..])), (29, IM_START, ":".to_string()));
+        let t = tokenize(tok, &OVIS_TEMPLATE, "a (lovely:1.5) cat");
+        assert_eq!(t.ids.len(), 284);
+        assert_eq!(&t.ids[..29], &prefix[..]);
+        let prompt = tok.encode(" a ");
+        assert_eq!(&t.ids[29..29 + prompt.len()], &prompt[..]);
+        let real = t.keep.iter().filter(|&&k| k).count();
+        assert!(t.ids[29..real].contains(&IM_END) && t.ids[real..].iter().all(|&i| i == PAD_TOKEN));
+        assert!(t.weights.contains(&1.5));
+        // An empty prompt still has its space.
+        assert_eq!(tokenize(tok, &OVIS_TEMPLATE, "").ids[29], tok.encode(" ")[0]);
+    }
 
     #[test]
     fn dit_mask_model_arg() {

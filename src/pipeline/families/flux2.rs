@@ -20,6 +20,7 @@ pub const KLEIN_TEMPLATE: LlmTemplate = LlmTemplate {
     arch: LlmArch::Qwen3,
     prefix: "<|im_start|>user\n",
     suffix: "<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n",
+    lead: "",
     out_layers: &[9, 18, 27],
     min_length: 512,
     drop_first: 0,

@@ -58,7 +58,8 @@ impl LatentFormat {
 pub enum Arch {
     /// The LDM UNet with CLIP text encoders and an AutoencoderKL (or TAESD).
     Unet { unet: UNetVersion, text: ClipSet },
-    /// Flux.1 / Chroma: CLIP-L + T5 (Chroma: T5 only) and a 16-channel AutoencoderKL.
+    /// Flux.1 / Chroma: CLIP-L + T5 (Chroma: T5 only) and a 16-channel AutoencoderKL;
+    /// Ovis-Image: a Qwen3 LLM instead; Chroma1-Radiance: T5 and no autoencoder (pixels).
     Flux { variant: FluxVariant },
     /// SD3 / SD3.5: CLIP-L + CLIP-G + T5 and a 16-channel AutoencoderKL.
     Mmdit,
@@ -102,8 +103,8 @@ pub struct FamilySpec {
     pub defaults: ModelFamily,
     pub arch: Arch,
     pub latent: LatentFormat,
-    /// Latent → RGB projection for `PREVIEW_PROJ`.
-    pub preview: &'static Projection,
+    /// Latent → RGB projection for `PREVIEW_PROJ` (none: the latent's channels are RGB).
+    pub preview: Option<&'static Projection>,
     pub concat: Concat,
     pub prediction: PredictionRule,
     /// `shifted_timestep` is honoured (SDXL only, as in the reference).
@@ -142,7 +143,7 @@ const fn unet_family(defaults: ModelFamily, unet: UNetVersion, concat: Concat) -
         defaults,
         arch: Arch::Unet { unet, text: if sdxl { ClipSet::LBigG } else if sd2 { ClipSet::H } else { ClipSet::L } },
         latent: if sdxl { SDXL_LATENT } else { SD_LATENT },
-        preview: if sdxl { &preview::SDXL } else { &preview::SD },
+        preview: Some(if sdxl { &preview::SDXL } else { &preview::SD }),
         concat,
         prediction: if sdxl {
             PredictionRule::SdxlMarkers
@@ -172,7 +173,7 @@ const fn dit_family(defaults: ModelFamily, arch: Arch, latent: LatentFormat, pre
         defaults,
         arch,
         latent,
-        preview,
+        preview: Some(preview),
         concat,
         prediction: PredictionRule::Fixed(prediction),
         shifted_timestep: false,
@@ -211,6 +212,16 @@ const fn flux2_family() -> FamilySpec {
     }
 }
 
+/// Chroma1-Radiance's "latent": the RGB image in [-1, 1] (no autoencoder, no alignment:
+/// the transformer pads to its patches).
+const PIXEL_LATENT: LatentFormat = LatentFormat { channels: 3, vae_scale: 1, down_factor: 1, scale_factor: 1.0, shift_factor: 0.0 };
+
+/// Reference images are not passed to Chroma1-Radiance: its pixel decoder has no place for
+/// their tokens (the reference would fail in the attention).
+const fn chroma_radiance_family() -> FamilySpec {
+    FamilySpec { latent: PIXEL_LATENT, preview: None, ref_latents: false, ..flux_family(FluxVariant::ChromaRadiance, Concat::None) }
+}
+
 const fn with_tae(spec: FamilySpec) -> FamilySpec {
     FamilySpec { tae_first_stage: true, ..spec }
 }
@@ -238,6 +249,8 @@ static FLUX: FamilySpec = flux_family(FluxVariant::Flux, Concat::None);
 static FLUX_FILL: FamilySpec = flux_family(FluxVariant::Fill, Concat::FluxFill);
 static FLUX_CONTROLS: FamilySpec = flux_family(FluxVariant::Controls, Concat::FluxControls);
 static FLEX_2: FamilySpec = flux_family(FluxVariant::Flex2, Concat::Flex2);
+static CHROMA_RADIANCE: FamilySpec = chroma_radiance_family();
+static OVIS_IMAGE: FamilySpec = flux_family(FluxVariant::Ovis, Concat::None);
 static FLUX2_KLEIN: FamilySpec = flux2_family();
 static Z_IMAGE: FamilySpec = dit_family(F::OtherDit, Arch::ZImage, FLUX_LATENT, &preview::FLUX, Concat::None, Prediction::Flow);
 
@@ -264,6 +277,8 @@ pub fn spec(version: SdVersion) -> Option<&'static FamilySpec> {
         V::FluxFill => &FLUX_FILL,
         V::FluxControls => &FLUX_CONTROLS,
         V::Flex2 => &FLEX_2,
+        V::ChromaRadiance => &CHROMA_RADIANCE,
+        V::OvisImage => &OVIS_IMAGE,
         V::Flux2Klein => &FLUX2_KLEIN,
         V::ZImage => &Z_IMAGE,
         _ => return None,
@@ -454,6 +469,10 @@ mod tests {
                     assert_eq!(s.supports_img_cfg(false), v.is_inpaint() || matches!(v, SdVersion::Sd1Pix2Pix | SdVersion::SdxlPix2Pix));
                     assert!(s.vae_quant_convs && !s.skip_layer_guidance);
                 }
+                Some(s) if *v == SdVersion::ChromaRadiance => {
+                    assert_eq!((s.latent.size_multiple(), s.latent.channels), (1, 3));
+                    assert!(s.preview.is_none() && !s.ref_latents && !s.supports_img_cfg(true));
+                }
                 Some(s) if *v == SdVersion::Flux2Klein => {
                     assert_eq!((s.latent.size_multiple(), s.latent.channels), (16, 128));
                     assert!(s.vae_quant_convs && s.skip_layer_guidance && s.supports_img_cfg(true) && !s.supports_img_cfg(false));
@@ -463,7 +482,7 @@ mod tests {
                     assert!(v.is_flux() || matches!(*v, SdVersion::Sd3 | SdVersion::ZImage), "{v}");
                     assert_eq!((s.latent.size_multiple(), s.latent.channels), (8, 16));
                     assert!(!s.vae_quant_convs && s.skip_layer_guidance);
-                    assert_eq!(s.supports_img_cfg(true), v.is_flux(), "{v}");
+                    assert_eq!(s.supports_img_cfg(true), v.is_flux() && *v != SdVersion::OvisImage, "{v}");
                 }
                 None => assert!(!v.is_unet() || *v == SdVersion::Svd, "{v}"),
             }

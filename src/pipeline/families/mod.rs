@@ -62,8 +62,8 @@ pub enum Arch {
     Flux { variant: FluxVariant },
     /// SD3 / SD3.5: CLIP-L + CLIP-G + T5 and a 16-channel AutoencoderKL.
     Mmdit,
-    /// Flux.2 klein: a Qwen3 LLM, the Flux.2 transformer and the 32-channel AutoencoderKL
-    /// with 2×2-patchified, normalised latents.
+    /// Flux.2 (dev: Mistral Small 3.2, klein: Qwen3), the Flux.2 transformer and the
+    /// 32-channel AutoencoderKL with 2×2-patchified, normalised latents.
     Flux2,
     /// Z-Image: a Qwen3 LLM and Flux.1's 16-channel AutoencoderKL.
     ZImage,
@@ -238,7 +238,7 @@ static FLUX: FamilySpec = flux_family(FluxVariant::Flux, Concat::None);
 static FLUX_FILL: FamilySpec = flux_family(FluxVariant::Fill, Concat::FluxFill);
 static FLUX_CONTROLS: FamilySpec = flux_family(FluxVariant::Controls, Concat::FluxControls);
 static FLEX_2: FamilySpec = flux_family(FluxVariant::Flex2, Concat::Flex2);
-static FLUX2_KLEIN: FamilySpec = flux2_family();
+static FLUX2: FamilySpec = flux2_family();
 static Z_IMAGE: FamilySpec = dit_family(F::OtherDit, Arch::ZImage, FLUX_LATENT, &preview::FLUX, Concat::None, Prediction::Flow);
 
 /// The family of `version`, if this build can generate with it.
@@ -264,7 +264,7 @@ pub fn spec(version: SdVersion) -> Option<&'static FamilySpec> {
         V::FluxFill => &FLUX_FILL,
         V::FluxControls => &FLUX_CONTROLS,
         V::Flex2 => &FLEX_2,
-        V::Flux2Klein => &FLUX2_KLEIN,
+        V::Flux2 | V::Flux2Klein => &FLUX2,
         V::ZImage => &Z_IMAGE,
         _ => return None,
     })
@@ -454,7 +454,7 @@ mod tests {
                     assert_eq!(s.supports_img_cfg(false), v.is_inpaint() || matches!(v, SdVersion::Sd1Pix2Pix | SdVersion::SdxlPix2Pix));
                     assert!(s.vae_quant_convs && !s.skip_layer_guidance);
                 }
-                Some(s) if *v == SdVersion::Flux2Klein => {
+                Some(s) if v.is_flux2() => {
                     assert_eq!((s.latent.size_multiple(), s.latent.channels), (16, 128));
                     assert!(s.vae_quant_convs && s.skip_layer_guidance && s.supports_img_cfg(true) && !s.supports_img_cfg(false));
                     assert_eq!((s.defaults, s.ref_image_preset), (ModelFamily::Flux2, Some("flux2")));

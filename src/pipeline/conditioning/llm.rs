@@ -243,6 +243,40 @@ mod tests {
         Arc::new(Weights::from_files(files, SdVersion::ZImage, None, ""))
     }
 
+    /// The synthetic Mistral Small 3.2 (30 layers × 96) under a Flux.2 dev-like template:
+    /// Mistral's tokenizer with BOS, three layers side by side, and the hidden states of the
+    /// real tokens followed by zero rows up to `zero_pad_to`.
+    #[test]
+    fn mistral_hidden_states_are_zero_padded() {
+        if !crate::testutil::model_tests_enabled("Mistral text encoder") {
+            return;
+        }
+        let place = Placement::on(crate::graph::Module::Te, Arc::new(crate::graph::Backend::cpu().unwrap()));
+        let template = LlmTemplate {
+            arch: LlmArch::MistralSmall32,
+            prefix: "[INST]",
+            suffix: "[/INST]",
+            out_layers: &[10, 20, 30],
+            min_length: 0,
+            drop_first: 0,
+            zero_pad_to: 64,
+        };
+        let mut cond = LlmConditioner::new(&llm_weights("mistral_small_tiny.safetensors"), template, &place, 2, false).unwrap();
+        let cfg = cond.llm.config();
+        assert_eq!((cfg.num_layers, cfg.hidden_size, cfg.vocab_size, cfg.qk_norm, cfg.qkv_bias), (30, 96, 131072, false, false));
+        assert_eq!(cond.context_width(), 288);
+        let tokens = tokenize(cond.llm.tokenizer(), &template, "a lovely cat");
+        assert_eq!(tokens.ids, [1, 3, 1097, 45988, 7990, 4]);
+        let req = CondRequest { text: "a lovely cat", clip_skip: 0, width: 64, height: 64, zero_out_masked: false };
+        let c = cond.encode(&req).unwrap().crossattn.unwrap();
+        assert_eq!(c.shape(), &[288, 64, 1]);
+        let (real, pad) = c.data().split_at(288 * 6);
+        assert!(real.chunks(288).all(|row| row.iter().any(|&v| v != 0.0)) && pad.iter().all(|&v| v == 0.0));
+        // The layers are the LLM's own: its hidden states at layers 10, 20, 30.
+        let h = cond.llm.encode(&tokens, &[10, 20, 30]).unwrap();
+        assert_eq!(h.data(), real);
+    }
+
     /// The synthetic Qwen3 (36 layers × 64) read the way a context names an `llm_path` file:
     /// its weights are read for a phase and freed after it; the layers read decide the width,
     /// and an 8-layer LLM falls back to the normed final state.

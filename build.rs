@@ -50,6 +50,11 @@ fn main() {
     // Qwen2's byte-level BPE merges (one "a b" pair per line), the LLM text encoders' table.
     let qwen = decode_vocab(&manifest_dir, "qwen_merges.hpp", &out_dir.join("qwen_merges.txt"));
     println!("cargo:rustc-env=SD_QWEN_MERGES={}", qwen.display());
+    // Mistral's (Flux.2 dev): merges as above, and its vocabulary (token → id JSON).
+    let merges = decode_vocab(&manifest_dir, "mistral_merges.hpp", &out_dir.join("mistral_merges.txt"));
+    println!("cargo:rustc-env=SD_MISTRAL_MERGES={}", merges.display());
+    let vocab = decode_vocab(&manifest_dir, "mistral_vocab.hpp", &out_dir.join("mistral_vocab.json"));
+    println!("cargo:rustc-env=SD_MISTRAL_VOCAB={}", vocab.display());
     if let Ok(dir) = env::var("DEP_GGML_LIB_DIR") {
         println!("cargo:rustc-env=SD_GGML_LIB_DIR={dir}");
     }

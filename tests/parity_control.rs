@@ -6,9 +6,9 @@
 
 mod common;
 
-use common::parity::{diff_bytes, ctx_params, ensure_fixtures, folder, fixture, full, gen_params, golden_image, report, run, Arena, MAX_DIFF, MEAN_DIFF};
+use common::parity::{diff_bytes, ctx_params, ensure_fixtures, folder, fixture, full, golden_image, render_params, report, run, Arena, MAX_DIFF, MEAN_DIFF};
 use stable_diffusion::capi::*;
-use std::ffi::{c_int, CString};
+use std::ffi::CString;
 use std::sync::Mutex;
 
 /// The tests of this file load the same 2 GB model: one at a time.
@@ -41,22 +41,6 @@ fn render(ctx: *mut sd_ctx_t, name: &str) -> Vec<u8> {
     let f = folder("sd1-control");
     let case = f.cases.iter().find(|c| c.name == name).expect("case");
     render_params(ctx, &case.params)
-}
-
-/// The picture of generation parameters `params` (golden-case JSON) on `ctx`.
-fn render_params(ctx: *mut sd_ctx_t, params: &serde_json::Value) -> Vec<u8> {
-    let mut arena = Arena::default();
-    let p = gen_params(params, &mut arena);
-    let mut images: *mut sd_image_t = std::ptr::null_mut();
-    let mut n: c_int = 0;
-    // SAFETY: valid context and params; out-pointers are writable.
-    let ok = unsafe { generate_image(ctx, &p, &mut images, &mut n) };
-    assert!(ok.0 != 0 && n == 1, "generate_image failed");
-    // SAFETY: one image of width * height * channel bytes, freed once.
-    let img = unsafe { &*images };
-    let bytes = unsafe { std::slice::from_raw_parts(img.data, (img.width * img.height * img.channel) as usize) }.to_vec();
-    unsafe { free_sd_images(images, n) };
-    bytes
 }
 
 fn load(ctx: *mut sd_ctx_t, path: &str) -> bool {

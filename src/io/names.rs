@@ -1346,6 +1346,18 @@ mod tests {
             assert_eq!(c(&format!("text_encoders.llm.{gguf}"), ZImage), format!("text_encoders.llm.{hf}"));
             assert_eq!(c(&format!("text_encoders.llm.{hf}"), ZImage), format!("text_encoders.llm.{hf}"));
         }
+        // Mistral Small 3.2 as llama.cpp writes it (arch "llama", Flux.2 dev): the same names
+        // without q/k norms; q/k stay as stored (the reference rotates them as they come).
+        for (gguf, hf) in [
+            ("blk.39.attn_q.weight", "model.layers.39.self_attn.q_proj.weight"),
+            ("blk.10.attn_v.weight", "model.layers.10.self_attn.v_proj.weight"),
+            ("blk.0.ffn_up.weight", "model.layers.0.mlp.up_proj.weight"),
+            ("blk.0.ffn_down.weight", "model.layers.0.mlp.down_proj.weight"),
+            ("token_embd.weight", "model.embed_tokens.weight"),
+            ("output_norm.weight", "model.norm.weight"),
+        ] {
+            assert_eq!(c(&format!("text_encoders.llm.{gguf}"), Flux2), format!("text_encoders.llm.{hf}"));
+        }
         assert_eq!(c("text_encoder.2.x", Sdxl), "cond_stage_model.transformer.2.x");
     }
 

@@ -577,6 +577,23 @@ pub fn render_with(folder_name: &str, select: impl Fn(&Case) -> bool, setup: imp
     out
 }
 
+/// The RGB bytes of the one picture generation parameters `params` (golden-case JSON) give
+/// on `ctx`.
+pub fn render_params(ctx: *mut sd_ctx_t, params: &Value) -> Vec<u8> {
+    let mut arena = Arena::default();
+    let p = gen_params(params, &mut arena);
+    let mut images: *mut sd_image_t = std::ptr::null_mut();
+    let mut n: c_int = 0;
+    // SAFETY: valid context and params; out-pointers are writable.
+    let ok = unsafe { generate_image(ctx, &p, &mut images, &mut n) };
+    assert!(ok.0 != 0 && n == 1, "generate_image failed for {params}");
+    // SAFETY: one image of width * height * channel bytes, freed once.
+    let img = unsafe { &*images };
+    let bytes = unsafe { std::slice::from_raw_parts(img.data, (img.width * img.height * img.channel) as usize) }.to_vec();
+    unsafe { free_sd_images(images, n) };
+    bytes
+}
+
 /// A golden picture's bytes.
 pub fn golden_image(folder_name: &str, file: &str) -> Vec<u8> {
     read_png(&root().join("tests/fixtures/golden").join(folder_name).join(file)).3

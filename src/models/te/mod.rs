@@ -1,8 +1,10 @@
 //! Text encoders (conditioning networks) and their tokenizers, like the reference's
 //! `src/model/te/`.
 
+pub mod bpe;
 pub mod clip;
 pub mod llm;
+pub mod mistral_tokenizer;
 pub mod qwen_tokenizer;
 #[cfg(test)]
 mod test_weights;

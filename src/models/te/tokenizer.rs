@@ -98,6 +98,22 @@ impl std::fmt::Debug for ClipTokenizer {
     }
 }
 
+/// One BPE round: every occurrence of `pair` in `word`, left to right, becomes `merged`.
+pub(crate) fn merge_pair(word: &[u32], pair: (u32, u32), merged: u32) -> Vec<u32> {
+    let mut next = Vec::with_capacity(word.len());
+    let mut i = 0;
+    while i < word.len() {
+        if i + 1 < word.len() && (word[i], word[i + 1]) == pair {
+            next.push(merged);
+            i += 2;
+        } else {
+            next.push(word[i]);
+            i += 1;
+        }
+    }
+    next
+}
+
 /// GPT-2's reversible byte → printable character map, in vocabulary order: printable
 /// Latin-1 bytes map to themselves, the others to U+0100 upwards.
 pub(crate) fn byte_chars_in_vocab_order() -> Vec<(u8, char)> {
@@ -225,19 +241,7 @@ impl ClipTokenizer {
         while word.len() > 1 {
             let best = word.windows(2).filter_map(|w| self.ranks.get(&(w[0], w[1])).map(|&r| (r, w[0], w[1]))).min();
             let Some((rank, left, right)) = best else { break };
-            let merged = FIRST_MERGE_ID + rank;
-            let mut next = Vec::with_capacity(word.len());
-            let mut i = 0;
-            while i < word.len() {
-                if i + 1 < word.len() && word[i] == left && word[i + 1] == right {
-                    next.push(merged);
-                    i += 2;
-                } else {
-                    next.push(word[i]);
-                    i += 1;
-                }
-            }
-            word = next;
+            word = merge_pair(&word, (left, right), FIRST_MERGE_ID + rank);
         }
         word
     }
@@ -313,14 +317,15 @@ pub fn normalize(text: &str) -> String {
 
 /// Splits at the earliest occurrence of any special; at equal positions the first listed wins.
 /// Yields `(piece, is_special)`; empty specials are ignored.
-pub fn split_specials<'t>(text: &'t str, specials: &[&str]) -> Vec<(&'t str, bool)> {
+pub fn split_specials<'t, S: AsRef<str>>(text: &'t str, specials: &[S]) -> Vec<(&'t str, bool)> {
     let mut parts = Vec::new();
     let mut pos = 0;
     while pos < text.len() {
         let found = specials
             .iter()
+            .map(AsRef::as_ref)
             .filter(|s| !s.is_empty())
-            .filter_map(|s| text[pos..].find(*s).map(|at| (pos + at, s.len())))
+            .filter_map(|s| text[pos..].find(s).map(|at| (pos + at, s.len())))
             .fold(None, |best: Option<(usize, usize)>, cand| match best {
                 Some(b) if b.0 <= cand.0 => Some(b),
                 _ => Some(cand),

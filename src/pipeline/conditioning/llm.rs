@@ -1,8 +1,9 @@
 //! LLM conditioning (the reference's `LLMEmbedder`): the prompt is put into the family's
-//! chat template, tokenized with the Qwen2 tokenizer (the template's text around the prompt
-//! and each attention-weighted piece of the prompt separately), run through the LLM, and
-//! the hidden states of the family's layers become the cross-attention context, re-weighted
-//! by the attention syntax. The families differ only in their [`LlmTemplate`].
+//! chat template, tokenized with the LLM's tokenizer (Qwen2's, or Mistral's for Mistral
+//! Small / Ministral; the template's text around the prompt and each attention-weighted
+//! piece of the prompt separately), run through the LLM, and the hidden states of the
+//! family's layers become the cross-attention context, re-weighted by the attention syntax.
+//! The families differ only in their [`LlmTemplate`].
 //!
 //! The LLM's weights are not kept through sampling: unless `eager_load`, its placement keeps
 //! them on disk, so the conditioner's phase reads them and its end frees them again (the
@@ -11,8 +12,9 @@
 use super::{CondRequest, Conditioner};
 use crate::error::{Context as _, Result};
 use crate::graph::{Component, Components, Loaded, Placement, WeightHome};
+use crate::models::te::bpe::BpeTokenizer;
 use crate::models::te::llm::{self, causal_mask, LlmArch, LlmConfig, LlmModel, LLM_PREFIX};
-use crate::models::te::qwen_tokenizer::{Qwen2Tokenizer, PAD_TOKEN};
+use crate::models::te::{mistral_tokenizer, qwen_tokenizer};
 use crate::models::Condition;
 use crate::pipeline::loader::Weights;
 use crate::pipeline::prompt::{apply_token_weights, parse_prompt_attention};
@@ -31,10 +33,13 @@ pub struct LlmTemplate {
     pub lead: &'static str,
     /// Hidden states read (1-based layer outputs, see `models::te::llm`).
     pub out_layers: &'static [i32],
-    /// Sequences shorter than this are padded with `<|endoftext|>`, masked out.
+    /// Token sequences shorter than this are padded with the tokenizer's padding token,
+    /// masked out.
     pub min_length: usize,
     /// Tokens dropped from the front of the hidden states (a system prompt).
     pub drop_first: usize,
+    /// Hidden states (after `drop_first`) shorter than this get zero rows appended.
+    pub zero_pad_to: usize,
 }
 
 /// Z-Image: the user turn of Qwen3's chat template, the output of layer 35 (`[-2]` of 36).
@@ -46,6 +51,7 @@ pub const ZIMAGE_TEMPLATE: LlmTemplate = LlmTemplate {
     out_layers: &[35],
     min_length: 0,
     drop_first: 0,
+    zero_pad_to: 0,
 };
 
 /// A prompt as LLM tokens: ids, per-token weights and which tokens are real (not padding).
@@ -56,10 +62,18 @@ pub struct LlmTokens {
     pub keep: Vec<bool>,
 }
 
+/// The tokenizer of `arch`'s LLM.
+pub fn tokenizer_for(arch: LlmArch) -> Result<&'static BpeTokenizer> {
+    match arch {
+        LlmArch::MistralSmall32 | LlmArch::Ministral3b => mistral_tokenizer::shared(),
+        LlmArch::Qwen3 | LlmArch::Qwen25Vl => qwen_tokenizer::shared(),
+    }
+}
+
 /// `text` in `template`, tokenized like the reference: the prefix and the suffix (weight 1)
-/// and each piece of the prompt's attention syntax are tokenized separately, then padded to
-/// `min_length`.
-pub fn tokenize(tokenizer: &Qwen2Tokenizer, template: &LlmTemplate, text: &str) -> LlmTokens {
+/// and each piece of the prompt's attention syntax are tokenized separately, then the
+/// tokenizer's BOS (if it has one) goes in front and padding up to `min_length` behind.
+pub fn tokenize(tokenizer: &BpeTokenizer, template: &LlmTemplate, text: &str) -> LlmTokens {
     let mut pieces: Vec<(String, f32)> = Vec::new();
     if !template.prefix.is_empty() {
         pieces.push((template.prefix.to_string(), 1.0));
@@ -72,7 +86,12 @@ pub fn tokenize(tokenizer: &Qwen2Tokenizer, template: &LlmTemplate, text: &str) 
         pieces.push((template.suffix.to_string(), 1.0));
     }
     sd_debug!("parse '{}{text}{}' to [{}]", template.prefix, template.suffix, pieces.iter().map(|(t, w)| format!("['{t}', {w}], ")).collect::<String>());
+    let ids = tokenizer.special_ids();
     let mut t = LlmTokens::default();
+    if let Some(bos) = ids.bos {
+        t.ids.push(bos);
+        t.weights.push(1.0);
+    }
     for (piece, weight) in &pieces {
         let ids = tokenizer.encode(piece);
         t.weights.extend(std::iter::repeat_n(*weight, ids.len()));
@@ -81,7 +100,7 @@ pub fn tokenize(tokenizer: &Qwen2Tokenizer, template: &LlmTemplate, text: &str) 
     t.keep = vec![true; t.ids.len()];
     if t.ids.len() < template.min_length {
         let pad = template.min_length - t.ids.len();
-        t.ids.extend(std::iter::repeat_n(PAD_TOKEN, pad));
+        t.ids.extend(std::iter::repeat_n(ids.pad, pad));
         t.weights.extend(std::iter::repeat_n(1.0, pad));
         t.keep.extend(std::iter::repeat_n(false, pad));
     }
@@ -91,7 +110,7 @@ pub fn tokenize(tokenizer: &Qwen2Tokenizer, template: &LlmTemplate, text: &str) 
 /// An LLM text encoder with its tokenizer, as a conditioner's component.
 pub struct LlmText {
     net: Loaded<LlmModel>,
-    tokenizer: &'static Qwen2Tokenizer,
+    tokenizer: &'static BpeTokenizer,
 }
 
 impl LlmText {
@@ -106,14 +125,14 @@ impl LlmText {
             place.weights = WeightHome::Disk;
         }
         let net = weights.load_model(place, n_threads, LLM_PREFIX, "llm", |s| LlmModel::new(s, &cfg))?;
-        Ok(LlmText { net, tokenizer: Qwen2Tokenizer::shared()? })
+        Ok(LlmText { net, tokenizer: tokenizer_for(arch)? })
     }
 
     pub fn config(&self) -> &LlmConfig {
         &self.net.model.cfg
     }
 
-    pub fn tokenizer(&self) -> &'static Qwen2Tokenizer {
+    pub fn tokenizer(&self) -> &'static BpeTokenizer {
         self.tokenizer
     }
 
@@ -183,8 +202,10 @@ impl Conditioner for LlmConditioner {
         let (width, n) = (h.ne(0), h.ne(1));
         let drop = self.template.drop_first;
         ensure!(n > drop, "the prompt gave {n} LLM tokens, the template drops the first {drop}");
-        let data = h.data().get(drop * width..).context("LLM hidden states")?.to_vec();
-        let mut context = Tensor::from_vec(&[width, n - drop, 1], data)?;
+        let mut data = h.data().get(drop * width..).context("LLM hidden states")?.to_vec();
+        let len = (n - drop).max(self.template.zero_pad_to);
+        data.resize(len * width, 0.0);
+        let mut context = Tensor::from_vec(&[width, len, 1], data)?;
         if req.zero_out_masked {
             context.data_mut().fill(0.0);
         }
@@ -196,11 +217,11 @@ impl Conditioner for LlmConditioner {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::models::te::qwen_tokenizer::{IM_END, IM_START};
+    use crate::models::te::qwen_tokenizer::{IM_END, IM_START, PAD_TOKEN};
 
     #[test]
     fn zimage_prompt_tokens() {
-        let tok = Qwen2Tokenizer::shared().unwrap();
+        let tok = qwen_tokenizer::shared().unwrap();
         let t = tokenize(tok, &ZIMAGE_TEMPLATE, "a lovely cat");
         assert_eq!(t.ids, [IM_START, 872, 198, 64, 16690, 8251, IM_END, 198, IM_START, 77091, 198]);
         assert!(t.weights.iter().all(|&w| w == 1.0) && t.keep.iter().all(|&k| k));
@@ -224,6 +245,41 @@ mod tests {
         files.add(&path, Source::Llm.prefix()).unwrap();
         files.convert_names(Some(SdVersion::ZImage));
         Arc::new(Weights::from_files(files, SdVersion::ZImage, None, ""))
+    }
+
+    /// The synthetic Mistral Small 3.2 (30 layers × 96) under a Flux.2 dev-like template:
+    /// Mistral's tokenizer with BOS, three layers side by side, and the hidden states of the
+    /// real tokens followed by zero rows up to `zero_pad_to`.
+    #[test]
+    fn mistral_hidden_states_are_zero_padded() {
+        if !crate::testutil::model_tests_enabled("Mistral text encoder") {
+            return;
+        }
+        let place = Placement::on(crate::graph::Module::Te, Arc::new(crate::graph::Backend::cpu().unwrap()));
+        let template = LlmTemplate {
+            arch: LlmArch::MistralSmall32,
+            prefix: "[INST]",
+            suffix: "[/INST]",
+            lead: "",
+            out_layers: &[10, 20, 30],
+            min_length: 0,
+            drop_first: 0,
+            zero_pad_to: 64,
+        };
+        let mut cond = LlmConditioner::new(&llm_weights("mistral_small_tiny.safetensors"), template, &place, 2, false).unwrap();
+        let cfg = cond.llm.config();
+        assert_eq!((cfg.num_layers, cfg.hidden_size, cfg.vocab_size, cfg.qk_norm, cfg.qkv_bias), (30, 96, 131072, false, false));
+        assert_eq!(cond.context_width(), 288);
+        let tokens = tokenize(cond.llm.tokenizer(), &template, "a lovely cat");
+        assert_eq!(tokens.ids, [1, 3, 1097, 45988, 7990, 4]);
+        let req = CondRequest { text: "a lovely cat", clip_skip: 0, width: 64, height: 64, zero_out_masked: false };
+        let c = cond.encode(&req).unwrap().crossattn.unwrap();
+        assert_eq!(c.shape(), &[288, 64, 1]);
+        let (real, pad) = c.data().split_at(288 * 6);
+        assert!(real.chunks(288).all(|row| row.iter().any(|&v| v != 0.0)) && pad.iter().all(|&v| v == 0.0));
+        // The layers are the LLM's own: its hidden states at layers 10, 20, 30.
+        let h = cond.llm.encode(&tokens, &[10, 20, 30]).unwrap();
+        assert_eq!(h.data(), real);
     }
 
     /// The synthetic Qwen3 (36 layers × 64) read the way a context names an `llm_path` file:

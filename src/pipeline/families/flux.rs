@@ -33,6 +33,7 @@ pub const OVIS_TEMPLATE: LlmTemplate = LlmTemplate {
     out_layers: &[],
     min_length: 28 + 256,
     drop_first: 28,
+    zero_pad_to: 0,
 };
 
 /// `chroma_use_dit_mask` of the context's `model_args` (default true).
@@ -110,9 +111,9 @@ mod tests {
     /// the assistant turn; padding to 284.
     #[test]
     fn ovis_prompt_tokens() {
-        use crate::models::te::qwen_tokenizer::{Qwen2Tokenizer, IM_END, IM_START, PAD_TOKEN};
+        use crate::models::te::qwen_tokenizer::{self, IM_END, IM_START, PAD_TOKEN};
         use crate::pipeline::conditioning::llm::tokenize;
-        let tok = Qwen2Tokenizer::shared().unwrap();
+        let tok = qwen_tokenizer::shared().unwrap();
         let prefix = tok.encode(OVIS_TEMPLATE.prefix);
         // The reference drops 28 of the prefix's 29 tokens: its final ':' stays in the context.
         assert_eq!((prefix.len(), prefix[0], tok.decode(&prefix[28..])), (29, IM_START, ":".to_string()));

@@ -63,8 +63,8 @@ pub enum Arch {
     Flux { variant: FluxVariant },
     /// SD3 / SD3.5: CLIP-L + CLIP-G + T5 and a 16-channel AutoencoderKL.
     Mmdit,
-    /// Flux.2 klein: a Qwen3 LLM, the Flux.2 transformer and the 32-channel AutoencoderKL
-    /// with 2×2-patchified, normalised latents.
+    /// Flux.2 (dev: Mistral Small 3.2, klein: Qwen3), the Flux.2 transformer and the
+    /// 32-channel AutoencoderKL with 2×2-patchified, normalised latents.
     Flux2,
     /// Z-Image: a Qwen3 LLM and Flux.1's 16-channel AutoencoderKL.
     ZImage,
@@ -251,7 +251,7 @@ static FLUX_CONTROLS: FamilySpec = flux_family(FluxVariant::Controls, Concat::Fl
 static FLEX_2: FamilySpec = flux_family(FluxVariant::Flex2, Concat::Flex2);
 static CHROMA_RADIANCE: FamilySpec = chroma_radiance_family();
 static OVIS_IMAGE: FamilySpec = flux_family(FluxVariant::Ovis, Concat::None);
-static FLUX2_KLEIN: FamilySpec = flux2_family();
+static FLUX2: FamilySpec = flux2_family();
 static Z_IMAGE: FamilySpec = dit_family(F::OtherDit, Arch::ZImage, FLUX_LATENT, &preview::FLUX, Concat::None, Prediction::Flow);
 
 /// The family of `version`, if this build can generate with it.
@@ -279,7 +279,7 @@ pub fn spec(version: SdVersion) -> Option<&'static FamilySpec> {
         V::Flex2 => &FLEX_2,
         V::ChromaRadiance => &CHROMA_RADIANCE,
         V::OvisImage => &OVIS_IMAGE,
-        V::Flux2Klein => &FLUX2_KLEIN,
+        V::Flux2 | V::Flux2Klein => &FLUX2,
         V::ZImage => &Z_IMAGE,
         _ => return None,
     })
@@ -473,7 +473,7 @@ mod tests {
                     assert_eq!((s.latent.size_multiple(), s.latent.channels), (1, 3));
                     assert!(s.preview.is_none() && !s.ref_latents && !s.supports_img_cfg(true));
                 }
-                Some(s) if *v == SdVersion::Flux2Klein => {
+                Some(s) if v.is_flux2() => {
                     assert_eq!((s.latent.size_multiple(), s.latent.channels), (16, 128));
                     assert!(s.vae_quant_convs && s.skip_layer_guidance && s.supports_img_cfg(true) && !s.supports_img_cfg(false));
                     assert_eq!((s.defaults, s.ref_image_preset), (ModelFamily::Flux2, Some("flux2")));

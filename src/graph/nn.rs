@@ -250,6 +250,26 @@ pub fn conv_2d<'g>(
     }
 }
 
+/// 3-D convolution as `ggml_conv_3d` composes it (im2col, then one matrix product with the
+/// kernel): kernel `w` [KW, KH, KD, OC·IC] (f16) over `x` [W, H, D, N·IC] →
+/// [OW, OH, OD, N·OC], plus the bias `b` [OC]. Strides, paddings and dilations in (w, h, d)
+/// order. (The causal video convolutions pad `x` themselves and pass no padding.)
+#[allow(clippy::too_many_arguments)]
+pub fn conv_3d<'g>(g: &'g Graph, x: T<'g>, w: T<'g>, b: Option<T<'g>>, ic: i64, stride: [i32; 3], padding: [i32; 3], dilation: [i32; 3]) -> T<'g> {
+    let col_ty = if w.ty() == g::GGML_TYPE_BF16 { F32 } else { F16 };
+    let cols = w.im2col_3d(x, ic, stride, padding, dilation, col_ty);
+    let [k, ow, oh, odn] = cols.ne();
+    let oc = w.ne()[3] / ic;
+    let n = x.ne()[3] / ic;
+    let od = odn / n;
+    let y = super::matmul::mul_mat(g, cols.reshape(&[k, ow * oh * odn]), w.reshape(&[k, oc]), false);
+    let y = y.reshape(&[ow * oh, od, n, oc]).permute(0, 1, 3, 2).cont().reshape(&[ow, oh, od, oc * n]);
+    match b {
+        Some(b) => y.add_inplace(b.reshape(&[1, 1, 1, b.ne()[0]])),
+        None => y,
+    }
+}
+
 /// Padding that wraps around on the graph's circular axes and is zero elsewhere.
 pub fn pad_circular<'g>(g: &'g Graph, x: T<'g>, l: [i32; 4], r: [i32; 4]) -> T<'g> {
     let (mut l, mut r) = (l, r);

@@ -260,6 +260,12 @@ impl<'g> T<'g> {
         })
     }
 
+    /// `ggml_conv_3d` itself (`nn::conv_3d` composes the same ops around our products).
+    pub fn conv_3d(self, x: T<'g>, ic: i64, s: [i32; 3], p: [i32; 3], d: [i32; 3]) -> T<'g> {
+        // SAFETY: live tensors; ggml checks the sizes.
+        self.wrap(unsafe { g::ggml_conv_3d(self.ctx(), self.raw(), x.raw(), ic, s[0], s[1], s[2], p[0], p[1], p[2], d[0], d[1], d[2]) })
+    }
+
     /// Nearest-neighbour upscale of dims 0 and 1 by an integer factor.
     pub fn upscale(self, factor: i32) -> T<'g> {
         // SAFETY: live tensor.

@@ -84,6 +84,7 @@ pub fn reference_ids(n_axes: usize, p: usize, start_index: i32, refs: &[(usize, 
 
 /// [`reference_ids`], each image's rows and columns centred on 0 when `centred` (Qwen-Image;
 /// never with `Fixed`, whose placement needs the offsets).
+#[allow(clippy::too_many_arguments)]
 fn placed_reference_ids(n_axes: usize, p: usize, start_index: i32, refs: &[(usize, usize)], mode: RefIndexMode, index_scale: f32, centred: bool) -> Ids {
     let mut ids = Ids::new(n_axes);
     let (mut cur_h, mut cur_w) = (0i64, 0i64);

@@ -526,6 +526,62 @@ mod tests {
         assert!(empty.validate().unwrap_err().to_string().contains("no Qwen-Image transformer blocks"));
     }
 
+    /// A 1-block DiT of width 256 with f32 weights (deterministic pattern).
+    fn tiny(zero_cond_t: bool) -> (ParamStore, QwenImageModel) {
+        let cfg = QwenImageConfig {
+            num_layers: 1,
+            hidden_size: 256,
+            num_heads: 2,
+            joint_attention_dim: 64,
+            zero_cond_t,
+            ..QwenImageConfig::detect(&TypeMap::new(), &|_| None, "")
+        };
+        let mut store = ParamStore::new(256).unwrap();
+        let model = QwenImageModel::new(&mut Scope::new(&mut store, &TypeMap::new(), ""), &cfg);
+        store.alloc(&crate::graph::Backend::cpu().unwrap()).unwrap();
+        store
+            .load(|name, spec, dst| {
+                let n = spec.ne.iter().product::<i64>() as usize;
+                let seed = name.bytes().fold(7u32, |h, b| h.wrapping_mul(31).wrapping_add(b as u32));
+                let v: Vec<f32> = crate::testutil::pattern(n, seed).iter().map(|x| x * 0.1).collect();
+                dst.copy_from_slice(&v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>());
+                Ok(())
+            })
+            .unwrap();
+        (store, model)
+    }
+
+    /// Edit 2511's per-token modulation: without references every token takes the
+    /// modulation of the real timestep, so the output is the plain model's bit for bit;
+    /// with a reference the image tokens change (they attend to it) but stay finite.
+    #[test]
+    fn zero_timestep_modulation_matches_the_plain_model_without_references() {
+        let (_s1, plain) = tiny(false);
+        let (_s2, zero) = tiny(true);
+        let x = crate::testutil::pattern(4 * 4 * 16, 3);
+        let ctx = crate::testutil::pattern(64 * 5, 4);
+        let refs = [Tensor::from_vec(&[2, 2, 16, 1], crate::testutil::pattern(64, 5)).unwrap()];
+        let run = |m: &QwenImageModel, refs: &[Tensor]| {
+            let sizes: Vec<(usize, usize)> = refs.iter().map(|r| (r.ne(1), r.ne(0))).collect();
+            let pe = rope::qwen_image_pe(1, 4, 4, 2, 5, &sizes, RefIndexMode::Increase, 10000.0, &m.config.axes_dim, (false, false));
+            let index = modulation_index(4, 4, &sizes, 2);
+            let mut runner = crate::graph::Runner::new(std::sync::Arc::new(crate::graph::Backend::cpu().unwrap()), 1);
+            runner
+                .compute(|g| {
+                    let refs: Vec<T> = refs.iter().map(|r| g.input(r)).collect();
+                    let index = m.config.zero_cond_t.then(|| g.input_f32(&index, &[index.len() as i64]));
+                    let pe = g.input_f32(&pe, &[2, 2, 64, (pe.len() / 256) as i64]);
+                    Ok(m.forward(g, g.input_f32(&x, &[4, 4, 16, 1]), g.input_f32(&[500.0], &[1]), g.input_f32(&ctx, &[64, 5, 1]), pe, &refs, index, None))
+                })
+                .unwrap()
+        };
+        let a = run(&plain, &[]);
+        assert_eq!(a.shape(), &[4, 4, 16, 1]);
+        assert_eq!(a, run(&zero, &[]));
+        let with_ref = run(&zero, &refs);
+        assert!(with_ref.data().iter().all(|v| v.is_finite()) && with_ref != a);
+    }
+
     #[test]
     fn modulation_index_marks_reference_tokens() {
         // A 5×4 latent: 3×2 patches (padded up); one 2×2 reference: one patch.

@@ -630,10 +630,52 @@ mod tests {
         assert!(decode_only.iter().all(|n| !n.contains("encoder.") && n != "first_stage_model.conv1.weight"));
     }
 
+    /// The video path on a narrow VAE (dim 4): 5 frames encode to 2 latent frames (the first
+    /// alone, then 4 halved twice in time) and decode back to 5, through the feature caches
+    /// and the time convolutions; the first frame does not depend on the later ones.
+    #[test]
+    fn video_frames_round_trip_in_shape() {
+        use crate::graph::{Backend, ParamStore, Runner, TypeMap};
+        let cfg = WanVaeConfig { dim: 4, ..WanVaeConfig::wan21(false) };
+        let mut store = ParamStore::new(1024).unwrap();
+        let vae = WanVae::new(&mut Scope::new(&mut store, &TypeMap::new(), ""), &cfg, &|_| None);
+        let backend = std::sync::Arc::new(Backend::cpu().unwrap());
+        store.alloc(&backend).unwrap();
+        store
+            .load(|name, spec, dst| {
+                let n = spec.ne.iter().product::<i64>() as usize;
+                let seed = name.bytes().fold(7u32, |h, b| h.wrapping_mul(31).wrapping_add(b as u32));
+                let v: Vec<f32> = crate::testutil::pattern(n, seed).iter().map(|x| if name.ends_with("gamma") { 1.0 + x * 0.05 } else { x * 0.2 }).collect();
+                if spec.ty == F16 {
+                    let mut h = vec![0u16; n];
+                    // SAFETY: h holds n values.
+                    unsafe { ggml_sys::ggml_fp32_to_fp16_row(v.as_ptr(), h.as_mut_ptr(), n as i64) };
+                    dst.copy_from_slice(&h.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>());
+                } else {
+                    dst.copy_from_slice(&v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>());
+                }
+                Ok(())
+            })
+            .unwrap();
+        let mut runner = Runner::new(backend, 2);
+        let video = crate::testutil::pattern(16 * 16 * 5 * 3, 9);
+        let z = runner.compute(|g| vae.encode_graph(g, g.input_f32(&video, &[16, 16, 5, 3]))).unwrap();
+        assert_eq!(z.shape(), &[2, 2, 2, 16]);
+        let first = runner.compute(|g| vae.encode_graph(g, g.input_f32(&video[..16 * 16], &[16, 16, 1, 1]).concat(g.input_f32(&video[16 * 16 * 5..16 * 16 * 6], &[16, 16, 1, 1]), 3).concat(g.input_f32(&video[16 * 16 * 10..16 * 16 * 11], &[16, 16, 1, 1]), 3))).unwrap();
+        assert_eq!(first.shape(), &[2, 2, 1, 16]);
+        let out = runner.compute(|g| Ok(vae.decode_graph(g, g.input(&z)))).unwrap();
+        assert_eq!(out.shape(), &[16, 16, 5, 3]);
+        assert!(out.data().iter().chain(z.data()).all(|v| v.is_finite()));
+        // The first latent frame is the first frame's alone.
+        for c in 0..16 {
+            assert_eq!(z.data()[c * 8..c * 8 + 4], first.data()[c * 4..c * 4 + 4], "channel {c}");
+        }
+    }
+
     #[test]
     fn frame_slices() {
         use crate::graph::{Backend, Runner};
-        let data: Vec<f32> = (0..2 * 1 * 3 * 2).map(|v| v as f32).collect();
+        let data: Vec<f32> = (0..12).map(|v| v as f32).collect();
         let mut runner = Runner::new(std::sync::Arc::new(Backend::cpu().unwrap()), 1);
         let out = runner.compute(|g| Ok(last_frames(g.input_f32(&data, &[2, 1, 3, 2]), 2))).unwrap();
         assert_eq!(out.data(), &[2., 3., 4., 5., 8., 9., 10., 11.]);

@@ -63,11 +63,11 @@ scripts/fetch-sources.sh || fatal "fetch-sources failed"
 python3 scripts/gen-bindings.py --check || fatal "generated bindings are stale"
 scripts/install.sh --prefix "$prefix" --release ${features:+--features "$features"} || fatal "build/install failed"
 # numpy for the synthetic checkpoints (tests generate the ones they need through python3,
-# found first in the venv); SD1, SDXL and the Flux components, which the parity subsets and
+# found first in the venv); SD1, SDXL and the DiT / LLM-family components, which the parity subsets and
 # bindings use, are made now.
 export SD_FIXTURE_VENV=$venv
 scripts/fixtures.sh --python >/dev/null || fatal "numpy environment failed"
-scripts/fixtures.sh sd1 sdxl loras/lora_sd1.safetensors flux t5xxl-tiny vae16 z-image qwen3-tiny zimage-vae flux2-klein flux2-vae flux2-dev mistral-small-tiny || fatal "synthetic fixtures failed"
+scripts/fixtures.sh sd1 sdxl loras/lora_sd1.safetensors flux t5xxl-tiny vae16 z-image qwen3-tiny zimage-vae flux2-klein flux2-vae flux2-dev mistral-small-tiny qwen-image qwen25vl-tiny wan-vae chroma-radiance ovis-image qwen3-ovis-tiny || fatal "synthetic fixtures failed"
 export PATH="$venv/bin:$PATH"
 
 cargo_features=()

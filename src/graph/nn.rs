@@ -250,6 +250,57 @@ pub fn conv_2d<'g>(
     }
 }
 
+/// 3-D convolution as `ggml_conv_3d` composes it (im2col, then one matrix product with the
+/// kernel): kernel `w` [KW, KH, KD, OC·IC] (f16) over `x` [W, H, D, N·IC] →
+/// [OW, OH, OD, N·OC], plus the bias `b` [OC]. Strides, paddings and dilations in (w, h, d)
+/// order. (The causal video convolutions pad `x` themselves and pass no padding.) On the CPU
+/// an im2col matrix beyond `cpu_im2col_limit` is built and multiplied in bands of output
+/// rows written into one output: every element is the same dot product.
+#[allow(clippy::too_many_arguments)]
+pub fn conv_3d<'g>(g: &'g Graph, x: T<'g>, w: T<'g>, b: Option<T<'g>>, ic: i64, stride: [i32; 3], padding: [i32; 3], dilation: [i32; 3]) -> T<'g> {
+    let col_ty = if w.ty() == g::GGML_TYPE_BF16 { F32 } else { F16 };
+    let product = |x: T<'g>| {
+        let cols = w.im2col_3d(x, ic, stride, padding, dilation, col_ty);
+        let [k, ow, oh, odn] = cols.ne();
+        let oc = w.ne()[3] / ic;
+        let n = x.ne()[3] / ic;
+        let od = odn / n;
+        let y = super::matmul::mul_mat(g, cols.reshape(&[k, ow * oh * odn]), w.reshape(&[k, oc]), false);
+        y.reshape(&[ow * oh, od, n, oc]).permute(0, 1, 3, 2).cont().reshape(&[ow, oh, od, oc * n])
+    };
+    let [kw, kh, kd, _] = w.ne();
+    let out_len = |len: i64, k: i64, i: usize| (len + 2 * padding[i] as i64 - dilation[i] as i64 * (k - 1) - 1) / stride[i] as i64 + 1;
+    let (ow, oh, od) = (out_len(x.ne()[0], kw, 0), out_len(x.ne()[1], kh, 1), out_len(x.ne()[2], kd, 2));
+    let n = x.ne()[3] / ic;
+    let row_bytes = (kw * kh * kd * ic * ow * od * n).max(1) as usize * 2;
+    let y = if g.on_cpu && padding[1] == 0 && oh > 1 && row_bytes * oh as usize > g.options.cpu_im2col_limit {
+        let band = ((g.options.cpu_im2col_limit.min(BAND_IM2COL_BYTES) / row_bytes) as i64).clamp(1, oh);
+        let (s1, d1) = (stride[1] as i64, dilation[1] as i64);
+        let rows = |y0: i64, len: i64| {
+            let nb = x.nb();
+            let [xw, _, xd, xc] = x.ne();
+            let in_rows = (len - 1) * s1 + (kh - 1) * d1 + 1;
+            product(x.view(&[xw, in_rows, xd, xc], &[nb[1], nb[2], nb[3]], (y0 * s1) as usize * nb[1]))
+        };
+        // The output grows out of the first band, like the banded 2-D convolution's.
+        let mut acc = rows(0, band).pad(0, (oh - band) as i32, 0, 0);
+        let nb = acc.nb();
+        let mut y0 = band;
+        while y0 < oh {
+            let len = band.min(oh - y0);
+            acc = acc.set_inplace(rows(y0, len), nb[1], nb[2], nb[3], y0 as usize * nb[1]);
+            y0 += len;
+        }
+        acc
+    } else {
+        product(x)
+    };
+    match b {
+        Some(b) => y.add_inplace(b.reshape(&[1, 1, 1, b.ne()[0]])),
+        None => y,
+    }
+}
+
 /// Padding that wraps around on the graph's circular axes and is zero elsewhere.
 pub fn pad_circular<'g>(g: &'g Graph, x: T<'g>, l: [i32; 4], r: [i32; 4]) -> T<'g> {
     let (mut l, mut r) = (l, r);

@@ -202,6 +202,16 @@ impl<'g> T<'g> {
         self.wrap(unsafe { g::ggml_permute(self.ctx(), self.raw(), a0, a1, a2, a3) })
     }
 
+    /// torch's `permute` in ggml's dimension order: output dimension `i` is input dimension
+    /// `axes[i]` (`ggml_permute` takes the inverse: where each input dimension goes).
+    pub fn permute_axes(self, axes: [i32; 4]) -> T<'g> {
+        let mut to = [0i32; 4];
+        for (i, &a) in axes.iter().enumerate() {
+            to[a as usize] = i as i32;
+        }
+        self.permute(to[0], to[1], to[2], to[3])
+    }
+
     /// `cont` only when needed.
     pub fn contiguous(self) -> T<'g> {
         if self.is_contiguous() {
@@ -245,6 +255,21 @@ impl<'g> T<'g> {
     pub fn im2col(self, x: T<'g>, s0: i32, s1: i32, p0: i32, p1: i32, d0: i32, d1: i32, is_2d: bool, ty: GgmlType) -> T<'g> {
         // SAFETY: live tensors.
         self.wrap(unsafe { g::ggml_im2col(self.ctx(), self.raw(), x.raw(), s0, s1, p0, p1, d0, d1, is_2d, ty) })
+    }
+
+    /// 3-D im2col: `self` is the kernel [KW, KH, KD, OC·IC], `x` is [W, H, D, N·IC] →
+    /// [KW·KH·KD·IC, OW, OH, OD·N]. Strides, paddings and dilations in (w, h, d) order.
+    pub fn im2col_3d(self, x: T<'g>, ic: i64, s: [i32; 3], p: [i32; 3], d: [i32; 3], ty: GgmlType) -> T<'g> {
+        // SAFETY: live tensors; ggml checks the sizes.
+        self.wrap(unsafe {
+            g::ggml_im2col_3d(self.ctx(), self.raw(), x.raw(), ic, s[0], s[1], s[2], p[0], p[1], p[2], d[0], d[1], d[2], ty)
+        })
+    }
+
+    /// `ggml_conv_3d` itself (`nn::conv_3d` composes the same ops around our products).
+    pub fn conv_3d(self, x: T<'g>, ic: i64, s: [i32; 3], p: [i32; 3], d: [i32; 3]) -> T<'g> {
+        // SAFETY: live tensors; ggml checks the sizes.
+        self.wrap(unsafe { g::ggml_conv_3d(self.ctx(), self.raw(), x.raw(), ic, s[0], s[1], s[2], p[0], p[1], p[2], d[0], d[1], d[2]) })
     }
 
     /// Nearest-neighbour upscale of dims 0 and 1 by an integer factor.

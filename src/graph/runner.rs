@@ -694,6 +694,40 @@ mod tests {
         assert!(same(base, &convolve(2 * 11 * 2 * 54 * 2, true, 3)), "bands of 2 rows");
     }
 
+    /// The 3-D convolution (the Wan VAE's) is ggml's `ggml_conv_3d`: the same ops with ggml's
+    /// products, the same bits with ours in bands of output rows or whole, and (on the
+    /// `haswell` variant, whose sums ours reproduce) ggml's bits with ours. Strided and padded.
+    #[test]
+    fn conv_3d_matches_ggml_whole_and_in_bands() {
+        let backend = Arc::new(Backend::cpu().unwrap());
+        let (ic, oc) = (4i64, 3i64);
+        let w = weight_bytes(crate::graph::F16, &pattern(3 * 3 * 2 * ic as usize * oc as usize, 5));
+        let x = pattern(9 * 7 * 3 * ic as usize, 6);
+        let haswell = crate::graph::backend::cpu_variant().as_deref() == Some("haswell");
+        let bits = |t: &Tensor| (t.shape().to_vec(), t.data().iter().map(|v| v.to_bits()).collect::<Vec<_>>());
+        for (stride, padding) in [([1, 1, 1], [0, 0, 0]), ([2, 2, 1], [0, 0, 0]), ([1, 2, 2], [1, 1, 0])] {
+            let convolve = |limit: usize, own_matmul: bool, ours: bool| {
+                let mut runner = Runner::new(backend.clone(), 2);
+                runner.options.cpu_im2col_limit = limit;
+                runner.options.cpu_own_matmul = own_matmul;
+                let out = runner
+                    .compute(|g| {
+                        let wt = g.input_bytes(crate::graph::F16, &[3, 3, 2, ic * oc], w.clone());
+                        let xt = g.input_f32(&x, &[9, 7, 3, ic]);
+                        Ok(if ours { crate::graph::nn::conv_3d(g, xt, wt, None, ic, stride, padding, [1; 3]) } else { wt.conv_3d(xt, ic, stride, padding, [1; 3]) })
+                    })
+                    .unwrap();
+                bits(&out)
+            };
+            let ggml = convolve(usize::MAX, false, false);
+            assert!(convolve(usize::MAX, false, true) == ggml, "ggml's products, stride {stride:?}");
+            let ours = convolve(usize::MAX, true, true);
+            assert!(convolve(0, true, true) == ours, "bands of 1 row, stride {stride:?}");
+            assert!(convolve(2 * 72 * 4 * 2 * 2, true, true) == ours, "bands of 2 rows, stride {stride:?}");
+            assert!(!haswell || ours == ggml, "our products, stride {stride:?}");
+        }
+    }
+
     /// Our im2col op against ggml's on dilated, strided, padded and 1×1 kernels, on images
     /// narrower and wider than one block of output pixels.
     #[test]

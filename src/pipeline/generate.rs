@@ -258,8 +258,8 @@ pub(super) fn encode_first_stage(
 
 /// A reference image at the size the reference encodes it: with `resize_before_vae`, about
 /// the request's area (at most `vae_input_max_pixels`, default 1024²) with its aspect ratio,
-/// or the request's size (`resize_vae_to_target`), sides rounded to 16.
-fn ref_image_for_vae(img: &Image, r: &Request) -> Result<Tensor> {
+/// or the request's size (`resize_vae_to_target`), sides rounded to `multiple` (16, Qwen-Image 32).
+fn ref_image_for_vae(img: &Image, r: &Request, multiple: usize) -> Result<Tensor> {
     let t = rgb_tensor(img, img.width as usize, img.height as usize)?;
     if !r.refs.resize_before_vae {
         return Ok(t);
@@ -274,8 +274,9 @@ fn ref_image_for_vae(img: &Image, r: &Request) -> Result<Tensor> {
         let vae_w = ((area * t.ne(0) as i64 / t.ne(1) as i64) as f64).sqrt();
         (vae_w, vae_w * h / w)
     };
-    let round16 = |v: f64| ((v / 16.0).round() * 16.0) as usize;
-    let (tw, th) = (round16(vae_w), round16(vae_h));
+    let m = multiple as f64;
+    let round = |v: f64| ((v / m).round() * m) as usize;
+    let (tw, th) = (round(vae_w), round(vae_h));
     ensure!(tw > 0 && th > 0, "reference image of {}x{} is too small", img.width, img.height);
     if (tw, th) == (t.ne(0), t.ne(1)) {
         return Ok(t);
@@ -350,7 +351,7 @@ fn prepare(
     // encoded for the families that read them.
     let mut ref_latents = Vec::new();
     if concat_kind == Concat::Edit || (ms.spec.ref_latents && !p.ref_images.is_empty()) {
-        let mut refs: Vec<Tensor> = p.ref_images.iter().map(|img| ref_image_for_vae(img, r)).collect::<Result<_>>()?;
+        let mut refs: Vec<Tensor> = p.ref_images.iter().map(|img| ref_image_for_vae(img, r, ms.spec.ref_image_multiple)).collect::<Result<_>>()?;
         if refs.is_empty() {
             sd_warn!("This model needs at least one reference image; using an empty reference");
             refs.push(Tensor::zeros(&[w, h, 3, 1]));

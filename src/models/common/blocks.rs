@@ -162,24 +162,41 @@ impl Upsample {
     }
 }
 
-/// GEGLU feed-forward: `net.0.proj` to twice the inner width, `a * gelu(gate)`, `net.2`.
+/// The diffusers feed-forward: `net.0.proj`, an activation, `net.2`. GEGLU (the UNets)
+/// projects to twice the inner width and computes `a * gelu(gate)`; plain GELU (Qwen-Image)
+/// activates the projection in place.
 #[derive(Clone, Copy, Debug)]
 pub struct FeedForward {
     proj: Linear,
     out: Linear,
+    geglu: bool,
 }
 
 impl FeedForward {
+    /// GEGLU.
     pub fn new(s: &mut Scope, dim: i64, dim_out: i64, mult: i64) -> FeedForward {
         let inner = dim * mult;
         let proj = Linear::new(&mut s.sub("net.0"), "proj", dim, inner * 2, true);
         let out = Linear::new(s, "net.2", inner, dim_out, true);
-        FeedForward { proj, out }
+        FeedForward { proj, out, geglu: true }
+    }
+
+    /// GELU (tanh approximation); `net.2` sees its input scaled by `out_scale` (undone after
+    /// it), which keeps large activations within f16 on some backends.
+    pub fn gelu(s: &mut Scope, dim: i64, dim_out: i64, mult: i64, out_scale: f32) -> FeedForward {
+        let inner = dim * mult;
+        let proj = Linear::new(&mut s.sub("net.0"), "proj", dim, inner, true);
+        let mut out = Linear::new(s, "net.2", inner, dim_out, true);
+        out.scale = out_scale;
+        FeedForward { proj, out, geglu: false }
     }
 
     /// x: [dim, L, N] → [dim_out, L, N].
     pub fn forward<'g>(&self, g: &'g Graph, x: T<'g>) -> T<'g> {
         let h = self.proj.forward(g, x);
+        if !self.geglu {
+            return self.out.forward(g, h.contiguous().gelu_inplace());
+        }
         let halves = chunk_dim0(h, 2);
         // The gate is made dense and activated in place; the value half stays a view.
         let gate = halves[1].cont().gelu_inplace();

@@ -96,8 +96,8 @@ pub fn chunk<'g>(x: T<'g>, n: i64, dim: usize, cont: bool) -> Vec<T<'g>> {
         .collect()
 }
 
-/// Linear, SiLU, linear with f32 weights (`mlp.0`, `mlp.2`): the timestep / vector embedders
-/// of SD3 and Z-Image.
+/// Linear, SiLU, linear: the timestep / vector embedders of SD3 and Z-Image (`mlp.0`,
+/// `mlp.2`, f32 weights) and Qwen-Image (`linear_1`, `linear_2`).
 #[derive(Clone, Copy, Debug)]
 pub struct MlpEmbedder {
     mlp_0: Linear,
@@ -106,10 +106,15 @@ pub struct MlpEmbedder {
 
 impl MlpEmbedder {
     pub fn new(s: &mut Scope, name: &str, in_dim: i64, hidden: i64, out_dim: i64) -> MlpEmbedder {
+        Self::with_layers(s, name, ["mlp.0", "mlp.2"], in_dim, hidden, out_dim, true)
+    }
+
+    /// Layers named `layers` (with biases), weights in f32 when `force_f32`, else the file's type.
+    pub fn with_layers(s: &mut Scope, name: &str, layers: [&str; 2], in_dim: i64, hidden: i64, out_dim: i64, force_f32: bool) -> MlpEmbedder {
         let mut s = s.sub(name);
         MlpEmbedder {
-            mlp_0: Linear::with_options(&mut s, "mlp.0", in_dim, hidden, true, true),
-            mlp_2: Linear::with_options(&mut s, "mlp.2", hidden, out_dim, true, true),
+            mlp_0: Linear::with_options(&mut s, layers[0], in_dim, hidden, true, force_f32),
+            mlp_2: Linear::with_options(&mut s, layers[1], hidden, out_dim, true, force_f32),
         }
     }
 

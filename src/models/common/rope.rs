@@ -68,13 +68,28 @@ pub fn image_ids(n_axes: usize, h: usize, w: usize, p: usize, index: f32, h_offs
     ids
 }
 
+/// [`image_ids`] with the rows and columns centred on 0 (Qwen-Image's `scale_rope`): they
+/// start at `offset - len / 2`.
+fn centred_image_ids(n_axes: usize, h: usize, w: usize, p: usize, index: f32, h_offset: i64, w_offset: i64) -> Ids {
+    let (h_len, w_len) = (patches(h, p) as i64, patches(w, p) as i64);
+    image_ids(n_axes, h, w, p, index, h_offset - h_len / 2, w_offset - w_len / 2)
+}
+
 /// Ids of reference images (`(h, w)` latent sizes): index `start_index` (changed per image
 /// by `mode`, scaled by `index_scale`); with `Fixed` each image is placed after the previous
 /// ones, down or to the right, whichever keeps the layout squarer.
 pub fn reference_ids(n_axes: usize, p: usize, start_index: i32, refs: &[(usize, usize)], mode: RefIndexMode, index_scale: f32) -> Ids {
+    placed_reference_ids(n_axes, p, start_index, refs, mode, index_scale, false)
+}
+
+/// [`reference_ids`], each image's rows and columns centred on 0 when `centred` (Qwen-Image;
+/// never with `Fixed`, whose placement needs the offsets).
+#[allow(clippy::too_many_arguments)]
+fn placed_reference_ids(n_axes: usize, p: usize, start_index: i32, refs: &[(usize, usize)], mode: RefIndexMode, index_scale: f32, centred: bool) -> Ids {
     let mut ids = Ids::new(n_axes);
     let (mut cur_h, mut cur_w) = (0i64, 0i64);
     let mut index = start_index;
+    let centred = centred && mode != RefIndexMode::Fixed;
     for &(h, w) in refs {
         let (mut h_off, mut w_off) = (0, 0);
         match mode {
@@ -89,7 +104,8 @@ pub fn reference_ids(n_axes: usize, p: usize, start_index: i32, refs: &[(usize, 
             RefIndexMode::Increase => {}
         }
         let idx = (index as f32 * index_scale) as i32 as f32;
-        ids.extend(&image_ids(n_axes, h, w, p, idx, h_off, w_off));
+        let place = if centred { centred_image_ids } else { image_ids };
+        ids.extend(&place(n_axes, h, w, p, idx, h_off, w_off));
         if mode == RefIndexMode::Increase {
             index += 1;
         }
@@ -199,34 +215,34 @@ pub fn flux_pe(
 ) -> Vec<f32> {
     let context_len = text.len;
     let ids = flux_ids(axes_dim.len(), h, w, p, text, refs, mode, index_scale);
-    let (circ_x, circ_y) = circular;
-    let mut wrap = None;
-    if (circ_x || circ_y) && axes_dim.len() >= 3 {
-        let (h_len, w_len) = (patches(h, p), patches(w, p));
-        if h_len > 0 && w_len > 0 {
-            let mut dims = vec![vec![0usize; ids.len()]; axes_dim.len()];
-            let mut cursor = context_len;
-            let mut mark = |cursor: usize, hl: usize, wl: usize| {
-                for t in 0..hl * wl {
-                    if circ_y {
-                        dims[1][cursor + t] = hl;
-                    }
-                    if circ_x {
-                        dims[2][cursor + t] = wl;
-                    }
-                }
-            };
-            mark(cursor, h_len, w_len);
-            cursor += h_len * w_len;
-            for &(rh, rw) in refs {
-                let (rhl, rwl) = (patches(rh, p), patches(rw, p));
-                mark(cursor, rhl, rwl);
-                cursor += rhl * rwl;
-            }
-            wrap = Some(dims);
-        }
-    }
+    let images: Vec<(usize, usize, usize)> = std::iter::once((h, w)).chain(refs.iter().copied()).map(|(h, w)| (h, w, 1)).collect();
+    let wrap = image_wraps(ids.len(), axes_dim.len(), p, context_len, &images, circular);
     embed_nd(&ids, theta, axes_dim, wrap.as_deref())
+}
+
+/// Per-axis wrap lengths for seamless tiling (`None` when no axis is circular): the tokens
+/// of each image `(h, w, frames)`, laid out one after the other from token `first`, wrap
+/// their rows (axis 1) and columns (axis 2) around; all other tokens keep 0 (no wrap).
+fn image_wraps(n_tokens: usize, n_axes: usize, p: usize, first: usize, images: &[(usize, usize, usize)], circular: (bool, bool)) -> Option<Vec<Vec<usize>>> {
+    let (circ_x, circ_y) = circular;
+    let &(h, w, _) = images.first()?;
+    if !(circ_x || circ_y) || n_axes < 3 || patches(h, p) == 0 || patches(w, p) == 0 {
+        return None;
+    }
+    let mut dims = vec![vec![0usize; n_tokens]; n_axes];
+    let mut cursor = first;
+    for &(h, w, frames) in images {
+        let (h_len, w_len) = (patches(h, p), patches(w, p));
+        let tokens = cursor..(cursor + h_len * w_len * frames).min(n_tokens);
+        if circ_y {
+            dims[1][tokens.clone()].fill(h_len);
+        }
+        if circ_x {
+            dims[2][tokens.clone()].fill(w_len);
+        }
+        cursor = tokens.end;
+    }
+    Some(dims)
 }
 
 /// Tokens that pad `len` up to a multiple of `multiple`.
@@ -252,22 +268,50 @@ pub fn zimage_pe(h: usize, w: usize, p: usize, context_len: usize, seq_multiple:
     for _ in 0..pad_to_multiple(img_tokens, seq_multiple) {
         ids.push(&[]);
     }
-    let (circ_x, circ_y) = circular;
-    let mut wrap = None;
-    if (circ_x || circ_y) && n_axes >= 3 {
-        let (h_len, w_len) = (patches(h, p), patches(w, p));
-        if h_len > 0 && w_len > 0 {
-            let mut dims = vec![vec![0usize; ids.len()]; n_axes];
-            let image = padded_context..padded_context + img_tokens;
-            if circ_y {
-                dims[1][image.clone()].fill(h_len);
-            }
-            if circ_x {
-                dims[2][image].fill(w_len);
-            }
-            wrap = Some(dims);
-        }
+    let wrap = image_wraps(ids.len(), n_axes, p, padded_context, &[(h, w, 1)], circular);
+    embed_nd(&ids, theta, axes_dim, wrap.as_deref())
+}
+
+/// Qwen-Image's ids: the `context_len` text tokens count up from `max(h_len, w_len) / 2` on
+/// every axis, then the image's patches frame by frame (`[frame, row, col]`, rows and
+/// columns centred on 0), then the reference latents (centred too, indexed from 1, or
+/// from 0 downwards with `Decrease`).
+pub fn qwen_image_ids(frames: usize, h: usize, w: usize, p: usize, context_len: usize, refs: &[(usize, usize)], mode: RefIndexMode) -> Ids {
+    let n_axes = 3;
+    let txt_start = patches(h, p).max(patches(w, p)) / 2;
+    let mut ids = Ids::new(n_axes);
+    for i in 0..context_len {
+        let v = (txt_start + i) as f32;
+        ids.push(&[v, v, v]);
     }
+    for t in 0..frames {
+        ids.extend(&centred_image_ids(n_axes, h, w, p, t as f32, 0, 0));
+    }
+    if !refs.is_empty() {
+        let start = if mode == RefIndexMode::Decrease { 0 } else { 1 };
+        ids.extend(&placed_reference_ids(n_axes, p, start, refs, mode, 1.0, true));
+    }
+    ids
+}
+
+/// Qwen-Image's rotation table ([`qwen_image_ids`]); on circular axes the image's and the
+/// references' tokens wrap around.
+#[allow(clippy::too_many_arguments)]
+pub fn qwen_image_pe(
+    frames: usize,
+    h: usize,
+    w: usize,
+    p: usize,
+    context_len: usize,
+    refs: &[(usize, usize)],
+    mode: RefIndexMode,
+    theta: f32,
+    axes_dim: &[usize],
+    circular: (bool, bool),
+) -> Vec<f32> {
+    let ids = qwen_image_ids(frames, h, w, p, context_len, refs, mode);
+    let images: Vec<(usize, usize, usize)> = std::iter::once((h, w, frames)).chain(refs.iter().map(|&(h, w)| (h, w, 1))).collect();
+    let wrap = image_wraps(ids.len(), axes_dim.len(), p, context_len, &images, circular);
     embed_nd(&ids, theta, axes_dim, wrap.as_deref())
 }
 
@@ -342,6 +386,32 @@ mod tests {
         assert_eq!(row(6), vec![0., 1., 1., 0.]);
         assert_eq!(row(7), vec![10., 0., 0., 0.]);
         assert_eq!(row(8), vec![20., 0., 0., 0.]);
+    }
+
+    /// Qwen-Image: text on the diagonal from max(h_len, w_len) / 2, image rows and columns
+    /// centred on 0, references centred at index 1, 2, … (or 0, -1, … with `Decrease`).
+    #[test]
+    fn qwen_image_ids_centre_the_image() {
+        // 4×6 latent, patch 2: 2×3 tokens; text from 3 / 2 = 1.
+        let ids = qwen_image_ids(1, 4, 6, 2, 2, &[(2, 2), (4, 2)], RefIndexMode::Increase);
+        assert_eq!(ids.len(), 2 + 6 + 1 + 2);
+        let row = |t: usize| ids.data[t * 3..t * 3 + 3].to_vec();
+        assert_eq!((row(0), row(1)), (vec![1., 1., 1.], vec![2., 2., 2.]));
+        assert_eq!((row(2), row(4), row(7)), (vec![0., -1., -1.], vec![0., -1., 1.], vec![0., 0., 1.]));
+        assert_eq!(row(8), vec![1., 0., 0.]);
+        assert_eq!((row(9), row(10)), (vec![2., -1., 0.], vec![2., 0., 0.]));
+        let down = qwen_image_ids(1, 4, 6, 2, 2, &[(2, 2)], RefIndexMode::Decrease);
+        assert_eq!(&down.data[8 * 3..], &[-1., 0., 0.]);
+        // Frames count up on the first axis.
+        let video = qwen_image_ids(2, 2, 2, 2, 0, &[], RefIndexMode::Increase);
+        assert_eq!(video.data, vec![0., 0., 0., 1., 0., 0.]);
+        // Seamless tiling wraps the image and reference tokens, not the text.
+        let axes = [16usize, 56, 56];
+        let plain = qwen_image_pe(1, 4, 6, 2, 2, &[(2, 2)], RefIndexMode::Increase, 10000.0, &axes, (false, false));
+        let circ = qwen_image_pe(1, 4, 6, 2, 2, &[(2, 2)], RefIndexMode::Increase, 10000.0, &axes, (true, true));
+        let tok = 64 * 4;
+        assert_eq!(&circ[..2 * tok], &plain[..2 * tok]);
+        assert_ne!(&circ[2 * tok..3 * tok], &plain[2 * tok..3 * tok]);
     }
 
     #[test]

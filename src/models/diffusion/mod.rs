@@ -3,6 +3,7 @@
 
 pub mod flux;
 pub mod mmdit;
+pub mod qwen_image;
 pub mod unet;
 pub mod zimage;
 

@@ -1,5 +1,5 @@
-//! First-stage autoencoders: AutoencoderKL (SD 1.x/2.x/SDXL) and TAESD, and the identity of
-//! pixel-space models ([`PixelSpace`]).
+//! First-stage autoencoders: AutoencoderKL (SD 1.x/2.x/SDXL, SD3, Flux), TAESD and the Wan2.1
+//! VAE (Qwen-Image), and the identity of pixel-space models ([`PixelSpace`]).
 //!
 //! [`Vae`] is what the pipeline holds; it does the host steps around the networks that
 //! the reference's `VAE` base class does, in the same order:
@@ -16,18 +16,21 @@
 //! The latent scale factor (0.18215 SD 1.x/2.x, 0.13025 SDXL) is therefore applied here,
 //! on the host, never inside the graphs. Flux.2's autoencoder differs: its encoder output is
 //! the patchified mean (no sampling, no noise drawn) and diffusion latents are normalised
-//! per channel, `(z - mean) · scale / std`. The pipeline holds a first stage as a
-//! [`FirstStage`], which a loaded [`Vae`] implements.
+//! per channel, `(z - mean) · scale / std`. The Wan VAE scales like KL, encodes to the latent
+//! mean (no noise drawn) and normalises per channel with its own table. The pipeline holds a
+//! first stage as a [`FirstStage`], which a loaded [`Vae`] implements.
 
 pub mod autoencoder_kl;
 pub mod pixel;
 pub mod tae;
+pub mod wan;
 #[cfg(test)]
 pub(crate) mod testutil;
 
 pub use autoencoder_kl::{AutoEncoderKL, VaeConfig, FLUX2_LATENT_MEAN, FLUX2_LATENT_STD};
 pub use pixel::PixelSpace;
 pub use tae::{TaeConfig, TinyAutoEncoder};
+pub use wan::{WanVae, WanVaeConfig, WAN21_LATENT_MEAN, WAN21_LATENT_STD};
 
 use crate::error::Result;
 use crate::graph::{Components, Loaded, Runner};
@@ -46,11 +49,18 @@ pub type Progress<'a> = Option<&'a mut dyn FnMut(i32, i32, f32)>;
 pub enum Vae {
     Kl(AutoEncoderKL),
     Tiny(TinyAutoEncoder),
+    Wan(WanVae),
 }
 
+/// Image tiles for encoding are this much larger than for decoding (more context); the
+/// reference keeps a smaller factor for the video VAEs.
+const ENCODE_TILE_FACTOR: f32 = 2.0;
+const VIDEO_ENCODE_TILE_FACTOR: f32 = 1.30539;
+
 impl Vae {
-    fn is_kl(&self) -> bool {
-        matches!(self, Vae::Kl(_))
+    /// Images are taken in [-1, 1] and returned clamped to [0, 1] (all but TAESD).
+    fn works_in_unit_range(&self) -> bool {
+        !matches!(self, Vae::Tiny(_))
     }
 
     /// Pixels per latent pixel.
@@ -58,6 +68,7 @@ impl Vae {
         match self {
             Vae::Kl(m) => m.cfg.scale(),
             Vae::Tiny(_) => SCALE,
+            Vae::Wan(_) => wan::SCALE,
         }
     }
 
@@ -66,6 +77,7 @@ impl Vae {
         match self {
             Vae::Kl(m) => m.cfg.encoder_output_channels(),
             Vae::Tiny(t) => t.cfg.z_channels,
+            Vae::Wan(w) => w.cfg.z_dim,
         }
     }
 
@@ -75,6 +87,8 @@ impl Vae {
             (Vae::Kl(m), false) => autoencoder_kl::encode(runner, m, x),
             (Vae::Tiny(t), true) => tae::decode(runner, t, x),
             (Vae::Tiny(t), false) => tae::encode(runner, t, x),
+            (Vae::Wan(w), true) => wan::decode(runner, w, x),
+            (Vae::Wan(w), false) => wan::encode(runner, w, x),
         }
     }
 
@@ -89,13 +103,13 @@ impl Vae {
         circular: (bool, bool),
     ) -> Result<Tensor> {
         let start = Instant::now();
-        let input = if self.is_kl() { image.map(|v| v * 2.0 - 1.0) } else { image.clone() };
+        let input = if self.works_in_unit_range() { image.map(|v| v * 2.0 - 1.0) } else { image.clone() };
         let scale = self.scale();
         let out = if tiling.enabled {
             let (w, h) = (input.ne(0) / scale, input.ne(1) / scale);
             ensure!(w > 0 && h > 0, "vae encode: image {}x{} is smaller than a latent pixel", input.ne(0), input.ne(1));
-            // Encode tiles are twice the decode size: encoding needs more context.
-            let (tx, ty, overlap) = tiling::tile_sizes(tiling, w as i64, h as i64, 2.0);
+            let factor = if matches!(self, Vae::Wan(_)) { VIDEO_ENCODE_TILE_FACTOR } else { ENCODE_TILE_FACTOR };
+            let (tx, ty, overlap) = tiling::tile_sizes(tiling, w as i64, h as i64, factor);
             sd_debug!("VAE Tile size: {tx}x{ty}");
             let spec = TileSpec { tile_size_x: tx, tile_size_y: ty, overlap, circular_x: circular.0, circular_y: circular.1 };
             tiling::process_tiles(&input, w, h, scale, &spec, None, |t| {
@@ -169,7 +183,7 @@ impl Vae {
         };
         runner.release();
         let mut out = out.map_err(|e| crate::error::Error::new(format!("vae decode compute failed: {e}")))?;
-        if self.is_kl() {
+        if self.works_in_unit_range() {
             out = out.map(|v| ((v + 1.0) * 0.5).clamp(0.0, 1.0));
         }
         sd_debug!("computing vae decode graph completed, taking {:.2}s", start.elapsed().as_secs_f32());
@@ -196,7 +210,7 @@ impl Vae {
                     .collect();
                 Tensor::from_vec(mean.shape(), data)
             }
-            Vae::Tiny(_) => Ok(out.clone()),
+            Vae::Tiny(_) | Vae::Wan(_) => Ok(out.clone()),
         }
     }
 
@@ -206,8 +220,9 @@ impl Vae {
             Vae::Kl(m) if m.cfg.raw_encoder_latents => z.clone(),
             Vae::Kl(m) if m.cfg.flux2 => {
                 let scale = m.cfg.scale_factor;
-                per_channel(z, |v, c| ((v - FLUX2_LATENT_MEAN[c]) * scale) / FLUX2_LATENT_STD[c])
+                per_channel(z, FLUX2_LATENT_MEAN.len(), |v, c| ((v - FLUX2_LATENT_MEAN[c]) * scale) / FLUX2_LATENT_STD[c])
             }
+            Vae::Wan(_) => per_channel(z, WAN21_LATENT_MEAN.len(), |v, c| ((v - WAN21_LATENT_MEAN[c]) * WAN_SCALE_FACTOR) / WAN21_LATENT_STD[c]),
             Vae::Kl(m) => {
                 let (scale, shift) = (m.cfg.scale_factor, m.cfg.shift_factor);
                 z.map(|v| (v - shift) * scale)
@@ -221,8 +236,9 @@ impl Vae {
         match self {
             Vae::Kl(m) if m.cfg.flux2 => {
                 let scale = m.cfg.scale_factor;
-                per_channel(z, |v, c| (v * FLUX2_LATENT_STD[c]) / scale + FLUX2_LATENT_MEAN[c])
+                per_channel(z, FLUX2_LATENT_MEAN.len(), |v, c| (v * FLUX2_LATENT_STD[c]) / scale + FLUX2_LATENT_MEAN[c])
             }
+            Vae::Wan(_) => per_channel(z, WAN21_LATENT_MEAN.len(), |v, c| (v * WAN21_LATENT_STD[c]) / WAN_SCALE_FACTOR + WAN21_LATENT_MEAN[c]),
             Vae::Kl(m) => {
                 let (scale, shift) = (m.cfg.scale_factor, m.cfg.shift_factor);
                 z.map(|v| v / scale + shift)
@@ -283,15 +299,18 @@ impl FirstStage for Loaded<Vae> {
     }
 }
 
-/// `f(value, channel)` over a [w, h, C, N] latent. Flux.2's table has 128 channels; the
-/// decoder's input check refuses other widths, so other channels map to the identity.
-fn per_channel(z: &Tensor, f: impl Fn(f32, usize) -> f32) -> Tensor {
+/// The Wan VAE's latent scale factor (applied with its per-channel table).
+const WAN_SCALE_FACTOR: f32 = 1.0;
+
+/// `f(value, channel)` over a [w, h, C, N] latent for the `table` channels of a per-channel
+/// table; the decoders' input checks refuse other widths, so other channels map to the identity.
+fn per_channel(z: &Tensor, table: usize, f: impl Fn(f32, usize) -> f32) -> Tensor {
     let plane = (z.ne(0) * z.ne(1)).max(1);
     let channels = z.ne(2).max(1);
     let mut out = z.clone();
     for (i, v) in out.data_mut().iter_mut().enumerate() {
         let c = (i / plane) % channels;
-        if c < FLUX2_LATENT_MEAN.len() {
+        if c < table {
             *v = f(*v, c);
         }
     }

@@ -1,12 +1,13 @@
 //! The first stage every latent family shares: an AutoencoderKL shaped by the family's
 //! latent format (4 or 16 channels, with or without quant convolutions, scale and shift), or
-//! a tiny autoencoder (TAESD / TAESDXL / TAESD3 / TAEF1) when one is given.
+//! a tiny autoencoder (TAESD / TAESDXL / TAESD3 / TAEF1) when one is given; the families of
+//! the Wan VAE (Qwen-Image) load that one instead.
 
 use super::BuildCtx;
 use crate::error::Result;
 use crate::graph::{Loaded, Placement};
 use crate::io::SdVersion;
-use crate::models::vae::{self, AutoEncoderKL, FirstStage, TaeConfig, TinyAutoEncoder, Vae, VaeConfig};
+use crate::models::vae::{self, AutoEncoderKL, FirstStage, TaeConfig, TinyAutoEncoder, Vae, VaeConfig, WanVae, WanVaeConfig};
 
 /// The reference scales every VAE convolution's input by this for SDXL when no separate
 /// VAE is given: the original SDXL VAE overflows f16.
@@ -35,6 +36,18 @@ pub(super) fn build(ctx: &BuildCtx<'_>, place: Placement) -> Result<(Box<dyn Fir
         );
         Ok(configure(weights.load_model(place, n_threads, vae::tae::PREFIX, "TAE", |s| Vae::Tiny(TinyAutoEncoder::new(s, &cfg)))?))
     };
+    if ctx.version.uses_wan_vae() {
+        // The reference's tiny decoders for these latents (TAEHV) are another network.
+        ensure!(!has_tae, "{} models have no tiny autoencoder in this build (taesd_path)", ctx.version.name());
+        sd_info!("using VAE for encoding / decoding");
+        let prefix = vae::autoencoder_kl::PREFIX;
+        ensure!(weights.has_prefix(&format!("{prefix}decoder.")), "{} needs its VAE (vae_path): no '{prefix}decoder.' weights", ctx.version.name());
+        let image_channels = if ctx.version == SdVersion::QwenImageLayered { 4 } else { 3 };
+        let cfg = WanVaeConfig::detect(&|n| weights.shape_of(n), prefix, false, image_channels);
+        ensure!(cfg.z_dim as usize == spec.latent.channels, "the Wan VAE has {} latent channels, {} models use {}", cfg.z_dim, ctx.version.name(), spec.latent.channels);
+        let wan = weights.load_model(place, n_threads, prefix, "VAE", |s| Vae::Wan(WanVae::new(s, &cfg, &|n| weights.shape_of(n))))?;
+        return Ok((configure(wan), None));
+    }
     if has_tae && !tae_preview_only {
         sd_info!("using TAE for encoding / decoding");
         return Ok((load_tae(false, place)?, None));

@@ -11,6 +11,7 @@ mod first_stage;
 mod flux;
 mod flux2;
 mod mmdit;
+mod qwen_image;
 mod unet;
 mod zimage;
 
@@ -68,6 +69,8 @@ pub enum Arch {
     Flux2,
     /// Z-Image: a Qwen3 LLM and Flux.1's 16-channel AutoencoderKL.
     ZImage,
+    /// Qwen-Image: the Qwen2.5-VL LLM and the Wan2.1 VAE (single frames).
+    QwenImage,
 }
 
 /// Extra latent channels the diffusion model takes next to the noisy latent.
@@ -121,6 +124,8 @@ pub struct FamilySpec {
     pub ref_latent_img_cfg: bool,
     /// The `ref_image_args` preset used when the request names none.
     pub ref_image_preset: Option<&'static str>,
+    /// Reference images resized before encoding get sides that are multiples of this.
+    pub ref_image_multiple: usize,
     /// Skip-layer guidance applies (transformers).
     pub skip_layer_guidance: bool,
 }
@@ -159,6 +164,7 @@ const fn unet_family(defaults: ModelFamily, unet: UNetVersion, concat: Concat) -
         ref_latents: false,
         ref_latent_img_cfg: false,
         ref_image_preset: None,
+        ref_image_multiple: 16,
         skip_layer_guidance: false,
     }
 }
@@ -183,6 +189,7 @@ const fn dit_family(defaults: ModelFamily, arch: Arch, latent: LatentFormat, pre
         ref_latents: false,
         ref_latent_img_cfg: false,
         ref_image_preset: None,
+        ref_image_multiple: 16,
         skip_layer_guidance: true,
     }
 }
@@ -222,6 +229,19 @@ const fn chroma_radiance_family() -> FamilySpec {
     FamilySpec { latent: PIXEL_LATENT, preview: None, ref_latents: false, ..flux_family(FluxVariant::ChromaRadiance, Concat::None) }
 }
 
+/// The Wan2.1 VAE's 16 channels at 1/8 (normalised per channel by the VAE itself).
+const WAN21_LATENT: LatentFormat = LatentFormat { channels: 16, vae_scale: 8, down_factor: 1, scale_factor: 1.0, shift_factor: 0.0 };
+
+const fn qwen_image_family() -> FamilySpec {
+    FamilySpec {
+        ref_latents: true,
+        ref_latent_img_cfg: true,
+        ref_image_preset: Some("qwen"),
+        ref_image_multiple: 32,
+        ..dit_family(ModelFamily::OtherDit, Arch::QwenImage, WAN21_LATENT, &preview::WAN21, Concat::None, Prediction::Flow)
+    }
+}
+
 const fn with_tae(spec: FamilySpec) -> FamilySpec {
     FamilySpec { tae_first_stage: true, ..spec }
 }
@@ -253,6 +273,7 @@ static CHROMA_RADIANCE: FamilySpec = chroma_radiance_family();
 static OVIS_IMAGE: FamilySpec = flux_family(FluxVariant::Ovis, Concat::None);
 static FLUX2: FamilySpec = flux2_family();
 static Z_IMAGE: FamilySpec = dit_family(F::OtherDit, Arch::ZImage, FLUX_LATENT, &preview::FLUX, Concat::None, Prediction::Flow);
+static QWEN_IMAGE: FamilySpec = qwen_image_family();
 
 /// The family of `version`, if this build can generate with it.
 pub fn spec(version: SdVersion) -> Option<&'static FamilySpec> {
@@ -281,6 +302,7 @@ pub fn spec(version: SdVersion) -> Option<&'static FamilySpec> {
         V::OvisImage => &OVIS_IMAGE,
         V::Flux2 | V::Flux2Klein => &FLUX2,
         V::ZImage => &Z_IMAGE,
+        V::QwenImage => &QWEN_IMAGE,
         _ => return None,
     })
 }
@@ -359,6 +381,7 @@ impl ModelSet {
             Arch::Mmdit => mmdit::build(&mut ctx)?,
             Arch::Flux2 => flux2::build(&mut ctx)?,
             Arch::ZImage => zimage::build(&mut ctx)?,
+            Arch::QwenImage => qwen_image::build(&mut ctx)?,
         };
         if params.flash_attn {
             sd_info!("Using flash attention");
@@ -461,7 +484,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn every_unet_flux_sd3_zimage_version_has_a_family_and_later_families_are_refused() {
+    fn every_unet_flux_sd3_zimage_qwen_version_has_a_family_and_later_families_are_refused() {
         for v in SdVersion::ALL {
             match spec(*v) {
                 Some(s) if v.is_unet() => {
@@ -477,6 +500,11 @@ mod tests {
                     assert_eq!((s.latent.size_multiple(), s.latent.channels), (16, 128));
                     assert!(s.vae_quant_convs && s.skip_layer_guidance && s.supports_img_cfg(true) && !s.supports_img_cfg(false));
                     assert_eq!((s.defaults, s.ref_image_preset), (ModelFamily::Flux2, Some("flux2")));
+                }
+                Some(s) if *v == SdVersion::QwenImage => {
+                    assert_eq!((s.latent.size_multiple(), s.latent.channels, s.ref_image_multiple), (8, 16, 32));
+                    assert!(s.skip_layer_guidance && s.supports_img_cfg(true) && !s.supports_img_cfg(false));
+                    assert_eq!((s.defaults, s.ref_image_preset), (ModelFamily::OtherDit, Some("qwen")));
                 }
                 Some(s) => {
                     assert!(v.is_flux() || matches!(*v, SdVersion::Sd3 | SdVersion::ZImage), "{v}");

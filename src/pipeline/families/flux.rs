@@ -6,7 +6,7 @@
 //! default shift 1.15 when the model embeds guidance (dev), 1.0 otherwise (schnell, Chroma),
 //! like the reference.
 
-use super::{first_stage, BuildCtx, Parts};
+use super::{first_stage, flow_parts, BuildCtx, Parts};
 use crate::error::Result;
 use crate::graph::Module;
 use crate::models::diffusion::flux::{Flux, FluxConfig, FluxModel, FluxOptions, FluxVariant};
@@ -16,7 +16,6 @@ use crate::pipeline::conditioning::flux::{ChromaConditioner, ChromaTextOptions, 
 use crate::pipeline::conditioning::llm::{LlmConditioner, LlmTemplate};
 use crate::pipeline::conditioning::Conditioner;
 use crate::runtime::args::{parse_key_value_args, parse_strict_bool};
-use crate::runtime::denoiser::Denoiser;
 use crate::types::Prediction;
 
 /// Where the transformer's weights live (`diffusion_model_path` files are put there).
@@ -53,7 +52,6 @@ fn chroma_use_dit_mask(model_args: Option<&str>) -> bool {
 pub(super) fn build(ctx: &mut BuildCtx<'_>, variant: FluxVariant) -> Result<Parts> {
     let (params, weights, n_threads) = (ctx.params, ctx.weights, ctx.n_threads);
     let te_place = ctx.devices.placement(Module::Te)?;
-    let diffusion_place = ctx.devices.placement(Module::Diffusion)?;
     let vae_place = ctx.devices.placement(Module::Vae)?;
 
     let shape_of = |n: &str| weights.shape_of(n);
@@ -78,29 +76,25 @@ pub(super) fn build(ctx: &mut BuildCtx<'_>, variant: FluxVariant) -> Result<Part
         Box::new(FluxConditioner::new(weights, &te_place, n_threads, t5_resident)?)
     };
 
-    let mut model = weights.load_model(diffusion_place, n_threads, DIT_PREFIX, "diffusion model", |s| FluxModel::new(s, &cfg))?;
-    model.runner.options.flash_attn = params.flash_attn || params.diffusion_flash_attn;
-    model.runner.options.conv_direct = params.diffusion_conv_direct;
+    let model = ctx.load_transformer(DIT_PREFIX, |s| FluxModel::new(s, &cfg))?;
     let diffusion = Flux { model, options: FluxOptions { use_mask: chroma_use_dit_mask(params.model_args.as_deref()) } };
 
-    let (first_stage, preview): (Box<dyn FirstStage>, _) = if variant == FluxVariant::ChromaRadiance {
+    let first: (Box<dyn FirstStage>, _) = if variant == FluxVariant::ChromaRadiance {
         sd_info!("using FakeVAE");
         (Box::new(PixelSpace), None)
     } else {
         first_stage::build(ctx, vae_place)?
     };
-    let prediction = params.prediction.unwrap_or(Prediction::FluxFlow);
-    // The reference picks the default shift only when it chose the prediction itself.
-    let default_flow_shift = params.prediction.is_none().then_some(if cfg.guidance_embed { 1.15 } else { 1.0 });
-    Ok(Parts {
-        cond,
-        diffusion: Box::new(diffusion),
-        first_stage,
-        preview,
-        prediction,
-        denoiser: Denoiser::new(prediction, None),
-        default_flow_shift,
-    })
+    Ok(flow_parts(params, cond, Box::new(diffusion), first, Prediction::FluxFlow, flux_default_shift(&cfg)))
+}
+
+/// Flux's default flow shift: 1.15 with a guidance embedding (dev), else 1.
+pub(super) fn flux_default_shift(cfg: &FluxConfig) -> f32 {
+    if cfg.guidance_embed {
+        1.15
+    } else {
+        1.0
+    }
 }
 
 #[cfg(test)]

@@ -5,15 +5,14 @@
 //! normalised latents. Flux flow prediction; the default shift is 1.15 when the model embeds
 //! guidance, else 1.0 (the default `flux2` scheduler ignores it), like the reference.
 
-use super::flux::DIT_PREFIX;
-use super::{first_stage, BuildCtx, Parts};
+use super::flux::{flux_default_shift, DIT_PREFIX};
+use super::{first_stage, flow_parts, BuildCtx, Parts};
 use crate::error::Result;
 use crate::graph::Module;
 use crate::io::SdVersion;
 use crate::models::diffusion::flux::{Flux, FluxConfig, FluxModel, FluxOptions, FluxVariant};
 use crate::models::te::llm::LlmArch;
 use crate::pipeline::conditioning::llm::{LlmConditioner, LlmTemplate};
-use crate::runtime::denoiser::Denoiser;
 use crate::types::Prediction;
 
 /// Klein asks Qwen3 in its chat template with an empty reasoning block, padded to 512
@@ -46,7 +45,6 @@ pub const DEV_TEMPLATE: LlmTemplate = LlmTemplate {
 pub(super) fn build(ctx: &mut BuildCtx<'_>) -> Result<Parts> {
     let (params, weights, n_threads) = (ctx.params, ctx.weights, ctx.n_threads);
     let te_place = ctx.devices.placement(Module::Te)?;
-    let diffusion_place = ctx.devices.placement(Module::Diffusion)?;
     let vae_place = ctx.devices.placement(Module::Vae)?;
 
     let shape_of = |n: &str| weights.shape_of(n);
@@ -65,23 +63,10 @@ pub(super) fn build(ctx: &mut BuildCtx<'_>) -> Result<Parts> {
         template.out_layers
     );
 
-    let mut model = weights.load_model(diffusion_place, n_threads, DIT_PREFIX, "diffusion model", |s| FluxModel::new(s, &cfg))?;
-    model.runner.options.flash_attn = params.flash_attn || params.diffusion_flash_attn;
-    model.runner.options.conv_direct = params.diffusion_conv_direct;
+    let model = ctx.load_transformer(DIT_PREFIX, |s| FluxModel::new(s, &cfg))?;
     let diffusion = Flux { model, options: FluxOptions { use_mask: false } };
-
-    let (first_stage, preview) = first_stage::build(ctx, vae_place)?;
-    let prediction = params.prediction.unwrap_or(Prediction::FluxFlow);
-    let default_flow_shift = params.prediction.is_none().then_some(if cfg.guidance_embed { 1.15 } else { 1.0 });
-    Ok(Parts {
-        cond: Box::new(cond),
-        diffusion: Box::new(diffusion),
-        first_stage,
-        preview,
-        prediction,
-        denoiser: Denoiser::new(prediction, None),
-        default_flow_shift,
-    })
+    let first = first_stage::build(ctx, vae_place)?;
+    Ok(flow_parts(params, Box::new(cond), Box::new(diffusion), first, Prediction::FluxFlow, flux_default_shift(&cfg)))
 }
 
 #[cfg(test)]

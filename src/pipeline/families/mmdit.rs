@@ -2,12 +2,11 @@
 //! 16-channel AutoencoderKL; discrete flow prediction with shift 3 by default.
 
 use super::flux::DIT_PREFIX;
-use super::{first_stage, BuildCtx, Parts};
+use super::{first_stage, flow_parts, BuildCtx, Parts};
 use crate::error::Result;
 use crate::graph::Module;
 use crate::models::diffusion::mmdit::{MmditConfig, MmditModel};
 use crate::pipeline::conditioning::sd3::{Sd3Conditioner, CONTEXT_WIDTH};
-use crate::runtime::denoiser::Denoiser;
 use crate::types::Prediction;
 
 /// SD3's default flow shift.
@@ -16,7 +15,6 @@ const DEFAULT_FLOW_SHIFT: f32 = 3.0;
 pub(super) fn build(ctx: &mut BuildCtx<'_>) -> Result<Parts> {
     let (params, weights, n_threads) = (ctx.params, ctx.weights, ctx.n_threads);
     let te_place = ctx.devices.placement(Module::Te)?;
-    let diffusion_place = ctx.devices.placement(Module::Diffusion)?;
     let vae_place = ctx.devices.placement(Module::Vae)?;
 
     let cond = Sd3Conditioner::new(weights, &te_place, n_threads, params.eager_load)?;
@@ -28,19 +26,7 @@ pub(super) fn build(ctx: &mut BuildCtx<'_>) -> Result<Parts> {
         cfg.context_size
     );
     ensure!(cfg.hidden_size % cfg.depth as i64 == 0, "MMDiT width {} is not a multiple of its {} heads", cfg.hidden_size, cfg.depth);
-    let mut model = weights.load_model(diffusion_place, n_threads, DIT_PREFIX, "diffusion model", |s| MmditModel::new(s, &cfg))?;
-    model.runner.options.flash_attn = params.flash_attn || params.diffusion_flash_attn;
-    model.runner.options.conv_direct = params.diffusion_conv_direct;
-
-    let (first_stage, preview) = first_stage::build(ctx, vae_place)?;
-    let prediction = params.prediction.unwrap_or(Prediction::Flow);
-    Ok(Parts {
-        cond: Box::new(cond),
-        diffusion: Box::new(model),
-        first_stage,
-        preview,
-        prediction,
-        denoiser: Denoiser::new(prediction, None),
-        default_flow_shift: params.prediction.is_none().then_some(DEFAULT_FLOW_SHIFT),
-    })
+    let model = ctx.load_transformer(DIT_PREFIX, |s| MmditModel::new(s, &cfg))?;
+    let first = first_stage::build(ctx, vae_place)?;
+    Ok(flow_parts(params, Box::new(cond), Box::new(model), first, Prediction::Flow, DEFAULT_FLOW_SHIFT))
 }

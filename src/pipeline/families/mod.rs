@@ -21,7 +21,7 @@ use super::control::ControlNetModel;
 use super::loader::Weights;
 use super::lora::LoraSet;
 use crate::error::Result;
-use crate::graph::{Components, DeviceMap, DeviceOptions, Runner, WeightsMut};
+use crate::graph::{Components, DeviceMap, DeviceOptions, Loaded, Module, Runner, Scope, WeightsMut};
 use crate::io::SdVersion;
 use crate::models::diffusion::flux::FluxVariant;
 use crate::models::diffusion::unet::UNetVersion;
@@ -316,6 +316,40 @@ pub struct BuildCtx<'a> {
     pub spec: &'static FamilySpec,
     pub devices: &'a DeviceMap,
     pub n_threads: i32,
+}
+
+impl BuildCtx<'_> {
+    /// A transformer declared under `prefix`, placed where the context puts the diffusion
+    /// model, with the context's attention and convolution options.
+    pub fn load_transformer<M>(&self, prefix: &str, declare: impl FnOnce(&mut Scope) -> M) -> Result<Loaded<M>> {
+        let place = self.devices.placement(Module::Diffusion)?;
+        let mut model = self.weights.load_model(place, self.n_threads, prefix, "diffusion model", declare)?;
+        model.runner.options.flash_attn = self.params.flash_attn || self.params.diffusion_flash_attn;
+        model.runner.options.conv_direct = self.params.diffusion_conv_direct;
+        Ok(model)
+    }
+}
+
+/// The parts of a flow family. Like the reference, the family's default flow shift applies
+/// only when the request left the prediction to the model.
+pub fn flow_parts(
+    params: &CtxParams,
+    cond: Box<dyn Conditioner>,
+    diffusion: Box<dyn DiffusionModel>,
+    (first_stage, preview): (Box<dyn FirstStage>, Option<Box<dyn FirstStage>>),
+    default_prediction: Prediction,
+    default_shift: f32,
+) -> Parts {
+    let prediction = params.prediction.unwrap_or(default_prediction);
+    Parts {
+        cond,
+        diffusion,
+        first_stage,
+        preview,
+        prediction,
+        denoiser: Denoiser::new(prediction, None),
+        default_flow_shift: params.prediction.is_none().then_some(default_shift),
+    }
 }
 
 /// The parts a builder returns.

@@ -8,14 +8,13 @@
 //! reference images reach only the transformer (the reference's behaviour when it has none).
 
 use super::flux::DIT_PREFIX;
-use super::{first_stage, BuildCtx, Parts};
+use super::{first_stage, flow_parts, BuildCtx, Parts};
 use crate::error::Result;
 use crate::graph::Module;
 use crate::models::diffusion::qwen_image::{QwenImageConfig, QwenImageModel};
 use crate::models::te::llm::{LlmArch, LLM_PREFIX};
 use crate::pipeline::conditioning::llm::{LlmConditioner, LlmTemplate};
 use crate::runtime::args::{parse_key_value_args, parse_strict_bool};
-use crate::runtime::denoiser::Denoiser;
 use crate::types::Prediction;
 
 /// The flow shift of a request that sets none.
@@ -52,7 +51,6 @@ fn zero_cond_t_arg(model_args: Option<&str>) -> bool {
 pub(super) fn build(ctx: &mut BuildCtx<'_>) -> Result<Parts> {
     let (params, weights, n_threads) = (ctx.params, ctx.weights, ctx.n_threads);
     let te_place = ctx.devices.placement(Module::Te)?;
-    let diffusion_place = ctx.devices.placement(Module::Diffusion)?;
     let vae_place = ctx.devices.placement(Module::Vae)?;
 
     let mut cfg = QwenImageConfig::detect(weights.types(), &|n| weights.shape_of(n), DIT_PREFIX);
@@ -69,22 +67,9 @@ pub(super) fn build(ctx: &mut BuildCtx<'_>) -> Result<Parts> {
         cfg.joint_attention_dim
     );
 
-    let mut model = weights.load_model(diffusion_place, n_threads, DIT_PREFIX, "diffusion model", |s| QwenImageModel::new(s, &cfg))?;
-    model.runner.options.flash_attn = params.flash_attn || params.diffusion_flash_attn;
-    model.runner.options.conv_direct = params.diffusion_conv_direct;
-
-    let (first_stage, preview) = first_stage::build(ctx, vae_place)?;
-    let prediction = params.prediction.unwrap_or(Prediction::Flow);
-    let default_flow_shift = params.prediction.is_none().then_some(DEFAULT_FLOW_SHIFT);
-    Ok(Parts {
-        cond: Box::new(cond),
-        diffusion: Box::new(model),
-        first_stage,
-        preview,
-        prediction,
-        denoiser: Denoiser::new(prediction, None),
-        default_flow_shift,
-    })
+    let model = ctx.load_transformer(DIT_PREFIX, |s| QwenImageModel::new(s, &cfg))?;
+    let first = first_stage::build(ctx, vae_place)?;
+    Ok(flow_parts(params, Box::new(cond), Box::new(model), first, Prediction::Flow, DEFAULT_FLOW_SHIFT))
 }
 
 #[cfg(test)]

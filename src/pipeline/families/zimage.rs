@@ -6,12 +6,11 @@
 //! the context's `eager_load` keeps it resident.
 
 use super::flux::DIT_PREFIX;
-use super::{first_stage, BuildCtx, Parts};
+use super::{first_stage, flow_parts, BuildCtx, Parts};
 use crate::error::Result;
 use crate::graph::Module;
 use crate::models::diffusion::zimage::{ZImageConfig, ZImageModel};
 use crate::pipeline::conditioning::llm::{LlmConditioner, ZIMAGE_TEMPLATE};
-use crate::runtime::denoiser::Denoiser;
 use crate::types::Prediction;
 
 /// The flow shift of a request that sets none.
@@ -20,7 +19,6 @@ const DEFAULT_FLOW_SHIFT: f32 = 3.0;
 pub(super) fn build(ctx: &mut BuildCtx<'_>) -> Result<Parts> {
     let (params, weights, n_threads) = (ctx.params, ctx.weights, ctx.n_threads);
     let te_place = ctx.devices.placement(Module::Te)?;
-    let diffusion_place = ctx.devices.placement(Module::Diffusion)?;
     let vae_place = ctx.devices.placement(Module::Vae)?;
 
     let cfg = ZImageConfig::detect(weights.types(), &|n| weights.shape_of(n), DIT_PREFIX);
@@ -34,20 +32,7 @@ pub(super) fn build(ctx: &mut BuildCtx<'_>) -> Result<Parts> {
         cfg.cap_feat_dim
     );
 
-    let mut model = weights.load_model(diffusion_place, n_threads, DIT_PREFIX, "diffusion model", |s| ZImageModel::new(s, &cfg))?;
-    model.runner.options.flash_attn = params.flash_attn || params.diffusion_flash_attn;
-    model.runner.options.conv_direct = params.diffusion_conv_direct;
-
-    let (first_stage, preview) = first_stage::build(ctx, vae_place)?;
-    let prediction = params.prediction.unwrap_or(Prediction::Flow);
-    let default_flow_shift = params.prediction.is_none().then_some(DEFAULT_FLOW_SHIFT);
-    Ok(Parts {
-        cond: Box::new(cond),
-        diffusion: Box::new(model),
-        first_stage,
-        preview,
-        prediction,
-        denoiser: Denoiser::new(prediction, None),
-        default_flow_shift,
-    })
+    let model = ctx.load_transformer(DIT_PREFIX, |s| ZImageModel::new(s, &cfg))?;
+    let first = first_stage::build(ctx, vae_place)?;
+    Ok(flow_parts(params, Box::new(cond), Box::new(model), first, Prediction::Flow, DEFAULT_FLOW_SHIFT))
 }

@@ -21,6 +21,8 @@ const FOLDER: &str = "qwenimage-layered";
 static SERIAL: Mutex<()> = Mutex::new(());
 /// (step at which to cancel, mode) for the progress callback.
 static CANCEL_AT: Mutex<Option<(i32, u32)>> = Mutex::new(None);
+/// (step, pictures, channels of the first) of every preview.
+static PREVIEWS: Mutex<Vec<(i32, i32, u32)>> = Mutex::new(Vec::new());
 
 fn serial() -> std::sync::MutexGuard<'static, ()> {
     SERIAL.lock().unwrap_or_else(|e| e.into_inner())
@@ -66,6 +68,12 @@ unsafe extern "C" fn on_progress(step: c_int, _steps: c_int, _time: f32, data: *
     }
 }
 
+unsafe extern "C" fn on_preview(step: c_int, n: c_int, frames: *mut sd_image_t, _noisy: CBool, _data: *mut c_void) {
+    // SAFETY: n frames from the library, valid during the call.
+    let f = unsafe { &*frames };
+    PREVIEWS.lock().unwrap().push((step, n, f.channel));
+}
+
 /// One context for the 1-layer case: repeated requests give the same bytes; the layer count
 /// and batch make the image count; cancelling new latents of a batch keeps the layers of
 /// the finished one; cancelling everything fails the request.
@@ -99,6 +107,16 @@ fn layered_counts_determinism_and_cancel() {
     let (ok, batch) = generate(ctx, &p);
     assert!(ok && batch.len() == 4);
     assert_eq!(&batch[..2], &a[..], "the first item of a batch is the single request's");
+
+    // Previews show every layer: projected latents (RGB), decoded ones (RGBA).
+    for (mode, channels) in [(1, 3), (3, 4)] {
+        PREVIEWS.lock().unwrap().clear();
+        sd_set_preview_callback(Some(on_preview), preview_t(mode), 1, CBool::TRUE, CBool::FALSE, null_mut());
+        let (ok, _) = generate(ctx, &p);
+        sd_set_preview_callback(None, preview_t(0), 1, CBool::FALSE, CBool::FALSE, null_mut());
+        assert!(ok);
+        assert_eq!(*PREVIEWS.lock().unwrap(), vec![(1, 2, channels), (2, 2, channels), (1, 2, channels), (2, 2, channels)], "preview mode {mode}");
+    }
 
     sd_set_progress_callback(Some(on_progress), ctx as *mut c_void);
     *CANCEL_AT.lock().unwrap() = Some((2, 1)); // SD_CANCEL_NEW_LATENTS after the first item

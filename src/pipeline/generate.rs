@@ -579,34 +579,38 @@ fn send_preview(
     tiling: &TilingParams,
     circular: (bool, bool),
 ) {
-    // A stack of layers is previewed by its first layer.
-    let first_layer;
-    let latents = if latents.shape().len() == 5 {
-        match latent_layer(latents, 0) {
-            Ok(l) => {
-                first_layer = l;
-                &first_layer
-            }
+    if config.mode == Preview::None {
+        return;
+    }
+    // A stack of layers is previewed as one picture per layer.
+    let stack: Vec<Tensor>;
+    let layers: Vec<&Tensor> = if latents.shape().len() == 5 {
+        stack = match (0..latents.ne(2)).map(|i| latent_layer(latents, i)).collect::<Result<Vec<_>>>() {
+            Ok(v) => v,
             Err(e) => {
                 sd_error!("preview failed at step {step}: {e}");
                 return;
             }
-        }
+        };
+        stack.iter().collect()
     } else {
-        latents
+        vec![latents]
     };
-    let image = match config.mode {
-        Preview::Proj => preview::project(latents, projection),
-        Preview::Vae | Preview::Tae => {
-            let lat = decoder.diffusion_to_vae(latents);
-            let out = decoder.begin().and_then(|_| decoder.decode(&lat, tiling, circular, None));
+    let images: Result<Vec<Image>> = match config.mode {
+        Preview::Proj => layers.iter().map(|l| preview::project(l, projection)).collect(),
+        _ => {
+            let out = decoder.begin().and_then(|_| {
+                layers
+                    .iter()
+                    .map(|l| decoder.decode(&decoder.diffusion_to_vae(l), tiling, circular, None).and_then(|t| tensor_to_image(&t, 0)))
+                    .collect()
+            });
             decoder.end();
-            out.and_then(|t| tensor_to_image(&t, 0))
+            out
         }
-        Preview::None => return,
     };
-    match image {
-        Ok(img) => callbacks::preview(step, std::slice::from_ref(&img), noisy),
+    match images {
+        Ok(images) => callbacks::preview(step, &images, noisy),
         Err(e) => sd_error!("preview decode failed at step {step}: {e}"),
     }
 }
@@ -981,6 +985,31 @@ mod tests {
         let init = Tensor::from_vec(&[2, 1, 2, 1], vec![10.0, 20.0, 30.0, 40.0]).unwrap();
         let mask = Tensor::from_vec(&[2, 1, 1, 1], vec![1.0, 0.0]).unwrap();
         assert_eq!(blend(&d, &init, &mask).unwrap().data(), &[1.0, 20.0, 3.0, 40.0]);
+    }
+
+    #[test]
+    fn stacks_of_layers_blend_per_plane_and_split_into_layers() {
+        // [W=2, H=1, T=2, C=2, 1]: value = 10·c + 5·t + x.
+        let stack = Tensor::from_vec(&[2, 1, 2, 2, 1], vec![0., 1., 5., 6., 10., 11., 15., 16.]).unwrap();
+        assert_eq!(latent_layer(&stack, 1).unwrap().data(), &[5., 6., 15., 16.]);
+        assert_eq!(latent_layer(&stack, 0).unwrap().shape(), &[2, 1, 2, 1]);
+        assert!(latent_layer(&stack, 2).is_err());
+        let init = Tensor::full(stack.shape(), 100.0);
+        let mask = Tensor::from_vec(&[2, 1, 1, 1], vec![1.0, 0.0]).unwrap();
+        let b = blend(&stack, &init, &mask).unwrap();
+        assert_eq!(b.shape(), stack.shape());
+        assert_eq!(b.data(), &[0., 100., 5., 100., 10., 100., 15., 100.]);
+    }
+
+    #[test]
+    fn rgba_families_get_an_opaque_alpha() {
+        let rgb = Image::new(1, 1, 3, vec![255, 0, 51]).unwrap();
+        let grey = Image::new(1, 1, 1, vec![102]).unwrap();
+        let rgba = Image::new(1, 1, 4, vec![0, 0, 0, 51]).unwrap();
+        assert_eq!(image_tensor(&rgb, 1, 1, 4).unwrap().data(), &[1.0, 0.0, 0.2, 1.0]);
+        assert_eq!(image_tensor(&grey, 1, 1, 4).unwrap().data(), &[0.4, 0.4, 0.4, 1.0]);
+        assert_eq!(image_tensor(&rgba, 1, 1, 4).unwrap().data(), &[0.0, 0.0, 0.0, 0.2]);
+        assert_eq!(image_tensor(&rgba, 1, 1, 3).unwrap().data(), &[0.0, 0.0, 0.0]);
     }
 
     #[test]

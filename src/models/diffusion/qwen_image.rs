@@ -608,6 +608,37 @@ mod tests {
         assert!(with_ref.data().iter().all(|v| v.is_finite()) && with_ref != a);
     }
 
+    /// Layered: a stack of one layer is the plain image bit for bit (same tokens, same
+    /// positions); with two layers both layers' tokens attend to each other and the output
+    /// keeps the stack's shape.
+    #[test]
+    fn a_stack_of_layers_runs_as_consecutive_token_runs() {
+        let (_s, m) = tiny(false);
+        let ctx = crate::testutil::pattern(64 * 5, 4);
+        let run = |x: &[f32], ne: [i64; 4], frames: usize, layered: bool| {
+            let pe = rope::qwen_image_pe(frames, 4, 4, 2, 5, &[], RefIndexMode::Decrease, 10000.0, &m.config.axes_dim, (false, false));
+            let mut runner = crate::graph::Runner::new(std::sync::Arc::new(crate::graph::Backend::cpu().unwrap()), 1);
+            runner
+                .compute(|g| {
+                    let pe = g.input_f32(&pe, &[2, 2, 64, (pe.len() / 256) as i64]);
+                    Ok(m.forward(g, g.input_f32(x, &ne), g.input_f32(&[500.0], &[1]), g.input_f32(&ctx, &[64, 5, 1]), pe, &[], None, None, layered))
+                })
+                .unwrap()
+        };
+        let one = crate::testutil::pattern(4 * 4 * 16, 3);
+        let plain = run(&one, [4, 4, 16, 1], 1, false);
+        assert_eq!(run(&one, [4, 4, 1, 16], 1, true).data(), plain.data());
+        let two = crate::testutil::pattern(4 * 4 * 2 * 16, 6);
+        let stack = run(&two, [4, 4, 2, 16], 2, true);
+        assert_eq!(stack.shape(), &[4, 4, 2, 16]);
+        assert!(stack.data().iter().all(|v| v.is_finite()));
+        // Layer 0 alone differs from layer 0 in the stack: the layers see each other.
+        let layer0: Vec<f32> = (0..16).flat_map(|c| two[c * 32..c * 32 + 16].to_vec()).collect();
+        let alone = run(&layer0, [4, 4, 16, 1], 1, false);
+        let in_stack: Vec<f32> = (0..16).flat_map(|c| stack.data()[c * 32..c * 32 + 16].to_vec()).collect();
+        assert_ne!(alone.data(), &in_stack[..]);
+    }
+
     #[test]
     fn modulation_index_marks_reference_tokens() {
         // A 5×4 latent: 3×2 patches (padded up); one 2×2 reference: one patch.

@@ -364,8 +364,11 @@ pub fn gen_params(params: &Value, arena: &mut Arena) -> sd_img_gen_params_t {
     p
 }
 
-/// Generates, returning (ok, images as (w, h, c, bytes)); the C images are freed.
-pub fn generate(ctx: *mut sd_ctx_t, p: &sd_img_gen_params_t) -> (bool, Vec<(u32, u32, u32, Vec<u8>)>) {
+/// A returned picture: width, height, channels, bytes.
+pub type Picture = (u32, u32, u32, Vec<u8>);
+
+/// Generates, returning (ok, the pictures); the C images are freed.
+pub fn generate(ctx: *mut sd_ctx_t, p: &sd_img_gen_params_t) -> (bool, Vec<Picture>) {
     let mut images = std::ptr::null_mut();
     let mut n: c_int = -1;
     // SAFETY: valid context and params, writable out-pointers.

@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::parity::fixture;
+use common::parity::{fixture, generate};
 use stable_diffusion::capi::*;
 use std::ffi::{c_int, c_void, CString};
 use std::ptr::{null, null_mut};
@@ -54,25 +54,6 @@ fn params(prompt: &CString, steps: i32, batch: i32, seed: i64) -> sd_img_gen_par
     p.sample_params.sample_steps = steps;
     p.sample_params.sample_method = sample_method_t(0); // EULER
     p
-}
-
-/// Generates, returning (ok, images as (w, h, c, bytes)); the C images are freed.
-fn generate(ctx: *mut sd_ctx_t, p: &sd_img_gen_params_t) -> (bool, Vec<(u32, u32, u32, Vec<u8>)>) {
-    let mut images = null_mut();
-    let mut n: c_int = -1;
-    // SAFETY: valid context and params, writable out-pointers.
-    let ok = unsafe { generate_image(ctx, p, &mut images, &mut n) }.get();
-    let mut out = Vec::new();
-    for i in 0..n.max(0) as usize {
-        // SAFETY: n images were returned.
-        let img = unsafe { &*images.add(i) };
-        let len = (img.width * img.height * img.channel) as usize;
-        // SAFETY: each image holds width*height*channel bytes.
-        out.push((img.width, img.height, img.channel, unsafe { std::slice::from_raw_parts(img.data, len) }.to_vec()));
-    }
-    // SAFETY: the images generate_image returned, freed once.
-    unsafe { free_sd_images(images, n) };
-    (ok, out)
 }
 
 fn reset_records() {

@@ -69,6 +69,8 @@ pub(super) struct Request {
     refs: RefImageParams,
     cache: CacheParams,
     control_strength: f32,
+    /// Layers of a layered family's latent beyond the first (`qwen_image_layers`, at least 0).
+    layers: usize,
 }
 
 /// Sampler, schedule and eta.
@@ -184,6 +186,7 @@ fn resolve_request(ms: &ModelSet, p: &ImgGenParams) -> Request {
         refs: RefImageParams::resolve(&p.ref_image_args, ms.spec.ref_image_preset),
         cache: p.cache.clone(),
         control_strength: p.control_strength,
+        layers: p.qwen_image_layers.max(0) as usize,
     }
 }
 
@@ -232,13 +235,26 @@ fn runtime_tiling(t: &ApiTiling) -> TilingParams {
 /// An image as [W, H, 3, 1] in [0, 1] at the request's size (grey images become RGB,
 /// extra channels such as alpha are dropped).
 fn rgb_tensor(img: &Image, w: usize, h: usize) -> Result<Tensor> {
+    image_tensor(img, w, h, 3)
+}
+
+/// An image as [W, H, `channels`, 1] in [0, 1] at the request's size, like the reference's
+/// channel adjustment: grey becomes RGB, RGBA families get an opaque alpha where the image
+/// has none, extra channels are dropped.
+fn image_tensor(img: &Image, w: usize, h: usize, channels: usize) -> Result<Tensor> {
     let t = image_to_tensor(img, Some((w, h)))?;
     let plane = w * h;
-    match t.ne(2) {
-        3 => Ok(t),
-        1 => Tensor::from_vec(&[w, h, 3, 1], t.data().repeat(3)),
-        _ => Tensor::from_vec(&[w, h, 3, 1], t.data()[..3 * plane].to_vec()),
+    let mut data = match t.ne(2) {
+        1 => t.data().repeat(3),
+        _ => t.data()[..3.min(t.ne(2)) * plane].to_vec(),
+    };
+    if channels == 4 {
+        match t.ne(2) {
+            c if c >= 4 => data.extend_from_slice(&t.data()[3 * plane..4 * plane]),
+            _ => data.extend(std::iter::repeat_n(1.0, plane)),
+        }
     }
+    Tensor::from_vec(&[w, h, channels, 1], data)
 }
 
 /// Image [W, H, 3, 1] in [0, 1] → diffusion latents, sampling the VAE's distribution with
@@ -259,8 +275,8 @@ pub(super) fn encode_first_stage(
 /// A reference image at the size the reference encodes it: with `resize_before_vae`, about
 /// the request's area (at most `vae_input_max_pixels`, default 1024²) with its aspect ratio,
 /// or the request's size (`resize_vae_to_target`), sides rounded to `multiple` (16, Qwen-Image 32).
-fn ref_image_for_vae(img: &Image, r: &Request, multiple: usize) -> Result<Tensor> {
-    let t = rgb_tensor(img, img.width as usize, img.height as usize)?;
+fn ref_image_for_vae(img: &Image, r: &Request, multiple: usize, channels: usize) -> Result<Tensor> {
+    let t = image_tensor(img, img.width as usize, img.height as usize, channels)?;
     if !r.refs.resize_before_vae {
         return Ok(t);
     }
@@ -282,7 +298,7 @@ fn ref_image_for_vae(img: &Image, r: &Request, multiple: usize) -> Result<Tensor
         return Ok(t);
     }
     sd_debug!("resize vae ref image from {}x{} to {th}x{tw}", t.ne(1), t.ne(0));
-    resize_nearest(&t, &[tw, th, 3, 1])
+    resize_nearest(&t, &[tw, th, channels, 1])
 }
 
 fn prepare(
@@ -298,9 +314,13 @@ fn prepare(
     let latent = ms.spec.latent;
     let (lw, lh) = (w / latent.vae_scale, h / latent.vae_scale);
     let concat_kind = ms.spec.concat;
+    let channels = ms.spec.image_channels;
     let start = Instant::now();
     let mut init_image = None;
     if let Some(img) = &p.init_image {
+        // The reference samples the init image's single latent and then fails to decode it
+        // into layers: refused before any work (the picture to decompose is a reference image).
+        ensure!(!ms.spec.layered, "qwen image layered expected at least {} latent layers, got shape dim=4 (give the picture to decompose as a reference image)", r.layers + 1);
         sd_info!("IMG2IMG");
         if p.strength < 1.0 {
             let sigmas =
@@ -308,7 +328,7 @@ fn prepare(
             plan.sample_steps = sigmas.len() - 1;
             plan.sigmas = sigmas;
         }
-        init_image = Some(rgb_tensor(img, w, h)?);
+        init_image = Some(image_tensor(img, w, h, channels)?);
     }
     let mask = match &p.mask_image {
         Some(m) => Some(image_to_tensor(m, Some((w, h)))?.map(f32::round)),
@@ -326,6 +346,7 @@ fn prepare(
     };
     let init_latent = match &init_image {
         Some(img) => encode("init image", img)?,
+        None if ms.spec.layered => Tensor::zeros(&[lw, lh, r.layers + 1, latent.channels, 1]),
         None => Tensor::zeros(&[lw, lh, latent.channels, 1]),
     };
     // Like the reference, a control image is encoded whenever one is given (before the
@@ -351,10 +372,10 @@ fn prepare(
     // encoded for the families that read them.
     let mut ref_latents = Vec::new();
     if concat_kind == Concat::Edit || (ms.spec.ref_latents && !p.ref_images.is_empty()) {
-        let mut refs: Vec<Tensor> = p.ref_images.iter().map(|img| ref_image_for_vae(img, r, ms.spec.ref_image_multiple)).collect::<Result<_>>()?;
+        let mut refs: Vec<Tensor> = p.ref_images.iter().map(|img| ref_image_for_vae(img, r, ms.spec.ref_image_multiple, channels)).collect::<Result<_>>()?;
         if refs.is_empty() {
             sd_warn!("This model needs at least one reference image; using an empty reference");
-            refs.push(Tensor::zeros(&[w, h, 3, 1]));
+            refs.push(Tensor::zeros(&[w, h, channels, 1]));
             r.guidance.img_cfg = r.guidance.txt_cfg;
             r.use_img_uncond = false;
         }
@@ -558,18 +579,38 @@ fn send_preview(
     tiling: &TilingParams,
     circular: (bool, bool),
 ) {
-    let image = match config.mode {
-        Preview::Proj => preview::project(latents, projection),
-        Preview::Vae | Preview::Tae => {
-            let lat = decoder.diffusion_to_vae(latents);
-            let out = decoder.begin().and_then(|_| decoder.decode(&lat, tiling, circular, None));
-            decoder.end();
-            out.and_then(|t| tensor_to_image(&t, 0))
-        }
-        Preview::None => return,
+    if config.mode == Preview::None {
+        return;
+    }
+    // A stack of layers is previewed as one picture per layer.
+    let stack: Vec<Tensor>;
+    let layers: Vec<&Tensor> = if latents.shape().len() == 5 {
+        stack = match (0..latents.ne(2)).map(|i| latent_layer(latents, i)).collect::<Result<Vec<_>>>() {
+            Ok(v) => v,
+            Err(e) => {
+                sd_error!("preview failed at step {step}: {e}");
+                return;
+            }
+        };
+        stack.iter().collect()
+    } else {
+        vec![latents]
     };
-    match image {
-        Ok(img) => callbacks::preview(step, std::slice::from_ref(&img), noisy),
+    let images: Result<Vec<Image>> = match config.mode {
+        Preview::Proj => layers.iter().map(|l| preview::project(l, projection)).collect(),
+        _ => {
+            let out = decoder.begin().and_then(|_| {
+                layers
+                    .iter()
+                    .map(|l| decoder.decode(&decoder.diffusion_to_vae(l), tiling, circular, None).and_then(|t| tensor_to_image(&t, 0)))
+                    .collect()
+            });
+            decoder.end();
+            out
+        }
+    };
+    match images {
+        Ok(images) => callbacks::preview(step, &images, noisy),
         Err(e) => sd_error!("preview decode failed at step {step}: {e}"),
     }
 }
@@ -747,20 +788,42 @@ pub(super) fn sample(
     Ok(denoiser.inverse_noise_scaling(*plan.sigmas.last().unwrap_or(&0.0), x0))
 }
 
-/// `denoised * mask + init * (1 - mask)`, the mask [W, H, 1, 1] broadcast over channels.
+/// `denoised * mask + init * (1 - mask)`, the mask [W, H, 1, 1] broadcast over channels
+/// (and over the layers of a stack [W, H, T, C, 1]).
 fn blend(denoised: &Tensor, init: &Tensor, mask: &Tensor) -> Result<Tensor> {
+    if let [w, h, rest @ ..] = denoised.shape() {
+        if rest.len() > 2 {
+            let planes = [*w, *h, rest.iter().product(), 1];
+            let out = blend(&denoised.clone().reshape(&planes)?, &init.clone().reshape(&planes)?, mask)?;
+            return out.reshape(denoised.shape());
+        }
+    }
     let kept = zip_channels(denoised, mask, |d, m| d * m)?;
     let orig = zip_channels(init, mask, |i, m| i * (1.0 - m))?;
     Ok(kept.zip(&orig, |a, b| a + b))
 }
 
-/// Decodes final latents to images; fewer when cancelled meanwhile (none is an error).
-fn decode_all(ms: &mut ModelSet, latents: &[Tensor], tiling: &TilingParams, circular: (bool, bool), cancel: &CancelFlag) -> Result<Vec<Image>> {
+/// Layer `i` `[W, H, C, 1]` of a stack of latents `[W, H, T, C, 1]`.
+fn latent_layer(stack: &Tensor, i: usize) -> Result<Tensor> {
+    let (w, h, t, c) = (stack.ne(0), stack.ne(1), stack.ne(2), stack.ne(3));
+    ensure!(stack.shape().len() == 5 && i < t, "no layer {i} in latents of shape {:?}", stack.shape());
+    let plane = w * h;
+    let mut data = Vec::with_capacity(plane * c);
+    for ch in 0..c {
+        let at = (ch * t + i) * plane;
+        data.extend_from_slice(&stack.data()[at..at + plane]);
+    }
+    Tensor::from_vec(&[w, h, c, 1], data)
+}
+
+/// Decodes final latents to images (`layers` pictures from each stack of a layered family);
+/// fewer when cancelled meanwhile (none is an error).
+fn decode_all(ms: &mut ModelSet, latents: &[Tensor], layers: Option<usize>, tiling: &TilingParams, circular: (bool, bool), cancel: &CancelFlag) -> Result<Vec<Image>> {
     sd_info!("decoding {} latents", latents.len());
     let start = Instant::now();
     let fs = ms.first_stage.as_mut();
     fs.begin()?;
-    let images = decode_each(fs, latents, tiling, circular, cancel);
+    let images = decode_each(fs, latents, layers, tiling, circular, cancel);
     fs.end();
     let images = images?;
     sd_info!("decode_first_stage completed, taking {:.2}s", start.elapsed().as_secs_f32());
@@ -785,17 +848,44 @@ pub(super) fn decode_latent(fs: &mut dyn FirstStage, lat: &Tensor, tiling: &Tili
     }
 }
 
-fn decode_each(fs: &mut dyn FirstStage, latents: &[Tensor], tiling: &TilingParams, circular: (bool, bool), cancel: &CancelFlag) -> Result<Vec<Image>> {
+fn decode_each(
+    fs: &mut dyn FirstStage,
+    latents: &[Tensor],
+    layers: Option<usize>,
+    tiling: &TilingParams,
+    circular: (bool, bool),
+    cancel: &CancelFlag,
+) -> Result<Vec<Image>> {
     let mut images = Vec::new();
-    for (i, lat) in latents.iter().enumerate() {
+    'latents: for (i, lat) in latents.iter().enumerate() {
         if cancel.stop_now() {
             sd_error!("cancelling latent decodings");
             break;
         }
         let t = Instant::now();
-        let decoded = decode_latent(fs, lat, tiling, circular)
-            .map_err(|e| Error::new(format!("decode_first_stage failed for latent {}: {e}", i + 1)))?;
-        images.push(tensor_to_image(&decoded, 0)?);
+        match layers {
+            Some(n) => {
+                ensure!(
+                    lat.shape().len() == 5 && lat.ne(2) >= n,
+                    "qwen image layered expected at least {n} latent layers, got shape dim={}",
+                    lat.shape().len()
+                );
+                for layer in 0..n {
+                    if cancel.stop_now() {
+                        sd_error!("cancelling latent decodings");
+                        break 'latents;
+                    }
+                    let decoded = decode_latent(fs, &latent_layer(lat, layer)?, tiling, circular)
+                        .map_err(|e| Error::new(format!("decode_first_stage failed for latent {} layer {}: {e}", i + 1, layer + 1)))?;
+                    images.push(tensor_to_image(&decoded, 0)?);
+                }
+            }
+            None => {
+                let decoded = decode_latent(fs, lat, tiling, circular)
+                    .map_err(|e| Error::new(format!("decode_first_stage failed for latent {}: {e}", i + 1)))?;
+                images.push(tensor_to_image(&decoded, 0)?);
+            }
+        }
         sd_info!("latent {} decoded, taking {:.2}s", i + 1, t.elapsed().as_secs_f32());
     }
     Ok(images)
@@ -813,6 +903,7 @@ pub fn generate(ms: &mut ModelSet, p: &ImgGenParams, cancel: &CancelFlag) -> Res
     let mut r = resolve_request(ms, p);
     let multiple = ms.spec.latent.size_multiple() as i32;
     let hires = super::hires::resolve(&p.hires, r.width as i32, r.height as i32, multiple)?;
+    ensure!(hires.is_none() || !ms.spec.layered, "the hires fix is not supported for {} models in this build", ms.version.name());
     sd_info!("generate_image {}x{}", r.width, r.height);
     let tiling = runtime_tiling(&p.vae_tiling_params);
     let circular = (p.circular_x, p.circular_y);
@@ -858,7 +949,8 @@ pub fn generate(ms: &mut ModelSet, p: &ImgGenParams, cancel: &CancelFlag) -> Res
         finals = super::hires::run(ms, h, p, &r, &plan, &mut prepared, finals, &tiling, circular, &mut rngs, cancel)?;
     }
     finals.iter().for_each(record_final_latent);
-    let images = decode_all(ms, &finals, &tiling, circular, cancel)?;
+    let layers = ms.spec.layered.then_some(r.layers + 1);
+    let images = decode_all(ms, &finals, layers, &tiling, circular, cancel)?;
     sd_info!("generate_image completed in {:.2}s", t0.elapsed().as_secs_f32());
     Ok(images)
 }
@@ -893,6 +985,31 @@ mod tests {
         let init = Tensor::from_vec(&[2, 1, 2, 1], vec![10.0, 20.0, 30.0, 40.0]).unwrap();
         let mask = Tensor::from_vec(&[2, 1, 1, 1], vec![1.0, 0.0]).unwrap();
         assert_eq!(blend(&d, &init, &mask).unwrap().data(), &[1.0, 20.0, 3.0, 40.0]);
+    }
+
+    #[test]
+    fn stacks_of_layers_blend_per_plane_and_split_into_layers() {
+        // [W=2, H=1, T=2, C=2, 1]: value = 10·c + 5·t + x.
+        let stack = Tensor::from_vec(&[2, 1, 2, 2, 1], vec![0., 1., 5., 6., 10., 11., 15., 16.]).unwrap();
+        assert_eq!(latent_layer(&stack, 1).unwrap().data(), &[5., 6., 15., 16.]);
+        assert_eq!(latent_layer(&stack, 0).unwrap().shape(), &[2, 1, 2, 1]);
+        assert!(latent_layer(&stack, 2).is_err());
+        let init = Tensor::full(stack.shape(), 100.0);
+        let mask = Tensor::from_vec(&[2, 1, 1, 1], vec![1.0, 0.0]).unwrap();
+        let b = blend(&stack, &init, &mask).unwrap();
+        assert_eq!(b.shape(), stack.shape());
+        assert_eq!(b.data(), &[0., 100., 5., 100., 10., 100., 15., 100.]);
+    }
+
+    #[test]
+    fn rgba_families_get_an_opaque_alpha() {
+        let rgb = Image::new(1, 1, 3, vec![255, 0, 51]).unwrap();
+        let grey = Image::new(1, 1, 1, vec![102]).unwrap();
+        let rgba = Image::new(1, 1, 4, vec![0, 0, 0, 51]).unwrap();
+        assert_eq!(image_tensor(&rgb, 1, 1, 4).unwrap().data(), &[1.0, 0.0, 0.2, 1.0]);
+        assert_eq!(image_tensor(&grey, 1, 1, 4).unwrap().data(), &[0.4, 0.4, 0.4, 1.0]);
+        assert_eq!(image_tensor(&rgba, 1, 1, 4).unwrap().data(), &[0.0, 0.0, 0.0, 0.2]);
+        assert_eq!(image_tensor(&rgba, 1, 1, 3).unwrap().data(), &[0.0, 0.0, 0.0]);
     }
 
     #[test]

@@ -265,6 +265,7 @@ pub fn gen_params(params: &Value, arena: &mut Arena) -> sd_img_gen_params_t {
             "height" => p.height = num(v) as c_int,
             "seed" => p.seed = num(v) as i64,
             "batch_count" => p.batch_count = num(v) as c_int,
+            "qwen_image_layers" => p.qwen_image_layers = num(v) as c_int,
             "clip_skip" => p.clip_skip = num(v) as c_int,
             "strength" => p.strength = num(v) as f32,
             "init_image" => p.init_image = arena.image(v.as_str().unwrap()),
@@ -361,6 +362,28 @@ pub fn gen_params(params: &Value, arena: &mut Arena) -> sd_img_gen_params_t {
         }
     }
     p
+}
+
+/// A returned picture: width, height, channels, bytes.
+pub type Picture = (u32, u32, u32, Vec<u8>);
+
+/// Generates, returning (ok, the pictures); the C images are freed.
+pub fn generate(ctx: *mut sd_ctx_t, p: &sd_img_gen_params_t) -> (bool, Vec<Picture>) {
+    let mut images = std::ptr::null_mut();
+    let mut n: c_int = -1;
+    // SAFETY: valid context and params, writable out-pointers.
+    let ok = unsafe { generate_image(ctx, p, &mut images, &mut n) }.get();
+    let mut out = Vec::new();
+    for i in 0..n.max(0) as usize {
+        // SAFETY: n images were returned.
+        let img = unsafe { &*images.add(i) };
+        let len = (img.width * img.height * img.channel) as usize;
+        // SAFETY: each image holds width*height*channel bytes.
+        out.push((img.width, img.height, img.channel, unsafe { std::slice::from_raw_parts(img.data, len) }.to_vec()));
+    }
+    // SAFETY: the images generate_image returned, freed once.
+    unsafe { free_sd_images(images, n) };
+    (ok, out)
 }
 
 /// One compared picture (or latent): max and mean |diff|.

@@ -208,7 +208,8 @@ class TAESD(Net):
         return self.conv(pre + str(i), h)
 
 
-def read_png(path):
+def decode_png(path):
+    """An 8-bit non-interlaced PNG as (width, height, channels, uint8 rows [h, w * channels])."""
     with open(path, "rb") as f:
         raw = f.read()
     assert raw[:8] == b"\x89PNG\r\n\x1a\n", "not a PNG"
@@ -251,6 +252,11 @@ def read_png(path):
                 cur[x] = (row[x] + pred) & 255
         img[y] = cur
         prev = cur
+    return w, h, ch, img.astype(np.uint8)
+
+
+def read_png(path):
+    w, h, ch, img = decode_png(path)
     return img.reshape(h, w, ch).transpose(2, 0, 1)[None].astype(np.float32)  # N, C, H, W
 
 

@@ -354,9 +354,11 @@ impl QwenImageModel {
         }
     }
 
-    /// One evaluation: the latent `x` `[W, H, C, 1]`, timestep `t` `[1]`, the LLM's hidden
-    /// states `context` `[joint_dim, L, 1]`, the rotation table `pe`, reference latents
-    /// appended as tokens, Edit 2511's per-token `index` and Layered's `addition` ids.
+    /// One evaluation: the latent `x` `[W, H, C, 1]` (with `layered`: a stack `[W, H, T, C]`
+    /// whose layers become consecutive runs of tokens, as the reference's 3-D patchify with
+    /// one frame per patch orders them), timestep `t` `[1]`, the LLM's hidden states
+    /// `context` `[joint_dim, L, 1]`, the rotation table `pe`, reference latents appended as
+    /// tokens, Edit 2511's per-token `index` and Layered's `addition` ids.
     #[allow(clippy::too_many_arguments)]
     pub fn forward<'g>(
         &self,
@@ -368,10 +370,15 @@ impl QwenImageModel {
         refs: &[T<'g>],
         index: Option<T<'g>>,
         addition: Option<T<'g>>,
+        layered: bool,
     ) -> T<'g> {
         let p = self.config.patch_size;
         let [w, h, _, _] = x.ne();
+        // The layers as a batch of images: their token runs follow one another.
+        let x = if layered { x.permute(0, 1, 3, 2).cont() } else { x };
         let mut img = pad_and_patchify(g, x, p, true);
+        let [d, l, layers, _] = img.ne();
+        img = img.reshape(&[d, l * layers, 1]);
         let img_tokens = img.ne()[1];
         for r in refs {
             img = img.concat(pad_and_patchify(g, *r, p, true), 1);
@@ -399,14 +406,27 @@ impl QwenImageModel {
             let ne = out.ne();
             out = out.view(&[ne[0], img_tokens, ne[2]], &[nb[1], nb[2]], 0).cont();
         }
-        unpatchify_and_crop(out, h, w, p, true)
+        let out = unpatchify_and_crop(out.reshape(&[out.ne()[0], l, layers]), h, w, p, true);
+        if layered {
+            out.permute(0, 1, 3, 2).cont()
+        } else {
+            out
+        }
     }
 
     /// Checks host inputs against the configuration before a graph is built.
     fn check_inputs(&self, x: &Tensor, context: &Tensor, refs: &[Tensor]) -> Result<()> {
         let cfg = &self.config;
         let c = cfg.out_channels as usize;
-        ensure!(x.shape().len() <= 4 && x.ne(3) == 1 && x.ne(2) == c && x.ne(0) > 0 && x.ne(1) > 0, "Qwen-Image takes one latent [W, H, {c}, 1], got {:?}", x.shape());
+        if x.shape().len() == 5 {
+            ensure!(
+                x.ne(3) == c && x.ne(4) == 1 && x.ne(2) > 0 && x.ne(0) > 0 && x.ne(1) > 0,
+                "Qwen-Image takes a stack of layers [W, H, T, {c}, 1], got {:?}",
+                x.shape()
+            );
+        } else {
+            ensure!(x.shape().len() <= 4 && x.ne(3) == 1 && x.ne(2) == c && x.ne(0) > 0 && x.ne(1) > 0, "Qwen-Image takes one latent [W, H, {c}, 1], got {:?}", x.shape());
+        }
         ensure!(
             context.ne(0) as i64 == cfg.joint_attention_dim && context.ne(1) > 0 && context.ne(2) == 1 && context.ne(3) == 1,
             "Qwen-Image's text context must be [{}, L, 1] (the LLM's width), got {:?}",
@@ -446,30 +466,36 @@ impl DiffusionModel for Loaded<QwenImageModel> {
         let cfg = &model.config;
         let p = cfg.patch_size as usize;
         let (w, h) = (input.x.ne(0), input.x.ne(1));
+        // A 5-D latent is a stack of layers [W, H, T, C, 1] (Qwen-Image-Layered).
+        let layered = input.x.shape().len() == 5;
+        let frames = if layered { input.x.ne(2) } else { 1 };
         let refs: Vec<(usize, usize)> = input.ref_latents.iter().map(|r| (r.ne(1), r.ne(0))).collect();
         // Layered numbers its references downwards whatever the request says.
         let mode = if cfg.use_additional_t_cond { RefIndexMode::Decrease } else { input.ref_index_mode };
         let circular = (runner.options.circular_x, runner.options.circular_y);
-        let pe = rope::qwen_image_pe(1, h, w, p, context.ne(1), &refs, mode, cfg.theta, &cfg.axes_dim, circular);
+        let pe = rope::qwen_image_pe(frames, h, w, p, context.ne(1), &refs, mode, cfg.theta, &cfg.axes_dim, circular);
         let axes_sum: usize = cfg.axes_dim.iter().sum();
         let pos_len = pe.len() / axes_sum / 2;
         let index = cfg.zero_cond_t.then(|| modulation_index(w, h, &refs, p));
         let t = input.timesteps.to_vec();
-        runner.compute(|g| {
+        let x_ne: Vec<i64> = input.x.shape().iter().take(4).map(|&v| v as i64).collect();
+        let out = runner.compute(|g| {
             let refs: Vec<T> = input.ref_latents.iter().map(|r| g.input(r)).collect();
             let index = index.as_ref().map(|i| g.input_f32(i, &[i.len() as i64]));
             let addition = cfg.use_additional_t_cond.then(|| g.input_i32(&[0], &[1, 1]));
             Ok(model.forward(
                 g,
-                g.input(input.x),
+                g.input_f32(input.x.data(), &x_ne),
                 g.input_f32(&t, &[1]),
                 g.input(context),
                 g.input_f32(&pe, &[2, 2, axes_sum as i64 / 2, pos_len as i64]),
                 &refs,
                 index,
                 addition,
+                layered,
             ))
-        })
+        })?;
+        out.reshape(input.x.shape())
     }
 }
 
@@ -571,7 +597,7 @@ mod tests {
                     let refs: Vec<T> = refs.iter().map(|r| g.input(r)).collect();
                     let index = m.config.zero_cond_t.then(|| g.input_f32(&index, &[index.len() as i64]));
                     let pe = g.input_f32(&pe, &[2, 2, 64, (pe.len() / 256) as i64]);
-                    Ok(m.forward(g, g.input_f32(&x, &[4, 4, 16, 1]), g.input_f32(&[500.0], &[1]), g.input_f32(&ctx, &[64, 5, 1]), pe, &refs, index, None))
+                    Ok(m.forward(g, g.input_f32(&x, &[4, 4, 16, 1]), g.input_f32(&[500.0], &[1]), g.input_f32(&ctx, &[64, 5, 1]), pe, &refs, index, None, false))
                 })
                 .unwrap()
         };
@@ -580,6 +606,37 @@ mod tests {
         assert_eq!(a, run(&zero, &[]));
         let with_ref = run(&zero, &refs);
         assert!(with_ref.data().iter().all(|v| v.is_finite()) && with_ref != a);
+    }
+
+    /// Layered: a stack of one layer is the plain image bit for bit (same tokens, same
+    /// positions); with two layers both layers' tokens attend to each other and the output
+    /// keeps the stack's shape.
+    #[test]
+    fn a_stack_of_layers_runs_as_consecutive_token_runs() {
+        let (_s, m) = tiny(false);
+        let ctx = crate::testutil::pattern(64 * 5, 4);
+        let run = |x: &[f32], ne: [i64; 4], frames: usize, layered: bool| {
+            let pe = rope::qwen_image_pe(frames, 4, 4, 2, 5, &[], RefIndexMode::Decrease, 10000.0, &m.config.axes_dim, (false, false));
+            let mut runner = crate::graph::Runner::new(std::sync::Arc::new(crate::graph::Backend::cpu().unwrap()), 1);
+            runner
+                .compute(|g| {
+                    let pe = g.input_f32(&pe, &[2, 2, 64, (pe.len() / 256) as i64]);
+                    Ok(m.forward(g, g.input_f32(x, &ne), g.input_f32(&[500.0], &[1]), g.input_f32(&ctx, &[64, 5, 1]), pe, &[], None, None, layered))
+                })
+                .unwrap()
+        };
+        let one = crate::testutil::pattern(4 * 4 * 16, 3);
+        let plain = run(&one, [4, 4, 16, 1], 1, false);
+        assert_eq!(run(&one, [4, 4, 1, 16], 1, true).data(), plain.data());
+        let two = crate::testutil::pattern(4 * 4 * 2 * 16, 6);
+        let stack = run(&two, [4, 4, 2, 16], 2, true);
+        assert_eq!(stack.shape(), &[4, 4, 2, 16]);
+        assert!(stack.data().iter().all(|v| v.is_finite()));
+        // Layer 0 alone differs from layer 0 in the stack: the layers see each other.
+        let layer0: Vec<f32> = (0..16).flat_map(|c| two[c * 32..c * 32 + 16].to_vec()).collect();
+        let alone = run(&layer0, [4, 4, 16, 1], 1, false);
+        let in_stack: Vec<f32> = (0..16).flat_map(|c| stack.data()[c * 32..c * 32 + 16].to_vec()).collect();
+        assert_ne!(alone.data(), &in_stack[..]);
     }
 
     #[test]

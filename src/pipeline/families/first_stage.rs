@@ -42,8 +42,7 @@ pub(super) fn build(ctx: &BuildCtx<'_>, place: Placement) -> Result<(Box<dyn Fir
         sd_info!("using VAE for encoding / decoding");
         let prefix = vae::autoencoder_kl::PREFIX;
         ensure!(weights.has_prefix(&format!("{prefix}decoder.")), "{} needs its VAE (vae_path): no '{prefix}decoder.' weights", ctx.version.name());
-        let image_channels = if ctx.version == SdVersion::QwenImageLayered { 4 } else { 3 };
-        let cfg = WanVaeConfig::detect(&|n| weights.shape_of(n), prefix, false, image_channels);
+        let cfg = WanVaeConfig::detect(&|n| weights.shape_of(n), prefix, false, spec.image_channels as i64);
         ensure!(cfg.z_dim as usize == spec.latent.channels, "the Wan VAE has {} latent channels, {} models use {}", cfg.z_dim, ctx.version.name(), spec.latent.channels);
         let wan = weights.load_model(place, n_threads, prefix, "VAE", |s| Vae::Wan(WanVae::new(s, &cfg, &|n| weights.shape_of(n))))?;
         return Ok((configure(wan), None));

@@ -128,6 +128,11 @@ pub struct FamilySpec {
     pub ref_image_multiple: usize,
     /// Skip-layer guidance applies (transformers).
     pub skip_layer_guidance: bool,
+    /// Channels of the pictures the first stage takes and gives (4: RGBA).
+    pub image_channels: usize,
+    /// The latent is a stack of layers `[W, H, layers + 1, C, 1]`, each decoded to its own
+    /// picture (Qwen-Image-Layered; `qwen_image_layers`).
+    pub layered: bool,
 }
 
 impl FamilySpec {
@@ -166,6 +171,8 @@ const fn unet_family(defaults: ModelFamily, unet: UNetVersion, concat: Concat) -
         ref_image_preset: None,
         ref_image_multiple: 16,
         skip_layer_guidance: false,
+        image_channels: 3,
+        layered: false,
     }
 }
 
@@ -191,6 +198,8 @@ const fn dit_family(defaults: ModelFamily, arch: Arch, latent: LatentFormat, pre
         ref_image_preset: None,
         ref_image_multiple: 16,
         skip_layer_guidance: true,
+        image_channels: 3,
+        layered: false,
     }
 }
 
@@ -242,6 +251,12 @@ const fn qwen_image_family() -> FamilySpec {
     }
 }
 
+/// Qwen-Image-Layered: Qwen-Image decomposing a picture (a reference image, numbered
+/// downwards) into RGBA layers.
+const fn qwen_image_layered_family() -> FamilySpec {
+    FamilySpec { ref_image_preset: Some("qwen_layered"), image_channels: 4, layered: true, ..qwen_image_family() }
+}
+
 const fn with_tae(spec: FamilySpec) -> FamilySpec {
     FamilySpec { tae_first_stage: true, ..spec }
 }
@@ -274,6 +289,7 @@ static OVIS_IMAGE: FamilySpec = flux_family(FluxVariant::Ovis, Concat::None);
 static FLUX2: FamilySpec = flux2_family();
 static Z_IMAGE: FamilySpec = dit_family(F::OtherDit, Arch::ZImage, FLUX_LATENT, &preview::FLUX, Concat::None, Prediction::Flow);
 static QWEN_IMAGE: FamilySpec = qwen_image_family();
+static QWEN_IMAGE_LAYERED: FamilySpec = qwen_image_layered_family();
 
 /// The family of `version`, if this build can generate with it.
 pub fn spec(version: SdVersion) -> Option<&'static FamilySpec> {
@@ -303,6 +319,7 @@ pub fn spec(version: SdVersion) -> Option<&'static FamilySpec> {
         V::Flux2 | V::Flux2Klein => &FLUX2,
         V::ZImage => &Z_IMAGE,
         V::QwenImage => &QWEN_IMAGE,
+        V::QwenImageLayered => &QWEN_IMAGE_LAYERED,
         _ => return None,
     })
 }
@@ -535,12 +552,16 @@ mod tests {
                     assert!(s.vae_quant_convs && s.skip_layer_guidance && s.supports_img_cfg(true) && !s.supports_img_cfg(false));
                     assert_eq!((s.defaults, s.ref_image_preset), (ModelFamily::Flux2, Some("flux2")));
                 }
-                Some(s) if *v == SdVersion::QwenImage => {
+                Some(s) if v.is_qwen_image() => {
+                    let layered = *v == SdVersion::QwenImageLayered;
                     assert_eq!((s.latent.size_multiple(), s.latent.channels, s.ref_image_multiple), (8, 16, 32));
                     assert!(s.skip_layer_guidance && s.supports_img_cfg(true) && !s.supports_img_cfg(false));
-                    assert_eq!((s.defaults, s.ref_image_preset), (ModelFamily::OtherDit, Some("qwen")));
+                    let preset = if layered { "qwen_layered" } else { "qwen" };
+                    assert_eq!((s.defaults, s.ref_image_preset), (ModelFamily::OtherDit, Some(preset)));
+                    assert_eq!((s.image_channels, s.layered), (if layered { 4 } else { 3 }, layered));
                 }
                 Some(s) => {
+                    assert!(s.image_channels == 3 && !s.layered);
                     assert!(v.is_flux() || matches!(*v, SdVersion::Sd3 | SdVersion::ZImage), "{v}");
                     assert_eq!((s.latent.size_multiple(), s.latent.channels), (8, 16));
                     assert!(!s.vae_quant_convs && s.skip_layer_guidance);

@@ -6,6 +6,8 @@
 //! The LLM (`llm_path`) is read for each conditioning phase and freed before sampling unless
 //! the context's `eager_load` keeps it resident. Without a vision tower (`llm_vision_path`),
 //! reference images reach only the transformer (the reference's behaviour when it has none).
+//! Qwen-Image-Layered is the same build: its transformer always adds the layer embedding
+//! and it never reads pictures with the vision tower (the reference turns it off).
 
 use super::flux::DIT_PREFIX;
 use super::{first_stage, flow_parts, BuildCtx, Parts};
@@ -55,8 +57,9 @@ pub(super) fn build(ctx: &mut BuildCtx<'_>) -> Result<Parts> {
 
     let mut cfg = QwenImageConfig::detect(weights.types(), &|n| weights.shape_of(n), DIT_PREFIX);
     cfg.zero_cond_t |= zero_cond_t_arg(params.model_args.as_deref());
+    cfg.use_additional_t_cond |= ctx.spec.layered;
     cfg.validate()?;
-    if weights.has_prefix(&format!("{LLM_PREFIX}visual.")) {
+    if !ctx.spec.layered && weights.has_prefix(&format!("{LLM_PREFIX}visual.")) {
         sd_warn!("the LLM's vision tower is not supported in this build: reference images reach only the transformer");
     }
     let cond = LlmConditioner::new(weights, QWEN_IMAGE_TEMPLATE, &te_place, n_threads, params.eager_load)?;

@@ -480,6 +480,23 @@ mod tests {
         assert_eq!(cfg.output_width(&[9, 18, 27]), 64);
     }
 
+    /// Image rows replace the token rows from their index on; the text around them stays.
+    #[test]
+    fn image_rows_are_spliced_over_their_tokens() {
+        use crate::graph::{Backend, Runner};
+        let x: Vec<f32> = (0..2 * 6).map(|v| v as f32).collect();
+        let out = Runner::new(std::sync::Arc::new(Backend::cpu().unwrap()), 1)
+            .compute(|g| {
+                let x = g.input_f32(&x, &[2, 6, 1]);
+                let a = g.input_f32(&[-1.0, -2.0, -3.0, -4.0], &[2, 2]);
+                let b = g.input_f32(&[-5.0, -6.0], &[2, 1]);
+                Ok(splice_rows(x, &[(1, a), (5, b)]))
+            })
+            .unwrap();
+        assert_eq!(&out.shape()[..2], &[2, 6]);
+        assert_eq!(out.data(), &[0., 1., -1., -2., -3., -4., 6., 7., 8., 9., -5., -6.]);
+    }
+
     #[test]
     fn mask_is_causal_and_hides_padding() {
         let m = causal_mask(&[true, true, false]);

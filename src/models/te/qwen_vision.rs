@@ -30,7 +30,7 @@ pub const VISION_PREFIX: &str = "text_encoders.llm.visual.";
 
 /// CLIP's pixel normalisation, which the reference applies to the tower's input.
 const CLIP_MEAN: [f32; 3] = [0.481_454_66, 0.457_827_5, 0.408_210_73];
-const CLIP_STD: [f32; 3] = [0.268_629_54, 0.261_302_58, 0.275_777_11];
+const CLIP_STD: [f32; 3] = [0.268_629_54, 0.261_302_6, 0.275_777_1];
 
 #[derive(Clone, Debug, PartialEq)]
 pub struct VisionConfig {
@@ -496,6 +496,89 @@ mod tests {
         // Patch ids follow the windows: the 5th merged token in window order is natural 6 (row 1).
         let ids = patch_ids(&cfg, 10, 12, &win.inverse);
         assert_eq!(&ids.data[16 * 2..16 * 2 + 8], &[2.0, 0.0, 2.0, 1.0, 3.0, 0.0, 3.0, 1.0]);
+    }
+
+    /// Deterministic values in [-0.5, 0.5) from a name and an index.
+    fn value(name: &str, i: usize) -> f32 {
+        let mut h = name.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ b as u64).wrapping_mul(0x100_0000_01b3));
+        h = (h ^ i as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        ((h >> 40) as f32 / (1u64 << 24) as f32) - 0.5
+    }
+
+    /// A tower of `cfg` whose weights are the split / fused layout's `value`s, laid out in
+    /// `cfg`'s own layout (the 3-D kernel is both frames' kernels, q/k/v the fused rows).
+    fn tower(cfg: &VisionConfig) -> crate::graph::Loaded<QwenVisionModel> {
+        use crate::graph::{Backend, Placement, ParamStore, Runner};
+        use std::sync::Arc;
+        let types = TypeMap::new();
+        let mut store = ParamStore::new(256).unwrap();
+        let model = QwenVisionModel::new(&mut Scope::new(&mut store, &types, VISION_PREFIX), cfg);
+        let backend = Arc::new(Backend::cpu().unwrap());
+        store.alloc(&backend).unwrap();
+        let h = cfg.hidden_size as usize;
+        store
+            .load(|name, spec, dst| {
+                let n: usize = spec.ne.iter().product::<i64>() as usize;
+                let rest = &name[VISION_PREFIX.len()..];
+                let p2 = (cfg.patch_size * cfg.patch_size) as usize;
+                let (pt, ic) = (cfg.temporal_patch_size as usize, cfg.in_channels as usize);
+                // The split / fused layout's value behind element i of this tensor.
+                let source = |i: usize| -> (String, usize) {
+                    if rest == "patch_embed.proj.weight" {
+                        // [pw, ph, pt, IC·OC] → frame t's [pw, ph, IC, OC].
+                        let (xy, t, c, o) = (i % p2, (i / p2) % pt, (i / (p2 * pt)) % ic, i / (p2 * pt * ic));
+                        return (format!("patch_embed.proj.{t}.weight"), xy + p2 * c + p2 * ic * o);
+                    }
+                    for (k, which) in [("q_proj", 0), ("k_proj", 1), ("v_proj", 2)] {
+                        if let Some((stem, leaf)) = rest.split_once(&format!(".{k}.")) {
+                            return (format!("{stem}.qkv.{leaf}"), i + which * n);
+                        }
+                    }
+                    (rest.to_string(), i)
+                };
+                let norm = rest.contains("norm") || rest.contains("ln_q");
+                let v: Vec<f32> = (0..n)
+                    .map(|i| {
+                        let (name, at) = source(i);
+                        if norm {
+                            1.0 + 0.1 * value(&name, at)
+                        } else {
+                            value(&name, at) / (h as f32).sqrt()
+                        }
+                    })
+                    .collect();
+                if spec.ty == F16 {
+                    let bits: Vec<u8> = v.iter().flat_map(|&x| crate::graph::gemm::scalar::f32_to_f16(x).to_le_bytes()).collect();
+                    dst.copy_from_slice(&bits);
+                } else {
+                    dst.copy_from_slice(&v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>());
+                }
+                Ok(())
+            })
+            .unwrap();
+        let place = Placement::on(crate::graph::Module::Te, backend.clone());
+        crate::graph::Loaded::new(model, store, place, Runner::new(backend, 1), None, "llm vision")
+    }
+
+    /// The 3-D patch convolution is the split one's two frames, and separate q/k/v are the
+    /// fused projection's rows: the same tower in each layout embeds an image alike.
+    #[test]
+    fn layouts_agree() {
+        let base = VisionConfig { hidden_size: 64, intermediate_size: 32, num_layers: 2, out_hidden_size: 16, fullatt_blocks: vec![1], ..VisionConfig::default() };
+        let split = VisionConfig { split_patch_embed: true, ..base.clone() };
+        let other = VisionConfig { separate_qkv: true, ..base.clone() };
+        let image: Vec<f32> = (0..112 * 56 * 3).map(|i| value("image", i) * 2.0).collect();
+        let image = Tensor::from_vec(&[112, 56, 3, 1], image).unwrap();
+        let mut a = tower(&split);
+        let mut b = tower(&other);
+        let (ma, ra) = a.parts();
+        let ea = encode_image(ra, ma, &image).unwrap();
+        let (mb, rb) = b.parts();
+        let eb = encode_image(rb, mb, &image).unwrap();
+        assert_eq!(ea.shape(), &[16, 8]);
+        let scale = ea.data().iter().fold(0f32, |m, v| m.max(v.abs()));
+        let worst = ea.data().iter().zip(eb.data()).fold(0f32, |m, (x, y)| m.max((x - y).abs()));
+        assert!(scale > 0.1 && worst < 2e-3 * scale, "layouts differ by {worst} (scale {scale})");
     }
 
     #[test]

@@ -13,6 +13,7 @@ use super::flux::DIT_PREFIX;
 use super::{first_stage, flow_parts, BuildCtx, Parts};
 use crate::error::Result;
 use crate::graph::Module;
+use crate::io::SdVersion;
 use crate::models::diffusion::qwen_image::{QwenImageConfig, QwenImageModel};
 use crate::models::te::llm::LlmArch;
 use crate::pipeline::conditioning::llm::{LlmConditioner, LlmTemplate};
@@ -59,7 +60,10 @@ pub(super) fn build(ctx: &mut BuildCtx<'_>) -> Result<Parts> {
     cfg.zero_cond_t |= zero_cond_t_arg(params.model_args.as_deref());
     cfg.validate()?;
     let mut cond = LlmConditioner::new(weights, QWEN_IMAGE_TEMPLATE, &te_place, n_threads, params.eager_load)?;
-    cond.open_vision(weights, &te_place, n_threads, params.eager_load)?;
+    // Like the reference, Layered never describes its input image to the LLM.
+    if ctx.version != SdVersion::QwenImageLayered {
+        cond.open_vision(weights, &te_place, n_threads, params.eager_load)?;
+    }
     let width = cond.context_width();
     ensure!(
         width as i64 == cfg.joint_attention_dim,

@@ -6,11 +6,14 @@
 //! weighted prompt and a negative prompt (the unconditioned pass sees the images too) and
 //! `vlm_resize_mode=longest_side,vlm_size=160`.
 //!
+//! The same tower as a llama.cpp mmproj GGUF (`tests/tools/mmproj_gguf.py`: clip names,
+//! separate q/k/v) gives the reference the same picture, bit for bit; ours must match it too.
+//!
 //! Without `SD_PARITY=full` the first case runs.
 
 mod common;
 
-use common::parity::{full, golden_image, report, run, run_with};
+use common::parity::{fixture, fixture_dir, full, golden_image, report, run, run_with};
 use stable_diffusion::capi::*;
 use std::ffi::{c_char, c_void, CStr};
 use std::sync::Mutex;
@@ -58,11 +61,39 @@ unsafe extern "C" fn capture(level: sd_log_level_t, text: *const c_char, _: *mut
 /// message names both files' widths (here the 64-wide Qwen3 file as `llm_path`).
 #[test]
 fn tower_width_must_match_the_llm() {
-    let llm = common::parity::fixture("qwen3_tiny.safetensors");
+    let llm = fixture("qwen3_tiny.safetensors");
     sd_set_log_callback(Some(capture), std::ptr::null_mut());
     let results = run_with(FOLDER, |c| c.name == "qwen_vision_edit_cfg1", |p, arena| p.llm_path = arena.str(&llm.to_string_lossy()));
     sd_set_log_callback(None, std::ptr::null_mut());
     assert_eq!((results[0].pass, results[0].note.as_str()), (false, "new_sd_ctx failed"));
     let errors = LOG.lock().unwrap().join("\n");
     assert!(errors.contains("llm_vision_path") && errors.contains("3584") && errors.contains("64 wide"), "{errors}");
+}
+
+/// The tower in llama.cpp's mmproj layout, written beside the fixtures on first use.
+fn mmproj_gguf() -> std::path::PathBuf {
+    let out = fixture_dir().join("qwen25vl_vision_tiny_mmproj.gguf");
+    if !out.exists() {
+        let root = std::path::Path::new(env!("CARGO_MANIFEST_DIR"));
+        let py = std::process::Command::new(root.join("scripts/fixtures.sh")).arg("--python").output().expect("scripts/fixtures.sh --python");
+        let py = String::from_utf8(py.stdout).expect("python path").trim().to_string();
+        let st = std::process::Command::new(py)
+            .arg(root.join("tests/tools/mmproj_gguf.py"))
+            .arg(fixture("qwen25vl_vision_tiny.safetensors"))
+            .arg(&out)
+            .status()
+            .expect("mmproj_gguf.py");
+        assert!(st.success() && out.exists(), "mmproj_gguf.py failed");
+    }
+    out
+}
+
+#[test]
+fn mmproj_gguf_tower_renders_the_same() {
+    if !full() {
+        eprintln!("skipped: set SD_PARITY=full");
+        return;
+    }
+    let gguf = mmproj_gguf();
+    report(&run_with(FOLDER, |c| c.name == "qwen_vision_two_refs_cfg1", |p, arena| p.llm_vision_path = arena.str(&gguf.to_string_lossy())));
 }

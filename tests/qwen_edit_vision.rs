@@ -3,8 +3,10 @@
 //! (`golden/qwenimage-vision/`, made with tests/tools/sd_capi.py): the golden edit case with
 //! the synthetic tower (`qwen25vl_vision_tiny`: 8 blocks, windowed and full attention), two
 //! reference images (`Picture 1:`, `Picture 2:`, one of them not square), cfg 2.5 with a
-//! weighted prompt and a negative prompt (the unconditioned pass sees the images too) and
-//! `vlm_resize_mode=longest_side,vlm_size=160`.
+//! weighted prompt and a negative prompt (the unconditioned pass sees the images too),
+//! `vlm_resize_mode=longest_side,vlm_size=160`; and with the tower loaded but unused (no
+//! reference image; `pass_to_vlm=false`), which the reference renders exactly as the
+//! `qwenimage/` cfg 1 and edit cases.
 //!
 //! The same tower as a llama.cpp mmproj GGUF (`tests/tools/mmproj_gguf.py`: clip names,
 //! separate q/k/v) gives the reference the same picture, bit for bit; ours must match it too.

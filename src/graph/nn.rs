@@ -441,6 +441,17 @@ fn score_rows_per_chunk(l_q: i64, l_k: i64, heads: i64, limit: usize) -> i64 {
     ((limit / per_row) as i64).clamp(1, l_q.max(1))
 }
 
+/// `[3C, L, N]` → three contiguous `[C, L, N]` views (q, k, v in that order), like the
+/// reference's `split_qkv`.
+pub fn split_qkv(qkv: T<'_>) -> (T<'_>, T<'_>, T<'_>) {
+    let ne = qkv.ne();
+    let qkv = qkv.reshape(&[ne[0] / 3, 3, ne[1], ne[2]]).permute(0, 3, 1, 2).cont();
+    let ne = qkv.ne();
+    let nb = qkv.nb();
+    let part = |i: usize| qkv.view(&ne[..3], &nb[1..3], nb[2] * ne[2] as usize * i);
+    (part(0), part(1), part(2))
+}
+
 /// Multi-head attention like the reference's.
 ///
 /// Without `skip_reshape`: q [C, L_q, N], k/v [C_kv, L_k, N] → [C, L_q, N].

@@ -1332,6 +1332,23 @@ mod tests {
             "text_encoders.t5xxl.transformer.encoder.block.0.layer.0.SelfAttention.q.weight"
         );
         assert_eq!(c("text_encoders.llm.blk.3.ffn_down.weight", QwenImage), "text_encoders.llm.model.layers.3.mlp.down_proj.weight");
+        // Qwen2.5-VL's vision tower: HF names (`visual.` in `llm_path`, bare in `llm_vision_path`)
+        // stay; llama.cpp mmproj names become them.
+        let v = "text_encoders.llm.visual.";
+        for (mmproj, hf) in [
+            ("blocks.3.attn.qkv.weight", "blocks.3.attn.qkv.weight"),
+            ("merger.mlp.0.weight", "merger.mlp.0.weight"),
+            ("v.blk.3.attn_q.bias", "blocks.3.attn.q_proj.bias"),
+            ("v.blk.3.attn_out.weight", "blocks.3.attn.proj.weight"),
+            ("v.blk.3.ln2.weight", "blocks.3.norm2.weight"),
+            ("v.blk.3.ffn_gate.weight", "blocks.3.mlp.gate_proj.weight"),
+            ("v.patch_embd.weight", "patch_embed.proj.0.weight"),
+            ("v.patch_embd.weight.1", "patch_embed.proj.1.weight"),
+            ("v.post_ln.weight", "merger.ln_q.weight"),
+            ("mm.2.bias", "merger.mlp.2.bias"),
+        ] {
+            assert_eq!(c(&format!("{v}{mmproj}"), QwenImage), format!("{v}{hf}"));
+        }
         // A llama.cpp Qwen3 GGUF as `llm_path` (Z-Image): HF names; HF names stay as they are.
         for (gguf, hf) in [
             ("token_embd.weight", "model.embed_tokens.weight"),

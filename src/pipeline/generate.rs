@@ -438,7 +438,13 @@ fn prepare(
     }
 
     let start = Instant::now();
-    let base = CondRequest { text: &p.prompt, clip_skip: p.clip_skip, width: w, height: h, zero_out_masked: false };
+    // Vision-language encoders see the reference images as given (RGB in [0, 1]).
+    let vlm_images: Vec<Tensor> = if r.refs.pass_to_vlm {
+        p.ref_images.iter().map(|img| rgb_tensor(img, img.width as usize, img.height as usize)).collect::<Result<_>>()?
+    } else {
+        Vec::new()
+    };
+    let base = CondRequest { text: &p.prompt, clip_skip: p.clip_skip, width: w, height: h, zero_out_masked: false, ref_images: &vlm_images, refs: r.refs };
     ms.cond.begin()?;
     let conds = encode_conditions(ms, &base, p, r, !ref_latents.is_empty(), concat, img_uncond_concat);
     ms.cond.end();
@@ -481,6 +487,8 @@ fn encode_conditions(
         Some(match &uncond {
             Some(u) if !ref_latent_img_cfg => Condition { concat: img_uncond_concat, ..u.clone() },
             _ => {
+                // Without the reference latents, the LLM does not see the images either.
+                let negative = if ref_latent_img_cfg { CondRequest { ref_images: &[], ..negative.clone() } } else { negative.clone() };
                 let mut c = ms.cond.encode(&negative)?;
                 if c.concat.is_none() && pass_concat {
                     c.concat = img_uncond_concat;

@@ -224,6 +224,7 @@ pub fn ctx_params(model: &str, ctx: &Value, arena: &mut Arena) -> sd_ctx_params_
             "clip_g_path" => p.clip_g_path = arena.str(v.as_str().unwrap()),
             "t5xxl_path" => p.t5xxl_path = arena.str(v.as_str().unwrap()),
             "llm_path" => p.llm_path = arena.str(v.as_str().unwrap()),
+            "llm_vision_path" => p.llm_vision_path = arena.str(v.as_str().unwrap()),
             "control_net_path" => p.control_net_path = arena.str(v.as_str().unwrap()),
             "wtype" => p.wtype = sd_type_t(enum_value(v)),
             "force_sdxl_vae_conv_scale" => p.force_sdxl_vae_conv_scale = CBool(v.as_bool().unwrap() as u8),

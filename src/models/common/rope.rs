@@ -318,9 +318,23 @@ pub fn qwen_image_pe(
 /// Rotates `x` `[d_head, n_head, L, N]` by `pe` `[2, 2, d_head / 2, L]` (interleaved pairs)
 /// → `[d_head, L, n_head · N]`, ready for attention.
 pub fn apply_rope<'g>(g: &'g Graph, x: T<'g>, pe: T<'g>) -> T<'g> {
+    rotate(g, x, pe, true)
+}
+
+/// [`apply_rope`] pairing element `i` with `i + d_head / 2` instead of its neighbour (the
+/// reference's `rope_interleaved = false`, Qwen2.5-VL's vision tower).
+pub fn apply_rope_halves<'g>(g: &'g Graph, x: T<'g>, pe: T<'g>) -> T<'g> {
+    rotate(g, x, pe, false)
+}
+
+fn rotate<'g>(g: &'g Graph, x: T<'g>, pe: T<'g>, interleaved: bool) -> T<'g> {
     let [d_head, n_head, l, n] = x.ne();
     let x = x.permute(0, 2, 1, 3).cont();
-    let x = x.reshape(&[2, d_head / 2, l, n_head * n]).permute(3, 0, 1, 2).cont();
+    let x = if interleaved {
+        x.reshape(&[2, d_head / 2, l, n_head * n]).permute(3, 0, 1, 2).cont()
+    } else {
+        x.reshape(&[d_head / 2, 2, l, n_head * n]).permute_axes([0, 2, 3, 1]).cont()
+    };
     let half = |t: T<'g>, i: usize| {
         let ne = t.ne();
         let nb = t.nb();
@@ -335,7 +349,9 @@ pub fn apply_rope<'g>(g: &'g Graph, x: T<'g>, pe: T<'g>) -> T<'g> {
     let (x0, x1) = (part(0), part(1));
     let pe = pe.permute(3, 0, 1, 2).cont();
     let (pe0, pe1) = (half(pe, 0), half(pe, 1));
-    x0.mul(pe0).add_inplace(x1.mul(pe1)).reshape(&[d_head, l, n_head * n])
+    let out = x0.mul(pe0).add_inplace(x1.mul(pe1));
+    let out = if interleaved { out } else { out.permute(1, 0, 2, 3).cont() };
+    out.reshape(&[d_head, l, n_head * n])
 }
 
 /// Attention of q, k, v `[d_head, n_head, L, N]` with q and k rotated by `pe`:

@@ -18,7 +18,7 @@
 //! - `force_f32_token_embedding` is set when textual-inversion embeddings are configured.
 
 use crate::error::Result;
-use crate::graph::nn::{attention, embedding_lookup, linear, supports_get_rows, LayerNorm, Linear};
+use crate::graph::nn::{attention, embedding_lookup, linear, split_qkv, supports_get_rows, LayerNorm, Linear};
 use crate::graph::{GgmlType, Graph, Runner, Scope, TypeMap, F32, T, W};
 use crate::tensor::Tensor;
 
@@ -154,16 +154,6 @@ impl MultiheadAttention {
         let x = attention(g, q, k, v, self.n_head, mask, false, false, 1.0);
         self.out_proj.forward(g, x)
     }
-}
-
-/// [3C, L, N] → three contiguous [C, L, N] views (q, k, v in that order).
-fn split_qkv(qkv: T<'_>) -> (T<'_>, T<'_>, T<'_>) {
-    let ne = qkv.ne();
-    let qkv = qkv.reshape(&[ne[0] / 3, 3, ne[1], ne[2]]).permute(0, 3, 1, 2).cont();
-    let ne = qkv.ne();
-    let nb = qkv.nb();
-    let part = |i: usize| qkv.view(&ne[..3], &nb[1..3], nb[2] * ne[2] as usize * i);
-    (part(0), part(1), part(2))
 }
 
 #[derive(Clone, Copy, Debug)]

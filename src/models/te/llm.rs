@@ -300,11 +300,12 @@ impl LlmModel {
 
     /// Hidden states `[width, L, N]` of `ids` (i32 `[L, N]`) at `out_layers` (see the module
     /// documentation), given the positions (i32 `[L]`, or `[4·L]` for multi-section RoPE)
-    /// and an additive attention mask `[L, L]` (key fastest).
-    pub fn forward<'g>(&self, g: &'g Graph, ids: T<'g>, pos: T<'g>, mask: Option<T<'g>>, out_layers: &[i32]) -> T<'g> {
+    /// and an additive attention mask `[L, L]` (key fastest). `images` (`[hidden, n]` each,
+    /// batch 1, in token order) replace the token embeddings from their index on.
+    pub fn forward<'g>(&self, g: &'g Graph, ids: T<'g>, pos: T<'g>, mask: Option<T<'g>>, out_layers: &[i32], images: &[(usize, T<'g>)]) -> T<'g> {
         let (read, normed) = self.cfg.read_layers(out_layers);
         let many = read.len() + usize::from(normed) > 1;
-        let mut x = self.embed_tokens.forward(g, ids);
+        let mut x = splice_rows(self.embed_tokens.forward(g, ids), images);
         let mut outs = Vec::new();
         for (i, block) in self.layers.iter().enumerate() {
             x = block.forward(g, &self.cfg, x, pos, mask);
@@ -321,6 +322,27 @@ impl LlmModel {
         let first = outs[0];
         outs[1..].iter().fold(first, |acc, &o| acc.concat(o, 0))
     }
+}
+
+/// `x` `[hidden, L, 1]` with the rows from each `(index, rows)` on replaced by `rows`
+/// (the reference's `splice_image_embeds`).
+fn splice_rows<'g>(x: T<'g>, images: &[(usize, T<'g>)]) -> T<'g> {
+    if images.is_empty() {
+        return x;
+    }
+    let [hidden, len, ..] = x.ne();
+    let nb1 = x.nb()[1];
+    let text = |from: usize, to: usize| (to > from).then(|| x.view(&[hidden, (to - from) as i64], &[nb1], from * nb1).cont());
+    let mut parts = Vec::new();
+    let mut at = 0;
+    for &(index, rows) in images {
+        parts.extend(text(at, index));
+        parts.push(rows);
+        at = index + rows.ne()[1] as usize;
+    }
+    parts.extend(text(at, len as usize));
+    let first = parts[0];
+    parts[1..].iter().fold(first, |acc, &p| acc.concat(p, 1)).reshape(&[hidden, len, 1])
 }
 
 /// The additive attention mask the LLM conditioners pass: causal, and padding (`keep[i]`
@@ -349,9 +371,25 @@ pub fn causal_mask(keep: &[bool]) -> Vec<f32> {
 /// additive attention mask `mask` (`[L·L]`, e.g. [`causal_mask`]; without one the model
 /// attends causally, like the reference's own default).
 pub fn hidden_states(runner: &mut Runner, model: &LlmModel, ids: &[i32], mask: Option<&[f32]>, out_layers: &[i32]) -> Result<Tensor> {
+    hidden_states_with_images(runner, model, ids, mask, out_layers, &[])
+}
+
+/// [`hidden_states`] with image embeddings (`[hidden, n]` each) in place of the token
+/// embeddings from their index on (the `<|image_pad|>` tokens), in token order.
+pub fn hidden_states_with_images(runner: &mut Runner, model: &LlmModel, ids: &[i32], mask: Option<&[f32]>, out_layers: &[i32], images: &[(usize, Tensor)]) -> Result<Tensor> {
     let cfg = &model.cfg;
     let len = ids.len();
     ensure!(len > 0, "LLM input has no tokens");
+    let mut end = 0;
+    for (index, rows) in images {
+        ensure!(
+            rows.ne(0) as i64 == cfg.hidden_size && *index >= end && index + rows.ne(1) <= len,
+            "image embeddings {:?} at token {index} do not fit {len} tokens of width {}",
+            rows.shape(),
+            cfg.hidden_size
+        );
+        end = index + rows.ne(1);
+    }
     ensure!(cfg.num_layers > 0, "the LLM has no layers");
     if let Some(&bad) = ids.iter().find(|&&t| t < 0 || t as i64 >= cfg.vocab_size) {
         bail!("token id {bad} is outside the LLM's {} embeddings", cfg.vocab_size);
@@ -376,7 +414,8 @@ pub fn hidden_states(runner: &mut Runner, model: &LlmModel, ids: &[i32], mask: O
         let ids = g.input_i32(ids, &[len as i64, 1]);
         let pos = g.input_i32(&pos, &[pos.len() as i64]);
         let mask = g.input_f32(mask, &[len as i64, len as i64]);
-        Ok(model.forward(g, ids, pos, Some(mask), out_layers))
+        let images: Vec<(usize, T<'_>)> = images.iter().map(|(i, t)| (*i, g.input_f32(t.data(), &[t.ne(0) as i64, t.ne(1) as i64]))).collect();
+        Ok(model.forward(g, ids, pos, Some(mask), out_layers, &images))
     })?;
     out.reshape(&[width, len, 1])
 }
@@ -439,6 +478,23 @@ mod tests {
         cfg.hidden_size = 64;
         assert_eq!(cfg.output_width(&[2, 4, 6]), 192);
         assert_eq!(cfg.output_width(&[9, 18, 27]), 64);
+    }
+
+    /// Image rows replace the token rows from their index on; the text around them stays.
+    #[test]
+    fn image_rows_are_spliced_over_their_tokens() {
+        use crate::graph::{Backend, Runner};
+        let x: Vec<f32> = (0..2 * 6).map(|v| v as f32).collect();
+        let out = Runner::new(std::sync::Arc::new(Backend::cpu().unwrap()), 1)
+            .compute(|g| {
+                let x = g.input_f32(&x, &[2, 6, 1]);
+                let a = g.input_f32(&[-1.0, -2.0, -3.0, -4.0], &[2, 2]);
+                let b = g.input_f32(&[-5.0, -6.0], &[2, 1]);
+                Ok(splice_rows(x, &[(1, a), (5, b)]))
+            })
+            .unwrap();
+        assert_eq!(&out.shape()[..2], &[2, 6]);
+        assert_eq!(out.data(), &[0., 1., -1., -2., -3., -4., 6., 7., 8., 9., -5., -6.]);
     }
 
     #[test]

@@ -6,6 +6,7 @@ pub mod clip;
 pub mod llm;
 pub mod mistral_tokenizer;
 pub mod qwen_tokenizer;
+pub mod qwen_vision;
 #[cfg(test)]
 mod test_weights;
 pub mod t5;

@@ -9,6 +9,7 @@
 //! them on disk, so the conditioner's phase reads them and its end frees them again (the
 //! 4B Qwen3 is 8 GB in f16).
 
+use super::qwen_edit::{self, VisionTower};
 use super::{CondRequest, Conditioner};
 use crate::error::{Context as _, Result};
 use crate::graph::{Component, Components, Loaded, Placement, WeightHome};
@@ -74,18 +75,22 @@ pub fn tokenizer_for(arch: LlmArch) -> Result<&'static BpeTokenizer> {
 /// and each piece of the prompt's attention syntax are tokenized separately, then the
 /// tokenizer's BOS (if it has one) goes in front and padding up to `min_length` behind.
 pub fn tokenize(tokenizer: &BpeTokenizer, template: &LlmTemplate, text: &str) -> LlmTokens {
+    tokenize_parts(tokenizer, template.prefix, &format!("{}{text}", template.lead), template.suffix, template.min_length)
+}
+
+/// [`tokenize`] with an explicit prefix and suffix (weight 1) around `text`.
+pub fn tokenize_parts(tokenizer: &BpeTokenizer, prefix: &str, text: &str, suffix: &str, min_length: usize) -> LlmTokens {
     let mut pieces: Vec<(String, f32)> = Vec::new();
-    if !template.prefix.is_empty() {
-        pieces.push((template.prefix.to_string(), 1.0));
+    if !prefix.is_empty() {
+        pieces.push((prefix.to_string(), 1.0));
     }
-    let text = format!("{}{text}", template.lead);
     if !text.is_empty() {
-        pieces.extend(parse_prompt_attention(&text));
+        pieces.extend(parse_prompt_attention(text));
     }
-    if !template.suffix.is_empty() {
-        pieces.push((template.suffix.to_string(), 1.0));
+    if !suffix.is_empty() {
+        pieces.push((suffix.to_string(), 1.0));
     }
-    sd_debug!("parse '{}{text}{}' to [{}]", template.prefix, template.suffix, pieces.iter().map(|(t, w)| format!("['{t}', {w}], ")).collect::<String>());
+    sd_debug!("parse '{prefix}{text}{suffix}' to [{}]", pieces.iter().map(|(t, w)| format!("['{t}', {w}], ")).collect::<String>());
     let ids = tokenizer.special_ids();
     let mut t = LlmTokens::default();
     if let Some(bos) = ids.bos {
@@ -98,8 +103,8 @@ pub fn tokenize(tokenizer: &BpeTokenizer, template: &LlmTemplate, text: &str) ->
         t.ids.extend(ids);
     }
     t.keep = vec![true; t.ids.len()];
-    if t.ids.len() < template.min_length {
-        let pad = template.min_length - t.ids.len();
+    if t.ids.len() < min_length {
+        let pad = min_length - t.ids.len();
         t.ids.extend(std::iter::repeat_n(ids.pad, pad));
         t.weights.extend(std::iter::repeat_n(1.0, pad));
         t.keep.extend(std::iter::repeat_n(false, pad));
@@ -139,6 +144,12 @@ impl LlmText {
     /// Hidden states `[width, L, 1]` of `tokens` at `out_layers`, re-weighted by the tokens'
     /// weights. Outside a conditioning phase the weights are read and freed around the call.
     pub fn encode(&mut self, tokens: &LlmTokens, out_layers: &[i32]) -> Result<Tensor> {
+        self.encode_with_images(tokens, out_layers, &[])
+    }
+
+    /// [`LlmText::encode`] with image embeddings (`[width, n]`, token order) in place of the
+    /// token embeddings from their index on.
+    pub fn encode_with_images(&mut self, tokens: &LlmTokens, out_layers: &[i32], images: &[(usize, Tensor)]) -> Result<Tensor> {
         let start = Instant::now();
         let own_phase = !self.net.store().is_allocated();
         if own_phase {
@@ -147,7 +158,7 @@ impl LlmText {
         let ids: Vec<i32> = tokens.ids.iter().map(|&t| i32::try_from(t).unwrap_or(-1)).collect();
         let mask = causal_mask(&tokens.keep);
         let (model, runner) = self.net.parts();
-        let result = llm::hidden_states(runner, model, &ids, Some(&mask), out_layers);
+        let result = llm::hidden_states_with_images(runner, model, &ids, Some(&mask), out_layers, images);
         runner.release();
         if own_phase {
             Component::end(&mut self.net);
@@ -174,12 +185,21 @@ impl LlmText {
 pub struct LlmConditioner {
     llm: LlmText,
     template: LlmTemplate,
+    /// Qwen-Image-Edit: reference images through the LLM's vision tower.
+    vision: Option<VisionTower>,
 }
 
 impl LlmConditioner {
     pub fn new(weights: &Arc<Weights>, template: LlmTemplate, place: &Placement, n_threads: i32, resident: bool) -> Result<LlmConditioner> {
         let llm = LlmText::open(weights, template.arch, place, n_threads, resident)?;
-        Ok(LlmConditioner { llm, template })
+        Ok(LlmConditioner { llm, template, vision: None })
+    }
+
+    /// Adds the vision tower of the context's files, if they hold one (Qwen-Image-Edit's
+    /// image prompt); whether one was found.
+    pub fn open_vision(&mut self, weights: &Arc<Weights>, place: &Placement, n_threads: i32, resident: bool) -> Result<bool> {
+        self.vision = VisionTower::open(weights, self.llm.config().hidden_size, place, n_threads, resident)?;
+        Ok(self.vision.is_some())
     }
 
     /// Width of the context this conditioner produces.
@@ -190,17 +210,29 @@ impl LlmConditioner {
 
 impl Components for LlmConditioner {
     fn components(&mut self) -> Vec<&mut dyn Component> {
-        vec![self.llm.component()]
+        let mut parts = vec![self.llm.component()];
+        if let Some(v) = &mut self.vision {
+            parts.push(v.component());
+        }
+        parts
     }
 }
 
 impl Conditioner for LlmConditioner {
     fn encode(&mut self, req: &CondRequest<'_>) -> Result<Condition> {
         let start = Instant::now();
-        let tokens = tokenize(self.llm.tokenizer(), &self.template, req.text);
-        let h = self.llm.encode(&tokens, self.template.out_layers)?;
+        let (h, drop) = match &mut self.vision {
+            Some(vision) if !req.ref_images.is_empty() => {
+                let images = qwen_edit::image_prompt(vision, req.ref_images, &req.refs)?;
+                let text = format!("{}{}", self.template.lead, req.text);
+                (qwen_edit::encode(&mut self.llm, images, &text, self.template.suffix, self.template.out_layers)?, qwen_edit::DROP_FIRST)
+            }
+            _ => {
+                let tokens = tokenize(self.llm.tokenizer(), &self.template, req.text);
+                (self.llm.encode(&tokens, self.template.out_layers)?, self.template.drop_first)
+            }
+        };
         let (width, n) = (h.ne(0), h.ne(1));
-        let drop = self.template.drop_first;
         ensure!(n > drop, "the prompt gave {n} LLM tokens, the template drops the first {drop}");
         let mut data = h.data().get(drop * width..).context("LLM hidden states")?.to_vec();
         let len = (n - drop).max(self.template.zero_pad_to);
@@ -272,7 +304,7 @@ mod tests {
         assert_eq!(cond.context_width(), 288);
         let tokens = tokenize(cond.llm.tokenizer(), &template, "a lovely cat");
         assert_eq!(tokens.ids, [1, 3, 1097, 45988, 7990, 4]);
-        let req = CondRequest { text: "a lovely cat", clip_skip: 0, width: 64, height: 64, zero_out_masked: false };
+        let req = CondRequest { text: "a lovely cat", clip_skip: 0, width: 64, height: 64, zero_out_masked: false, ref_images: &[], refs: Default::default() };
         let c = cond.encode(&req).unwrap().crossattn.unwrap();
         assert_eq!(c.shape(), &[288, 64, 1]);
         let (real, pad) = c.data().split_at(288 * 6);

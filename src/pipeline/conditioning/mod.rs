@@ -4,12 +4,15 @@
 pub mod clip;
 pub mod flux;
 pub mod llm;
+pub mod qwen_edit;
 pub mod sd3;
 pub mod t5;
 
 use crate::error::Result;
 use crate::graph::Components;
 use crate::models::Condition;
+use crate::pipeline::ref_images::RefImageParams;
+use crate::tensor::Tensor;
 
 /// What one conditioning pass is asked for (the reference's `ConditionerParams`).
 #[derive(Clone, Debug)]
@@ -22,6 +25,10 @@ pub struct CondRequest<'a> {
     pub height: usize,
     /// Zero the cross-attention context (SDXL's empty negative prompt).
     pub zero_out_masked: bool,
+    /// Reference images `[W, H, 3, 1]` in [0, 1] for a vision-language encoder (empty
+    /// unless `pass_to_vlm`), and how to size them for it.
+    pub ref_images: &'a [Tensor],
+    pub refs: RefImageParams,
 }
 
 /// A loaded conditioner of some family. `encode` runs between its networks' phase hooks

@@ -4,8 +4,10 @@
 //! the reference.
 //!
 //! The LLM (`llm_path`) is read for each conditioning phase and freed before sampling unless
-//! the context's `eager_load` keeps it resident. Without a vision tower (`llm_vision_path`),
-//! reference images reach only the transformer (the reference's behaviour when it has none).
+//! the context's `eager_load` keeps it resident. With a vision tower (`llm_vision_path`, or
+//! `visual.` weights in the LLM file) reference images are also described to the LLM
+//! (`conditioning::qwen_edit`); without one they reach only the transformer, like the
+//! reference.
 //! Qwen-Image-Layered is the same build: its transformer always adds the layer embedding
 //! and it never reads pictures with the vision tower (the reference turns it off).
 
@@ -14,7 +16,7 @@ use super::{first_stage, flow_parts, BuildCtx, Parts};
 use crate::error::Result;
 use crate::graph::Module;
 use crate::models::diffusion::qwen_image::{QwenImageConfig, QwenImageModel};
-use crate::models::te::llm::{LlmArch, LLM_PREFIX};
+use crate::models::te::llm::LlmArch;
 use crate::pipeline::conditioning::llm::{LlmConditioner, LlmTemplate};
 use crate::runtime::args::{parse_key_value_args, parse_strict_bool};
 use crate::types::Prediction;
@@ -59,10 +61,11 @@ pub(super) fn build(ctx: &mut BuildCtx<'_>) -> Result<Parts> {
     cfg.zero_cond_t |= zero_cond_t_arg(params.model_args.as_deref());
     cfg.use_additional_t_cond |= ctx.spec.layered;
     cfg.validate()?;
-    if !ctx.spec.layered && weights.has_prefix(&format!("{LLM_PREFIX}visual.")) {
-        sd_warn!("the LLM's vision tower is not supported in this build: reference images reach only the transformer");
+    let mut cond = LlmConditioner::new(weights, QWEN_IMAGE_TEMPLATE, &te_place, n_threads, params.eager_load)?;
+    // Like the reference, Layered never describes its input image to the LLM.
+    if !ctx.spec.layered {
+        cond.open_vision(weights, &te_place, n_threads, params.eager_load)?;
     }
-    let cond = LlmConditioner::new(weights, QWEN_IMAGE_TEMPLATE, &te_place, n_threads, params.eager_load)?;
     let width = cond.context_width();
     ensure!(
         width as i64 == cfg.joint_attention_dim,

@@ -1,0 +1,595 @@
+//! Qwen2.5-VL's vision tower (the vision part of the reference's `llm.hpp`), which turns a
+//! reference image into embeddings the LLM reads in place of its `<|image_pad|>` tokens
+//! (Qwen-Image-Edit).
+//!
+//! The image is cut into 14×14 patches; each patch is seen as two identical frames (the
+//! temporal patch of 2) and embedded by a 3-D convolution, or by two 2-D convolutions whose
+//! sum is the same thing (llama.cpp mmproj files, `patch_embed.proj.0/1`). Patches are
+//! ordered so that every 2×2 group (what the merger joins into one LLM token) is contiguous,
+//! then regrouped by windows of 112×112 pixels: most blocks attend within their window (an
+//! additive mask), the full-attention blocks (7, 15, 23, 31) attend to everything. Attention
+//! is rotated by a 2-D RoPE (row and column, half the rotary width each, halves not
+//! interleaved). Blocks are pre-norm (RMS norms), with a SiLU-gated MLP; the merger
+//! RMS-normalises each patch, joins each 2×2 group and maps it through a GELU MLP to the
+//! LLM's width; the window order is undone at the end.
+//!
+//! Widths come from the weights where the reference reads them (`patch_embed.proj.0` gives
+//! the width of split files; unsplit ones keep the 1280 of Qwen2.5-VL-7B), the head count is
+//! fixed at 16 and the layer count is the highest block index.
+
+use crate::error::Result;
+use crate::graph::nn::{attention, split_qkv, Conv2d, Linear};
+use crate::graph::{nn, Graph, Runner, Scope, TypeMap, F16, T, W};
+use crate::models::common::dit::RmsNorm;
+use crate::models::common::rope;
+use crate::tensor::Tensor;
+
+/// Where the vision tower's weights live (an `llm_vision_path` file gets this prefix; an
+/// `llm_path` file that holds the tower has it under `visual.`).
+pub const VISION_PREFIX: &str = "text_encoders.llm.visual.";
+
+/// CLIP's pixel normalisation, which the reference applies to the tower's input.
+const CLIP_MEAN: [f32; 3] = [0.481_454_66, 0.457_827_5, 0.408_210_73];
+const CLIP_STD: [f32; 3] = [0.268_629_54, 0.261_302_6, 0.275_777_1];
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct VisionConfig {
+    pub num_layers: usize,
+    pub hidden_size: i64,
+    pub intermediate_size: i64,
+    pub num_heads: i64,
+    pub in_channels: i64,
+    /// The LLM width the merger maps to.
+    pub out_hidden_size: i64,
+    pub temporal_patch_size: i64,
+    pub patch_size: i64,
+    pub spatial_merge_size: i64,
+    /// Side of an attention window in pixels.
+    pub window_size: i64,
+    pub fullatt_blocks: Vec<usize>,
+    /// Two 2-D patch convolutions (llama.cpp's mmproj layout) instead of one 3-D one.
+    pub split_patch_embed: bool,
+    /// Separate q/k/v projections (llama.cpp's names) instead of one fused `qkv`.
+    pub separate_qkv: bool,
+}
+
+impl Default for VisionConfig {
+    /// Qwen2.5-VL-7B's tower, the reference's defaults.
+    fn default() -> Self {
+        VisionConfig {
+            num_layers: 32,
+            hidden_size: 1280,
+            intermediate_size: 3420,
+            num_heads: 16,
+            in_channels: 3,
+            out_hidden_size: 3584,
+            temporal_patch_size: 2,
+            patch_size: 14,
+            spatial_merge_size: 2,
+            window_size: 112,
+            fullatt_blocks: vec![7, 15, 23, 31],
+            split_patch_embed: false,
+            separate_qkv: false,
+        }
+    }
+}
+
+/// Index of the block in `…blocks.12.…`.
+fn block_index(name: &str) -> Option<usize> {
+    let rest = &name[name.find("blocks.")? + "blocks.".len()..];
+    rest.split('.').next()?.parse().ok()
+}
+
+impl VisionConfig {
+    /// The tower under `prefix` (ending in "visual."), or `None` when the files hold none.
+    /// `shape_of` gives ggml-order shapes.
+    pub fn detect(types: &TypeMap, shape_of: &dyn Fn(&str) -> Option<Vec<i64>>, prefix: &str) -> Option<VisionConfig> {
+        let mut cfg = VisionConfig::default();
+        let mut layers = 0;
+        let mut any = false;
+        for name in types.keys().filter(|n| n.starts_with(prefix)) {
+            any = true;
+            let rest = &name[prefix.len()..];
+            let shape = || shape_of(name).unwrap_or_default();
+            if rest.contains("attn.q_proj") {
+                cfg.separate_qkv = true;
+            }
+            match rest {
+                "patch_embed.proj.1.weight" => cfg.split_patch_embed = true,
+                "patch_embed.proj.0.weight" => {
+                    if let [p, _, c, h, ..] = shape()[..] {
+                        (cfg.patch_size, cfg.in_channels, cfg.hidden_size) = (p, c, h);
+                    }
+                }
+                "patch_embed.proj.weight" => {
+                    if let Some(&p) = shape().first() {
+                        cfg.patch_size = p;
+                    }
+                }
+                "blocks.0.mlp.gate_proj.weight" => {
+                    if let [_, n, ..] = shape()[..] {
+                        cfg.intermediate_size = n;
+                    }
+                }
+                "merger.mlp.2.weight" => {
+                    if let [_, n, ..] = shape()[..] {
+                        cfg.out_hidden_size = n;
+                    }
+                }
+                _ => {}
+            }
+            if rest.starts_with("blocks.") {
+                if let Some(i) = block_index(rest) {
+                    layers = layers.max(i + 1);
+                }
+            }
+        }
+        if !any {
+            return None;
+        }
+        if layers > 0 {
+            cfg.num_layers = layers;
+        }
+        Some(cfg)
+    }
+
+    /// Side of the pixel grid images are resized to a multiple of (28).
+    pub fn factor(&self) -> i64 {
+        self.patch_size * self.spatial_merge_size
+    }
+
+    pub fn head_dim(&self) -> i64 {
+        self.hidden_size / self.num_heads
+    }
+
+    /// Checks what the graph relies on, so a strange file is an error, not an abort.
+    pub fn validate(&self) -> Result<()> {
+        ensure!(self.num_layers > 0, "the vision tower has no blocks");
+        ensure!(
+            self.hidden_size > 0 && self.hidden_size % (4 * self.num_heads) == 0,
+            "the vision tower's width {} is not a multiple of 4 × its {} heads",
+            self.hidden_size,
+            self.num_heads
+        );
+        ensure!(self.in_channels == 3, "the vision tower takes {} channels, not RGB", self.in_channels);
+        ensure!(self.patch_size > 0 && self.window_size >= self.factor(), "the vision tower's patch size {} is unusable", self.patch_size);
+        Ok(())
+    }
+}
+
+#[derive(Clone, Copy, Debug)]
+enum PatchEmbed {
+    /// One convolution over both frames: kernel [pw, ph, pt, IC·OC].
+    Conv3d(W),
+    /// One convolution per frame, summed.
+    Split(Conv2d, Conv2d),
+}
+
+#[derive(Clone, Copy, Debug)]
+enum Qkv {
+    Fused(Linear),
+    Separate(Linear, Linear, Linear),
+}
+
+#[derive(Clone, Copy, Debug)]
+struct Block {
+    norm1: RmsNorm,
+    norm2: RmsNorm,
+    qkv: Qkv,
+    proj: Linear,
+    gate: Linear,
+    up: Linear,
+    down: Linear,
+}
+
+impl Block {
+    fn new(s: &mut Scope, cfg: &VisionConfig) -> Block {
+        let (h, ff) = (cfg.hidden_size, cfg.intermediate_size);
+        let norm = |s: &mut Scope, name: &str| RmsNorm::new(s, name, "weight", h, 1e-6, true);
+        let (norm1, norm2) = (norm(s, "norm1"), norm(s, "norm2"));
+        let (qkv, proj) = {
+            let mut a = s.sub("attn");
+            let qkv = if cfg.separate_qkv {
+                Qkv::Separate(Linear::new(&mut a, "q_proj", h, h, true), Linear::new(&mut a, "k_proj", h, h, true), Linear::new(&mut a, "v_proj", h, h, true))
+            } else {
+                Qkv::Fused(Linear::new(&mut a, "qkv", h, 3 * h, true))
+            };
+            (qkv, Linear::new(&mut a, "proj", h, h, true))
+        };
+        let mut m = s.sub("mlp");
+        let (gate, up, down) =
+            (Linear::new(&mut m, "gate_proj", h, ff, true), Linear::new(&mut m, "up_proj", h, ff, true), Linear::new(&mut m, "down_proj", ff, h, true));
+        Block { norm1, norm2, qkv, proj, gate, up, down }
+    }
+
+    /// x: [hidden, n]; `pe` the 2-D rotation table, `mask` the window mask (none: full).
+    fn forward<'g>(&self, g: &'g Graph, cfg: &VisionConfig, x: T<'g>, pe: T<'g>, mask: Option<T<'g>>) -> T<'g> {
+        let h = self.norm1.forward(g, x);
+        let (q, k, v) = match self.qkv {
+            Qkv::Fused(l) => split_qkv(l.forward(g, h)),
+            Qkv::Separate(q, k, v) => (q.forward(g, h), k.forward(g, h), v.forward(g, h)),
+        };
+        let d = cfg.head_dim();
+        let heads = |t: T<'g>| {
+            let ne = t.ne();
+            t.reshape(&[d, cfg.num_heads, ne[1], ne[2]])
+        };
+        let (q, k, v) = (heads(q), heads(k), heads(v));
+        let q = rope::apply_rope_halves(g, q, pe);
+        let k = rope::apply_rope_halves(g, k, pe);
+        let a = attention(g, q, k, v, cfg.num_heads, mask, true, g.options.flash_attn, 1.0);
+        let x = self.proj.forward(g, a).add_inplace(x);
+        let h = self.norm2.forward(g, x);
+        let m = self.gate.forward(g, h).silu_inplace().mul_inplace(self.up.forward(g, h));
+        self.down.forward(g, m).add_inplace(x)
+    }
+}
+
+/// The vision tower whose weights live in a `ParamStore`.
+pub struct QwenVisionModel {
+    pub cfg: VisionConfig,
+    patch_embed: PatchEmbed,
+    blocks: Vec<Block>,
+    ln_q: RmsNorm,
+    mlp0: Linear,
+    mlp2: Linear,
+}
+
+impl QwenVisionModel {
+    /// Declares every weight under the scope's prefix ([`VISION_PREFIX`]).
+    pub fn new(s: &mut Scope, cfg: &VisionConfig) -> QwenVisionModel {
+        let (p, c, h) = (cfg.patch_size, cfg.in_channels, cfg.hidden_size);
+        let patch_embed = {
+            let mut pe = s.sub("patch_embed");
+            if cfg.split_patch_embed {
+                let mut proj = pe.sub("proj");
+                let conv = |s: &mut Scope, name: &str| Conv2d::new(s, name, c, h, (p, p), (p as i32, p as i32), (0, 0), false);
+                PatchEmbed::Split(conv(&mut proj, "0"), conv(&mut proj, "1"))
+            } else {
+                PatchEmbed::Conv3d(pe.sub("proj").tensor("weight", F16, &[p, p, cfg.temporal_patch_size, c * h]))
+            }
+        };
+        let blocks = (0..cfg.num_layers).map(|i| Block::new(&mut s.sub(&format!("blocks.{i}")), cfg)).collect();
+        let mut merger = s.sub("merger");
+        let ln_q = RmsNorm::new(&mut merger, "ln_q", "weight", h, 1e-6, true);
+        let joined = h * cfg.spatial_merge_size * cfg.spatial_merge_size;
+        let mut mlp = merger.sub("mlp");
+        let mlp0 = Linear::new(&mut mlp, "0", joined, joined, true);
+        let mlp2 = Linear::new(&mut mlp, "2", joined, cfg.out_hidden_size, true);
+        QwenVisionModel { cfg: cfg.clone(), patch_embed, blocks, ln_q, mlp0, mlp2 }
+    }
+
+    /// Embeddings `[out_hidden, tokens]` of the patches `pixels` ([`patchify`]'s layout) with
+    /// the window layout `win` ([`Windows`]) and the rotation table `pe`.
+    fn forward<'g>(&self, g: &'g Graph, pixels: T<'g>, pe: T<'g>, win: [T<'g>; 3]) -> T<'g> {
+        let cfg = &self.cfg;
+        let (p, pt, h) = (cfg.patch_size, cfg.temporal_patch_size, cfg.hidden_size);
+        let [window_index, inverse_index, mask] = win;
+        let n = pixels.ne()[1];
+        let x = pixels.reshape(&[p, p, pt, n * cfg.in_channels]);
+        let x = match self.patch_embed {
+            PatchEmbed::Conv3d(w) => nn::conv_3d(g, x, g.param(w), None, cfg.in_channels, [p as i32, p as i32, pt as i32], [0; 3], [1; 3]),
+            PatchEmbed::Split(c0, c1) => {
+                let (ne, nb) = (x.ne(), x.nb());
+                let frame = |t: usize| x.view(&[ne[0], ne[1], 1, ne[3]], &[nb[1], nb[2], nb[3]], t * nb[2]).cont().reshape(&[p, p, cfg.in_channels, n]);
+                c0.forward(g, frame(0)).add(c1.forward(g, frame(1)))
+            }
+        };
+        let m2 = cfg.spatial_merge_size * cfg.spatial_merge_size;
+        let x = x.reshape(&[h, n]);
+        let mut x = x.reshape(&[h * m2, n / m2]).get_rows(window_index).reshape(&[h, n]);
+        for (i, block) in self.blocks.iter().enumerate() {
+            let m = (!cfg.fullatt_blocks.contains(&i)).then_some(mask);
+            x = block.forward(g, cfg, x, pe, m);
+        }
+        let x = self.ln_q.forward(g, x).reshape(&[h * m2, n / m2]);
+        let x = self.mlp2.forward(g, self.mlp0.forward(g, x).gelu());
+        x.get_rows(inverse_index)
+    }
+}
+
+/// The image `[W, H, 3, 1]` (RGB in [0, 1]) resized to `w`×`h` like the reference's
+/// `clip_preprocess`: scaled (nearest) to cover the target, centre-cropped, clamped and
+/// normalised with CLIP's mean and deviation.
+pub fn preprocess(image: &Tensor, w: usize, h: usize) -> Result<Tensor> {
+    let (iw, ih) = (image.ne(0), image.ne(1));
+    ensure!(image.ne(2) == 3 && image.ne(3) == 1 && w > 0 && h > 0, "cannot prepare an image of shape {:?} for the vision tower", image.shape());
+    let scale = (w as f32 / iw as f32).max(h as f32 / ih as f32);
+    let (rw, rh) = ((scale * iw as f32) as usize, (scale * ih as f32) as usize);
+    let (dx, dy) = (rw.saturating_sub(w) / 2, rh.saturating_sub(h) / 2);
+    let src = image.data();
+    let mut out = Vec::with_capacity(w * h * 3);
+    for c in 0..3 {
+        for y in 0..h {
+            // Nearest resize to rw×rh (`o · in / out`), then the crop.
+            let sy = ((y + dy) * ih / rh).min(ih - 1);
+            for x in 0..w {
+                let sx = ((x + dx) * iw / rw).min(iw - 1);
+                let v = src[(c * ih + sy) * iw + sx].clamp(0.0, 1.0);
+                out.push((v - CLIP_MEAN[c]) / CLIP_STD[c]);
+            }
+        }
+    }
+    Tensor::from_vec(&[w, h, 3, 1], out)
+}
+
+/// The patches of `image` `[W, H, C, 1]` as the tower reads them: one row of
+/// `C · pt · p · p` values per patch (channel, frame, row, column; both frames the image),
+/// patches in 2×2 groups (group by group in row order, each group row by row).
+pub fn patchify(cfg: &VisionConfig, image: &Tensor) -> Result<Tensor> {
+    let (w, h, c) = (image.ne(0), image.ne(1), image.ne(2));
+    let (p, m, pt) = (cfg.patch_size as usize, cfg.spatial_merge_size as usize, cfg.temporal_patch_size as usize);
+    ensure!(w % (p * m) == 0 && h % (p * m) == 0, "a {w}x{h} image is not a multiple of the vision tower's {}", p * m);
+    let (gw, gh) = (w / p, h / p);
+    let row = c * pt * p * p;
+    let src = image.data();
+    let mut out = Vec::with_capacity(row * gw * gh);
+    for bh in 0..gh / m {
+        for bw in 0..gw / m {
+            for ih in 0..m {
+                for iw in 0..m {
+                    let (py, px) = (bh * m + ih, bw * m + iw);
+                    for ch in 0..c {
+                        for _ in 0..pt {
+                            for y in 0..p {
+                                let start = (ch * h + py * p + y) * w + px * p;
+                                out.extend_from_slice(&src[start..start + p]);
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+    Tensor::from_vec(&[row, gw * gh], out)
+}
+
+/// How the merged tokens are regrouped into attention windows.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Windows {
+    /// Window order → natural (row-major) merged-token index.
+    pub index: Vec<i32>,
+    /// Natural merged-token index → window order.
+    pub inverse: Vec<i32>,
+    /// Additive mask `[n, n]` over patches in window order: 0 within a window, -inf across.
+    pub mask: Vec<f32>,
+}
+
+/// The windows of a `grid_h`×`grid_w` patch grid: merged tokens taken window by window
+/// (windows in row order, tokens in each row by row), each window `window_size` pixels wide.
+pub fn windows(cfg: &VisionConfig, grid_h: usize, grid_w: usize) -> Windows {
+    let m = cfg.spatial_merge_size as usize;
+    let (lh, lw) = (grid_h / m, grid_w / m);
+    let side = (cfg.window_size / cfg.patch_size / cfg.spatial_merge_size) as usize;
+    let mut index = Vec::with_capacity(lh * lw);
+    let mut inverse = vec![0i32; lh * lw];
+    let mut spans = Vec::new();
+    for wy in (0..lh).step_by(side) {
+        for wx in (0..lw).step_by(side) {
+            let start = index.len();
+            for y in wy..(wy + side).min(lh) {
+                for x in wx..(wx + side).min(lw) {
+                    inverse[y * lw + x] = index.len() as i32;
+                    index.push((y * lw + x) as i32);
+                }
+            }
+            spans.push((start * m * m, index.len() * m * m));
+        }
+    }
+    let n = grid_h * grid_w;
+    let mut mask = vec![f32::NEG_INFINITY; n * n];
+    for &(a, b) in &spans {
+        for q in a..b {
+            mask[q * n + a..q * n + b].fill(0.0);
+        }
+    }
+    Windows { index, inverse, mask }
+}
+
+/// Row and column of every patch in window order (the 2-D RoPE's positions).
+pub fn patch_ids(cfg: &VisionConfig, grid_h: usize, grid_w: usize, inverse: &[i32]) -> rope::Ids {
+    let m = cfg.spatial_merge_size as usize;
+    let mut rows = vec![[0.0f32; 2]; grid_h * grid_w];
+    let mut natural = 0;
+    for bh in (0..grid_h).step_by(m) {
+        for bw in (0..grid_w).step_by(m) {
+            for iy in 0..m {
+                for ix in 0..m {
+                    let at = inverse[natural / (m * m)] as usize * m * m + natural % (m * m);
+                    rows[at] = [(bh + iy) as f32, (bw + ix) as f32];
+                    natural += 1;
+                }
+            }
+        }
+    }
+    rope::Ids { n_axes: 2, data: rows.concat() }
+}
+
+/// Embeddings `[out_hidden, tokens]` of a preprocessed image `[W, H, 3, 1]` (sides
+/// multiples of [`VisionConfig::factor`]): one token per 2×2 group of patches, row by row.
+pub fn encode_image(runner: &mut Runner, model: &QwenVisionModel, image: &Tensor) -> Result<Tensor> {
+    let cfg = &model.cfg;
+    let p = cfg.patch_size as usize;
+    let (grid_w, grid_h) = (image.ne(0) / p, image.ne(1) / p);
+    let pixels = patchify(cfg, image)?;
+    let win = windows(cfg, grid_h, grid_w);
+    let hd = cfg.head_dim() as usize;
+    let pe = rope::embed_nd(&patch_ids(cfg, grid_h, grid_w, &win.inverse), 10000.0, &[hd / 2, hd / 2], None);
+    let n = grid_h * grid_w;
+    let tokens = n / (cfg.spatial_merge_size * cfg.spatial_merge_size) as usize;
+    let out = runner.compute(|g| {
+        let x = g.input_f32(pixels.data(), &[pixels.ne(0) as i64, n as i64]);
+        let pe = g.input_f32(&pe, &[2, 2, hd as i64 / 2, n as i64]);
+        let index = g.input_i32(&win.index, &[tokens as i64]);
+        let inverse = g.input_i32(&win.inverse, &[tokens as i64]);
+        let mask = g.input_f32(&win.mask, &[n as i64, n as i64]);
+        Ok(model.forward(g, x, pe, [index, inverse, mask]))
+    })?;
+    out.reshape(&[cfg.out_hidden_size as usize, tokens])
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tiny() -> VisionConfig {
+        VisionConfig { hidden_size: 64, num_layers: 2, split_patch_embed: true, ..VisionConfig::default() }
+    }
+
+    #[test]
+    fn config_from_mmproj_like_names() {
+        let mut types = TypeMap::new();
+        let mut shapes = std::collections::HashMap::new();
+        let mut add = |n: &str, s: &[i64]| {
+            types.insert(format!("{VISION_PREFIX}{n}"), F16);
+            shapes.insert(format!("{VISION_PREFIX}{n}"), s.to_vec());
+        };
+        add("patch_embed.proj.0.weight", &[14, 14, 3, 128]);
+        add("patch_embed.proj.1.weight", &[14, 14, 3, 128]);
+        add("blocks.0.mlp.gate_proj.weight", &[128, 256]);
+        add("blocks.7.attn.q_proj.weight", &[128, 128]);
+        add("merger.mlp.2.weight", &[512, 3584]);
+        let cfg = VisionConfig::detect(&types, &|n| shapes.get(n).cloned(), VISION_PREFIX).unwrap();
+        assert_eq!((cfg.num_layers, cfg.hidden_size, cfg.intermediate_size, cfg.out_hidden_size), (8, 128, 256, 3584));
+        assert!(cfg.split_patch_embed && cfg.separate_qkv);
+        assert_eq!((cfg.num_heads, cfg.factor(), cfg.head_dim()), (16, 28, 8));
+        assert!(VisionConfig::detect(&types, &|n| shapes.get(n).cloned(), "other.").is_none());
+    }
+
+    #[test]
+    fn patches_come_in_merge_groups() {
+        // 56×28 image, one channel plane per value: x + 100·y + 10000·c.
+        let (w, h) = (56usize, 28usize);
+        let data: Vec<f32> = (0..3).flat_map(|c| (0..h).flat_map(move |y| (0..w).map(move |x| (x + 100 * y + 10000 * c) as f32))).collect();
+        let img = Tensor::from_vec(&[w, h, 3, 1], data).unwrap();
+        let cfg = tiny();
+        let p = patchify(&cfg, &img).unwrap();
+        assert_eq!(p.shape(), &[3 * 2 * 14 * 14, 8]);
+        let row = |t: usize| &p.data()[t * 1176..(t + 1) * 1176];
+        // Token 1 is the top-right patch of the first 2×2 group; token 2 its bottom-left.
+        assert_eq!(row(1)[0], 14.0);
+        assert_eq!(row(2)[0], 1400.0);
+        // Token 4 starts the second group (patch column 2); channel 1 follows both frames of channel 0.
+        assert_eq!(row(4)[0], 28.0);
+        assert_eq!(row(0)[196], 0.0);
+        assert_eq!(row(0)[15], 101.0);
+        assert_eq!(row(0)[392], 10000.0);
+    }
+
+    #[test]
+    fn windows_group_merged_tokens() {
+        // 12×10 patches: 6×5 merged tokens, windows of 4×4 tokens → 2×2 windows.
+        let cfg = tiny();
+        let win = windows(&cfg, 10, 12);
+        assert_eq!(win.index.len(), 30);
+        assert_eq!(&win.index[..5], &[0, 1, 2, 3, 6]);
+        assert_eq!(win.index[16], 4);
+        for (pos, &natural) in win.index.iter().enumerate() {
+            assert_eq!(win.inverse[natural as usize], pos as i32);
+        }
+        let n = 120;
+        // The first window has 16 tokens, 64 patches.
+        assert_eq!(win.mask[63], 0.0);
+        assert_eq!(win.mask[64], f32::NEG_INFINITY);
+        assert_eq!(win.mask[64 * n + 64], 0.0);
+        assert_eq!(win.mask[64 * n + 63], f32::NEG_INFINITY);
+        // Patch ids follow the windows: the 5th merged token in window order is natural 6 (row 1).
+        let ids = patch_ids(&cfg, 10, 12, &win.inverse);
+        assert_eq!(&ids.data[16 * 2..16 * 2 + 8], &[2.0, 0.0, 2.0, 1.0, 3.0, 0.0, 3.0, 1.0]);
+    }
+
+    /// Deterministic values in [-0.5, 0.5) from a name and an index.
+    fn value(name: &str, i: usize) -> f32 {
+        let mut h = name.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ b as u64).wrapping_mul(0x100_0000_01b3));
+        h = (h ^ i as u64).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+        ((h >> 40) as f32 / (1u64 << 24) as f32) - 0.5
+    }
+
+    /// A tower of `cfg` whose weights are the split / fused layout's `value`s, laid out in
+    /// `cfg`'s own layout (the 3-D kernel is both frames' kernels, q/k/v the fused rows).
+    fn tower(cfg: &VisionConfig) -> crate::graph::Loaded<QwenVisionModel> {
+        use crate::graph::{Backend, Placement, ParamStore, Runner};
+        use std::sync::Arc;
+        let types = TypeMap::new();
+        let mut store = ParamStore::new(256).unwrap();
+        let model = QwenVisionModel::new(&mut Scope::new(&mut store, &types, VISION_PREFIX), cfg);
+        let backend = Arc::new(Backend::cpu().unwrap());
+        store.alloc(&backend).unwrap();
+        let h = cfg.hidden_size as usize;
+        store
+            .load(|name, spec, dst| {
+                let n: usize = spec.ne.iter().product::<i64>() as usize;
+                let rest = &name[VISION_PREFIX.len()..];
+                let p2 = (cfg.patch_size * cfg.patch_size) as usize;
+                let (pt, ic) = (cfg.temporal_patch_size as usize, cfg.in_channels as usize);
+                // The split / fused layout's value behind element i of this tensor.
+                let source = |i: usize| -> (String, usize) {
+                    if rest == "patch_embed.proj.weight" {
+                        // [pw, ph, pt, IC·OC] → frame t's [pw, ph, IC, OC].
+                        let (xy, t, c, o) = (i % p2, (i / p2) % pt, (i / (p2 * pt)) % ic, i / (p2 * pt * ic));
+                        return (format!("patch_embed.proj.{t}.weight"), xy + p2 * c + p2 * ic * o);
+                    }
+                    for (k, which) in [("q_proj", 0), ("k_proj", 1), ("v_proj", 2)] {
+                        if let Some((stem, leaf)) = rest.split_once(&format!(".{k}.")) {
+                            return (format!("{stem}.qkv.{leaf}"), i + which * n);
+                        }
+                    }
+                    (rest.to_string(), i)
+                };
+                let norm = rest.contains("norm") || rest.contains("ln_q");
+                let v: Vec<f32> = (0..n)
+                    .map(|i| {
+                        let (name, at) = source(i);
+                        if norm {
+                            1.0 + 0.1 * value(&name, at)
+                        } else {
+                            value(&name, at) / (h as f32).sqrt()
+                        }
+                    })
+                    .collect();
+                if spec.ty == F16 {
+                    let bits: Vec<u8> = v.iter().flat_map(|&x| crate::graph::gemm::scalar::f32_to_f16(x).to_le_bytes()).collect();
+                    dst.copy_from_slice(&bits);
+                } else {
+                    dst.copy_from_slice(&v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>());
+                }
+                Ok(())
+            })
+            .unwrap();
+        let place = Placement::on(crate::graph::Module::Te, backend.clone());
+        crate::graph::Loaded::new(model, store, place, Runner::new(backend, 1), None, "llm vision")
+    }
+
+    /// The 3-D patch convolution is the split one's two frames, and separate q/k/v are the
+    /// fused projection's rows: the same tower in each layout embeds an image alike.
+    #[test]
+    fn layouts_agree() {
+        let base = VisionConfig { hidden_size: 64, intermediate_size: 32, num_layers: 2, out_hidden_size: 16, fullatt_blocks: vec![1], ..VisionConfig::default() };
+        let split = VisionConfig { split_patch_embed: true, ..base.clone() };
+        let other = VisionConfig { separate_qkv: true, ..base.clone() };
+        let image: Vec<f32> = (0..112 * 56 * 3).map(|i| value("image", i) * 2.0).collect();
+        let image = Tensor::from_vec(&[112, 56, 3, 1], image).unwrap();
+        let mut a = tower(&split);
+        let mut b = tower(&other);
+        let (ma, ra) = a.parts();
+        let ea = encode_image(ra, ma, &image).unwrap();
+        let (mb, rb) = b.parts();
+        let eb = encode_image(rb, mb, &image).unwrap();
+        assert_eq!(ea.shape(), &[16, 8]);
+        let scale = ea.data().iter().fold(0f32, |m, v| m.max(v.abs()));
+        let worst = ea.data().iter().zip(eb.data()).fold(0f32, |m, (x, y)| m.max((x - y).abs()));
+        assert!(scale > 0.1 && worst < 2e-3 * scale, "layouts differ by {worst} (scale {scale})");
+    }
+
+    #[test]
+    fn preprocess_scales_crops_and_normalises() {
+        let img = Tensor::from_vec(&[2, 1, 3, 1], vec![0.0, 1.0, 0.5, 0.5, 2.0, -1.0]).unwrap();
+        let t = preprocess(&img, 4, 4).unwrap();
+        assert_eq!(t.shape(), &[4, 4, 3, 1]);
+        // Scaled ×4 to 8×4, the middle 4 columns kept: 0, 0, 1, 1.
+        let r = |v: f32, c: usize| (v - CLIP_MEAN[c]) / CLIP_STD[c];
+        assert_eq!(&t.data()[..4], &[r(0.0, 0), r(0.0, 0), r(1.0, 0), r(1.0, 0)]);
+        assert_eq!(t.data()[32], r(1.0, 2));
+        assert_eq!(t.data()[35], r(0.0, 2));
+    }
+}

@@ -1,0 +1,231 @@
+//! Qwen-Image-Edit's image prompt (the reference's `QwenImageEditPlusPipeline` branch of
+//! its LLM conditioner): with a vision tower, each reference image is resized for it,
+//! encoded, and announced in the user turn as `Picture N: <|vision_start|>` followed by one
+//! `<|image_pad|>` per embedding and `<|vision_end|>`; the LLM reads the embeddings in place
+//! of the pad tokens. The edit system prompt (64 tokens) is dropped from the hidden states.
+
+use super::llm::LlmText;
+use crate::error::Result;
+use crate::graph::{Component, Loaded, Placement, WeightHome};
+use crate::models::te::qwen_vision::{self, QwenVisionModel, VisionConfig, VISION_PREFIX};
+use crate::pipeline::loader::Weights;
+use crate::pipeline::ref_images::{RefImageParams, VlmResizeMode};
+use crate::tensor::Tensor;
+use std::sync::Arc;
+
+/// The edit template: its system prompt and the token arithmetic the reference hard-codes
+/// for it (the first image's embeddings start at token 70, after the 64 system tokens and
+/// `Picture 1: <|vision_start|>`; each further image 7 tokens after the previous one's end).
+pub const SYSTEM: &str = "<|im_start|>system\nDescribe the key features of the input image (color, shape, size, texture, objects, background), then explain how the user's text instruction should alter or modify the image. Generate a new image that meets the user's requirements while maintaining consistency with the original input where appropriate.<|im_end|>\n<|im_start|>user\n";
+pub const DROP_FIRST: usize = 64;
+const FIRST_IMAGE_TOKEN: usize = 64 + 6;
+const LABEL_TOKENS: usize = 6;
+/// The vision input's default pixel bounds (squared in area mode).
+const MIN_SIZE: i32 = 384;
+const MAX_SIZE: i32 = 560;
+
+/// The vision tower of an LLM conditioner, with its weights like the LLM's: read for each
+/// conditioning phase unless resident.
+pub struct VisionTower {
+    net: Loaded<QwenVisionModel>,
+}
+
+impl VisionTower {
+    /// The tower in the context's files (`llm_vision_path`, or `visual.` in `llm_path`), if
+    /// any; its output must be `llm_width` wide.
+    pub fn open(weights: &Arc<Weights>, llm_width: i64, place: &Placement, n_threads: i32, resident: bool) -> Result<Option<VisionTower>> {
+        let Some(cfg) = VisionConfig::detect(weights.types(), &|n| weights.shape_of(n), VISION_PREFIX) else {
+            return Ok(None);
+        };
+        cfg.validate()?;
+        ensure!(
+            cfg.out_hidden_size == llm_width,
+            "the LLM vision tower (llm_vision_path) outputs {} wide embeddings, the LLM text encoder (llm_path) is {llm_width} wide",
+            cfg.out_hidden_size
+        );
+        sd_debug!("enable llm vision: {} blocks of {}, {} heads", cfg.num_layers, cfg.hidden_size, cfg.num_heads);
+        let mut place = place.clone();
+        if !resident {
+            place.weights = WeightHome::Disk;
+        }
+        let net = weights.load_model(place, n_threads, VISION_PREFIX, "llm vision", |s| QwenVisionModel::new(s, &cfg))?;
+        Ok(Some(VisionTower { net }))
+    }
+
+    pub fn config(&self) -> &VisionConfig {
+        &self.net.model.cfg
+    }
+
+    /// Embeddings `[width, tokens]` of a preprocessed image; outside a conditioning phase
+    /// the weights are read and freed around the call.
+    pub fn encode(&mut self, image: &Tensor) -> Result<Tensor> {
+        let own_phase = !self.net.store().is_allocated();
+        if own_phase {
+            Component::begin(&mut self.net)?;
+        }
+        let (model, runner) = self.net.parts();
+        let result = qwen_vision::encode_image(runner, model, image);
+        runner.release();
+        if own_phase {
+            Component::end(&mut self.net);
+        }
+        result
+    }
+
+    pub fn component(&mut self) -> &mut dyn Component {
+        &mut self.net
+    }
+}
+
+/// The size (`w`, `h`) a `width`×`height` image is resized to for the tower: sides rounded
+/// to multiples of `factor`, then scaled into `[min, max]` (area or longest side), like the
+/// reference's `resize_image_dims`.
+pub fn vision_size(width: i32, height: i32, factor: i32, min: i32, max: i32, mode: VlmResizeMode) -> (i32, i32) {
+    let f = factor as f64;
+    let (w, h) = (width as f64, height as f64);
+    let mut h_bar = ((h / f).round() * f) as i32;
+    let mut w_bar = ((w / f).round() * f) as i32;
+    let at_least = |v: f64| factor.max((v / f).floor() as i32 * factor);
+    let rounded = |v: f64| factor.max((v / f).round() as i32 * factor);
+    let up = |v: f64| (v / f).ceil() as i32 * factor;
+    if min > 0 && min == max {
+        match mode {
+            VlmResizeMode::Area => {
+                let beta = (min as f64 / (h * w)).sqrt();
+                (h_bar, w_bar) = (rounded(h * beta), rounded(w * beta));
+            }
+            VlmResizeMode::LongestSide => {
+                let beta = min as f64 / h.max(w);
+                (h_bar, w_bar) = (rounded(h * beta), rounded(w * beta));
+            }
+            VlmResizeMode::None => {}
+        }
+        return (w_bar, h_bar);
+    }
+    match mode {
+        VlmResizeMode::Area => {
+            let area = h_bar as f64 * w_bar as f64;
+            if max > 0 && area > max as f64 {
+                let beta = (h * w / max as f64).sqrt();
+                (h_bar, w_bar) = (at_least(h / beta), at_least(w / beta));
+            } else if min > 0 && area < min as f64 {
+                let beta = (min as f64 / (h * w)).sqrt();
+                (h_bar, w_bar) = (up(h * beta), up(w * beta));
+            }
+        }
+        VlmResizeMode::LongestSide => {
+            let side = height.max(width);
+            if max > 0 && side > max {
+                let beta = max as f64 / side as f64;
+                (h_bar, w_bar) = (at_least(h * beta), at_least(w * beta));
+            } else if min > 0 && side < min {
+                let beta = min as f64 / side as f64;
+                (h_bar, w_bar) = (up(h * beta), up(w * beta));
+            }
+        }
+        VlmResizeMode::None => {}
+    }
+    (w_bar, h_bar)
+}
+
+/// The request's bounds, or the edit defaults (squared in area mode).
+fn bounds(refs: &RefImageParams) -> (i32, i32) {
+    let default = |v: i32| {
+        if refs.vlm_resize_mode == VlmResizeMode::Area {
+            v * v
+        } else {
+            v
+        }
+    };
+    let min = if refs.vlm_min_size > 0 { refs.vlm_min_size } else { default(MIN_SIZE) };
+    let max = if refs.vlm_max_size > 0 { refs.vlm_max_size } else { default(MAX_SIZE) };
+    (min, max)
+}
+
+/// The user turn's image part (`Picture 1: <|vision_start|><|image_pad|>…<|vision_end|>…`)
+/// and each image's embeddings with the token they start at.
+pub struct ImagePrompt {
+    pub text: String,
+    pub images: Vec<(usize, Tensor)>,
+}
+
+/// Encodes `ref_images` (`[W, H, 3, 1]` in [0, 1]) with `tower` into an [`ImagePrompt`].
+pub fn image_prompt(tower: &mut VisionTower, ref_images: &[Tensor], refs: &RefImageParams) -> Result<ImagePrompt> {
+    sd_info!("QwenImageEditPlusPipeline");
+    let (min, max) = bounds(refs);
+    let factor = tower.config().factor() as i32;
+    let mut prompt = ImagePrompt { text: String::new(), images: Vec::new() };
+    let mut index = FIRST_IMAGE_TOKEN;
+    for (i, image) in ref_images.iter().enumerate() {
+        let (width, height) = (image.ne(0) as i32, image.ne(1) as i32);
+        let (w, h) = vision_size(width, height, factor, min, max, refs.vlm_resize_mode);
+        sd_debug!("resize conditioner ref image {i} from {height}x{width} to {h}x{w}");
+        ensure!(w > 0 && h > 0, "reference image {i} ({width}x{height}) is too small for the vision tower");
+        let embeds = tower.encode(&qwen_vision::preprocess(image, w as usize, h as usize)?)?;
+        let n = embeds.ne(1);
+        prompt.images.push((index, embeds));
+        index += 1 + n + LABEL_TOKENS;
+        prompt.text.push_str(&format!("Picture {}: <|vision_start|>", i + 1));
+        prompt.text.push_str(&"<|image_pad|>".repeat(n));
+        prompt.text.push_str("<|vision_end|>");
+    }
+    Ok(prompt)
+}
+
+/// Runs `llm` on the edit template around `text` with the image prompt spliced in: hidden
+/// states `[width, L, 1]` of the whole sequence (the caller drops [`DROP_FIRST`]).
+pub fn encode(llm: &mut LlmText, images: ImagePrompt, text: &str, suffix: &str, out_layers: &[i32]) -> Result<Tensor> {
+    let prefix = format!("{SYSTEM}{}", images.text);
+    let tokens = super::llm::tokenize_parts(llm.tokenizer(), &prefix, text, suffix, 0);
+    for (index, rows) in &images.images {
+        let pads = tokens.ids.get(*index..index + rows.ne(1)).unwrap_or_default();
+        if pads.iter().any(|&t| t != IMAGE_PAD) {
+            sd_warn!("image embeddings at token {index} do not fall on <|image_pad|> tokens");
+        }
+    }
+    llm.encode_with_images(&tokens, out_layers, &images.images)
+}
+
+/// `<|image_pad|>`.
+const IMAGE_PAD: u32 = 151655;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::models::te::qwen_tokenizer;
+
+    #[test]
+    fn edit_sizes_follow_the_reference() {
+        let area = VlmResizeMode::Area;
+        // 64×64 is below 384²: scaled up to the next multiples of 28.
+        assert_eq!(vision_size(64, 64, 28, 384 * 384, 560 * 560, area), (392, 392));
+        // 1024×768 is above 560²: scaled down (floored).
+        assert_eq!(vision_size(1024, 768, 28, 384 * 384, 560 * 560, area), (644, 476));
+        // Within the bounds: only rounded.
+        assert_eq!(vision_size(500, 400, 28, 384 * 384, 560 * 560, area), (504, 392));
+        assert_eq!(vision_size(1000, 500, 28, 384, 560, VlmResizeMode::LongestSide), (560, 280));
+        assert_eq!(vision_size(300, 200, 28, 560, 560, VlmResizeMode::LongestSide), (560, 364));
+        assert_eq!(bounds(&RefImageParams::default()), (384 * 384, 560 * 560));
+    }
+
+    /// The hard-coded token arithmetic holds: the system prompt is 64 tokens and each image's
+    /// embeddings start right after its `Picture N: <|vision_start|>`.
+    #[test]
+    fn image_tokens_land_on_the_pads() {
+        let tok = qwen_tokenizer::shared().unwrap();
+        assert_eq!(tok.encode(SYSTEM).len(), DROP_FIRST);
+        let mut text = String::new();
+        let mut index = FIRST_IMAGE_TOKEN;
+        let mut starts = Vec::new();
+        for (i, n) in [3usize, 2].iter().enumerate() {
+            starts.push(index);
+            index += 1 + n + LABEL_TOKENS;
+            text.push_str(&format!("Picture {}: <|vision_start|>{}<|vision_end|>", i + 1, "<|image_pad|>".repeat(*n)));
+        }
+        let ids = tok.encode(&format!("{SYSTEM}{text}make it blue"));
+        assert_eq!(&ids[starts[0]..starts[0] + 3], &[IMAGE_PAD; 3]);
+        assert_eq!(ids[starts[0] - 1], IMAGE_PAD - 3, "<|vision_start|> before the pads");
+        assert_eq!(&ids[starts[1]..starts[1] + 2], &[IMAGE_PAD; 2]);
+        assert_eq!(ids[starts[1] + 2], IMAGE_PAD - 2, "<|vision_end|> after them");
+    }
+}

@@ -26,27 +26,8 @@ scripts/fetch-sources.sh
 echo "device-check: default build (CPU modules)"
 cargo build --release -p stable-diffusion 2>&1 | tail -3
 
-# The CUDA module, configured like ggml-sys's build (ggml/build.rs): shared libraries with
-# loadable backends, GGML_MAX_NAME=160. It links against its own libggml-base.so, which
-# is the same source and ABI as ours; in our process ours is the one loaded.
-cuda_build=$out/ggml-cuda
-cmake -S ggml/cmake -B "$cuda_build" -G "Unix Makefiles" \
-    -DGGML_SOURCE_DIR="$root/third_party/ggml" -DCMAKE_BUILD_TYPE=Release \
-    -DBUILD_SHARED_LIBS=ON -DGGML_BACKEND_DL=ON -DGGML_CPU_ALL_VARIANTS=OFF -DGGML_NATIVE=OFF \
-    -DGGML_CUDA=ON -DCMAKE_CUDA_ARCHITECTURES="${CUDA_ARCHITECTURES:-native}" \
-    -DGGML_BUILD_TESTS=OFF -DGGML_BUILD_EXAMPLES=OFF -DGGML_CCACHE=OFF \
-    -DCMAKE_C_FLAGS=-DGGML_MAX_NAME=160 -DCMAKE_CXX_FLAGS=-DGGML_MAX_NAME=160 \
-    -DCMAKE_CUDA_FLAGS=-DGGML_MAX_NAME=160 >"$out/cmake.log" 2>&1 || die "cmake failed (see $out/cmake.log)"
-cmake --build "$cuda_build" --target ggml-cuda -j "$(nproc)" >"$out/build.log" 2>&1 || die "CUDA module build failed (see $out/build.log)"
-cuda_so=$(find "$cuda_build" -name 'libggml-cuda.so' | head -1)
-[ -n "$cuda_so" ] || die "no libggml-cuda.so in $cuda_build"
-
-# One folder with the CPU modules of the default build and the CUDA module.
-ggml_lib=$(dirname "$(ls -t target/release/build/ggml-sys-*/out/lib/libggml-base.so | head -1)")
-modules=$out/backends
-rm -rf "$modules" && mkdir -p "$modules"
-cp -a "$ggml_lib"/libggml-cpu-*.so "$modules"/
-cp "$cuda_so" "$modules"/
+# The CUDA module from the same ggml sources, with the default build's CPU modules.
+modules=$(scripts/build-backend.sh cuda "$out") || die "CUDA module build failed"
 export SD_GGML_BACKEND_DIR=$modules
 echo "device-check: devices"
 cargo run --release -q -p sd-cli -- --list-devices

@@ -35,7 +35,11 @@ usage: sd-bench [--quick] [options]
   --sides LIST         runners, first is the baseline of the ratios
                        (default reference,ours; ours-native builds ours with -march=native,
                        ours-vulkan computes on the first Vulkan device (lavapipe without a GPU),
-                       ours-rpc on this CPU through ggml's RPC server on loopback)
+                       ours-rpc on this CPU through ggml's RPC server on loopback,
+                       and the NAMEs of --ref-lib)
+  --ref-lib NAME=PATH  a side NAME that runs the stable-diffusion.cpp shared library PATH
+                       (loaded at run time through the C API of stable-diffusion.h), e.g.
+                       the exact reference built by bench/build-reference.sh; repeatable
   --model PATH         checkpoint (default $SD_FIXTURE_CACHE/sd1.safetensors,
                        SD_FIXTURE_CACHE defaulting to ~/.cache/sd-rs-fixtures)
   --component KEY=PATH a component file held apart, repeatable (KEY: diffusion_model,
@@ -69,6 +73,8 @@ struct Options {
     nominal_steps: i32,
     threads: i32,
     sides: Vec<String>,
+    /// `--ref-lib` sides: name and library path.
+    ref_libs: Vec<(String, String)>,
     model: PathBuf,
     components: Vec<(String, String)>,
     sampler: String,
@@ -126,6 +132,7 @@ fn parse_args() -> Result<Options, String> {
         nominal_steps: 20,
         threads: 2,
         sides: list("reference,ours"),
+        ref_libs: Vec::new(),
         model: fixture("sd1.safetensors"),
         components: Vec::new(),
         sampler: Job::default().sampler,
@@ -168,6 +175,13 @@ fn parse_args() -> Result<Options, String> {
             "--nominal-steps" => o.nominal_steps = num(value()?)?.max(1) as i32,
             "--threads" => o.threads = num(value()?)? as i32,
             "--sides" => o.sides = list(&value()?),
+            "--ref-lib" => {
+                let v = value()?;
+                match v.split_once('=') {
+                    Some((name, path)) if !name.is_empty() && !path.is_empty() => o.ref_libs.push((name.into(), path.into())),
+                    _ => return Err(format!("--ref-lib: want NAME=PATH, got {v:?}")),
+                }
+            }
             "--model" => o.model = PathBuf::from(value()?),
             "--component" => o.components.push(sd_bench_common::parse_component(&value()?)?),
             "--sampler" => o.sampler = value()?,
@@ -195,11 +209,29 @@ fn parse_args() -> Result<Options, String> {
         }
     }
     for s in &o.sides {
-        if !["reference", "ours", "ours-native", "ours-vulkan", "ours-rpc"].contains(&s.as_str()) {
-            return Err(format!("unknown side {s:?} (reference, ours, ours-native, ours-vulkan, ours-rpc)"));
+        if !BUILT_SIDES.contains(&s.as_str()) && o.library(s).is_none() {
+            return Err(format!("unknown side {s:?} ({}, or a --ref-lib NAME)", BUILT_SIDES.join(", ")));
         }
     }
     Ok(o)
+}
+
+/// The sides whose runners cargo builds; `--ref-lib` adds named ones.
+const BUILT_SIDES: &[&str] = &["reference", "ours", "ours-native", "ours-vulkan", "ours-rpc"];
+
+impl Options {
+    /// The library of a `--ref-lib` side.
+    fn library(&self, side: &str) -> Option<&str> {
+        self.ref_libs.iter().find(|(n, _)| n == side).map(|(_, p)| p.as_str())
+    }
+
+    /// The runner of a side and the job it runs (a `--ref-lib` side's names its library).
+    fn runner(&self, side: &str, job: &Job) -> (PathBuf, Job) {
+        match self.library(side) {
+            Some(lib) => (runner_path("library"), Job { library: lib.to_string(), ..job.clone() }),
+            None => (runner_path(side), job.clone()),
+        }
+    }
 }
 
 /// Where the runner binaries are: next to this program (cargo's target/<profile>), the
@@ -210,6 +242,7 @@ fn runner_path(side: &str) -> PathBuf {
     match side {
         "reference" => dir.join("sd-bench-ref"),
         "ours" => dir.join("sd-bench-ours"),
+        "library" => dir.join("sd-bench-lib"),
         other => {
             let profile = dir.file_name().map(PathBuf::from).unwrap_or_else(|| "release".into());
             let variant = other.strip_prefix("ours-").unwrap_or("native");
@@ -219,13 +252,18 @@ fn runner_path(side: &str) -> PathBuf {
 }
 
 /// Builds the runners the sides need with cargo (release).
-fn build_runners(sides: &[String]) -> Result<(), String> {
+fn build_runners(o: &Options) -> Result<(), String> {
     let manifest = Path::new(env!("CARGO_MANIFEST_DIR")).join("Cargo.toml");
     let cargo = std::env::var_os("CARGO").unwrap_or_else(|| "cargo".into());
     let mut builds: Vec<Vec<String>> = Vec::new();
     let mut plain: Vec<String> = Vec::new();
-    for side in sides {
+    for side in &o.sides {
         match side.as_str() {
+            s if o.library(s).is_some() => {
+                if !plain.iter().any(|p| p == "sd-bench-lib") {
+                    plain.extend(["-p".into(), "sd-bench-lib".into()]);
+                }
+            }
             "reference" => plain.extend(["-p".into(), "sd-bench-ref".into()]),
             "ours" => plain.extend(["-p".into(), "sd-bench-ours".into()]),
             other => {
@@ -415,7 +453,7 @@ fn main() -> ExitCode {
         }
     };
     if o.build {
-        if let Err(e) = build_runners(&o.sides) {
+        if let Err(e) = build_runners(&o) {
             eprintln!("sd-bench: {e}");
             return ExitCode::FAILURE;
         }
@@ -448,13 +486,13 @@ fn main() -> ExitCode {
             for side in &o.sides {
                 n += 1;
                 let stem = o.out.join(format!("{}-{side}-{rep}", w.name));
-                let mut job = w.job.clone();
+                let (exe, mut job) = o.runner(side, &w.job);
                 if rep == 0 && !job.load_only {
                     job.out = Some(o.out.join(format!("{}-{side}.ppm", w.name)).display().to_string());
                 }
                 eprint!("sd-bench: [{n}/{total}] {} {side} #{} (load {:.2}) ... ", w.name, rep + 1, child::loadavg());
                 let mut r = child::run(
-                    &runner_path(side),
+                    &exe,
                     &job.to_args(),
                     &stem.with_extension("json"),
                     &stem.with_extension("log"),
@@ -545,7 +583,8 @@ fn run_profile(o: &Options) -> ExitCode {
     for side in &o.sides {
         let stem = o.out.join(format!("profile-{}-{side}", w.name));
         let data = stem.with_extension("perf.data");
-        let args = profile::record_args(&data, &runner_path(side), &w.job.to_args());
+        let (exe, job) = o.runner(side, &w.job);
+        let args = profile::record_args(&data, &exe, &job.to_args());
         eprint!("sd-bench: profiling {side} (load {:.2}) ... ", child::loadavg());
         let r = child::run(Path::new("perf"), &args, &stem.with_extension("json"), &stem.with_extension("log"), o.timeout);
         if let Some(e) = r["error"].as_str() {

@@ -14,6 +14,7 @@
 //! loads everything in `new_sd_ctx`, where nothing needs subtracting.
 
 use serde_json::{json, Value};
+use std::ffi::{c_char, CStr, CString};
 use std::sync::{Mutex, OnceLock};
 use std::time::Instant;
 
@@ -48,11 +49,68 @@ pub struct Job {
     /// Component files held apart (`KEY=PATH`, KEY one of [`COMPONENTS`]), as DiT models
     /// come; `model` may then be empty.
     pub components: Vec<(String, String)>,
+    /// A shared library with the C API of `stable-diffusion.h` that the `sd-bench-lib`
+    /// runner loads (the other runners ignore it).
+    pub library: String,
 }
 
 /// Component keys of [`Job::components`], named after the `sd_ctx_params_t` fields
 /// (`diffusion_model` is `diffusion_model_path`, ...).
 pub const COMPONENTS: &[&str] = &["diffusion_model", "clip_l", "clip_g", "t5xxl", "llm", "vae"];
+
+/// The `sd_ctx_params_t` path field of a component key: `slots` are the fields named by
+/// [`COMPONENTS`], in that order (each runner has its own binding of the struct).
+pub fn component_slot<'a, T>(key: &str, slots: [&'a mut T; 6]) -> Result<&'a mut T, String> {
+    let i = COMPONENTS.iter().position(|k| *k == key).ok_or_else(|| format!("unknown component {key:?}"))?;
+    Ok(slots.into_iter().nth(i).expect("one slot per component"))
+}
+
+/// The path fields of an `sd_ctx_params_t` (any binding of it) in [`COMPONENTS`] order, for
+/// [`component_slot`].
+#[macro_export]
+macro_rules! component_slots {
+    ($p:expr) => {
+        [
+            &mut $p.diffusion_model_path,
+            &mut $p.clip_l_path,
+            &mut $p.clip_g_path,
+            &mut $p.t5xxl_path,
+            &mut $p.llm_path,
+            &mut $p.vae_path,
+        ]
+    };
+}
+
+/// A C string of a job's text.
+pub fn cstr(s: &str) -> Result<CString, String> {
+    CString::new(s).map_err(|_| format!("{s:?} contains a NUL byte"))
+}
+
+/// A static string of a library (version, system info); empty for NULL.
+pub fn lib_str(p: *const c_char) -> String {
+    if p.is_null() {
+        return String::new();
+    }
+    // SAFETY: the C API returns NUL-terminated strings it owns for the process lifetime.
+    unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned()
+}
+
+/// [`on_log`] for a C log callback: `sd_log_level_t`'s raw value (DEBUG, INFO, WARN,
+/// ERROR) and the library's text (NULL is ignored).
+pub fn on_c_log(level: i64, text: *const c_char) {
+    if text.is_null() {
+        return;
+    }
+    // SAFETY: the library passes a NUL-terminated buffer valid during the call.
+    let text = unsafe { CStr::from_ptr(text) }.to_string_lossy();
+    let level = match level {
+        0 => "debug",
+        1 => "info",
+        2 => "warn",
+        _ => "error",
+    };
+    on_log(level, &text);
+}
 
 /// `KEY=PATH` with a known key.
 pub fn parse_component(v: &str) -> Result<(String, String), String> {
@@ -83,6 +141,7 @@ impl Default for Job {
             upscale_model: String::new(),
             tile_size: 128,
             components: Vec::new(),
+            library: String::new(),
         }
     }
 }
@@ -136,6 +195,9 @@ impl Job {
         for (k, p) in &self.components {
             a.extend(["--component".into(), format!("{k}={p}")]);
         }
+        if !self.library.is_empty() {
+            a.extend(["--library".into(), self.library.clone()]);
+        }
         a
     }
 
@@ -163,6 +225,7 @@ impl Job {
                 "--upscale-model" => job.upscale_model = value()?,
                 "--tile-size" => job.tile_size = parse_num(&flag, &value()?)?,
                 "--component" => job.components.push(parse_component(&value()?)?),
+                "--library" => job.library = value()?,
                 _ => return Err(format!("unknown flag {flag:?}")),
             }
         }

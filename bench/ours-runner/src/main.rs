@@ -109,15 +109,7 @@ fn run(job: &Job) -> Result<Outcome<'static>, String> {
         ..CtxParams::default()
     };
     for (key, path) in &job.components {
-        let slot = match key.as_str() {
-            "diffusion_model" => &mut cp.diffusion_model_path,
-            "clip_l" => &mut cp.clip_l_path,
-            "clip_g" => &mut cp.clip_g_path,
-            "t5xxl" => &mut cp.t5xxl_path,
-            "llm" => &mut cp.llm_path,
-            "vae" => &mut cp.vae_path,
-            _ => return Err(format!("unknown component {key:?}")),
-        };
+        let slot = common::component_slot(key, sd_bench_common::component_slots!(cp))?;
         *slot = Some(path.clone());
     }
     device_setup(&mut cp, job.threads)?;

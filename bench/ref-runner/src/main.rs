@@ -4,39 +4,16 @@
 
 use diffusion_rs_sys as sys;
 use sd_bench_common::{self as common, Job, Outcome, Picture};
-use std::ffi::{c_char, c_void, CStr, CString};
+use common::{cstr, lib_str};
+use std::ffi::{c_char, c_void};
 use std::process::ExitCode;
 
 unsafe extern "C" fn log_cb(level: sys::sd_log_level_t, text: *const c_char, _data: *mut c_void) {
-    if text.is_null() {
-        return;
-    }
-    // SAFETY: the library passes a NUL-terminated buffer valid during the call.
-    let text = unsafe { CStr::from_ptr(text) }.to_string_lossy();
-    let level = match level {
-        sys::sd_log_level_t::SD_LOG_DEBUG => "debug",
-        sys::sd_log_level_t::SD_LOG_INFO => "info",
-        sys::sd_log_level_t::SD_LOG_WARN => "warn",
-        _ => "error",
-    };
-    common::on_log(level, &text);
+    common::on_c_log(level as i64, text);
 }
 
 unsafe extern "C" fn progress_cb(step: i32, steps: i32, time: f32, _data: *mut c_void) {
     common::on_progress(step, steps, time);
-}
-
-fn cstr(s: &str) -> Result<CString, String> {
-    CString::new(s).map_err(|_| format!("{s:?} contains a NUL byte"))
-}
-
-/// A static string of the library (version, system info).
-fn lib_str(p: *const c_char) -> String {
-    if p.is_null() {
-        return String::new();
-    }
-    // SAFETY: the library returns NUL-terminated strings it owns for the process lifetime.
-    unsafe { CStr::from_ptr(p) }.to_string_lossy().into_owned()
 }
 
 /// An ESRGAN upscale of the test image (`job.upscale_model`).
@@ -96,15 +73,7 @@ fn run(job: &Job) -> Result<Outcome<'static>, String> {
         sys::sd_ctx_params_init(&mut cp);
         cp.model_path = model.as_ptr();
         for ((key, _), path) in job.components.iter().zip(&components) {
-            let slot = match key.as_str() {
-                "diffusion_model" => &mut cp.diffusion_model_path,
-                "clip_l" => &mut cp.clip_l_path,
-                "clip_g" => &mut cp.clip_g_path,
-                "t5xxl" => &mut cp.t5xxl_path,
-                "llm" => &mut cp.llm_path,
-                "vae" => &mut cp.vae_path,
-                _ => return Err(format!("unknown component {key:?}")),
-            };
+            let slot = common::component_slot(key, sd_bench_common::component_slots!(cp))?;
             *slot = path.as_ptr();
         }
         cp.n_threads = job.threads;

@@ -286,17 +286,29 @@ pub fn convert_rows(
         to_f32(src, src_ty, dst, n_i64);
         return Ok(());
     }
-    // Other targets are made from f32.
-    let mut tmp: Vec<u8>;
-    let f32_src: &[u8] = if src_ty == SdType::F32 {
-        src
-    } else {
-        tmp = vec![0u8; n as usize * 4];
-        to_f32(src, src_ty, &mut tmp, n_i64);
-        &tmp
-    };
-    from_f32(f32_src, dst, dst_ty, nrows, n_per_row)
+    // Other targets are made from f32, a band of rows at a time: every type converts rows
+    // independently, so the bands give the same bytes as one pass, and a large tensor (a
+    // 152k-token embedding) needs no f32 copy of itself.
+    let src_row = (src.len() as u64 / nrows) as usize;
+    let dst_row = (dst.len() as u64 / nrows) as usize;
+    let band = (CONVERT_BAND_VALUES / n_per_row).clamp(1, nrows) as usize;
+    let mut tmp: Vec<u8> = Vec::new();
+    for (i, (s, d)) in src.chunks(band * src_row).zip(dst.chunks_mut(band * dst_row)).enumerate() {
+        let rows = (s.len() / src_row) as u64;
+        let f32_src: &[u8] = if src_ty == SdType::F32 {
+            s
+        } else {
+            tmp.resize((rows * n_per_row) as usize * 4, 0);
+            to_f32(s, src_ty, &mut tmp, (rows * n_per_row) as i64);
+            &tmp
+        };
+        from_f32(f32_src, d, dst_ty, rows, n_per_row, (i * band) as u64 * n_per_row)?;
+    }
+    Ok(())
 }
+
+/// Values converted per band of rows (4 MiB of f32).
+const CONVERT_BAND_VALUES: u64 = 1 << 20;
 
 /// `dst` holds `n` f32 values; `src` holds `n` values of `src_ty` (checked by the caller).
 fn to_f32(src: &[u8], src_ty: SdType, dst: &mut [u8], n: i64) {
@@ -315,7 +327,8 @@ fn to_f32(src: &[u8], src_ty: SdType, dst: &mut [u8], n: i64) {
     }
 }
 
-fn from_f32(src: &[u8], dst: &mut [u8], dst_ty: SdType, nrows: u64, n_per_row: u64) -> Result<()> {
+/// `first` is the index of `src`'s first value in the whole tensor (for the error message).
+fn from_f32(src: &[u8], dst: &mut [u8], dst_ty: SdType, nrows: u64, n_per_row: u64, first: u64) -> Result<()> {
     let n = (nrows * n_per_row) as usize;
     // ggml wants aligned f32 input; copy when the caller's bytes are not.
     let aligned: Vec<f32>;
@@ -329,7 +342,7 @@ fn from_f32(src: &[u8], dst: &mut [u8], dst_ty: SdType, nrows: u64, n_per_row: u
     debug_assert_eq!(values.len(), n);
     if needs_finite_input(dst_ty) {
         if let Some(i) = values.iter().position(|v| !v.is_finite()) {
-            bail!("element {} is not finite; it cannot be quantized to {}", i, dst_ty.name());
+            bail!("element {} is not finite; it cannot be quantized to {}", first + i as u64, dst_ty.name());
         }
     }
     if dst_ty == SdType::F16 {
@@ -443,5 +456,32 @@ mod tests {
         let nan: Vec<u8> = (0..256).flat_map(|i| if i == 3 { f32::NAN } else { 0.5f32 }.to_le_bytes()).collect();
         let mut iq = vec![0u8; nbytes(SdType::Iq4Nl, &[256]).unwrap() as usize];
         assert!(convert_rows(&nan, SdType::F32, &mut iq, SdType::Iq4Nl, 1, 256).is_err());
+    }
+
+    /// A tensor of several bands converts to the same bytes as its rows one by one, and a
+    /// bad value is named by its index in the whole tensor.
+    #[test]
+    fn bands_of_rows_convert_like_single_rows() {
+        let n_per_row = 256u64;
+        let nrows = CONVERT_BAND_VALUES / n_per_row * 2 + 3;
+        let n = (nrows * n_per_row) as usize;
+        let f32s: Vec<u8> = (0..n).flat_map(|i| (((i * 7919 % 1000) as f32 - 500.0) / 97.0).to_le_bytes()).collect();
+        let mut src = vec![0u8; n * 2];
+        convert_rows(&f32s, SdType::F32, &mut src, SdType::F16, nrows, n_per_row).unwrap();
+        for ty in [SdType::Q8_0, SdType::Q4K, SdType::F32] {
+            let row = nbytes(ty, &[n_per_row as i64]).unwrap() as usize;
+            let mut whole = vec![0u8; row * nrows as usize];
+            convert_rows(&src, SdType::F16, &mut whole, ty, nrows, n_per_row).unwrap();
+            for r in [0usize, 4095, 4096, nrows as usize - 1] {
+                let mut one = vec![0u8; row];
+                convert_rows(&src[r * 512..(r + 1) * 512], SdType::F16, &mut one, ty, 1, n_per_row).unwrap();
+                assert_eq!(&whole[r * row..(r + 1) * row], &one[..], "{ty:?} row {r}");
+            }
+        }
+        let bad = n - 5;
+        let f32s: Vec<u8> = (0..n).flat_map(|i| if i == bad { f32::INFINITY } else { 0.25f32 }.to_le_bytes()).collect();
+        let mut iq = vec![0u8; nbytes(SdType::Iq4Nl, &[n_per_row as i64, nrows as i64]).unwrap() as usize];
+        let e = convert_rows(&f32s, SdType::F32, &mut iq, SdType::Iq4Nl, nrows, n_per_row).unwrap_err();
+        assert!(e.to_string().contains(&format!("element {bad} ")), "{e}");
     }
 }

@@ -221,6 +221,16 @@ impl Placement {
         Placement { module, compute, split: Vec::new(), weights: WeightHome::Compute, max_vram: 0, stream_layers: false }
     }
 
+    /// This placement, or with `resident` false its weights read from the model files for
+    /// each phase and freed at its end (the large text encoders between conditionings).
+    pub fn resident_or_per_phase(&self, resident: bool) -> Placement {
+        let mut place = self.clone();
+        if !resident {
+            place.weights = WeightHome::Disk;
+        }
+        place
+    }
+
     /// The backend a `ParamStore` of this module is allocated on at load time (None: the
     /// weights are read per phase, `params_backend=disk`).
     pub fn weights_backend(&self) -> Option<&Arc<Backend>> {

@@ -66,6 +66,25 @@ impl<M> Loaded<M> {
     pub fn parts(&mut self) -> (&M, &mut Runner) {
         (&self.model, &mut self.runner)
     }
+
+    /// `f` on the model and runner with the weights usable: inside a phase as they are,
+    /// outside one in a phase of its own (the weights read for the call and freed after).
+    /// The compute buffer is released after either way.
+    pub fn run_in_phase<R>(&mut self, f: impl FnOnce(&M, &mut Runner) -> Result<R>) -> Result<R>
+    where
+        M: Send,
+    {
+        let own_phase = !self.store.is_allocated();
+        if own_phase {
+            Component::begin(self)?;
+        }
+        let result = f(&self.model, &mut self.runner);
+        self.runner.release();
+        if own_phase {
+            Component::end(self);
+        }
+        result
+    }
 }
 
 impl<M: Send> Component for Loaded<M> {

@@ -19,7 +19,7 @@
 use super::loader::Weights;
 use super::prompt::{is_break, parse_prompt_attention, PadOptions, WeightedTokens};
 use crate::error::Result;
-use crate::graph::{Component, Loaded, Placement, Runner, WeightHome, WeightsMut};
+use crate::graph::{Component, Loaded, Placement, Runner, WeightsMut};
 use crate::models::te::t5::{self, T5Config, T5Model};
 use crate::models::te::t5_tokenizer::{T5Tokenizer, T5Vocab};
 use crate::tensor::Tensor;
@@ -117,10 +117,7 @@ impl T5Encoder {
         ensure!(weights.has_prefix(prefix), "no T5 weights under '{prefix}' in the model files");
         let cfg = T5Config::detect(weights.types(), &|n| weights.shape_of(n), prefix, vocab == T5Vocab::Umt5);
         sd_debug!("T5: {cfg:?}");
-        let mut place = placement.clone();
-        if residency == Residency::OnDemand {
-            place.weights = WeightHome::Disk;
-        }
+        let place = placement.resident_or_per_phase(residency != Residency::OnDemand);
         let net = weights.load_model(place, n_threads, prefix, "t5", |s| T5Model::new(s, &cfg))?;
         Ok(T5Encoder { net, tokenizer: T5Tokenizer::shared(vocab)?, residency, in_phase: false })
     }

@@ -12,7 +12,7 @@
 use super::qwen_edit::{self, VisionTower};
 use super::{CondRequest, Conditioner};
 use crate::error::{Context as _, Result};
-use crate::graph::{Component, Components, Loaded, Placement, WeightHome};
+use crate::graph::{Component, Components, Loaded, Placement};
 use crate::models::te::bpe::BpeTokenizer;
 use crate::models::te::llm::{self, causal_mask, LlmArch, LlmConfig, LlmModel, LLM_PREFIX};
 use crate::models::te::{mistral_tokenizer, qwen_tokenizer};
@@ -125,11 +125,7 @@ impl LlmText {
         ensure!(weights.has_prefix(LLM_PREFIX), "no LLM text encoder weights (llm_path) in the model files");
         let cfg = LlmConfig::detect(weights.types(), &|n| weights.shape_of(n), LLM_PREFIX, arch);
         ensure!(cfg.num_layers > 0, "the LLM text encoder has no layers under '{LLM_PREFIX}model.layers.'");
-        let mut place = place.clone();
-        if !resident {
-            place.weights = WeightHome::Disk;
-        }
-        let net = weights.load_model(place, n_threads, LLM_PREFIX, "llm", |s| LlmModel::new(s, &cfg))?;
+        let net = weights.load_model(place.resident_or_per_phase(resident), n_threads, LLM_PREFIX, "llm", |s| LlmModel::new(s, &cfg))?;
         Ok(LlmText { net, tokenizer: tokenizer_for(arch)? })
     }
 
@@ -151,19 +147,9 @@ impl LlmText {
     /// token embeddings from their index on.
     pub fn encode_with_images(&mut self, tokens: &LlmTokens, out_layers: &[i32], images: &[(usize, Tensor)]) -> Result<Tensor> {
         let start = Instant::now();
-        let own_phase = !self.net.store().is_allocated();
-        if own_phase {
-            Component::begin(&mut self.net)?;
-        }
         let ids: Vec<i32> = tokens.ids.iter().map(|&t| i32::try_from(t).unwrap_or(-1)).collect();
         let mask = causal_mask(&tokens.keep);
-        let (model, runner) = self.net.parts();
-        let result = llm::hidden_states_with_images(runner, model, &ids, Some(&mask), out_layers, images);
-        runner.release();
-        if own_phase {
-            Component::end(&mut self.net);
-        }
-        let mut h = result?;
+        let mut h = self.net.run_in_phase(|model, runner| llm::hidden_states_with_images(runner, model, &ids, Some(&mask), out_layers, images))?;
         let (width, n) = (h.ne(0), tokens.ids.len());
         h = h.reshape(&[width, n])?;
         apply_token_weights(&mut h, &tokens.weights, n)?;

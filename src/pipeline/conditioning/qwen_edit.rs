@@ -6,7 +6,7 @@
 
 use super::llm::LlmText;
 use crate::error::Result;
-use crate::graph::{Component, Loaded, Placement, WeightHome};
+use crate::graph::{Component, Loaded, Placement};
 use crate::models::te::qwen_vision::{self, QwenVisionModel, VisionConfig, VISION_PREFIX};
 use crate::pipeline::loader::Weights;
 use crate::pipeline::ref_images::{RefImageParams, VlmResizeMode};
@@ -44,11 +44,7 @@ impl VisionTower {
             cfg.out_hidden_size
         );
         sd_debug!("enable llm vision: {} blocks of {}, {} heads", cfg.num_layers, cfg.hidden_size, cfg.num_heads);
-        let mut place = place.clone();
-        if !resident {
-            place.weights = WeightHome::Disk;
-        }
-        let net = weights.load_model(place, n_threads, VISION_PREFIX, "llm vision", |s| QwenVisionModel::new(s, &cfg))?;
+        let net = weights.load_model(place.resident_or_per_phase(resident), n_threads, VISION_PREFIX, "llm vision", |s| QwenVisionModel::new(s, &cfg))?;
         Ok(Some(VisionTower { net }))
     }
 
@@ -59,17 +55,7 @@ impl VisionTower {
     /// Embeddings `[width, tokens]` of a preprocessed image; outside a conditioning phase
     /// the weights are read and freed around the call.
     pub fn encode(&mut self, image: &Tensor) -> Result<Tensor> {
-        let own_phase = !self.net.store().is_allocated();
-        if own_phase {
-            Component::begin(&mut self.net)?;
-        }
-        let (model, runner) = self.net.parts();
-        let result = qwen_vision::encode_image(runner, model, image);
-        runner.release();
-        if own_phase {
-            Component::end(&mut self.net);
-        }
-        result
+        self.net.run_in_phase(|model, runner| qwen_vision::encode_image(runner, model, image))
     }
 
     pub fn component(&mut self) -> &mut dyn Component {

@@ -101,17 +101,16 @@ suite csharp bindings/csharp/run.sh "$prefix"
 # module built apart and loaded from SD_GGML_BACKEND_DIR. lavapipe is a CPU-type Vulkan
 # device, which ggml lists only when asked for by index (GGML_VK_VISIBLE_DEVICES); the
 # heavy model tests run one at a time.
-device_suite() { # extra-features test-name-filter env...
-    local extra=$1 filter=$2
-    shift 2
-    env "$@" cargo test --release "${cargo_features[@]}" ${extra:+--features "$extra"} --test devices -- \
-        --test-threads=1 "$filter"
+device_suite() { # test-name-filter env...
+    local filter=$1
+    shift
+    env "$@" cargo test --release "${cargo_features[@]}" --test devices -- --test-threads=1 "$filter"
 }
 # GGML_VK_DISABLE_F16: ggml-vulkan accumulates matrix products in f16 where the graph does
 # not ask for f32 (as the reference's graphs do not); that moves 64x64 pictures by up to 6
 # grey levels (mean 0.9), outside the golden tolerance made on the CPU. f32 on the device
 # keeps the comparison meaningful.
-suite rpc device_suite "" rpc_ SD_TEST_RPC=1
+suite rpc device_suite rpc_ SD_TEST_RPC=1
 vulkan_suite() {
     local modules
     modules=$(scripts/build-backend.sh vulkan "$root/target/backends") || return 1
@@ -119,7 +118,7 @@ vulkan_suite() {
     [ "${SD_TEST_DEVICES:-}" = full ] && level=full
     # LP_NATIVE_VECTOR_WIDTH=256: with its 512-bit code on AVX-512 CPUs Debian 12's llvmpipe
     # (Mesa 22.3) corrupted the heap in most runs; 256 makes it rarer, not gone.
-    device_suite "" vulkan_ SD_GGML_BACKEND_DIR="$modules" SD_TEST_VULKAN=$level GGML_VK_VISIBLE_DEVICES=0 \
+    device_suite vulkan_ SD_GGML_BACKEND_DIR="$modules" SD_TEST_VULKAN=$level GGML_VK_VISIBLE_DEVICES=0 \
         GGML_VK_DISABLE_F16=1 LP_NATIVE_VECTOR_WIDTH=256
 }
 if [ -n "${SD_TEST_DEVICES:-}" ] || [[ ",$only," == *",vulkan,"* ]]; then

@@ -27,6 +27,7 @@ use crate::runtime::schedulers;
 use crate::runtime::tiling::{retry_tiling, TilingParams};
 use crate::tensor::Tensor;
 use crate::types::{Prediction, Preview, SampleMethod, Scheduler};
+use std::borrow::Cow;
 use std::cell::RefCell;
 use std::time::Instant;
 
@@ -591,18 +592,13 @@ fn send_preview(
         return;
     }
     // A stack of layers is previewed as one picture per layer.
-    let stack: Vec<Tensor>;
-    let layers: Vec<&Tensor> = if latents.shape().len() == 5 {
-        stack = match (0..latents.ne(2)).map(|i| latent_layer(latents, i)).collect::<Result<Vec<_>>>() {
-            Ok(v) => v,
-            Err(e) => {
-                sd_error!("preview failed at step {step}: {e}");
-                return;
-            }
-        };
-        stack.iter().collect()
-    } else {
-        vec![latents]
+    let stacked = (latents.shape().len() == 5).then(|| latents.ne(2));
+    let layers = match picture_latents(latents, stacked) {
+        Ok(v) => v,
+        Err(e) => {
+            sd_error!("preview failed at step {step}: {e}");
+            return;
+        }
     };
     let images: Result<Vec<Image>> = match config.mode {
         Preview::Proj => layers.iter().map(|l| preview::project(l, projection)).collect(),
@@ -811,6 +807,17 @@ fn blend(denoised: &Tensor, init: &Tensor, mask: &Tensor) -> Result<Tensor> {
     Ok(kept.zip(&orig, |a, b| a + b))
 }
 
+/// The latents of the pictures one final latent gives: with `layers`, each of the first
+/// `layers` layers of a stack `[W, H, T, C, 1]` (the reference's message when it has fewer),
+/// else the latent itself.
+fn picture_latents(lat: &Tensor, layers: Option<usize>) -> Result<Vec<Cow<'_, Tensor>>> {
+    let Some(n) = layers else {
+        return Ok(vec![Cow::Borrowed(lat)]);
+    };
+    ensure!(lat.shape().len() == 5 && lat.ne(2) >= n, "qwen image layered expected at least {n} latent layers, got shape dim={}", lat.shape().len());
+    (0..n).map(|i| latent_layer(lat, i).map(Cow::Owned)).collect()
+}
+
 /// Layer `i` `[W, H, C, 1]` of a stack of latents `[W, H, T, C, 1]`.
 fn latent_layer(stack: &Tensor, i: usize) -> Result<Tensor> {
     let (w, h, t, c) = (stack.ne(0), stack.ne(1), stack.ne(2), stack.ne(3));
@@ -871,28 +878,16 @@ fn decode_each(
             break;
         }
         let t = Instant::now();
-        match layers {
-            Some(n) => {
-                ensure!(
-                    lat.shape().len() == 5 && lat.ne(2) >= n,
-                    "qwen image layered expected at least {n} latent layers, got shape dim={}",
-                    lat.shape().len()
-                );
-                for layer in 0..n {
-                    if cancel.stop_now() {
-                        sd_error!("cancelling latent decodings");
-                        break 'latents;
-                    }
-                    let decoded = decode_latent(fs, &latent_layer(lat, layer)?, tiling, circular)
-                        .map_err(|e| Error::new(format!("decode_first_stage failed for latent {} layer {}: {e}", i + 1, layer + 1)))?;
-                    images.push(tensor_to_image(&decoded, 0)?);
-                }
+        let pieces = picture_latents(lat, layers)?;
+        for (layer, piece) in pieces.iter().enumerate() {
+            // Between the layers of a stack too.
+            if layer > 0 && cancel.stop_now() {
+                sd_error!("cancelling latent decodings");
+                break 'latents;
             }
-            None => {
-                let decoded = decode_latent(fs, lat, tiling, circular)
-                    .map_err(|e| Error::new(format!("decode_first_stage failed for latent {}: {e}", i + 1)))?;
-                images.push(tensor_to_image(&decoded, 0)?);
-            }
+            let what = if layers.is_some() { format!("latent {} layer {}", i + 1, layer + 1) } else { format!("latent {}", i + 1) };
+            let decoded = decode_latent(fs, piece, tiling, circular).map_err(|e| Error::new(format!("decode_first_stage failed for {what}: {e}")))?;
+            images.push(tensor_to_image(&decoded, 0)?);
         }
         sd_info!("latent {} decoded, taking {:.2}s", i + 1, t.elapsed().as_secs_f32());
     }

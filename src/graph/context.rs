@@ -143,7 +143,7 @@ impl Graph {
     /// A graph with room for `max_nodes` nodes.
     pub fn with_nodes(max_nodes: usize) -> Result<Graph> {
         // SAFETY: pure functions.
-        let size = max_nodes * unsafe_overhead() + unsafe { g::ggml_graph_overhead_custom(max_nodes, false) };
+        let size = max_nodes * (unsafe_overhead() + super::matmul::OP_DATA_ROOM) + unsafe { g::ggml_graph_overhead_custom(max_nodes, false) };
         Ok(Graph {
             ctx: Ctx::with_size(size, true)?,
             inputs: RefCell::new(Vec::new()),

@@ -95,6 +95,32 @@ fn flat<'g>(a: T<'g>, b: T<'g>) -> Option<T<'g>> {
     custom(a, b.reshape(&[k, n * b2 * b3]), IMP_AUTO).map(|t| t.reshape(&[m, n, b2, b3]))
 }
 
+/// What the op's user-data word points at: the node's task queue and implementation.
+#[repr(C)]
+struct OpData {
+    queue: gemm::TaskQueue,
+    imp: usize,
+}
+
+/// Room an op's data takes in the graph's context (ggml's object header included).
+pub(crate) const OP_DATA_ROOM: usize = 64;
+
+/// The user-data word of a new node: its `OpData` in the graph's context (which lives as
+/// long as the node), or the bare implementation number when the context has no room left
+/// (the threads then take fixed shares).
+fn op_data(ctx: *mut g::ggml_context, imp: usize) -> *mut c_void {
+    // SAFETY: a live context; the buffer is ours, aligned (ggml aligns objects to 16) and
+    // large enough, and initialised before use.
+    unsafe {
+        if g::ggml_get_mem_size(ctx).saturating_sub(g::ggml_used_mem(ctx)) < OP_DATA_ROOM {
+            return imp as *mut c_void;
+        }
+        let d = g::ggml_new_buffer(ctx, std::mem::size_of::<OpData>()) as *mut OpData;
+        d.write(OpData { queue: gemm::TaskQueue::new(), imp });
+        d as *mut c_void
+    }
+}
+
 /// The custom op node, or None when the kernels do not apply.
 fn custom<'g>(a: T<'g>, b: T<'g>, imp: usize) -> Option<T<'g>> {
     // SAFETY: live tensors of this graph; only metadata is read.
@@ -105,25 +131,33 @@ fn custom<'g>(a: T<'g>, b: T<'g>, imp: usize) -> Option<T<'g>> {
     let [_, m, _, _] = a.ne();
     let [_, n, b2, b3] = b.ne();
     let mut args = [a.raw(), b.raw()];
+    let data = op_data(a.ctx(), imp);
     // SAFETY: a live context and sources; the callback reads the sources and writes only its
-    // own output; the user-data word is a plain integer.
-    let p = unsafe {
-        g::ggml_custom_4d(a.ctx(), F32, m, n, b2, b3, args.as_mut_ptr(), 2, Some(compute), -1, imp as *mut c_void)
-    };
+    // own output; the user-data word is a plain integer or points into the same context.
+    let p = unsafe { g::ggml_custom_4d(a.ctx(), F32, m, n, b2, b3, args.as_mut_ptr(), 2, Some(compute), -1, data) };
     Some(a.wrap(p))
 }
 
-/// The op body: thread `ith` of `nth` computes its share of the output tasks.
+/// The op body: thread `ith` of `nth` computes output tasks until none is left.
 unsafe extern "C" fn compute(dst: *mut g::ggml_tensor, ith: c_int, nth: c_int, userdata: *mut c_void) {
     // A panic must not unwind into ggml's C threads.
     let _ = std::panic::catch_unwind(|| {
         // SAFETY: ggml calls this with the node built by `custom`: sources a, b and an f32
-        // output of [M, N, ne12, ne13], all allocated; `problem` accepted these shapes.
+        // output of [M, N, ne12, ne13], all allocated; `problem` accepted these shapes. A
+        // user-data word above the implementation numbers is that node's `OpData`, and
+        // ggml runs a custom op with n_tasks -1 on all of its threads.
         unsafe {
             let d = &*dst;
             let Some(p) = problem(&*d.src[0], &*d.src[1], Some(d)) else { return };
-            let imp = if userdata as usize == IMP_SCALAR { Imp::Scalar } else { Imp::Auto };
-            gemm::run(&p, ith.max(0) as usize, nth.max(1) as usize, imp);
+            let (imp, queue) = match userdata as usize {
+                word @ (IMP_AUTO | IMP_SCALAR) => (word, None),
+                _ => {
+                    let data = &*(userdata as *const OpData);
+                    (data.imp, Some(&data.queue))
+                }
+            };
+            let imp = if imp == IMP_SCALAR { Imp::Scalar } else { Imp::Auto };
+            gemm::run(&p, ith.max(0) as usize, nth.max(1) as usize, imp, queue);
         }
     });
 }

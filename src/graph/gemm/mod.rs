@@ -9,6 +9,7 @@ pub(crate) mod scalar;
 pub(crate) mod x86;
 
 use std::cell::RefCell;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 /// Element type of an operand's rows.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -146,16 +147,58 @@ pub(crate) fn vector_kernels_available() -> bool {
     }
 }
 
-/// Thread `ith` of `nth`: its share of the tasks (a contiguous run).
+/// A product's tasks handed out to its threads as they ask for them: with a fixed share
+/// each, a thread the OS delays (two vCPUs shared with anything else) leaves the others
+/// spinning at ggml's barrier after every product. Lives in the graph's context, one per
+/// node; ggml runs every node on all `nth` threads (or, when a compute is aborted, on
+/// none), so the last thread to find the queue empty rewinds it for the next compute.
+#[repr(C)]
+pub(crate) struct TaskQueue {
+    next: AtomicUsize,
+    finished: AtomicUsize,
+}
+
+impl TaskQueue {
+    pub(crate) const fn new() -> TaskQueue {
+        TaskQueue { next: AtomicUsize::new(0), finished: AtomicUsize::new(0) }
+    }
+}
+
+/// Marks a thread done with a queue, also when its task panicked.
+struct Finish<'q> {
+    queue: &'q TaskQueue,
+    nth: usize,
+}
+
+impl Drop for Finish<'_> {
+    fn drop(&mut self) {
+        if self.queue.finished.fetch_add(1, Ordering::AcqRel) + 1 == self.nth {
+            self.queue.next.store(0, Ordering::Relaxed);
+            self.queue.finished.store(0, Ordering::Release);
+        }
+    }
+}
+
+/// Thread `ith` of `nth` computes tasks: from `queue` until none is left, or without one
+/// its fixed share (a contiguous run).
 ///
 /// # Safety
 /// `p` must describe live memory: `a`, `b` readable over every row and batch it names, the
-/// output writable, and no other thread may write the outputs of this thread's share.
-pub(crate) unsafe fn run(p: &Problem, ith: usize, nth: usize, imp: Imp) {
+/// output writable, and no other thread may write the outputs of this thread's tasks. With
+/// a queue, all `nth` threads must call this for the same compute.
+pub(crate) unsafe fn run(p: &Problem, ith: usize, nth: usize, imp: Imp, queue: Option<&TaskQueue>) {
     let nth = nth.max(1);
     let grid = p.grid(nth);
     let count = grid.4;
-    let mine = (count * ith / nth..count * (ith + 1) / nth).map(|i| p.task(grid, i));
+    let _finish = queue.map(|queue| Finish { queue, nth });
+    let mut fixed = count * ith / nth..count * (ith + 1) / nth;
+    let mine = std::iter::from_fn(move || {
+        let i = match queue {
+            Some(q) => q.next.fetch_add(1, Ordering::Relaxed),
+            None => fixed.next()?,
+        };
+        (i < count).then(|| p.task(grid, i))
+    });
     #[cfg(target_arch = "x86_64")]
     {
         if imp == Imp::Auto && x86::available() {
@@ -213,6 +256,115 @@ unsafe fn scalar_task(p: &Problem, t: &Task) {
                     }
                 }
             }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A queue shared by real threads computes every output once, compute after compute
+    /// (the last thread rewinds it), and gives what fixed shares give.
+    #[test]
+    fn task_queue_covers_every_task_and_rewinds() {
+        let (k, m, n) = (64, 70, 130);
+        let a: Vec<f32> = (0..k * m).map(|i| ((i * 7 % 13) as f32 - 6.0) * 0.25).collect();
+        let b: Vec<f32> = (0..k * n).map(|i| ((i * 5 % 11) as f32 - 5.0) * 0.5).collect();
+        let problem = |out: &mut Vec<f32>| Problem {
+            dot: Dot::F32,
+            k,
+            m,
+            n,
+            a: Operand { ptr: a.as_ptr() as *const u8, ty: Elem::F32, nb: [4 * k, 4 * k * m, 4 * k * m] },
+            b: Operand { ptr: b.as_ptr() as *const u8, ty: Elem::F32, nb: [4 * k, 4 * k * n, 4 * k * n] },
+            batch: [1, 1],
+            bcast: [1, 1],
+            out: out.as_mut_ptr() as *mut u8,
+            out_nb: [4 * m, 4 * m * n, 4 * m * n],
+        };
+        let mut want = vec![0f32; m * n];
+        let p = problem(&mut want);
+        // SAFETY: the problem's buffers outlive the call; one thread.
+        unsafe { run(&p, 0, 1, Imp::Auto, None) };
+        let queue = TaskQueue::new();
+        for nth in [3, 2, 3] {
+            let mut got = vec![f32::NAN; m * n];
+            let p = problem(&mut got);
+            std::thread::scope(|s| {
+                for ith in 0..nth {
+                    let (p, queue) = (&p, &queue);
+                    // SAFETY: buffers outlive the scope; the queue gives each task to one thread.
+                    s.spawn(move || unsafe { run(p, ith, nth, Imp::Auto, Some(queue)) });
+                }
+            });
+            assert_eq!(got.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), want.iter().map(|v| v.to_bits()).collect::<Vec<_>>());
+            assert_eq!(queue.next.load(Ordering::Relaxed), 0);
+        }
+    }
+
+    fn thread_cpu_s() -> f64 {
+        let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+        // SAFETY: a valid timespec to fill.
+        unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) };
+        ts.tv_sec as f64 + ts.tv_nsec as f64 * 1e-9
+    }
+
+    /// One thread's GFLOP per CPU second on SD 1.x product shapes (kernels only; the CPU
+    /// time, so other load on the machine does not count):
+    /// `cargo test --release --lib kernel_throughput -- --ignored --nocapture`.
+    #[test]
+    #[ignore]
+    fn kernel_throughput() {
+        // (what, dot, a elem, b elem, k, m, n)
+        let shapes = [
+            ("conv 3x3 320, 64x64", Dot::F16, Elem::F16, Elem::F16, 2880, 4096, 320),
+            ("conv 3x3 1280, 16x16", Dot::F16, Elem::F16, Elem::F16, 11520, 256, 1280),
+            ("linear 320->2560", Dot::F16, Elem::F16, Elem::F32, 320, 2560, 1024),
+            ("attn v.s d40", Dot::F32, Elem::F32, Elem::F32, 4096, 40, 1024),
+            ("attn q.k d40", Dot::F32, Elem::F32, Elem::F32, 40, 4096, 512),
+            ("q8_0 linear 320->2560", Dot::Q8_0, Elem::Q8_0, Elem::F32, 320, 2560, 1024),
+        ];
+        for (what, dot, ea, eb, k, m, n) in shapes {
+            let bytes = |e: Elem, rows: usize| match e {
+                Elem::F16 => (0..rows * k).flat_map(|i| scalar::f32_to_f16(((i * 7 % 13) as f32 - 6.0) * 0.01).to_le_bytes()).collect::<Vec<u8>>(),
+                Elem::F32 => (0..rows * k).flat_map(|i| (((i * 5 % 11) as f32 - 5.0) * 0.01).to_le_bytes()).collect(),
+                Elem::Q8_0 => (0..rows * k / 32).flat_map(|i| {
+                    let mut blk = vec![0u8; scalar::Q8_0_BYTES];
+                    blk[..2].copy_from_slice(&scalar::f32_to_f16(0.01).to_le_bytes());
+                    for (j, q) in blk[2..].iter_mut().enumerate() {
+                        *q = ((i + j) % 200) as u8;
+                    }
+                    blk
+                }).collect(),
+            };
+            let (a, b) = (bytes(ea, m), bytes(eb, n));
+            let mut out = vec![0f32; m * n];
+            let row = |e: Elem| match e {
+                Elem::F16 => 2 * k,
+                Elem::F32 => 4 * k,
+                Elem::Q8_0 => k / 32 * scalar::Q8_0_BYTES,
+            };
+            let p = Problem {
+                dot,
+                k,
+                m,
+                n,
+                a: Operand { ptr: a.as_ptr(), ty: ea, nb: [row(ea), row(ea) * m, row(ea) * m] },
+                b: Operand { ptr: b.as_ptr(), ty: eb, nb: [row(eb), row(eb) * n, row(eb) * n] },
+                batch: [1, 1],
+                bcast: [1, 1],
+                out: out.as_mut_ptr() as *mut u8,
+                out_nb: [4 * m, 4 * m * n, 4 * m * n],
+            };
+            let mut best = f64::MAX;
+            for _ in 0..3 {
+                let t = thread_cpu_s();
+                // SAFETY: buffers outlive the call; one thread.
+                unsafe { run(&p, 0, 1, Imp::Auto, None) };
+                best = best.min(thread_cpu_s() - t);
+            }
+            println!("{what}: {:.1} GFLOP per CPU s", 2.0 * (k * m * n) as f64 / best / 1e9);
         }
     }
 }

@@ -52,6 +52,30 @@ impl Ctx {
     }
 }
 
+/// Room an op's data takes in the graph's context (ggml's object header included): one
+/// such record per node is budgeted in every graph's context.
+pub(crate) const OP_DATA_ROOM: usize = 64;
+
+/// Moves `v` into the context's own memory, where it lives as long as the context's nodes
+/// (custom ops point their user data at it); None when it does not fit. `v` is never
+/// dropped, so it must not own anything.
+pub(crate) fn store_in_ctx<V>(ctx: *mut g::ggml_context, v: V) -> Option<*mut V> {
+    let size = std::mem::size_of::<V>();
+    if std::mem::needs_drop::<V>() || size + 32 > OP_DATA_ROOM || std::mem::align_of::<V>() > 16 {
+        return None;
+    }
+    // SAFETY: a live context; the buffer is new, aligned to 16 by ggml and `size` long, and
+    // initialised before anyone reads it.
+    unsafe {
+        if g::ggml_get_mem_size(ctx).saturating_sub(g::ggml_used_mem(ctx)) < OP_DATA_ROOM {
+            return None;
+        }
+        let d = g::ggml_new_buffer(ctx, size) as *mut V;
+        d.write(v);
+        Some(d)
+    }
+}
+
 fn unsafe_overhead() -> usize {
     // SAFETY: pure function.
     unsafe { g::ggml_tensor_overhead() }
@@ -88,6 +112,9 @@ pub struct GraphOptions {
     /// On the CPU, matrix products by our kernels (`graph::matmul`: ggml's AVX2 values on
     /// every CPU, faster) instead of ggml's `mul_mat`.
     pub cpu_own_matmul: bool,
+    /// On the CPU, 3×3 convolutions by Winograd's F(2×2, 3×3) (`graph::winograd`): float
+    /// rounding differs from ggml's; off for quantized models (see there).
+    pub cpu_winograd: bool,
 }
 
 impl Default for GraphOptions {
@@ -112,6 +139,7 @@ impl Default for GraphOptions {
             cpu_scores_limit: scores_limit,
             cpu_fast_im2col: fast_im2col,
             cpu_own_matmul: !matches!(std::env::var("SD_CPU_OWN_MATMUL").as_deref().map(str::trim), Ok("0" | "off")),
+            cpu_winograd: !matches!(std::env::var("SD_CPU_WINOGRAD").as_deref().map(str::trim), Ok("0" | "off")),
         }
     }
 }
@@ -143,7 +171,7 @@ impl Graph {
     /// A graph with room for `max_nodes` nodes.
     pub fn with_nodes(max_nodes: usize) -> Result<Graph> {
         // SAFETY: pure functions.
-        let size = max_nodes * (unsafe_overhead() + super::matmul::OP_DATA_ROOM) + unsafe { g::ggml_graph_overhead_custom(max_nodes, false) };
+        let size = max_nodes * (unsafe_overhead() + OP_DATA_ROOM) + unsafe { g::ggml_graph_overhead_custom(max_nodes, false) };
         Ok(Graph {
             ctx: Ctx::with_size(size, true)?,
             inputs: RefCell::new(Vec::new()),

@@ -102,22 +102,13 @@ struct OpData {
     imp: usize,
 }
 
-/// Room an op's data takes in the graph's context (ggml's object header included).
-pub(crate) const OP_DATA_ROOM: usize = 64;
-
 /// The user-data word of a new node: its `OpData` in the graph's context (which lives as
 /// long as the node), or the bare implementation number when the context has no room left
 /// (the threads then take fixed shares).
 fn op_data(ctx: *mut g::ggml_context, imp: usize) -> *mut c_void {
-    // SAFETY: a live context; the buffer is ours, aligned (ggml aligns objects to 16) and
-    // large enough, and initialised before use.
-    unsafe {
-        if g::ggml_get_mem_size(ctx).saturating_sub(g::ggml_used_mem(ctx)) < OP_DATA_ROOM {
-            return imp as *mut c_void;
-        }
-        let d = g::ggml_new_buffer(ctx, std::mem::size_of::<OpData>()) as *mut OpData;
-        d.write(OpData { queue: gemm::TaskQueue::new(), imp });
-        d as *mut c_void
+    match super::context::store_in_ctx(ctx, OpData { queue: gemm::TaskQueue::new(), imp }) {
+        Some(d) => d as *mut c_void,
+        None => imp as *mut c_void,
     }
 }
 
@@ -469,4 +460,5 @@ mod tests {
         }
     }
 }
+
 

@@ -10,6 +10,7 @@ pub(crate) mod gemm;
 pub(crate) mod im2col;
 pub mod loaded;
 pub(crate) mod matmul;
+pub(crate) mod winograd;
 pub mod nn;
 pub mod ops;
 pub mod params;

@@ -231,6 +231,8 @@ pub fn conv_2d<'g>(
     let direct = |x: T<'g>| w.conv_2d_direct(x, stride.0, stride.1, p0, p1, dilation.0, dilation.1);
     x = if g.options.conv_direct {
         direct(x)
+    } else if let Some(y) = super::winograd::conv3x3(g, x, w, stride, (p0, p1), dilation) {
+        y
     } else if big {
         conv_in_bands(g, w, x, stride, (p0, p1), dilation).unwrap_or_else(|| direct(x))
     } else if let Some(cols) = cpu_im2col(g, w, x, stride, (p0, p1), dilation) {

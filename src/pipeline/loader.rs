@@ -217,7 +217,10 @@ impl Weights {
         } else {
             sd_info!("{what}: weights are read from the model files for each use");
         }
-        let runner = Runner::for_placement(&placement, n_threads);
+        let mut runner = Runner::for_placement(&placement, n_threads);
+        // A quantized module renders the reference's picture bit for bit only with ggml's
+        // convolution sums (its activations are re-quantized, which amplifies any rounding).
+        runner.options.cpu_winograd &= !store.entries().any(|(_, w)| crate::graph::context::is_block_quantized(w.ty()));
         let source: Arc<dyn WeightSource> = self.clone();
         Ok(Loaded::new(model, store, placement, runner, Some(source), what))
     }
@@ -268,3 +271,4 @@ pub fn read_all_f32(path: &str) -> Result<Vec<(String, crate::tensor::Tensor)>> 
     }
     Ok(out)
 }
+

@@ -162,10 +162,20 @@ impl TaskQueue {
     pub(crate) const fn new() -> TaskQueue {
         TaskQueue { next: AtomicUsize::new(0), finished: AtomicUsize::new(0) }
     }
+
+    /// The next task's index (past the end once all are taken).
+    pub(crate) fn claim(&self) -> usize {
+        self.next.fetch_add(1, Ordering::Relaxed)
+    }
+
+    /// What a thread holds while it claims tasks of one compute of `nth` threads.
+    pub(crate) fn finish_guard(&self, nth: usize) -> Finish<'_> {
+        Finish { queue: self, nth: nth.max(1) }
+    }
 }
 
 /// Marks a thread done with a queue, also when its task panicked.
-struct Finish<'q> {
+pub(crate) struct Finish<'q> {
     queue: &'q TaskQueue,
     nth: usize,
 }
@@ -190,11 +200,11 @@ pub(crate) unsafe fn run(p: &Problem, ith: usize, nth: usize, imp: Imp, queue: O
     let nth = nth.max(1);
     let grid = p.grid(nth);
     let count = grid.4;
-    let _finish = queue.map(|queue| Finish { queue, nth });
+    let _finish = queue.map(|queue| queue.finish_guard(nth));
     let mut fixed = count * ith / nth..count * (ith + 1) / nth;
     let mine = std::iter::from_fn(move || {
         let i = match queue {
-            Some(q) => q.next.fetch_add(1, Ordering::Relaxed),
+            Some(q) => q.claim(),
             None => fixed.next()?,
         };
         (i < count).then(|| p.task(grid, i))

@@ -1,0 +1,531 @@
+//! 3×3 convolutions with stride 1 on the CPU by Winograd's F(2×2, 3×3) as our own ggml op:
+//! 16 products per 2×2 outputs and channel instead of 36, and no im2col matrix. It is not
+//! ggml's summation: the values move by float rounding (well within the golden tolerance,
+//! tests/parity_*), so quantized models, whose pictures are the reference's bit for bit,
+//! keep the im2col path (`GraphOptions::cpu_winograd`).
+//!
+//! Per output tile, `Y = Aᵀ [(G g Gᵀ) ⊙ (Bᵀ d B)] A` with g the 3×3 kernel and d the 4×4
+//! input patch; summed over input channels, each of the 16 positions of the transformed
+//! tile is one matrix product (tiles × channels times channels × output channels). A task is
+//! a block of output channels × a run of tiles in one tile row: its transformed kernels stay
+//! in L2 while its tiles are transformed, multiplied and transformed back.
+
+use super::context::{store_in_ctx, Graph, F16, F32, T};
+use super::gemm::TaskQueue;
+use ggml_sys as g;
+use std::cell::RefCell;
+use std::ffi::{c_int, c_void};
+
+/// Tiles per vector: the transforms work on 8 tiles of a tile row at once.
+const TV: usize = 8;
+/// Tiles per kernel panel (two vectors).
+const MT: usize = 16;
+/// Output channels per kernel panel (broadcast one at a time).
+const NO: usize = 6;
+/// Output channels per task.
+const OCB: usize = 8 * NO;
+/// Tiles per task, at most: a run of consecutive tiles of one image, row-major.
+const SEG: usize = 3 * MT;
+/// Input channels per pass of the kernel (its panels stay in L1).
+const KC: usize = 256;
+
+#[repr(C)]
+struct OpData {
+    queue: TaskQueue,
+    pad: [i32; 2],
+}
+
+/// `x` [W, H, C, N] (f32) convolved with `w` [3, 3, C, OC] (f16 or f32), stride 1, dilation
+/// 1, zero padding `padding` (x, y) → [OW, OH, OC, N], when the graph runs on a CPU with AVX2
+/// and the convolution is large enough to gain; otherwise None.
+pub(crate) fn conv3x3<'g>(g: &'g Graph, x: T<'g>, w: T<'g>, stride: (i32, i32), padding: (i32, i32), dilation: (i32, i32)) -> Option<T<'g>> {
+    if !g.on_cpu || !g.options.cpu_winograd || !super::gemm::vector_kernels_available() || super::eval_callback::is_set() {
+        return None;
+    }
+    let [kw, kh, c, oc] = w.ne();
+    let [wi, hi, xc, n] = x.ne();
+    let (p0, p1) = padding;
+    if (kw, kh) != (3, 3) || stride != (1, 1) || dilation != (1, 1) || !(0..=2).contains(&p0) || !(0..=2).contains(&p1) {
+        return None;
+    }
+    if (w.ty() != F16 && w.ty() != F32) || x.ty() != F32 || !x.is_contiguous() || xc != c || c < 16 || oc < 16 {
+        return None;
+    }
+    let (ow, oh) = (wi + 2 * p0 as i64 - 2, hi + 2 * p1 as i64 - 2);
+    if ow * oh < 256 || usize::BITS < 64 {
+        return None;
+    }
+    let data = store_in_ctx(g.ctx(), OpData { queue: TaskQueue::new(), pad: [p0, p1] })?;
+    let mut args = [x.raw(), w.raw()];
+    // SAFETY: a live context and sources; the callback reads the sources and writes only its
+    // own output; the user data lives in the same context as the node.
+    let y = unsafe { g::ggml_custom_4d(g.ctx(), F32, ow, oh, oc, n, args.as_mut_ptr(), 2, Some(compute), -1, data as *mut c_void) };
+    Some(x.wrap(y))
+}
+
+/// Sizes of one convolution, from its tensors.
+struct Geo {
+    x: *const u8,
+    xnb: [usize; 4],
+    w: *const u8,
+    wnb: [usize; 4],
+    w_f16: bool,
+    out: *mut u8,
+    onb: [usize; 4],
+    wi: usize,
+    hi: usize,
+    c: usize,
+    oc: usize,
+    ow: usize,
+    oh: usize,
+    pad: [isize; 2],
+    tw: usize,
+    /// Tiles per image.
+    tiles: usize,
+    segs: usize,
+    blocks: usize,
+    n: usize,
+}
+
+impl Geo {
+    /// # Safety
+    /// A node built by `conv3x3`.
+    unsafe fn new(d: &g::ggml_tensor, pad: [i32; 2]) -> Geo {
+        let (x, w) = unsafe { (&*d.src[0], &*d.src[1]) };
+        let us = |v: i64| v as usize;
+        let (ow, oh) = (us(d.ne[0]), us(d.ne[1]));
+        let (tw, th) = (ow.div_ceil(2), oh.div_ceil(2));
+        let oc = us(w.ne[3]);
+        Geo {
+            x: x.data as *const u8,
+            xnb: x.nb,
+            w: w.data as *const u8,
+            wnb: w.nb,
+            w_f16: w.type_ == F16,
+            out: d.data as *mut u8,
+            onb: d.nb,
+            wi: us(x.ne[0]),
+            hi: us(x.ne[1]),
+            c: us(x.ne[2]),
+            oc,
+            ow,
+            oh,
+            pad: [pad[0] as isize, pad[1] as isize],
+            tw,
+            tiles: tw * th,
+            segs: (tw * th).div_ceil(SEG),
+            blocks: oc.div_ceil(OCB),
+            n: us(x.ne[3]),
+        }
+    }
+
+    fn count(&self) -> usize {
+        self.blocks * self.n * self.segs
+    }
+
+    /// Task `i`: (output channel block, batch, segment), block-major so that a thread's
+    /// consecutive tasks share their transformed kernels.
+    fn task(&self, i: usize) -> (usize, usize, usize) {
+        let per_block = self.n * self.segs;
+        let (b, r) = (i / per_block, i % per_block);
+        (b, r / self.segs, r % self.segs)
+    }
+}
+
+#[derive(Default)]
+struct Scratch {
+    /// Transformed kernels of one block: [16][OCB / NO][c][NO].
+    u: Vec<f32>,
+    /// Transformed tiles: [16][SEG / MT][c][MT].
+    v: Vec<f32>,
+    /// Products: [16][OCB][SEG].
+    m: Vec<f32>,
+    /// The block whose kernels `u` holds, within this compute.
+    u_block: Option<usize>,
+}
+
+thread_local! {
+    static SCRATCH: RefCell<Scratch> = RefCell::new(Scratch::default());
+}
+
+fn grow(v: &mut Vec<f32>, n: usize) {
+    if v.len() < n {
+        v.resize(n, 0.0);
+    }
+}
+
+unsafe extern "C" fn compute(dst: *mut g::ggml_tensor, _ith: c_int, nth: c_int, userdata: *mut c_void) {
+    // A panic must not unwind into ggml's C threads.
+    let _ = std::panic::catch_unwind(|| {
+        // SAFETY: ggml calls this with the node built by `conv3x3`, its sources and output
+        // allocated, its user data that node's `OpData`, on all of its threads.
+        unsafe {
+            let data = &*(userdata as *const OpData);
+            let geo = Geo::new(&*dst, data.pad);
+            let count = geo.count();
+            let _finish = data.queue.finish_guard(nth.max(1) as usize);
+            SCRATCH.with(|s| {
+                let s = &mut *s.borrow_mut();
+                s.u_block = None;
+                loop {
+                    let i = data.queue.claim();
+                    if i >= count {
+                        break;
+                    }
+                    task(&geo, i, s);
+                }
+            });
+        }
+    });
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn task(geo: &Geo, i: usize, s: &mut Scratch) {
+    let (block, n, seg) = geo.task(i);
+    let c = geo.c;
+    let oc0 = block * OCB;
+    let ocs = OCB.min(geo.oc - oc0);
+    let opan = ocs.div_ceil(NO);
+    let t0 = seg * SEG;
+    let tiles = SEG.min(geo.tiles - t0);
+    let tpan = tiles.div_ceil(MT);
+    grow(&mut s.u, 16 * opan * c * NO);
+    grow(&mut s.v, 16 * tpan * c * MT);
+    grow(&mut s.m, 16 * OCB * SEG);
+    if s.u_block != Some(block) {
+        transform_kernels(geo, oc0, ocs, opan, s.u.as_mut_ptr());
+        s.u_block = Some(block);
+    }
+    transform_tiles(geo, n, t0, tiles, tpan, s.v.as_mut_ptr());
+    let (u, v, m) = (s.u.as_ptr(), s.v.as_ptr(), s.m.as_mut_ptr());
+    for pos in 0..16 {
+        let (u, v, m) = (u.add(pos * opan * c * NO), v.add(pos * tpan * c * MT), m.add(pos * OCB * SEG));
+        for c0 in (0..c).step_by(KC) {
+            let kc = KC.min(c - c0);
+            for p in 0..opan {
+                let up = u.add((p * c + c0) * NO);
+                for t in 0..tpan {
+                    kernel(v.add((t * c + c0) * MT), up, kc, m.add(p * NO * SEG + t * MT), SEG, c0 > 0);
+                }
+            }
+        }
+    }
+    untransform(geo, n, t0, tiles, oc0, ocs, s.m.as_ptr());
+}
+
+/// `G g Gᵀ` of the block's kernels into [16][panel][c][NO] (zero past the last channel).
+/// f32 kernels are rounded to f16 first: ggml's product with the f16 im2col matrix does.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn transform_kernels(geo: &Geo, oc0: usize, ocs: usize, opan: usize, u: *mut f32) {
+    let c = geo.c;
+    for p in 0..opan {
+        for lane in 0..NO {
+            let o = p * NO + lane;
+            for ci in 0..c {
+                let mut k = [[0f32; 3]; 3];
+                if o < ocs {
+                    for (ky, row) in k.iter_mut().enumerate() {
+                        for (kx, v) in row.iter_mut().enumerate() {
+                            let at = geo.w.add((oc0 + o) * geo.wnb[3] + ci * geo.wnb[2] + ky * geo.wnb[1] + kx * geo.wnb[0]);
+                            let h = if geo.w_f16 { (at as *const u16).read_unaligned() } else { super::gemm::scalar::f32_to_f16((at as *const f32).read_unaligned()) };
+                            *v = super::gemm::scalar::f16_to_f32(h);
+                        }
+                    }
+                }
+                // Rows: G g.
+                let mut gk = [[0f32; 3]; 4];
+                for col in 0..3 {
+                    let (a, b, d) = (k[0][col], k[1][col], k[2][col]);
+                    gk[0][col] = a;
+                    gk[1][col] = (a + b + d) * 0.5;
+                    gk[2][col] = (a - b + d) * 0.5;
+                    gk[3][col] = d;
+                }
+                for (r, row) in gk.iter().enumerate() {
+                    let (a, b, d) = (row[0], row[1], row[2]);
+                    let vals = [a, (a + b + d) * 0.5, (a - b + d) * 0.5, d];
+                    for (q, v) in vals.into_iter().enumerate() {
+                        *u.add((((r * 4 + q) * opan + p) * c + ci) * NO + lane) = v;
+                    }
+                }
+            }
+        }
+    }
+}
+
+use std::arch::x86_64::*;
+
+/// Rounds 8 values to f16 and back, as ggml's im2col stores its inputs (f16 and f32
+/// kernels alike).
+#[inline(always)]
+unsafe fn round_f16(v: __m256) -> __m256 {
+    _mm256_cvtph_ps(_mm256_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(v))
+}
+
+/// The 4×4 input values of 8 tiles (lane = tile), rounded to f16: `d[r][q]`.
+#[inline(always)]
+unsafe fn gather_tiles(geo: &Geo, plane: *const u8, first: usize, live: usize, d: &mut [[__m256; 4]; 4]) {
+    let (ty, tx) = (first / geo.tw, first % geo.tw);
+    let y0 = (2 * ty) as isize - geo.pad[1];
+    let x0 = (2 * tx) as isize - geo.pad[0];
+    if live == TV && tx + TV <= geo.tw {
+        // One tile row: per input row, 18 values (zero outside the image) de-interleaved,
+        // read in place inside the image and through a zero-padded copy at its edges.
+        let inside = x0 >= 0 && x0 + 18 <= geo.wi as isize;
+        let mut buf = [0f32; 24];
+        for (r, dr) in d.iter_mut().enumerate() {
+            let y = y0 + r as isize;
+            let row_in = y >= 0 && y < geo.hi as isize;
+            let p = if row_in && inside {
+                (plane.add(y as usize * geo.xnb[1]) as *const f32).offset(x0)
+            } else {
+                buf[..18].fill(0.0);
+                if row_in {
+                    let src = plane.add(y as usize * geo.xnb[1]) as *const f32;
+                    let lo = (-x0).max(0) as usize;
+                    let hi = (geo.wi as isize - x0).clamp(0, 18) as usize;
+                    for (i, b) in buf.iter_mut().enumerate().take(hi).skip(lo) {
+                        *b = *src.offset(x0 + i as isize);
+                    }
+                }
+                buf.as_ptr()
+            };
+            for (q, half) in [(0usize, 0usize), (2, 2)] {
+                let (a, b) = (_mm256_loadu_ps(p.add(half)), _mm256_loadu_ps(p.add(half + 8)));
+                let even = _mm256_castpd_ps(_mm256_permute4x64_pd::<0xD8>(_mm256_castps_pd(_mm256_shuffle_ps::<0x88>(a, b))));
+                let odd = _mm256_castpd_ps(_mm256_permute4x64_pd::<0xD8>(_mm256_castps_pd(_mm256_shuffle_ps::<0xDD>(a, b))));
+                dr[q] = round_f16(even);
+                dr[q + 1] = round_f16(odd);
+            }
+        }
+        return;
+    }
+    // Tiles across a row end, or past the last tile: lane by lane.
+    let mut lanes = [[[0f32; TV]; 4]; 4];
+    for l in 0..live {
+        let (ty, tx) = ((first + l) / geo.tw, (first + l) % geo.tw);
+        for (r, lr) in lanes.iter_mut().enumerate() {
+            let y = (2 * ty + r) as isize - geo.pad[1];
+            if y < 0 || y >= geo.hi as isize {
+                continue;
+            }
+            let src = plane.add(y as usize * geo.xnb[1]) as *const f32;
+            for (q, lq) in lr.iter_mut().enumerate() {
+                let x = (2 * tx + q) as isize - geo.pad[0];
+                if x >= 0 && x < geo.wi as isize {
+                    lq[l] = *src.offset(x);
+                }
+            }
+        }
+    }
+    for (dr, lr) in d.iter_mut().zip(&lanes) {
+        for (dq, lq) in dr.iter_mut().zip(lr) {
+            *dq = round_f16(_mm256_loadu_ps(lq.as_ptr()));
+        }
+    }
+}
+
+/// `Bᵀ d B` of tiles t0..t0+tiles of image `n` (zero beyond), every channel, into
+/// [16][tile panel][c][MT].
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn transform_tiles(geo: &Geo, n: usize, t0: usize, tiles: usize, tpan: usize, v: *mut f32) {
+    let c = geo.c;
+    let pos_stride = tpan * c * MT;
+    let mut d = [[_mm256_setzero_ps(); 4]; 4];
+    for ci in 0..c {
+        let plane = geo.x.add(n * geo.xnb[3] + ci * geo.xnb[2]);
+        for gi in 0..tpan * MT / TV {
+            let live = tiles.saturating_sub(gi * TV).min(TV);
+            gather_tiles(geo, plane, t0 + gi * TV, live, &mut d);
+            let mut bt = [[_mm256_setzero_ps(); 4]; 4];
+            for q in 0..4 {
+                let (a, b, e, f) = (d[0][q], d[1][q], d[2][q], d[3][q]);
+                bt[0][q] = _mm256_sub_ps(a, e);
+                bt[1][q] = _mm256_add_ps(b, e);
+                bt[2][q] = _mm256_sub_ps(e, b);
+                bt[3][q] = _mm256_sub_ps(b, f);
+            }
+            let base = v.add(((gi * TV / MT) * c + ci) * MT + gi * TV % MT);
+            for (r, row) in bt.iter().enumerate() {
+                let (a, b, e, f) = (row[0], row[1], row[2], row[3]);
+                let vals = [_mm256_sub_ps(a, e), _mm256_add_ps(b, e), _mm256_sub_ps(e, b), _mm256_sub_ps(b, f)];
+                for (q, val) in vals.into_iter().enumerate() {
+                    _mm256_storeu_ps(base.add((r * 4 + q) * pos_stride), val);
+                }
+            }
+        }
+    }
+}
+
+/// `Aᵀ M A` of the task's tiles and channels into the output.
+#[allow(clippy::too_many_arguments)]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn untransform(geo: &Geo, n: usize, t0: usize, tiles: usize, oc0: usize, ocs: usize, m: *const f32) {
+    for o in 0..ocs {
+        let out = geo.out.add(n * geo.onb[3] + (oc0 + o) * geo.onb[2]);
+        for gi in 0..tiles.div_ceil(TV) {
+            let at = m.add(o * SEG + gi * TV);
+            let mv = |r: usize, q: usize| _mm256_loadu_ps(at.add((r * 4 + q) * OCB * SEG));
+            let s: [[__m256; 4]; 2] = [
+                std::array::from_fn(|q| _mm256_add_ps(_mm256_add_ps(mv(0, q), mv(1, q)), mv(2, q))),
+                std::array::from_fn(|q| _mm256_sub_ps(_mm256_sub_ps(mv(1, q), mv(2, q)), mv(3, q))),
+            ];
+            let first = t0 + gi * TV;
+            let live = (tiles - gi * TV).min(TV);
+            let (ty, tx) = (first / geo.tw, first % geo.tw);
+            for (r, row) in s.iter().enumerate() {
+                let y0 = _mm256_add_ps(_mm256_add_ps(row[0], row[1]), row[2]);
+                let y1 = _mm256_sub_ps(_mm256_sub_ps(row[1], row[2]), row[3]);
+                if live == TV && tx + TV <= geo.tw && 2 * (tx + TV) <= geo.ow {
+                    let y = 2 * ty + r;
+                    if y < geo.oh {
+                        // Interleave the two output columns of each tile.
+                        let (lo, hi) = (_mm256_unpacklo_ps(y0, y1), _mm256_unpackhi_ps(y0, y1));
+                        let dst = out.add(y * geo.onb[1]) as *mut f32;
+                        _mm256_storeu_ps(dst.add(2 * tx), _mm256_permute2f128_ps::<0x20>(lo, hi));
+                        _mm256_storeu_ps(dst.add(2 * tx + 8), _mm256_permute2f128_ps::<0x31>(lo, hi));
+                    }
+                    continue;
+                }
+                let (mut a, mut b) = ([0f32; TV], [0f32; TV]);
+                _mm256_storeu_ps(a.as_mut_ptr(), y0);
+                _mm256_storeu_ps(b.as_mut_ptr(), y1);
+                for l in 0..live {
+                    let (ty, tx) = ((first + l) / geo.tw, (first + l) % geo.tw);
+                    let (y, x) = (2 * ty + r, 2 * tx);
+                    if y >= geo.oh {
+                        continue;
+                    }
+                    let dst = out.add(y * geo.onb[1]) as *mut f32;
+                    *dst.add(x) = a[l];
+                    if x + 1 < geo.ow {
+                        *dst.add(x + 1) = b[l];
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// `m[j][i] (+)= Σ_k v[k][i] · u[k][j]` for MT tiles × NO output channels over `kc`
+/// channels; `m` rows (output channels) `ldm` floats apart.
+#[inline(always)]
+unsafe fn kernel(v: *const f32, u: *const f32, kc: usize, m: *mut f32, ldm: usize, resume: bool) {
+    let mut acc = [[_mm256_setzero_ps(); 2]; NO];
+    if resume {
+        for (j, row) in acc.iter_mut().enumerate() {
+            row[0] = _mm256_loadu_ps(m.add(j * ldm));
+            row[1] = _mm256_loadu_ps(m.add(j * ldm + 8));
+        }
+    }
+    let (mut pv, mut pu) = (v, u);
+    for _ in 0..kc {
+        let (v0, v1) = (_mm256_loadu_ps(pv), _mm256_loadu_ps(pv.add(8)));
+        for (j, row) in acc.iter_mut().enumerate() {
+            let b = _mm256_broadcast_ss(&*pu.add(j));
+            row[0] = _mm256_fmadd_ps(v0, b, row[0]);
+            row[1] = _mm256_fmadd_ps(v1, b, row[1]);
+        }
+        pv = pv.add(MT);
+        pu = pu.add(NO);
+    }
+    for (j, row) in acc.iter().enumerate() {
+        _mm256_storeu_ps(m.add(j * ldm), row[0]);
+        _mm256_storeu_ps(m.add(j * ldm + 8), row[1]);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use crate::graph::backend::Backend;
+    use crate::graph::context::{F16, F32};
+    use crate::graph::gemm::scalar::f32_to_f16;
+    use crate::graph::runner::Runner;
+    use std::sync::Arc;
+
+    /// Against ggml's own convolution (im2col, f16 products summed in f32): shapes with odd
+    /// sizes, both paddings, channels that fill no panel evenly, several K passes, several
+    /// segments per tile row, a batch of two, f16 and f32 kernels.
+    #[test]
+    fn winograd_matches_ggml_convolution() {
+        if !crate::graph::gemm::vector_kernels_available() {
+            return;
+        }
+        let backend = Arc::new(Backend::cpu().unwrap());
+        let mut seed = 7u64;
+        let mut rnd = move || {
+            seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            ((seed >> 33) as f32 / (1u64 << 31) as f32) * 2.0 - 1.0
+        };
+        // (w, h, c, oc, n, padding, f16 kernel)
+        let cases = [(19, 17, 24, 40, 1, 1, true), (103, 9, 300, 16, 2, 1, true), (20, 22, 16, 70, 1, 0, true), (20, 22, 16, 64, 1, 0, false), (20, 22, 16, 70, 1, 1, false), (33, 16, 64, 64, 1, 2, true)];
+        for (wi, hi, c, oc, n, pad, f16) in cases {
+            let x: Vec<f32> = (0..wi * hi * c * n).map(|_| rnd()).collect();
+            let wv: Vec<f32> = (0..9 * c * oc).map(|_| rnd() * 0.2).collect();
+            let wty = if f16 { F16 } else { F32 };
+            let wbytes: Vec<u8> = if f16 { wv.iter().flat_map(|&v| f32_to_f16(v).to_le_bytes()).collect() } else { wv.iter().flat_map(|v| v.to_le_bytes()).collect() };
+            let run = |winograd: bool| {
+                let mut r = Runner::new(backend.clone(), 3);
+                r.options.cpu_winograd = winograd;
+                r.compute(|g| {
+                    let xt = g.input_f32(&x, &[wi, hi, c, n]);
+                    let wt = g.input_bytes(wty, &[3, 3, c, oc], wbytes.clone());
+                    Ok(crate::graph::nn::conv_2d(g, xt, wt, None, (1, 1), (pad, pad), (1, 1), 1.0))
+                })
+                .unwrap()
+            };
+            let (want, got) = (run(false), run(true));
+            assert_eq!(want.shape(), got.shape());
+            let scale = want.data().iter().fold(0f32, |m, v| m.max(v.abs()));
+            let worst = want.data().iter().zip(got.data()).fold(0f32, |m, (a, b)| m.max((a - b).abs()));
+            assert!(worst <= 2e-5 * scale.max(1.0), "case {wi}x{hi} c {c} oc {oc}: off by {worst} (scale {scale})");
+            // The second compute of one graph gives the same (the task queue rewinds).
+            let mut r = Runner::new(backend.clone(), 2);
+            let twice = r
+                .compute_many(|g| {
+                    let xt = g.input_f32(&x, &[wi, hi, c, n]);
+                    let wt = g.input_bytes(wty, &[3, 3, c, oc], wbytes.clone());
+                    let y = crate::graph::nn::conv_2d(g, xt, wt, None, (1, 1), (pad, pad), (1, 1), 1.0);
+                    Ok(vec![y])
+                })
+                .unwrap();
+            assert_eq!(twice[0].data(), got.data());
+        }
+    }
+}
+
+#[cfg(test)]
+mod bench {
+    use crate::graph::backend::Backend;
+    use crate::graph::context::F16;
+    use crate::graph::runner::Runner;
+    use std::sync::Arc;
+
+    /// `cargo test --release --lib winograd_speed -- --ignored --nocapture`
+    #[test]
+    #[ignore]
+    fn winograd_speed() {
+        let backend = Arc::new(Backend::cpu().unwrap());
+        for (wi, c, oc) in [(128i64, 512i64, 512i64), (64, 320, 320), (256, 256, 256)] {
+            let x: Vec<f32> = (0..wi * wi * c).map(|i| ((i * 7 % 13) as f32 - 6.0) * 0.1).collect();
+            let wb: Vec<u8> = (0..9 * c * oc).flat_map(|i| crate::graph::gemm::scalar::f32_to_f16(((i * 5 % 11) as f32 - 5.0) * 0.01).to_le_bytes()).collect();
+            for wino in [false, true] {
+                let mut r = Runner::new(backend.clone(), 1);
+                r.options.cpu_winograd = wino;
+                let mut best = f64::MAX;
+                for _ in 0..2 {
+                    let t = std::time::Instant::now();
+                    r.compute(|g| {
+                        let xt = g.input_f32(&x, &[wi, wi, c, 1]);
+                        let wt = g.input_bytes(F16, &[3, 3, c, oc], wb.clone());
+                        Ok(crate::graph::nn::conv_2d(g, xt, wt, None, (1, 1), (1, 1), (1, 1), 1.0))
+                    })
+                    .unwrap();
+                    best = best.min(t.elapsed().as_secs_f64());
+                }
+                let flop = 2.0 * (9 * c * oc * wi * wi) as f64;
+                println!("{wi}x{wi} c {c} oc {oc} winograd {wino}: {:.0} ms, {:.1} effective GFLOP/s", best * 1e3, flop / best / 1e9);
+            }
+        }
+    }
+}

@@ -55,21 +55,48 @@ pub(crate) fn conv3x3<'g>(g: &'g Graph, x: T<'g>, w: T<'g>, stride: (i32, i32), 
     if ow * oh < 256 || usize::BITS < 64 {
         return None;
     }
+    let opan = (oc as usize).div_ceil(NO) as i64;
+    let kq = store_in_ctx(g.ctx(), TaskQueue::new())?;
     let data = store_in_ctx(g.ctx(), OpData { queue: TaskQueue::new(), pad: [p0, p1] })?;
-    let mut args = [x.raw(), w.raw()];
-    // SAFETY: a live context and sources; the callback reads the sources and writes only its
-    // own output; the user data lives in the same context as the node.
+    let mut wargs = [w.raw()];
+    // SAFETY: a live context and sources; each callback reads its sources and writes only its
+    // own output; the user data lives in the same context as the nodes.
+    let u = unsafe { g::ggml_custom_4d(g.ctx(), F32, NO as i64, c, opan, 16, wargs.as_mut_ptr(), 1, Some(compute_kernels), -1, kq as *mut c_void) };
+    let mut args = [x.raw(), u];
     let y = unsafe { g::ggml_custom_4d(g.ctx(), F32, ow, oh, oc, n, args.as_mut_ptr(), 2, Some(compute), -1, data as *mut c_void) };
     Some(x.wrap(y))
 }
 
+/// The first node: `G g Gᵀ` of every kernel into [16][oc panel][c][NO], panels of output
+/// channels shared out among the threads.
+unsafe extern "C" fn compute_kernels(dst: *mut g::ggml_tensor, _ith: c_int, nth: c_int, userdata: *mut c_void) {
+    // A panic must not unwind into ggml's C threads.
+    let _ = std::panic::catch_unwind(|| {
+        // SAFETY: ggml calls this with the node built by `conv3x3`: source w [3, 3, C, OC],
+        // output [NO, C, panels, 16] f32, both allocated; the user data is its queue.
+        unsafe {
+            let queue = &*(userdata as *const TaskQueue);
+            let d = &*dst;
+            let w = &*d.src[0];
+            let _finish = queue.finish_guard(nth.max(1) as usize);
+            let panels = d.ne[2] as usize;
+            loop {
+                let p = queue.claim();
+                if p >= panels {
+                    break;
+                }
+                transform_kernels(w, p, panels, d.data as *mut f32);
+            }
+        }
+    });
+}
 /// Sizes of one convolution, from its tensors.
 struct Geo {
     x: *const u8,
     xnb: [usize; 4],
-    w: *const u8,
-    wnb: [usize; 4],
-    w_f16: bool,
+    /// Transformed kernels: [16][oc panel][c][NO].
+    u: *const f32,
+    opan: usize,
     out: *mut u8,
     onb: [usize; 4],
     wi: usize,
@@ -83,7 +110,6 @@ struct Geo {
     /// Tiles per image.
     tiles: usize,
     segs: usize,
-    blocks: usize,
     n: usize,
 }
 
@@ -95,13 +121,12 @@ impl Geo {
         let us = |v: i64| v as usize;
         let (ow, oh) = (us(d.ne[0]), us(d.ne[1]));
         let (tw, th) = (ow.div_ceil(2), oh.div_ceil(2));
-        let oc = us(w.ne[3]);
+        let oc = us(d.ne[2]);
         Geo {
             x: x.data as *const u8,
             xnb: x.nb,
-            w: w.data as *const u8,
-            wnb: w.nb,
-            w_f16: w.type_ == F16,
+            u: w.data as *const f32,
+            opan: us(w.ne[2]),
             out: d.data as *mut u8,
             onb: d.nb,
             wi: us(x.ne[0]),
@@ -114,34 +139,23 @@ impl Geo {
             tw,
             tiles: tw * th,
             segs: (tw * th).div_ceil(SEG),
-            blocks: oc.div_ceil(OCB),
             n: us(x.ne[3]),
         }
     }
 
+    /// Tasks: runs of SEG tiles of one image, each with every output channel (its input
+    /// rows are read and transformed once).
     fn count(&self) -> usize {
-        self.blocks * self.n * self.segs
-    }
-
-    /// Task `i`: (output channel block, batch, segment), block-major so that a thread's
-    /// consecutive tasks share their transformed kernels.
-    fn task(&self, i: usize) -> (usize, usize, usize) {
-        let per_block = self.n * self.segs;
-        let (b, r) = (i / per_block, i % per_block);
-        (b, r / self.segs, r % self.segs)
+        self.n * self.segs
     }
 }
 
 #[derive(Default)]
 struct Scratch {
-    /// Transformed kernels of one block: [16][OCB / NO][c][NO].
-    u: Vec<f32>,
     /// Transformed tiles: [16][SEG / MT][c][MT].
     v: Vec<f32>,
-    /// Products: [16][OCB][SEG].
+    /// Products of one block of output channels: [16][OCB][SEG].
     m: Vec<f32>,
-    /// The block whose kernels `u` holds, within this compute.
-    u_block: Option<usize>,
 }
 
 thread_local! {
@@ -166,7 +180,6 @@ unsafe extern "C" fn compute(dst: *mut g::ggml_tensor, _ith: c_int, nth: c_int, 
             let _finish = data.queue.finish_guard(nth.max(1) as usize);
             SCRATCH.with(|s| {
                 let s = &mut *s.borrow_mut();
-                s.u_block = None;
                 loop {
                     let i = data.queue.claim();
                     if i >= count {
@@ -181,72 +194,68 @@ unsafe extern "C" fn compute(dst: *mut g::ggml_tensor, _ith: c_int, nth: c_int, 
 
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn task(geo: &Geo, i: usize, s: &mut Scratch) {
-    let (block, n, seg) = geo.task(i);
+    let (n, seg) = (i / geo.segs, i % geo.segs);
     let c = geo.c;
-    let oc0 = block * OCB;
-    let ocs = OCB.min(geo.oc - oc0);
-    let opan = ocs.div_ceil(NO);
     let t0 = seg * SEG;
     let tiles = SEG.min(geo.tiles - t0);
     let tpan = tiles.div_ceil(MT);
-    grow(&mut s.u, 16 * opan * c * NO);
     grow(&mut s.v, 16 * tpan * c * MT);
     grow(&mut s.m, 16 * OCB * SEG);
-    if s.u_block != Some(block) {
-        transform_kernels(geo, oc0, ocs, opan, s.u.as_mut_ptr());
-        s.u_block = Some(block);
-    }
     transform_tiles(geo, n, t0, tiles, tpan, s.v.as_mut_ptr());
-    let (u, v, m) = (s.u.as_ptr(), s.v.as_ptr(), s.m.as_mut_ptr());
-    for pos in 0..16 {
-        let (u, v, m) = (u.add(pos * opan * c * NO), v.add(pos * tpan * c * MT), m.add(pos * OCB * SEG));
-        for c0 in (0..c).step_by(KC) {
-            let kc = KC.min(c - c0);
-            for p in 0..opan {
-                let up = u.add((p * c + c0) * NO);
-                for t in 0..tpan {
-                    kernel(v.add((t * c + c0) * MT), up, kc, m.add(p * NO * SEG + t * MT), SEG, c0 > 0);
+    let (v, m) = (s.v.as_ptr(), s.m.as_mut_ptr());
+    for oc0 in (0..geo.oc).step_by(OCB) {
+        let ocs = OCB.min(geo.oc - oc0);
+        let (p0, p1) = (oc0 / NO, (oc0 + ocs).div_ceil(NO));
+        for pos in 0..16 {
+            let (u, v, m) = (geo.u.add(pos * geo.opan * c * NO), v.add(pos * tpan * c * MT), m.add(pos * OCB * SEG));
+            for c0 in (0..c).step_by(KC) {
+                let kc = KC.min(c - c0);
+                for p in p0..p1 {
+                    let up = u.add((p * c + c0) * NO);
+                    for t in 0..tpan {
+                        kernel(v.add((t * c + c0) * MT), up, kc, m.add((p - p0) * NO * SEG + t * MT), SEG, c0 > 0);
+                    }
                 }
             }
         }
+        untransform(geo, n, t0, tiles, oc0, ocs, m);
     }
-    untransform(geo, n, t0, tiles, oc0, ocs, s.m.as_ptr());
 }
 
-/// `G g Gᵀ` of the block's kernels into [16][panel][c][NO] (zero past the last channel).
-/// f32 kernels are rounded to f16 first: ggml's product with the f16 im2col matrix does.
+/// `G g Gᵀ` of the kernels of output channel panel `p` into [16][panel][c][NO] (zero past
+/// the last channel). f32 kernels are rounded to f16 first: ggml's product with the f16
+/// im2col matrix does.
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn transform_kernels(geo: &Geo, oc0: usize, ocs: usize, opan: usize, u: *mut f32) {
-    let c = geo.c;
-    for p in 0..opan {
-        for lane in 0..NO {
-            let o = p * NO + lane;
-            for ci in 0..c {
-                let mut k = [[0f32; 3]; 3];
-                if o < ocs {
-                    for (ky, row) in k.iter_mut().enumerate() {
-                        for (kx, v) in row.iter_mut().enumerate() {
-                            let at = geo.w.add((oc0 + o) * geo.wnb[3] + ci * geo.wnb[2] + ky * geo.wnb[1] + kx * geo.wnb[0]);
-                            let h = if geo.w_f16 { (at as *const u16).read_unaligned() } else { super::gemm::scalar::f32_to_f16((at as *const f32).read_unaligned()) };
-                            *v = super::gemm::scalar::f16_to_f32(h);
-                        }
+unsafe fn transform_kernels(w: &g::ggml_tensor, p: usize, panels: usize, u: *mut f32) {
+    let (c, oc) = (w.ne[2] as usize, w.ne[3] as usize);
+    let (wd, wnb, f16) = (w.data as *const u8, w.nb, w.type_ == F16);
+    for lane in 0..NO {
+        let o = p * NO + lane;
+        for ci in 0..c {
+            let mut k = [[0f32; 3]; 3];
+            if o < oc {
+                for (ky, row) in k.iter_mut().enumerate() {
+                    for (kx, v) in row.iter_mut().enumerate() {
+                        let at = wd.add(o * wnb[3] + ci * wnb[2] + ky * wnb[1] + kx * wnb[0]);
+                        let h = if f16 { (at as *const u16).read_unaligned() } else { super::gemm::scalar::f32_to_f16((at as *const f32).read_unaligned()) };
+                        *v = super::gemm::scalar::f16_to_f32(h);
                     }
                 }
-                // Rows: G g.
-                let mut gk = [[0f32; 3]; 4];
-                for col in 0..3 {
-                    let (a, b, d) = (k[0][col], k[1][col], k[2][col]);
-                    gk[0][col] = a;
-                    gk[1][col] = (a + b + d) * 0.5;
-                    gk[2][col] = (a - b + d) * 0.5;
-                    gk[3][col] = d;
-                }
-                for (r, row) in gk.iter().enumerate() {
-                    let (a, b, d) = (row[0], row[1], row[2]);
-                    let vals = [a, (a + b + d) * 0.5, (a - b + d) * 0.5, d];
-                    for (q, v) in vals.into_iter().enumerate() {
-                        *u.add((((r * 4 + q) * opan + p) * c + ci) * NO + lane) = v;
-                    }
+            }
+            // Rows: G g.
+            let mut gk = [[0f32; 3]; 4];
+            for col in 0..3 {
+                let (a, b, d) = (k[0][col], k[1][col], k[2][col]);
+                gk[0][col] = a;
+                gk[1][col] = (a + b + d) * 0.5;
+                gk[2][col] = (a - b + d) * 0.5;
+                gk[3][col] = d;
+            }
+            for (r, row) in gk.iter().enumerate() {
+                let (a, b, d) = (row[0], row[1], row[2]);
+                let vals = [a, (a + b + d) * 0.5, (a - b + d) * 0.5, d];
+                for (q, v) in vals.into_iter().enumerate() {
+                    *u.add((((r * 4 + q) * panels + p) * c + ci) * NO + lane) = v;
                 }
             }
         }

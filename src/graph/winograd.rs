@@ -90,6 +90,12 @@ unsafe extern "C" fn compute_kernels(dst: *mut g::ggml_tensor, _ith: c_int, nth:
         }
     });
 }
+/// Whether the AVX-512 kernel runs (`SD_CPU_AVX512=0` keeps the AVX2 one, for comparisons).
+fn avx512_allowed() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| is_x86_feature_detected!("avx512f") && !matches!(std::env::var("SD_CPU_AVX512").as_deref().map(str::trim), Ok("0" | "off")))
+}
+
 /// Sizes of one convolution, from its tensors.
 struct Geo {
     x: *const u8,
@@ -111,6 +117,8 @@ struct Geo {
     tiles: usize,
     segs: usize,
     n: usize,
+    /// Whether the products take 16-lane registers (same values, see `kernel_avx512`).
+    avx512: bool,
 }
 
 impl Geo {
@@ -140,6 +148,7 @@ impl Geo {
             tiles: tw * th,
             segs: (tw * th).div_ceil(SEG),
             n: us(x.ne[3]),
+            avx512: avx512_allowed(),
         }
     }
 
@@ -210,7 +219,17 @@ unsafe fn task(geo: &Geo, i: usize, s: &mut Scratch) {
             let (u, v, m) = (geo.u.add(pos * geo.opan * c * NO), v.add(pos * tpan * c * MT), m.add(pos * OCB * SEG));
             for c0 in (0..c).step_by(KC) {
                 let kc = KC.min(c - c0);
-                for p in p0..p1 {
+                let mut p = p0;
+                if geo.avx512 {
+                    while p + 4 <= p1 {
+                        let up: [*const f32; 4] = std::array::from_fn(|q| u.add(((p + q) * c + c0) * NO));
+                        for t in 0..tpan {
+                            kernel_avx512(v.add((t * c + c0) * MT), up, kc, m.add((p - p0) * NO * SEG + t * MT), SEG, c0 > 0);
+                        }
+                        p += 4;
+                    }
+                }
+                for p in p..p1 {
                     let up = u.add((p * c + c0) * NO);
                     for t in 0..tpan {
                         kernel(v.add((t * c + c0) * MT), up, kc, m.add((p - p0) * NO * SEG + t * MT), SEG, c0 > 0);
@@ -416,6 +435,32 @@ unsafe fn untransform(geo: &Geo, n: usize, t0: usize, tiles: usize, oc0: usize, 
     }
 }
 
+/// `kernel` for 4 panels of output channels at once in 16-lane registers (24 accumulators):
+/// every lane sees the same fused multiply-adds in the same order, so the values are the
+/// AVX2 kernel's bit for bit.
+#[target_feature(enable = "avx512f")]
+unsafe fn kernel_avx512(v: *const f32, u: [*const f32; 4], kc: usize, m: *mut f32, ldm: usize, resume: bool) {
+    let mut acc = [_mm512_setzero_ps(); 4 * NO];
+    if resume {
+        for (j, a) in acc.iter_mut().enumerate() {
+            *a = _mm512_loadu_ps(m.add(j * ldm));
+        }
+    }
+    for k in 0..kc {
+        let vv = _mm512_loadu_ps(v.add(k * MT));
+        for (q, up) in u.iter().enumerate() {
+            let pu = up.add(k * NO);
+            for j in 0..NO {
+                let a = &mut acc[q * NO + j];
+                *a = _mm512_fmadd_ps(vv, _mm512_set1_ps(*pu.add(j)), *a);
+            }
+        }
+    }
+    for (j, a) in acc.iter().enumerate() {
+        _mm512_storeu_ps(m.add(j * ldm), *a);
+    }
+}
+
 /// `m[j][i] (+)= Σ_k v[k][i] · u[k][j]` for MT tiles × NO output channels over `kc`
 /// channels; `m` rows (output channels) `ldm` floats apart.
 #[inline(always)]
@@ -447,6 +492,31 @@ unsafe fn kernel(v: *const f32, u: *const f32, kc: usize, m: *mut f32, ldm: usiz
 #[cfg(test)]
 mod tests {
     use crate::graph::backend::Backend;
+
+    /// The 16-lane kernel's values are the AVX2 kernel's, bit for bit (fresh and resumed).
+    #[test]
+    fn avx512_kernel_gives_the_avx2_values() {
+        if !is_x86_feature_detected!("avx512f") || !crate::graph::gemm::vector_kernels_available() {
+            return;
+        }
+        let kc = 37;
+        let v: Vec<f32> = (0..kc * super::MT).map(|i| ((i * 37 % 101) as f32 - 50.0) * 0.013).collect();
+        let u: Vec<Vec<f32>> = (0..4).map(|q| (0..kc * super::NO).map(|i| ((i * 11 + q * 7) % 29) as f32 * 0.07 - 1.0).collect()).collect();
+        let ldm = 40;
+        let mut want = vec![0.5f32; 4 * super::NO * ldm];
+        let mut got = want.clone();
+        for resume in [false, true] {
+            // SAFETY: buffers hold kc rows of each panel and 24 output rows of 16.
+            unsafe {
+                for (q, uq) in u.iter().enumerate() {
+                    super::kernel(v.as_ptr(), uq.as_ptr(), kc, want.as_mut_ptr().add(q * super::NO * ldm), ldm, resume);
+                }
+                let up: [*const f32; 4] = std::array::from_fn(|q| u[q].as_ptr());
+                super::kernel_avx512(v.as_ptr(), up, kc, got.as_mut_ptr(), ldm, resume);
+            }
+            assert_eq!(want.iter().map(|x| x.to_bits()).collect::<Vec<_>>(), got.iter().map(|x| x.to_bits()).collect::<Vec<_>>());
+        }
+    }
     use crate::graph::context::{F16, F32};
     use crate::graph::gemm::scalar::f32_to_f16;
     use crate::graph::runner::Runner;

@@ -445,10 +445,131 @@ unsafe fn small_tile<const NB: usize>(dot: Dot, a: *const f32, b: [*const f32; N
     }
 }
 
+// ---- small k, f32 dots, 16 rows per vector (AVX-512) ----
+
+/// Whether 16-lane registers take the small-k f32 products (the same values: every lane
+/// runs the 8-lane code's operations in the same order). `SD_CPU_AVX512=0` keeps AVX2.
+pub(crate) fn avx512_allowed() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| is_x86_feature_detected!("avx512f") && !matches!(std::env::var("SD_CPU_AVX512").as_deref().map(str::trim), Ok("0" | "off")))
+}
+
+/// `pack_t8` for 16 rows.
+#[target_feature(enable = "avx512f,avx2,fma,f16c")]
+unsafe fn pack_t16(kind: Load, src: *const u8, stride: usize, rows: usize, k: usize, dst: *mut f32) {
+    let mut tmp = [0f32; 16];
+    for t in 0..k {
+        for (r, v) in tmp.iter_mut().enumerate() {
+            *v = if r < rows { load1(kind, src.add(r * stride), t) } else { 0.0 };
+        }
+        _mm512_storeu_ps(dst.add(t * 16), _mm512_loadu_ps(tmp.as_ptr()));
+    }
+}
+
+/// `small_lane` for 16 rows.
+#[allow(clippy::needless_range_loop)] // indices are ggml's accumulator lanes
+#[inline(always)]
+unsafe fn small_lane16<const NB: usize>(a: *const f32, b: &[*const f32; NB], cs: usize, l: usize) -> [__m512; NB] {
+    let mut x = [[_mm512_setzero_ps(); 4]; NB];
+    for j in 0..4 {
+        let mut acc = [_mm512_setzero_ps(); NB];
+        for c in 0..cs {
+            let t = c * 32 + j * 8 + l;
+            let av = _mm512_loadu_ps(a.add(t * 16));
+            for q in 0..NB {
+                acc[q] = _mm512_fmadd_ps(av, _mm512_set1_ps(*b[q].add(t)), acc[q]);
+            }
+        }
+        for q in 0..NB {
+            x[q][j] = acc[q];
+        }
+    }
+    std::array::from_fn(|q| _mm512_add_ps(_mm512_add_ps(x[q][0], x[q][2]), _mm512_add_ps(x[q][1], x[q][3])))
+}
+
+/// `small_tile` of an f32 dot for 16 rows.
+#[allow(clippy::needless_range_loop)] // indices are ggml's accumulator lanes
+#[target_feature(enable = "avx512f,avx2,fma,f16c")]
+unsafe fn small_tile16<const NB: usize>(a: *const f32, b: [*const f32; NB], k: usize, out: &mut [__m512; NB]) {
+    let k32 = k & !31;
+    let cs = k32 / 32;
+    let mut tt = [[_mm512_setzero_ps(); 4]; NB];
+    for i in 0..4 {
+        let (lo, hi) = (small_lane16::<NB>(a, &b, cs, i), small_lane16::<NB>(a, &b, cs, i + 4));
+        for q in 0..NB {
+            tt[q][i] = _mm512_add_ps(lo[q], hi[q]);
+        }
+    }
+    for q in 0..NB {
+        let w = &tt[q];
+        let mut r = _mm512_add_ps(_mm512_add_ps(w[0], w[1]), _mm512_add_ps(w[2], w[3]));
+        let q4 = k32 + ((k - k32) & !3);
+        for t in k32..q4 {
+            r = _mm512_add_ps(r, _mm512_mul_ps(_mm512_loadu_ps(a.add(t * 16)), _mm512_set1_ps(*b[q].add(t))));
+        }
+        for t in q4..k {
+            r = _mm512_fmadd_ps(_mm512_loadu_ps(a.add(t * 16)), _mm512_set1_ps(*b[q].add(t)), r);
+        }
+        out[q] = r;
+    }
+}
+
+/// `small_task` of an f32 dot, 16 rows per vector.
+#[target_feature(enable = "avx512f,avx2,fma,f16c")]
+unsafe fn small_task16(p: &Problem, t: &Task, s: &mut Scratch) {
+    const NB: usize = 4;
+    let k = p.k;
+    let a_kind = if p.a.ty == Elem::F16 { Load::F16 } else { Load::F32 };
+    let b_kind = if p.b.ty == Elem::F16 { Load::F16 } else { Load::F32 };
+    let rows = t.m1 - t.m0;
+    let npan = rows.div_ceil(16);
+    grow(&mut s.a, npan * 16 * k, 0.0);
+    grow(&mut s.b, (t.n1 - t.n0) * k, 0.0);
+    let (arow, brow, out) = p.batch_ptrs(t.batch);
+    if s.a_key != Some((t.batch, t.m0)) {
+        for q in 0..npan {
+            let r0 = t.m0 + q * 16;
+            pack_t16(a_kind, arow.wrapping_add(r0 * p.a.nb[0]), p.a.nb[0], 16.min(t.m1 - r0), k, s.a.as_mut_ptr().add(q * 16 * k));
+        }
+        s.a_key = Some((t.batch, t.m0));
+    }
+    let bp = s.b.as_mut_ptr();
+    for n in t.n0..t.n1 {
+        pack_row(b_kind, brow.wrapping_add(n * p.b.nb[0]), k, bp.add((n - t.n0) * k));
+    }
+    let ap = s.a.as_ptr();
+    let mut res = [_mm512_setzero_ps(); NB];
+    let mut n = t.n0;
+    while n < t.n1 {
+        let cnt = NB.min(t.n1 - n);
+        let cols: [*const f32; NB] = std::array::from_fn(|q| bp.add((n + q.min(cnt - 1) - t.n0) * k) as *const f32);
+        for q16 in 0..npan {
+            let r0 = t.m0 + q16 * 16;
+            small_tile16::<NB>(ap.add(q16 * 16 * k), cols, k, &mut res);
+            let live = 16.min(t.m1 - r0);
+            for q in 0..cnt {
+                let dst = (out.add((n + q) * p.out_nb[0]) as *mut f32).add(r0);
+                if live == 16 {
+                    _mm512_storeu_ps(dst, res[q]);
+                } else {
+                    let mut tmp = [0f32; 16];
+                    _mm512_storeu_ps(tmp.as_mut_ptr(), res[q]);
+                    std::ptr::copy_nonoverlapping(tmp.as_ptr(), dst, live);
+                }
+            }
+        }
+        n += cnt;
+    }
+}
+
 #[allow(clippy::needless_range_loop)] // indices are ggml's accumulator lanes
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(crate) unsafe fn small_task(p: &Problem, t: &Task, s: &mut Scratch) {
     const NB: usize = 4;
+    if p.dot == Dot::F32 && avx512_allowed() {
+        // SAFETY: the CPU has AVX-512F (checked).
+        return unsafe { small_task16(p, t, s) };
+    }
     let k = p.k;
     let a_kind = if p.a.ty == Elem::F16 { Load::F16 } else { Load::F32 };
     let b_kind = match (p.dot, p.b.ty) {

@@ -10,7 +10,16 @@ pub(crate) mod gemm;
 pub(crate) mod im2col;
 pub mod loaded;
 pub(crate) mod matmul;
+#[cfg(target_arch = "x86_64")]
 pub(crate) mod winograd;
+/// Winograd convolutions are x86-64 only (AVX2 kernels); elsewhere convolutions keep im2col.
+#[cfg(not(target_arch = "x86_64"))]
+pub(crate) mod winograd {
+    use super::context::{Graph, T};
+    pub(crate) fn conv3x3<'g>(_: &'g Graph, _: T<'g>, _: T<'g>, _: (i32, i32), _: (i32, i32), _: (i32, i32)) -> Option<T<'g>> {
+        None
+    }
+}
 pub mod nn;
 pub mod ops;
 pub mod params;

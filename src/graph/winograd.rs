@@ -90,12 +90,6 @@ unsafe extern "C" fn compute_kernels(dst: *mut g::ggml_tensor, _ith: c_int, nth:
         }
     });
 }
-/// Whether the AVX-512 kernel runs (`SD_CPU_AVX512=0` keeps the AVX2 one, for comparisons).
-fn avx512_allowed() -> bool {
-    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| is_x86_feature_detected!("avx512f") && !matches!(std::env::var("SD_CPU_AVX512").as_deref().map(str::trim), Ok("0" | "off")))
-}
-
 /// Sizes of one convolution, from its tensors.
 struct Geo {
     x: *const u8,
@@ -148,7 +142,7 @@ impl Geo {
             tiles: tw * th,
             segs: (tw * th).div_ceil(SEG),
             n: us(x.ne[3]),
-            avx512: avx512_allowed(),
+            avx512: super::gemm::x86::avx512_allowed(),
         }
     }
 

@@ -447,8 +447,9 @@ unsafe fn small_tile<const NB: usize>(dot: Dot, a: *const f32, b: [*const f32; N
 
 // ---- small k, f32 dots, 16 rows per vector (AVX-512) ----
 
-/// Whether 16-lane registers take the small-k f32 products (the same values: every lane
-/// runs the 8-lane code's operations in the same order). `SD_CPU_AVX512=0` keeps AVX2.
+/// Whether 16-lane registers take the small-k f32 products and Winograd's products (the
+/// same values: every lane runs the 8-lane code's operations in the same order).
+/// `SD_CPU_AVX512=0` keeps AVX2, for comparisons.
 pub(crate) fn avx512_allowed() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *ON.get_or_init(|| is_x86_feature_detected!("avx512f") && !matches!(std::env::var("SD_CPU_AVX512").as_deref().map(str::trim), Ok("0" | "off")))
@@ -484,7 +485,11 @@ unsafe fn small_lane16<const NB: usize>(a: *const f32, b: &[*const f32; NB], cs:
             x[q][j] = acc[q];
         }
     }
-    std::array::from_fn(|q| _mm512_add_ps(_mm512_add_ps(x[q][0], x[q][2]), _mm512_add_ps(x[q][1], x[q][3])))
+    let mut out = [_mm512_setzero_ps(); NB];
+    for (o, xq) in out.iter_mut().zip(&x) {
+        *o = _mm512_add_ps(_mm512_add_ps(xq[0], xq[2]), _mm512_add_ps(xq[1], xq[3]));
+    }
+    out
 }
 
 /// `small_tile` of an f32 dot for 16 rows.
@@ -515,6 +520,7 @@ unsafe fn small_tile16<const NB: usize>(a: *const f32, b: [*const f32; NB], k: u
 }
 
 /// `small_task` of an f32 dot, 16 rows per vector.
+#[allow(clippy::needless_range_loop)] // as small_task
 #[target_feature(enable = "avx512f,avx2,fma,f16c")]
 unsafe fn small_task16(p: &Problem, t: &Task, s: &mut Scratch) {
     const NB: usize = 4;

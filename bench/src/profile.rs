@@ -10,7 +10,7 @@ use std::process::{Command, Stdio};
 /// the element-wise `mul`, attention before `soft_max`'s generic vector helpers.
 const CATEGORIES: &[(&str, &[&str])] = &[
     ("mul_mat (GEMM kernels, activation quantisation)", &["mul_mat", "vec_dot", "gemm", "gemv", "sgemm", "tinyblas", "quantize_row", "quantize_mat", "repack"]),
-    ("conv / im2col", &["im2col", "conv_2d", "conv_transpose", "conv2d"]),
+    ("conv / im2col / Winograd", &["im2col", "conv_2d", "conv_transpose", "conv2d", "winograd"]),
     ("attention / softmax", &["soft_max", "flash_attn", "softmax", "vec_max", "ggml_v_expf"]),
     ("norms (group / layer)", &["norm"]),
     (

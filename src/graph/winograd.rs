@@ -1,8 +1,8 @@
 //! 3×3 convolutions with stride 1 on the CPU by Winograd's F(2×2, 3×3) as our own ggml op:
 //! 16 products per 2×2 outputs and channel instead of 36, and no im2col matrix. It is not
 //! ggml's summation: the values move by float rounding (well within the golden tolerance,
-//! tests/parity_*), so quantized models, whose pictures are the reference's bit for bit,
-//! keep the im2col path (`GraphOptions::cpu_winograd`).
+//! tests/parity_*), so contexts with quantized weights, whose pictures are the reference's
+//! bit for bit, keep the im2col path (`GraphOptions::cpu_winograd`, set by the loader).
 //!
 //! Per output tile, `Y = Aᵀ [(G g Gᵀ) ⊙ (Bᵀ d B)] A` with g the 3×3 kernel and d the 4×4
 //! input patch; summed over input channels, each of the 16 positions of the transformed

@@ -218,9 +218,11 @@ impl Weights {
             sd_info!("{what}: weights are read from the model files for each use");
         }
         let mut runner = Runner::for_placement(&placement, n_threads);
-        // A quantized module renders the reference's picture bit for bit only with ggml's
-        // convolution sums (its activations are re-quantized, which amplifies any rounding).
-        runner.options.cpu_winograd &= !store.entries().any(|(_, w)| crate::graph::context::is_block_quantized(w.ty()));
+        // Quantized models render the reference's pictures bit for bit only with ggml's
+        // convolution sums (activations are re-quantized, which amplifies any rounding, and
+        // their float VAE would still move the picture by a grey level): every module of
+        // a context with quantized weights keeps them.
+        runner.options.cpu_winograd &= !self.types().values().any(|&t| crate::graph::context::is_block_quantized(t));
         let source: Arc<dyn WeightSource> = self.clone();
         Ok(Loaded::new(model, store, placement, runner, Some(source), what))
     }

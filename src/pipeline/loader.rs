@@ -221,8 +221,9 @@ impl Weights {
         // Quantized models render the reference's pictures bit for bit only with ggml's
         // convolution sums (activations are re-quantized, which amplifies any rounding, and
         // their float VAE would still move the picture by a grey level): every module of
-        // a context with quantized weights keeps them.
-        runner.options.cpu_winograd &= !self.types().values().any(|&t| crate::graph::context::is_block_quantized(t));
+        // a context with quantized weights keeps them (`SD_CPU_WINOGRAD=all`: not even there).
+        let everywhere = std::env::var("SD_CPU_WINOGRAD").is_ok_and(|v| v.trim() == "all");
+        runner.options.cpu_winograd &= everywhere || !self.types().values().any(|&t| crate::graph::context::is_block_quantized(t));
         let source: Arc<dyn WeightSource> = self.clone();
         Ok(Loaded::new(model, store, placement, runner, Some(source), what))
     }

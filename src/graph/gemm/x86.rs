@@ -315,6 +315,41 @@ unsafe fn q8_tile(a: *const u8, b: *const u8, nb: usize, acc: &mut [__m256; QMR 
     *acc = c;
 }
 
+/// `q8_tile` with AVX-512 VNNI: one `vpdpbusd` gives each lane's four-product integer sum
+/// that `maddubs` + `madd` give (no pair can saturate: quantized activations lie in
+/// ±127), so the values are the same bit for bit.
+#[target_feature(enable = "avx512vnni,avx512vl,avx512f,avx2,fma,f16c")]
+unsafe fn q8_tile_vnni(a: *const u8, b: *const u8, nb: usize, acc: &mut [__m256; QMR * QNR]) {
+    let ad = a.add(nb * QMR * 32) as *const f32;
+    let bd = b.add(nb * QNR * 32) as *const f32;
+    let zero = _mm256_setzero_si256();
+    let mut c = [_mm256_setzero_ps(); QMR * QNR];
+    for blk in 0..nb {
+        let pa = a.add(blk * QMR * 32);
+        let pb = b.add(blk * QNR * 32);
+        let b0 = _mm256_loadu_si256(pb as *const __m256i);
+        let b1 = _mm256_loadu_si256(pb.add(32) as *const __m256i);
+        let db0 = _mm256_broadcast_ss(&*bd.add(blk * QNR));
+        let db1 = _mm256_broadcast_ss(&*bd.add(blk * QNR + 1));
+        for m in 0..QMR {
+            let x = _mm256_loadu_si256(pa.add(m * 32) as *const __m256i);
+            let ax = _mm256_sign_epi8(x, x);
+            let da = _mm256_broadcast_ss(&*ad.add(blk * QMR + m));
+            let s0 = _mm256_cvtepi32_ps(_mm256_dpbusd_epi32(zero, ax, _mm256_sign_epi8(b0, x)));
+            c[m * QNR] = _mm256_fmadd_ps(_mm256_mul_ps(da, db0), s0, c[m * QNR]);
+            let s1 = _mm256_cvtepi32_ps(_mm256_dpbusd_epi32(zero, ax, _mm256_sign_epi8(b1, x)));
+            c[m * QNR + 1] = _mm256_fmadd_ps(_mm256_mul_ps(da, db1), s1, c[m * QNR + 1]);
+        }
+    }
+    *acc = c;
+}
+
+/// Whether `q8_tile_vnni` runs (`SD_CPU_AVX512=0` keeps the AVX2 code).
+fn vnni_allowed() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| avx512_allowed() && is_x86_feature_detected!("avx512vnni") && is_x86_feature_detected!("avx512vl"))
+}
+
 /// `hsum_float_8`.
 #[inline(always)]
 unsafe fn hsum8(x: __m256) -> f32 {
@@ -342,12 +377,18 @@ unsafe fn q8_task(p: &Problem, t: &Task, s: &mut Scratch) {
         s.a_key = Some((t.batch, t.m0));
     }
     let mut acc = [_mm256_setzero_ps(); QMR * QNR];
+    let vnni = vnni_allowed();
     for n0 in (t.n0..t.n1).step_by(QNR) {
         let cols = QNR.min(t.n1 - n0);
         q8_quantize_cols::<QNR>(brow.add(n0 * p.b.nb[0]), p.b.nb[0], cols, nb, bq.as_mut_ptr());
         for q in 0..npan {
             let r0 = t.m0 + q * QMR;
-            q8_tile(aq.as_ptr().add(q * apanel), bq.as_ptr(), nb, &mut acc);
+            if vnni {
+                // SAFETY: the CPU has AVX-512 VNNI and VL (checked).
+                unsafe { q8_tile_vnni(aq.as_ptr().add(q * apanel), bq.as_ptr(), nb, &mut acc) };
+            } else {
+                q8_tile(aq.as_ptr().add(q * apanel), bq.as_ptr(), nb, &mut acc);
+            }
             for ni in 0..cols {
                 let dst = out.add((n0 + ni) * p.out_nb[0]) as *mut f32;
                 for mi in 0..QMR.min(t.m1 - r0) {

@@ -113,8 +113,22 @@ pub struct GraphOptions {
     /// every CPU, faster) instead of ggml's `mul_mat`.
     pub cpu_own_matmul: bool,
     /// On the CPU, 3×3 convolutions by Winograd's F(2×2, 3×3) (`graph::winograd`): float
-    /// rounding differs from ggml's; off for quantized models (see there).
+    /// rounding differs from ggml's, so only where nothing amplifies it (decoders and
+    /// upscalers, see `winograd_wanted`).
     pub cpu_winograd: bool,
+}
+
+/// Whether a decoder or upscaler takes Winograd's convolutions (`GraphOptions::cpu_winograd`).
+/// Not in networks whose output is sampled further (UNet, encoders): SDXL's sampling
+/// amplifies the rounding past the golden tolerance (its img2img case moved by max 8 with a
+/// Winograd VAE encoder). Not in contexts with quantized weights either, whose pictures are
+/// the reference's bit for bit. `SD_CPU_WINOGRAD=0` switches it off, `=all` on even there.
+pub fn winograd_wanted(quantized_context: bool) -> bool {
+    match std::env::var("SD_CPU_WINOGRAD").as_deref().map(str::trim) {
+        Ok("0" | "off") => false,
+        Ok("all") => true,
+        _ => !quantized_context,
+    }
 }
 
 impl Default for GraphOptions {
@@ -139,7 +153,7 @@ impl Default for GraphOptions {
             cpu_scores_limit: scores_limit,
             cpu_fast_im2col: fast_im2col,
             cpu_own_matmul: !matches!(std::env::var("SD_CPU_OWN_MATMUL").as_deref().map(str::trim), Ok("0" | "off")),
-            cpu_winograd: !matches!(std::env::var("SD_CPU_WINOGRAD").as_deref().map(str::trim), Ok("0" | "off")),
+            cpu_winograd: false,
         }
     }
 }

@@ -554,6 +554,7 @@ mod tests {
             assert!(worst <= 2e-5 * scale.max(1.0), "case {wi}x{hi} c {c} oc {oc}: off by {worst} (scale {scale})");
             // The second compute of one graph gives the same (the task queue rewinds).
             let mut r = Runner::new(backend.clone(), 2);
+            r.options.cpu_winograd = true;
             let twice = r
                 .compute_many(|g| {
                     let xt = g.input_f32(&x, &[wi, hi, c, n]);

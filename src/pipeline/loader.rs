@@ -115,6 +115,12 @@ impl Weights {
     }
 
     /// Internal name → type the weight will have.
+    /// Whether decoders and upscalers of these files take Winograd's convolutions: not when
+    /// any weight is quantized (see `graph::context::winograd_wanted`).
+    pub fn winograd_for_decoding(&self) -> bool {
+        crate::graph::context::winograd_wanted(self.types().values().any(|&t| crate::graph::context::is_block_quantized(t)))
+    }
+
     pub fn types(&self) -> &TypeMap {
         &self.types
     }
@@ -217,13 +223,7 @@ impl Weights {
         } else {
             sd_info!("{what}: weights are read from the model files for each use");
         }
-        let mut runner = Runner::for_placement(&placement, n_threads);
-        // Quantized models render the reference's pictures bit for bit only with ggml's
-        // convolution sums (activations are re-quantized, which amplifies any rounding, and
-        // their float VAE would still move the picture by a grey level): every module of
-        // a context with quantized weights keeps them (`SD_CPU_WINOGRAD=all`: not even there).
-        let everywhere = std::env::var("SD_CPU_WINOGRAD").is_ok_and(|v| v.trim() == "all");
-        runner.options.cpu_winograd &= everywhere || !self.types().values().any(|&t| crate::graph::context::is_block_quantized(t));
+        let runner = Runner::for_placement(&placement, n_threads);
         let source: Arc<dyn WeightSource> = self.clone();
         Ok(Loaded::new(model, store, placement, runner, Some(source), what))
     }

@@ -57,6 +57,7 @@ impl Upscaler {
             .load_model(placement, n_threads, "", "ESRGAN", |s| Esrgan::new(s, &cfg))
             .with_context(|| format!("load esrgan weights from '{path}' failed"))?;
         net.runner.options.conv_direct = direct;
+        net.runner.options.cpu_winograd = weights.winograd_for_decoding();
         if direct {
             sd_info!("Using Conv2d direct in the upscaler");
         }

@@ -608,7 +608,12 @@ pub fn encode(runner: &mut Runner, vae: &AutoEncoderKL, image: &Tensor) -> Resul
     if vae.cfg.flux2 {
         ensure!(image.ne(0) % scale == 0 && image.ne(1) % scale == 0, "vae encode: Flux.2 needs sides that are multiples of {scale}, got {}x{}", image.ne(0), image.ne(1));
     }
-    runner.compute(|g| vae.encode_graph(g, g.input(image)))
+    // The encoder's latent is sampled further: ggml's convolution sums (see
+    // `graph::context::winograd_wanted`).
+    let winograd = std::mem::replace(&mut runner.options.cpu_winograd, false);
+    let moments = runner.compute(|g| vae.encode_graph(g, g.input(image)));
+    runner.options.cpu_winograd = winograd;
+    moments
 }
 
 /// Runs the decoder: VAE-space latent [w, h, 4, N] → image [8w, 8h, 3, N], unclamped, in

@@ -22,6 +22,7 @@ pub(super) fn build(ctx: &BuildCtx<'_>, place: Placement) -> Result<(Box<dyn Fir
     let tae_preview_only = params.tae_preview_only && !spec.tae_first_stage;
     let configure = |mut v: Loaded<Vae>| -> Box<dyn FirstStage> {
         v.runner.options.flash_attn = params.flash_attn;
+        v.runner.options.cpu_winograd = weights.winograd_for_decoding();
         v.runner.options.conv_direct = params.vae_conv_direct;
         Box::new(v)
     };

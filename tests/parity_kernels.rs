@@ -7,8 +7,8 @@
 //!   latents with the reference's graphs (`SD_CPU_MEMORY_BOUNDS=off`: nothing split, ggml's
 //!   im2col), and with everything split as finely as possible (`tight`) on 1 thread;
 //! - with the CPU arithmetic golden was rendered with (ggml's AVX2 kernels, our `haswell`
-//!   CPU variant) and ggml's convolution sums (`SD_CPU_WINOGRAD=0`: by default 3×3
-//!   convolutions of float weights take Winograd's F(2×2, 3×3), which rounds differently,
+//!   CPU variant) and ggml's convolution sums (`SD_CPU_WINOGRAD=0`: by default the VAE
+//!   decoder's 3×3 convolutions take Winograd's F(2×2, 3×3), which rounds differently,
 //!   within the tolerance), they are golden's bit for bit. ggml loads the best variant the CPU runs,
 //!   and the AVX-512 ones (`skylakex`, `zen4`) sum in another order, moving pictures by
 //!   about 1 grey level here and there: elsewhere that check is skipped with a note. To

@@ -288,12 +288,25 @@ fn q8_panel_len(r: usize, nb: usize) -> usize {
     nb * r * 36
 }
 
-/// The q8_0 tile: QMR × QNR outputs, each one 8-lane accumulator as in ggml.
+/// Each lane's sum of four |x|·(±y) byte products (no closure: it would not inherit the
+/// caller's target features).
 #[inline(always)]
-unsafe fn q8_tile(a: *const u8, b: *const u8, nb: usize, acc: &mut [__m256; QMR * QNR]) {
+unsafe fn q8_isum<const VNNI: bool>(ax: __m256i, y: __m256i) -> __m256i {
+    if VNNI {
+        _mm256_dpbusd_epi32(_mm256_setzero_si256(), ax, y)
+    } else {
+        _mm256_madd_epi16(_mm256_set1_epi16(1), _mm256_maddubs_epi16(ax, y))
+    }
+}
+
+/// The q8_0 tile: QMR × QNR outputs, each one 8-lane accumulator as in ggml. With `VNNI`,
+/// one `vpdpbusd` gives each lane's four-product integer sum that `maddubs` + `madd` give (no
+/// pair can saturate: quantized activations lie in ±127), so the values are the same bit for
+/// bit; that instantiation runs only inside `q8_tile_vnni`.
+#[inline(always)]
+unsafe fn q8_tile_with<const VNNI: bool>(a: *const u8, b: *const u8, nb: usize, acc: &mut [__m256; QMR * QNR]) {
     let ad = a.add(nb * QMR * 32) as *const f32;
     let bd = b.add(nb * QNR * 32) as *const f32;
-    let ones = _mm256_set1_epi16(1);
     let mut c = [_mm256_setzero_ps(); QMR * QNR];
     for blk in 0..nb {
         let pa = a.add(blk * QMR * 32);
@@ -306,42 +319,18 @@ unsafe fn q8_tile(a: *const u8, b: *const u8, nb: usize, acc: &mut [__m256; QMR 
             let x = _mm256_loadu_si256(pa.add(m * 32) as *const __m256i);
             let ax = _mm256_sign_epi8(x, x);
             let da = _mm256_broadcast_ss(&*ad.add(blk * QMR + m));
-            let s0 = _mm256_cvtepi32_ps(_mm256_madd_epi16(ones, _mm256_maddubs_epi16(ax, _mm256_sign_epi8(b0, x))));
+            let s0 = _mm256_cvtepi32_ps(q8_isum::<VNNI>(ax, _mm256_sign_epi8(b0, x)));
             c[m * QNR] = _mm256_fmadd_ps(_mm256_mul_ps(da, db0), s0, c[m * QNR]);
-            let s1 = _mm256_cvtepi32_ps(_mm256_madd_epi16(ones, _mm256_maddubs_epi16(ax, _mm256_sign_epi8(b1, x))));
+            let s1 = _mm256_cvtepi32_ps(q8_isum::<VNNI>(ax, _mm256_sign_epi8(b1, x)));
             c[m * QNR + 1] = _mm256_fmadd_ps(_mm256_mul_ps(da, db1), s1, c[m * QNR + 1]);
         }
     }
     *acc = c;
 }
 
-/// `q8_tile` with AVX-512 VNNI: one `vpdpbusd` gives each lane's four-product integer sum
-/// that `maddubs` + `madd` give (no pair can saturate: quantized activations lie in
-/// ±127), so the values are the same bit for bit.
 #[target_feature(enable = "avx512vnni,avx512vl,avx512f,avx2,fma,f16c")]
 unsafe fn q8_tile_vnni(a: *const u8, b: *const u8, nb: usize, acc: &mut [__m256; QMR * QNR]) {
-    let ad = a.add(nb * QMR * 32) as *const f32;
-    let bd = b.add(nb * QNR * 32) as *const f32;
-    let zero = _mm256_setzero_si256();
-    let mut c = [_mm256_setzero_ps(); QMR * QNR];
-    for blk in 0..nb {
-        let pa = a.add(blk * QMR * 32);
-        let pb = b.add(blk * QNR * 32);
-        let b0 = _mm256_loadu_si256(pb as *const __m256i);
-        let b1 = _mm256_loadu_si256(pb.add(32) as *const __m256i);
-        let db0 = _mm256_broadcast_ss(&*bd.add(blk * QNR));
-        let db1 = _mm256_broadcast_ss(&*bd.add(blk * QNR + 1));
-        for m in 0..QMR {
-            let x = _mm256_loadu_si256(pa.add(m * 32) as *const __m256i);
-            let ax = _mm256_sign_epi8(x, x);
-            let da = _mm256_broadcast_ss(&*ad.add(blk * QMR + m));
-            let s0 = _mm256_cvtepi32_ps(_mm256_dpbusd_epi32(zero, ax, _mm256_sign_epi8(b0, x)));
-            c[m * QNR] = _mm256_fmadd_ps(_mm256_mul_ps(da, db0), s0, c[m * QNR]);
-            let s1 = _mm256_cvtepi32_ps(_mm256_dpbusd_epi32(zero, ax, _mm256_sign_epi8(b1, x)));
-            c[m * QNR + 1] = _mm256_fmadd_ps(_mm256_mul_ps(da, db1), s1, c[m * QNR + 1]);
-        }
-    }
-    *acc = c;
+    q8_tile_with::<true>(a, b, nb, acc)
 }
 
 /// Whether `q8_tile_vnni` runs (`SD_CPU_AVX512=0` keeps the AVX2 code).
@@ -387,7 +376,7 @@ unsafe fn q8_task(p: &Problem, t: &Task, s: &mut Scratch) {
                 // SAFETY: the CPU has AVX-512 VNNI and VL (checked).
                 unsafe { q8_tile_vnni(aq.as_ptr().add(q * apanel), bq.as_ptr(), nb, &mut acc) };
             } else {
-                q8_tile(aq.as_ptr().add(q * apanel), bq.as_ptr(), nb, &mut acc);
+                q8_tile_with::<false>(aq.as_ptr().add(q * apanel), bq.as_ptr(), nb, &mut acc);
             }
             for ni in 0..cols {
                 let dst = out.add((n0 + ni) * p.out_nb[0]) as *mut f32;
@@ -399,85 +388,193 @@ unsafe fn q8_task(p: &Problem, t: &Task, s: &mut Scratch) {
     }
 }
 
-// ---- small k: one vector = 8 outputs (rows m..m+8 of one column) ----
+// ---- small k: one vector = 8 or 16 outputs (rows of one column) ----
 
 pub(crate) const SMALL_K: usize = 192;
 
-/// A block transposed: per 8 rows, element t of the 8 rows at [t][8].
-#[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn pack_t8(kind: Load, src: *const u8, stride: usize, rows: usize, k: usize, dst: *mut f32) {
-    let mut tmp = [0f32; 8];
-    for t in 0..k {
-        for (r, v) in tmp.iter_mut().enumerate() {
-            *v = if r < rows { load1(kind, src.add(r * stride), t) } else { 0.0 };
+/// A register width for the small-k products. Every lane runs ggml's 8-lane operations in
+/// the same order, so 16 lanes give the 8-lane values bit for bit. The methods are
+/// `inline(always)` so that they compile with the features of the `target_feature` entry
+/// point that inlines them (`small_task8` / `small_task16`).
+trait Lanes {
+    const N: usize;
+    type V: Copy;
+    unsafe fn zero() -> Self::V;
+    unsafe fn load(p: *const f32) -> Self::V;
+    unsafe fn store(p: *mut f32, v: Self::V);
+    unsafe fn splat(x: f32) -> Self::V;
+    unsafe fn add(a: Self::V, b: Self::V) -> Self::V;
+    unsafe fn mul(a: Self::V, b: Self::V) -> Self::V;
+    unsafe fn fmadd(a: Self::V, b: Self::V, c: Self::V) -> Self::V;
+    /// ggml's f16 dot tail: `r` plus the products t = k32..k, summed per lane in f64.
+    unsafe fn f16_tail(r: Self::V, a: *const f32, b: *const f32, k32: usize, k: usize) -> Self::V;
+}
+
+struct W8;
+struct W16;
+
+#[inline(always)]
+unsafe fn upper8(v: __m512) -> __m256 {
+    _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(v)))
+}
+
+impl Lanes for W8 {
+    const N: usize = 8;
+    type V = __m256;
+    #[inline(always)]
+    unsafe fn zero() -> __m256 {
+        _mm256_setzero_ps()
+    }
+    #[inline(always)]
+    unsafe fn load(p: *const f32) -> __m256 {
+        _mm256_loadu_ps(p)
+    }
+    #[inline(always)]
+    unsafe fn store(p: *mut f32, v: __m256) {
+        _mm256_storeu_ps(p, v)
+    }
+    #[inline(always)]
+    unsafe fn splat(x: f32) -> __m256 {
+        _mm256_set1_ps(x)
+    }
+    #[inline(always)]
+    unsafe fn add(a: __m256, b: __m256) -> __m256 {
+        _mm256_add_ps(a, b)
+    }
+    #[inline(always)]
+    unsafe fn mul(a: __m256, b: __m256) -> __m256 {
+        _mm256_mul_ps(a, b)
+    }
+    #[inline(always)]
+    unsafe fn fmadd(a: __m256, b: __m256, c: __m256) -> __m256 {
+        _mm256_fmadd_ps(a, b, c)
+    }
+    #[inline(always)]
+    unsafe fn f16_tail(r: __m256, a: *const f32, b: *const f32, k32: usize, k: usize) -> __m256 {
+        let mut lo = _mm256_cvtps_pd(_mm256_castps256_ps128(r));
+        let mut hi = _mm256_cvtps_pd(_mm256_extractf128_ps::<1>(r));
+        for t in k32..k {
+            let p = _mm256_mul_ps(_mm256_loadu_ps(a.add(t * 8)), _mm256_set1_ps(*b.add(t)));
+            lo = _mm256_add_pd(lo, _mm256_cvtps_pd(_mm256_castps256_ps128(p)));
+            hi = _mm256_add_pd(hi, _mm256_cvtps_pd(_mm256_extractf128_ps::<1>(p)));
         }
-        _mm256_storeu_ps(dst.add(t * 8), _mm256_loadu_ps(tmp.as_ptr()));
+        _mm256_set_m128(_mm256_cvtpd_ps(hi), _mm256_cvtpd_ps(lo))
     }
 }
 
-#[target_feature(enable = "avx2,fma,f16c")]
+impl Lanes for W16 {
+    const N: usize = 16;
+    type V = __m512;
+    #[inline(always)]
+    unsafe fn zero() -> __m512 {
+        _mm512_setzero_ps()
+    }
+    #[inline(always)]
+    unsafe fn load(p: *const f32) -> __m512 {
+        _mm512_loadu_ps(p)
+    }
+    #[inline(always)]
+    unsafe fn store(p: *mut f32, v: __m512) {
+        _mm512_storeu_ps(p, v)
+    }
+    #[inline(always)]
+    unsafe fn splat(x: f32) -> __m512 {
+        _mm512_set1_ps(x)
+    }
+    #[inline(always)]
+    unsafe fn add(a: __m512, b: __m512) -> __m512 {
+        _mm512_add_ps(a, b)
+    }
+    #[inline(always)]
+    unsafe fn mul(a: __m512, b: __m512) -> __m512 {
+        _mm512_mul_ps(a, b)
+    }
+    #[inline(always)]
+    unsafe fn fmadd(a: __m512, b: __m512, c: __m512) -> __m512 {
+        _mm512_fmadd_ps(a, b, c)
+    }
+    #[inline(always)]
+    unsafe fn f16_tail(r: __m512, a: *const f32, b: *const f32, k32: usize, k: usize) -> __m512 {
+        let mut lo = _mm512_cvtps_pd(_mm512_castps512_ps256(r));
+        let mut hi = _mm512_cvtps_pd(upper8(r));
+        for t in k32..k {
+            let p = _mm512_mul_ps(_mm512_loadu_ps(a.add(t * 16)), _mm512_set1_ps(*b.add(t)));
+            lo = _mm512_add_pd(lo, _mm512_cvtps_pd(_mm512_castps512_ps256(p)));
+            hi = _mm512_add_pd(hi, _mm512_cvtps_pd(upper8(p)));
+        }
+        let lo = _mm512_castps256_ps512(_mm512_cvtpd_ps(lo));
+        _mm512_castpd_ps(_mm512_insertf64x4::<1>(_mm512_castps_pd(lo), _mm256_castps_pd(_mm512_cvtpd_ps(hi))))
+    }
+}
+
+/// A block transposed: per L::N rows, element t of those rows at [t][L::N] (zeros past `rows`).
+#[inline(always)]
+unsafe fn pack_t<L: Lanes>(kind: Load, src: *const u8, stride: usize, rows: usize, k: usize, dst: *mut f32) {
+    for t in 0..k {
+        for r in 0..L::N {
+            *dst.add(t * L::N + r) = if r < rows { load1(kind, src.add(r * stride), t) } else { 0.0 };
+        }
+    }
+}
+
+#[inline(always)]
 unsafe fn pack_row(kind: Load, src: *const u8, k: usize, dst: *mut f32) {
     for t in 0..k {
         *dst.add(t) = load1(kind, src, t);
     }
 }
 
-/// Lane l of the 8-row × NB tile: v_l = (x0 + x2) + (x1 + x3) of its four chains.
+/// Lane l of the L::N-row × NB tile: v_l = (x0 + x2) + (x1 + x3) of its four chains.
 #[allow(clippy::needless_range_loop)] // indices are ggml's accumulator lanes
 #[inline(always)]
-unsafe fn small_lane<const NB: usize>(a: *const f32, b: &[*const f32; NB], cs: usize, l: usize) -> [__m256; NB] {
-    let mut x = [[_mm256_setzero_ps(); 4]; NB];
+unsafe fn small_lane<L: Lanes, const NB: usize>(a: *const f32, b: &[*const f32; NB], cs: usize, l: usize) -> [L::V; NB] {
+    let mut x = [[L::zero(); 4]; NB];
     for j in 0..4 {
-        let mut acc = [_mm256_setzero_ps(); NB];
+        let mut acc = [L::zero(); NB];
         for c in 0..cs {
             let t = c * 32 + j * 8 + l;
-            let av = _mm256_loadu_ps(a.add(t * 8));
+            let av = L::load(a.add(t * L::N));
             for q in 0..NB {
-                acc[q] = _mm256_fmadd_ps(av, _mm256_broadcast_ss(&*b[q].add(t)), acc[q]);
+                acc[q] = L::fmadd(av, L::splat(*b[q].add(t)), acc[q]);
             }
         }
         for q in 0..NB {
             x[q][j] = acc[q];
         }
     }
-    std::array::from_fn(|q| _mm256_add_ps(_mm256_add_ps(x[q][0], x[q][2]), _mm256_add_ps(x[q][1], x[q][3])))
+    let mut out = [L::zero(); NB];
+    for q in 0..NB {
+        out[q] = L::add(L::add(x[q][0], x[q][2]), L::add(x[q][1], x[q][3]));
+    }
+    out
 }
 
-/// 8 rows × NB columns with k < SMALL_K: every lane chain of ggml's dot (32 per output) is
-/// vectorised across the 8 rows.
+/// L::N rows × NB columns with k < SMALL_K: every lane chain of ggml's dot (32 per output) is
+/// vectorised across the rows.
 #[allow(clippy::needless_range_loop)] // indices are ggml's accumulator lanes
 #[inline(always)]
-unsafe fn small_tile<const NB: usize>(dot: Dot, a: *const f32, b: [*const f32; NB], k: usize, out: &mut [__m256; NB]) {
+unsafe fn small_tile<L: Lanes, const NB: usize>(dot: Dot, a: *const f32, b: [*const f32; NB], k: usize, out: &mut [L::V; NB]) {
     let k32 = k & !31;
     let cs = k32 / 32;
-    let mut tt = [[_mm256_setzero_ps(); 4]; NB];
+    let mut tt = [[L::zero(); 4]; NB];
     for i in 0..4 {
-        let (lo, hi) = (small_lane::<NB>(a, &b, cs, i), small_lane::<NB>(a, &b, cs, i + 4));
+        let (lo, hi) = (small_lane::<L, NB>(a, &b, cs, i), small_lane::<L, NB>(a, &b, cs, i + 4));
         for q in 0..NB {
-            tt[q][i] = _mm256_add_ps(lo[q], hi[q]);
+            tt[q][i] = L::add(lo[q], hi[q]);
         }
     }
     for q in 0..NB {
         let w = &tt[q];
-        let mut r = _mm256_add_ps(_mm256_add_ps(w[0], w[1]), _mm256_add_ps(w[2], w[3]));
+        let mut r = L::add(L::add(w[0], w[1]), L::add(w[2], w[3]));
         match dot {
-            Dot::F16 if k > k32 => {
-                let mut lo = _mm256_cvtps_pd(_mm256_castps256_ps128(r));
-                let mut hi = _mm256_cvtps_pd(_mm256_extractf128_ps::<1>(r));
-                for t in k32..k {
-                    let p = _mm256_mul_ps(_mm256_loadu_ps(a.add(t * 8)), _mm256_broadcast_ss(&*b[q].add(t)));
-                    lo = _mm256_add_pd(lo, _mm256_cvtps_pd(_mm256_castps256_ps128(p)));
-                    hi = _mm256_add_pd(hi, _mm256_cvtps_pd(_mm256_extractf128_ps::<1>(p)));
-                }
-                r = _mm256_set_m128(_mm256_cvtpd_ps(hi), _mm256_cvtpd_ps(lo));
-            }
+            Dot::F16 if k > k32 => r = L::f16_tail(r, a, b[q], k32, k),
             Dot::F32 => {
                 let q4 = k32 + ((k - k32) & !3);
                 for t in k32..q4 {
-                    r = _mm256_add_ps(r, _mm256_mul_ps(_mm256_loadu_ps(a.add(t * 8)), _mm256_broadcast_ss(&*b[q].add(t))));
+                    r = L::add(r, L::mul(L::load(a.add(t * L::N)), L::splat(*b[q].add(t))));
                 }
                 for t in q4..k {
-                    r = _mm256_fmadd_ps(_mm256_loadu_ps(a.add(t * 8)), _mm256_broadcast_ss(&*b[q].add(t)), r);
+                    r = L::fmadd(L::load(a.add(t * L::N)), L::splat(*b[q].add(t)), r);
                 }
             }
             _ => {}
@@ -486,137 +583,20 @@ unsafe fn small_tile<const NB: usize>(dot: Dot, a: *const f32, b: [*const f32; N
     }
 }
 
-// ---- small k, f32 dots, 16 rows per vector (AVX-512) ----
-
-/// Whether 16-lane registers take the small-k f32 products and Winograd's products (the
-/// same values: every lane runs the 8-lane code's operations in the same order).
+/// Whether 16-lane registers take the small-k products and Winograd's products (the same
+/// values: every lane runs the 8-lane code's operations in the same order).
 /// `SD_CPU_AVX512=0` keeps AVX2, for comparisons.
 pub(crate) fn avx512_allowed() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *ON.get_or_init(|| is_x86_feature_detected!("avx512f") && !matches!(std::env::var("SD_CPU_AVX512").as_deref().map(str::trim), Ok("0" | "off")))
 }
 
-/// `pack_t8` for 16 rows.
-#[target_feature(enable = "avx512f,avx2,fma,f16c")]
-unsafe fn pack_t16(kind: Load, src: *const u8, stride: usize, rows: usize, k: usize, dst: *mut f32) {
-    let mut tmp = [0f32; 16];
-    for t in 0..k {
-        for (r, v) in tmp.iter_mut().enumerate() {
-            *v = if r < rows { load1(kind, src.add(r * stride), t) } else { 0.0 };
-        }
-        _mm512_storeu_ps(dst.add(t * 16), _mm512_loadu_ps(tmp.as_ptr()));
-    }
-}
-
-/// `small_lane` for 16 rows.
+/// Products with k < SMALL_K, one vector = L::N outputs (rows m..m+L::N of one column).
 #[allow(clippy::needless_range_loop)] // indices are ggml's accumulator lanes
 #[inline(always)]
-unsafe fn small_lane16<const NB: usize>(a: *const f32, b: &[*const f32; NB], cs: usize, l: usize) -> [__m512; NB] {
-    let mut x = [[_mm512_setzero_ps(); 4]; NB];
-    for j in 0..4 {
-        let mut acc = [_mm512_setzero_ps(); NB];
-        for c in 0..cs {
-            let t = c * 32 + j * 8 + l;
-            let av = _mm512_loadu_ps(a.add(t * 16));
-            for q in 0..NB {
-                acc[q] = _mm512_fmadd_ps(av, _mm512_set1_ps(*b[q].add(t)), acc[q]);
-            }
-        }
-        for q in 0..NB {
-            x[q][j] = acc[q];
-        }
-    }
-    let mut out = [_mm512_setzero_ps(); NB];
-    for (o, xq) in out.iter_mut().zip(&x) {
-        *o = _mm512_add_ps(_mm512_add_ps(xq[0], xq[2]), _mm512_add_ps(xq[1], xq[3]));
-    }
-    out
-}
-
-/// `small_tile` of an f32 dot for 16 rows.
-#[allow(clippy::needless_range_loop)] // indices are ggml's accumulator lanes
-#[target_feature(enable = "avx512f,avx2,fma,f16c")]
-unsafe fn small_tile16<const NB: usize>(a: *const f32, b: [*const f32; NB], k: usize, out: &mut [__m512; NB]) {
-    let k32 = k & !31;
-    let cs = k32 / 32;
-    let mut tt = [[_mm512_setzero_ps(); 4]; NB];
-    for i in 0..4 {
-        let (lo, hi) = (small_lane16::<NB>(a, &b, cs, i), small_lane16::<NB>(a, &b, cs, i + 4));
-        for q in 0..NB {
-            tt[q][i] = _mm512_add_ps(lo[q], hi[q]);
-        }
-    }
-    for q in 0..NB {
-        let w = &tt[q];
-        let mut r = _mm512_add_ps(_mm512_add_ps(w[0], w[1]), _mm512_add_ps(w[2], w[3]));
-        let q4 = k32 + ((k - k32) & !3);
-        for t in k32..q4 {
-            r = _mm512_add_ps(r, _mm512_mul_ps(_mm512_loadu_ps(a.add(t * 16)), _mm512_set1_ps(*b[q].add(t))));
-        }
-        for t in q4..k {
-            r = _mm512_fmadd_ps(_mm512_loadu_ps(a.add(t * 16)), _mm512_set1_ps(*b[q].add(t)), r);
-        }
-        out[q] = r;
-    }
-}
-
-/// `small_task` of an f32 dot, 16 rows per vector.
-#[allow(clippy::needless_range_loop)] // as small_task
-#[target_feature(enable = "avx512f,avx2,fma,f16c")]
-unsafe fn small_task16(p: &Problem, t: &Task, s: &mut Scratch) {
+unsafe fn small_body<L: Lanes>(p: &Problem, t: &Task, s: &mut Scratch) {
     const NB: usize = 4;
-    let k = p.k;
-    let a_kind = if p.a.ty == Elem::F16 { Load::F16 } else { Load::F32 };
-    let b_kind = if p.b.ty == Elem::F16 { Load::F16 } else { Load::F32 };
-    let rows = t.m1 - t.m0;
-    let npan = rows.div_ceil(16);
-    grow(&mut s.a, npan * 16 * k, 0.0);
-    grow(&mut s.b, (t.n1 - t.n0) * k, 0.0);
-    let (arow, brow, out) = p.batch_ptrs(t.batch);
-    if s.a_key != Some((t.batch, t.m0)) {
-        for q in 0..npan {
-            let r0 = t.m0 + q * 16;
-            pack_t16(a_kind, arow.wrapping_add(r0 * p.a.nb[0]), p.a.nb[0], 16.min(t.m1 - r0), k, s.a.as_mut_ptr().add(q * 16 * k));
-        }
-        s.a_key = Some((t.batch, t.m0));
-    }
-    let bp = s.b.as_mut_ptr();
-    for n in t.n0..t.n1 {
-        pack_row(b_kind, brow.wrapping_add(n * p.b.nb[0]), k, bp.add((n - t.n0) * k));
-    }
-    let ap = s.a.as_ptr();
-    let mut res = [_mm512_setzero_ps(); NB];
-    let mut n = t.n0;
-    while n < t.n1 {
-        let cnt = NB.min(t.n1 - n);
-        let cols: [*const f32; NB] = std::array::from_fn(|q| bp.add((n + q.min(cnt - 1) - t.n0) * k) as *const f32);
-        for q16 in 0..npan {
-            let r0 = t.m0 + q16 * 16;
-            small_tile16::<NB>(ap.add(q16 * 16 * k), cols, k, &mut res);
-            let live = 16.min(t.m1 - r0);
-            for q in 0..cnt {
-                let dst = (out.add((n + q) * p.out_nb[0]) as *mut f32).add(r0);
-                if live == 16 {
-                    _mm512_storeu_ps(dst, res[q]);
-                } else {
-                    let mut tmp = [0f32; 16];
-                    _mm512_storeu_ps(tmp.as_mut_ptr(), res[q]);
-                    std::ptr::copy_nonoverlapping(tmp.as_ptr(), dst, live);
-                }
-            }
-        }
-        n += cnt;
-    }
-}
-
-#[allow(clippy::needless_range_loop)] // indices are ggml's accumulator lanes
-#[target_feature(enable = "avx2,fma,f16c")]
-pub(crate) unsafe fn small_task(p: &Problem, t: &Task, s: &mut Scratch) {
-    const NB: usize = 4;
-    if p.dot == Dot::F32 && avx512_allowed() {
-        // SAFETY: the CPU has AVX-512F (checked).
-        return unsafe { small_task16(p, t, s) };
-    }
+    let n_l = L::N;
     let k = p.k;
     let a_kind = if p.a.ty == Elem::F16 { Load::F16 } else { Load::F32 };
     let b_kind = match (p.dot, p.b.ty) {
@@ -625,14 +605,14 @@ pub(crate) unsafe fn small_task(p: &Problem, t: &Task, s: &mut Scratch) {
         _ => Load::F32,
     };
     let rows = t.m1 - t.m0;
-    let npan = rows.div_ceil(8);
-    grow(&mut s.a, npan * 8 * k, 0.0);
+    let npan = rows.div_ceil(n_l);
+    grow(&mut s.a, npan * n_l * k, 0.0);
     grow(&mut s.b, (t.n1 - t.n0) * k, 0.0);
     let (arow, brow, out) = p.batch_ptrs(t.batch);
     if s.a_key != Some((t.batch, t.m0)) {
         for q in 0..npan {
-            let r0 = t.m0 + q * 8;
-            pack_t8(a_kind, arow.wrapping_add(r0 * p.a.nb[0]), p.a.nb[0], 8.min(t.m1 - r0), k, s.a.as_mut_ptr().add(q * 8 * k));
+            let r0 = t.m0 + q * n_l;
+            pack_t::<L>(a_kind, arow.wrapping_add(r0 * p.a.nb[0]), p.a.nb[0], n_l.min(t.m1 - r0), k, s.a.as_mut_ptr().add(q * n_l * k));
         }
         s.a_key = Some((t.batch, t.m0));
     }
@@ -641,26 +621,50 @@ pub(crate) unsafe fn small_task(p: &Problem, t: &Task, s: &mut Scratch) {
         pack_row(b_kind, brow.wrapping_add(n * p.b.nb[0]), k, bp.add((n - t.n0) * k));
     }
     let ap = s.a.as_ptr();
-    let mut res = [_mm256_setzero_ps(); NB];
+    let mut res = [L::zero(); NB];
     let mut n = t.n0;
     while n < t.n1 {
         let cnt = NB.min(t.n1 - n);
-        let cols: [*const f32; NB] = std::array::from_fn(|q| bp.add((n + q.min(cnt - 1) - t.n0) * k) as *const f32);
-        for q8 in 0..npan {
-            let r0 = t.m0 + q8 * 8;
-            small_tile::<NB>(p.dot, ap.add(q8 * 8 * k), cols, k, &mut res);
-            let live = 8.min(t.m1 - r0);
+        // Columns past the end repeat the last one (computed, not stored).
+        let mut cols = [bp as *const f32; NB];
+        for q in 0..NB {
+            cols[q] = bp.add((n + q.min(cnt - 1) - t.n0) * k);
+        }
+        for pan in 0..npan {
+            let r0 = t.m0 + pan * n_l;
+            small_tile::<L, NB>(p.dot, ap.add(pan * n_l * k), cols, k, &mut res);
+            let live = n_l.min(t.m1 - r0);
             for q in 0..cnt {
                 let dst = (out.add((n + q) * p.out_nb[0]) as *mut f32).add(r0);
-                if live == 8 {
-                    _mm256_storeu_ps(dst, res[q]);
+                if live == n_l {
+                    L::store(dst, res[q]);
                 } else {
-                    let mut tmp = [0f32; 8];
-                    _mm256_storeu_ps(tmp.as_mut_ptr(), res[q]);
+                    let mut tmp = [0f32; 16];
+                    L::store(tmp.as_mut_ptr(), res[q]);
                     std::ptr::copy_nonoverlapping(tmp.as_ptr(), dst, live);
                 }
             }
         }
         n += cnt;
+    }
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn small_task8(p: &Problem, t: &Task, s: &mut Scratch) {
+    small_body::<W8>(p, t, s)
+}
+
+#[target_feature(enable = "avx512f,avx2,fma,f16c")]
+unsafe fn small_task16(p: &Problem, t: &Task, s: &mut Scratch) {
+    small_body::<W16>(p, t, s)
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(crate) unsafe fn small_task(p: &Problem, t: &Task, s: &mut Scratch) {
+    if avx512_allowed() {
+        // SAFETY: the CPU has AVX-512F (checked).
+        unsafe { small_task16(p, t, s) }
+    } else {
+        small_task8(p, t, s)
     }
 }

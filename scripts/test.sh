@@ -117,7 +117,8 @@ vulkan_suite() {
     local level=1
     [ "${SD_TEST_DEVICES:-}" = full ] && level=full
     # LP_NATIVE_VECTOR_WIDTH=256: with its 512-bit code on AVX-512 CPUs Debian 12's llvmpipe
-    # (Mesa 22.3) corrupted the heap in most runs; 256 makes it rarer, not gone.
+    # (Mesa 22.3) corrupted the heap in most runs; 256 makes it rarer, not gone; 128 gives
+    # NaN in the VAE encoder every time (the fault follows lavapipe's vector width).
     device_suite vulkan_ SD_GGML_BACKEND_DIR="$modules" SD_TEST_VULKAN=$level GGML_VK_VISIBLE_DEVICES=0 \
         GGML_VK_DISABLE_F16=1 LP_NATIVE_VECTOR_WIDTH=256
 }

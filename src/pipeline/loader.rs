@@ -114,13 +114,13 @@ impl Weights {
         self.version
     }
 
-    /// Internal name → type the weight will have.
     /// Whether decoders and upscalers of these files take Winograd's convolutions: not when
     /// any weight is quantized (see `graph::context::winograd_wanted`).
     pub fn winograd_for_decoding(&self) -> bool {
         crate::graph::context::winograd_wanted(self.types().values().any(|&t| crate::graph::context::is_block_quantized(t)))
     }
 
+    /// Internal name → type the weight will have.
     pub fn types(&self) -> &TypeMap {
         &self.types
     }

@@ -36,7 +36,8 @@ usage: sd-bench [--quick] [options]
                        (default reference,ours; ours-native builds ours with -march=native,
                        ours-vulkan computes on the first Vulkan device (lavapipe without a GPU),
                        ours-rpc on this CPU through ggml's RPC server on loopback,
-                       and the NAMEs of --ref-lib)
+                       and the NAMEs of --ref-lib); SIDE+fa is SIDE with flash attention
+                       (flash_attn of sd_ctx_params_t), e.g. ours+fa,ref97+fa
   --ref-lib NAME=PATH  a side NAME that runs the stable-diffusion.cpp shared library PATH
                        (loaded at run time through the C API of stable-diffusion.h), e.g.
                        the exact reference built by bench/build-reference.sh; repeatable
@@ -123,6 +124,11 @@ fn for_size<T: Copy>(v: &[(i32, T)], size: i32, fallback: T) -> T {
 }
 
 fn parse_args() -> Result<Options, String> {
+    parse_args_from(std::env::args().skip(1).collect())
+}
+
+/// The options of a command line (without the program name).
+fn parse_args_from(args: Vec<String>) -> Result<Options, String> {
     let mut o = Options {
         reps: vec![(256, 3), (512, 1), (0, 1)],
         load_reps: 3,
@@ -150,7 +156,6 @@ fn parse_args() -> Result<Options, String> {
         quick: false,
         profile: false,
     };
-    let args: Vec<String> = std::env::args().skip(1).collect();
     o.profile = args.iter().any(|a| a == "--profile");
     if o.profile || args.iter().any(|a| a == "--quick") {
         o.quick = true;
@@ -209,7 +214,8 @@ fn parse_args() -> Result<Options, String> {
         }
     }
     for s in &o.sides {
-        if !BUILT_SIDES.contains(&s.as_str()) && o.library(s).is_none() {
+        let s = base_side(s);
+        if !BUILT_SIDES.contains(&s) && o.library(s).is_none() {
             return Err(format!("unknown side {s:?} ({}, or a --ref-lib NAME)", BUILT_SIDES.join(", ")));
         }
     }
@@ -219,6 +225,14 @@ fn parse_args() -> Result<Options, String> {
 /// The sides whose runners cargo builds; `--ref-lib` adds named ones.
 const BUILT_SIDES: &[&str] = &["reference", "ours", "ours-native", "ours-vulkan", "ours-rpc"];
 
+/// The suffix of a side that runs with flash attention on.
+const FLASH_ATTN_SUFFIX: &str = "+fa";
+
+/// A side's runner without its flash-attention suffix.
+fn base_side(side: &str) -> &str {
+    side.strip_suffix(FLASH_ATTN_SUFFIX).unwrap_or(side)
+}
+
 impl Options {
     /// The library of a `--ref-lib` side.
     fn library(&self, side: &str) -> Option<&str> {
@@ -227,9 +241,11 @@ impl Options {
 
     /// The runner of a side and the job it runs (a `--ref-lib` side's names its library).
     fn runner(&self, side: &str, job: &Job) -> (PathBuf, Job) {
+        let flash_attn = side.ends_with(FLASH_ATTN_SUFFIX);
+        let side = base_side(side);
         match self.library(side) {
-            Some(lib) => (runner_path("library"), Job { library: lib.to_string(), ..job.clone() }),
-            None => (runner_path(side), job.clone()),
+            Some(lib) => (runner_path("library"), Job { library: lib.to_string(), flash_attn, ..job.clone() }),
+            None => (runner_path(side), Job { flash_attn, ..job.clone() }),
         }
     }
 }
@@ -258,7 +274,7 @@ fn build_runners(o: &Options) -> Result<(), String> {
     let mut builds: Vec<Vec<String>> = Vec::new();
     let mut plain: Vec<String> = Vec::new();
     for side in &o.sides {
-        match side.as_str() {
+        match base_side(side) {
             s if o.library(s).is_some() => {
                 if !plain.iter().any(|p| p == "sd-bench-lib") {
                     plain.extend(["-p".into(), "sd-bench-lib".into()]);
@@ -612,4 +628,22 @@ fn run_profile(o: &Options) -> ExitCode {
         return ExitCode::FAILURE;
     }
     ExitCode::SUCCESS
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn flash_attention_sides_share_their_runner() {
+        let o = Options { ref_libs: vec![("ref97".into(), "/r/lib.so".into())], ..parse_args_from(Vec::new()).unwrap() };
+        let job = Job { model: "m".into(), ..Job::default() };
+        let (exe, j) = o.runner("ref97+fa", &job);
+        assert_eq!((exe, j.library.as_str(), j.flash_attn), (runner_path("library"), "/r/lib.so", true));
+        let (exe, j) = o.runner("ours", &job);
+        assert_eq!((exe, j.flash_attn), (runner_path("ours"), false));
+        assert_eq!(o.runner("ours+fa", &job).0, runner_path("ours"));
+        assert!(parse_args_from(["--sides", "ours+fa,reference+fa"].map(String::from).to_vec()).is_ok());
+        assert!(parse_args_from(["--sides", "nobody+fa"].map(String::from).to_vec()).is_err());
+    }
 }

@@ -52,6 +52,9 @@ pub struct Job {
     /// A shared library with the C API of `stable-diffusion.h` that the `sd-bench-lib`
     /// runner loads (the other runners ignore it).
     pub library: String,
+    /// `flash_attn` of `sd_ctx_params_t`: flash attention in every model (a side named
+    /// `NAME+fa`).
+    pub flash_attn: bool,
 }
 
 /// Component keys of [`Job::components`], named after the `sd_ctx_params_t` fields
@@ -142,6 +145,7 @@ impl Default for Job {
             tile_size: 128,
             components: Vec::new(),
             library: String::new(),
+            flash_attn: false,
         }
     }
 }
@@ -198,6 +202,9 @@ impl Job {
         if !self.library.is_empty() {
             a.extend(["--library".into(), self.library.clone()]);
         }
+        if self.flash_attn {
+            a.push("--flash-attn".into());
+        }
         a
     }
 
@@ -226,6 +233,7 @@ impl Job {
                 "--tile-size" => job.tile_size = parse_num(&flag, &value()?)?,
                 "--component" => job.components.push(parse_component(&value()?)?),
                 "--library" => job.library = value()?,
+                "--flash-attn" => job.flash_attn = true,
                 _ => return Err(format!("unknown flag {flag:?}")),
             }
         }
@@ -507,6 +515,8 @@ mod tests {
     fn job_round_trip() {
         let job = Job { model: "m.safetensors".into(), load_only: true, out: Some("x.ppm".into()), ..Job::default() };
         assert_eq!(Job::from_args(job.to_args()).unwrap(), job);
+        let fa = Job { model: "m.safetensors".into(), flash_attn: true, library: "/x/lib.so".into(), ..Job::default() };
+        assert_eq!(Job::from_args(fa.to_args()).unwrap(), fa);
         let up = Job { upscale_model: "x4.pth".into(), tile_size: 64, ..Job::default() };
         assert_eq!(Job::from_args(up.to_args()).unwrap(), up);
         let dit = Job { components: vec![("diffusion_model".into(), "flux.gguf".into()), ("vae".into(), "ae.safetensors".into())], ..Job::default() };

@@ -181,6 +181,7 @@ fn run(job: &Job) -> Result<Outcome<'static>, String> {
         }
         cp.n_threads = job.threads;
         cp.enable_mmap = job.mmap.into();
+        cp.flash_attn = job.flash_attn.into();
         if !job.wtype.is_empty() {
             let wtype = (api.str_to_type)(wtype_name.as_ptr());
             if wtype == sd_type_t::COUNT {

@@ -106,6 +106,7 @@ fn run(job: &Job) -> Result<Outcome<'static>, String> {
         model_path: Some(job.model.clone()).filter(|m| !m.is_empty()),
         n_threads: job.threads,
         enable_mmap: job.mmap,
+        flash_attn: job.flash_attn,
         ..CtxParams::default()
     };
     for (key, path) in &job.components {

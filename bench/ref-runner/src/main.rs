@@ -78,6 +78,7 @@ fn run(job: &Job) -> Result<Outcome<'static>, String> {
         }
         cp.n_threads = job.threads;
         cp.enable_mmap = job.mmap;
+        cp.flash_attn = job.flash_attn;
         if !job.wtype.is_empty() {
             let wtype = sys::str_to_sd_type(wtype_name.as_ptr());
             if wtype == sys::sd_type_t::SD_TYPE_COUNT {

@@ -7,6 +7,8 @@
 //! group j (0..4) of every block feeds ggml's accumulator j. A panel of R rows stores, for
 //! j = 0..4, for each block c, the R rows' 8 values of group j — so the pass of accumulator
 //! j reads one contiguous stretch — followed by the rows' tails (k mod 32 values each).
+//! With AVX-512, groups j and j + 1 are packed side by side and share a 16-lane register
+//! (lanes 8-15 are group j + 1's accumulator): the same operations per lane.
 
 use super::{Dot, Elem, Problem, Task};
 use std::arch::x86_64::*;
@@ -52,18 +54,20 @@ unsafe fn load1(kind: Load, row: *const u8, i: usize) -> f32 {
     }
 }
 
-/// Packs lane group `j` of blocks c0..c1 of `rows` (≤ R) rows, `stride` bytes apart, as
-/// [c][r][8] (zero rows beyond `rows`).
+/// Packs lane groups `j..j + G` of blocks c0..c1 of `rows` (≤ R) rows, `stride` bytes
+/// apart, as [c][r][8 · G] (zero rows beyond `rows`).
 #[target_feature(enable = "avx2,fma,f16c")]
 #[allow(clippy::too_many_arguments)]
-unsafe fn pack_chunk<const R: usize>(kind: Load, src: *const u8, stride: usize, rows: usize, j: usize, c0: usize, c1: usize, dst: *mut f32) {
+unsafe fn pack_chunk<const R: usize, const G: usize>(kind: Load, src: *const u8, stride: usize, rows: usize, j: usize, c0: usize, c1: usize, dst: *mut f32) {
     for r in 0..R {
         let row = src.wrapping_add(r * stride);
-        let mut d = dst.add(r * 8);
+        let mut d = dst.add(r * 8 * G);
         for c in c0..c1 {
-            let v = if r < rows { load8(kind, row, c * 32 + j * 8) } else { _mm256_setzero_ps() };
-            _mm256_storeu_ps(d, v);
-            d = d.add(R * 8);
+            for g in 0..G {
+                let v = if r < rows { load8(kind, row, c * 32 + (j + g) * 8) } else { _mm256_setzero_ps() };
+                _mm256_storeu_ps(d.add(8 * g), v);
+            }
+            d = d.add(R * 8 * G);
         }
     }
 }
@@ -106,6 +110,43 @@ unsafe fn tile_pass(a: *const f32, b: *const f32, cs: usize, st: *mut __m256, re
     for (i, row) in c.iter().enumerate() {
         for (j, v) in row.iter().enumerate() {
             _mm256_storeu_ps(st.add(i * NR + j) as *mut f32, *v);
+        }
+    }
+}
+
+/// `tile_pass` for lane groups j and j + 1 at once: one 16-lane register holds both groups'
+/// accumulators of an output (lanes 0-7 group j's, 8-15 group j + 1's), so every lane sees
+/// the same fused multiply-adds in the same order, with half the instructions and loads.
+/// `st` points at group j's MR × NR accumulators, group j + 1's follow.
+#[inline(always)]
+unsafe fn tile_pass16(a: *const f32, b: *const f32, cs: usize, st: *mut __m256, resume: bool) {
+    let mut c = [[_mm512_setzero_ps(); NR]; MR];
+    if resume {
+        for (i, row) in c.iter_mut().enumerate() {
+            for (j, v) in row.iter_mut().enumerate() {
+                let lo = _mm256_loadu_ps(st.add(i * NR + j) as *const f32);
+                let hi = _mm256_loadu_ps(st.add(MR * NR + i * NR + j) as *const f32);
+                let both = _mm512_insertf64x4::<1>(_mm512_castpd256_pd512(_mm256_castps_pd(lo)), _mm256_castps_pd(hi));
+                *v = _mm512_castpd_ps(both);
+            }
+        }
+    }
+    let (mut pa, mut pb) = (a, b);
+    for _ in 0..cs {
+        let bv: [__m512; NR] = [_mm512_loadu_ps(pb), _mm512_loadu_ps(pb.add(16)), _mm512_loadu_ps(pb.add(32))];
+        for (i, row) in c.iter_mut().enumerate() {
+            let av = _mm512_loadu_ps(pa.add(16 * i));
+            for (v, bj) in row.iter_mut().zip(bv) {
+                *v = _mm512_fmadd_ps(av, bj, *v);
+            }
+        }
+        pa = pa.add(MR * 16);
+        pb = pb.add(NR * 16);
+    }
+    for (i, row) in c.iter().enumerate() {
+        for (j, v) in row.iter().enumerate() {
+            _mm256_storeu_ps(st.add(i * NR + j) as *mut f32, _mm512_castps512_ps256(*v));
+            _mm256_storeu_ps(st.add(MR * NR + i * NR + j) as *mut f32, upper8(*v));
         }
     }
 }
@@ -155,8 +196,29 @@ pub(crate) unsafe fn run(p: &Problem, tasks: impl Iterator<Item = Task>, s: &mut
 /// per row, so that an A chunk of MC rows stays in L2 and a B panel chunk in L1.
 const KC_BLOCKS: usize = 64;
 
-#[target_feature(enable = "avx2,fma,f16c")]
+/// The float products: lane groups two at a time in 16-lane registers where AVX-512 is
+/// allowed (the same values), else one at a time.
 unsafe fn float_task(p: &Problem, t: &Task, s: &mut Scratch) {
+    if avx512_allowed() {
+        float_task16(p, t, s)
+    } else {
+        float_task8(p, t, s)
+    }
+}
+
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn float_task8(p: &Problem, t: &Task, s: &mut Scratch) {
+    float_body::<1>(p, t, s)
+}
+
+#[target_feature(enable = "avx512f,avx2,fma,f16c")]
+unsafe fn float_task16(p: &Problem, t: &Task, s: &mut Scratch) {
+    float_body::<2>(p, t, s)
+}
+
+/// G lane groups per accumulator pass (1: 8-lane registers, 2: 16-lane ones).
+#[inline(always)]
+unsafe fn float_body<const G: usize>(p: &Problem, t: &Task, s: &mut Scratch) {
     let k = p.k;
     let (k32, tail) = (k & !31, k % 32);
     let cs = k32 / 32;
@@ -169,8 +231,8 @@ unsafe fn float_task(p: &Problem, t: &Task, s: &mut Scratch) {
     let (rows, cols) = (t.m1 - t.m0, t.n1 - t.n0);
     let (pm, pn) = (rows.div_ceil(MR), cols.div_ceil(NR));
     let kc = KC_BLOCKS.min(cs).max(1);
-    let a_len = pm * MR * kc * 8;
-    let b_len = NR * kc * 8;
+    let a_len = pm * MR * kc * 8 * G;
+    let b_len = NR * kc * 8 * G;
     grow(&mut s.a, a_len + rows * tail, 0.0);
     grow(&mut s.b, b_len + cols * tail, 0.0);
     grow(&mut s.st, pn * pm * 4 * MR * NR, _mm256_setzero_ps());
@@ -178,19 +240,25 @@ unsafe fn float_task(p: &Problem, t: &Task, s: &mut Scratch) {
     let arow = arow.wrapping_add(t.m0 * p.a.nb[0]);
     let brow = brow.wrapping_add(t.n0 * p.b.nb[0]);
     let (ap, bp, st) = (s.a.as_mut_ptr(), s.b.as_mut_ptr(), s.st.as_mut_ptr());
-    for j in 0..4 {
+    for j in (0..4).step_by(G) {
         for c0 in (0..cs).step_by(kc) {
             let c1 = (c0 + kc).min(cs);
             let nc = c1 - c0;
             for q in 0..pm {
                 let r0 = q * MR;
-                pack_chunk::<MR>(a_kind, arow.wrapping_add(r0 * p.a.nb[0]), p.a.nb[0], MR.min(rows - r0), j, c0, c1, ap.add(q * MR * nc * 8));
+                let dst = ap.add(q * MR * nc * 8 * G);
+                pack_chunk::<MR, G>(a_kind, arow.wrapping_add(r0 * p.a.nb[0]), p.a.nb[0], MR.min(rows - r0), j, c0, c1, dst);
             }
             for n in 0..pn {
                 let n0 = n * NR;
-                pack_chunk::<NR>(b_kind, brow.wrapping_add(n0 * p.b.nb[0]), p.b.nb[0], NR.min(cols - n0), j, c0, c1, bp);
+                pack_chunk::<NR, G>(b_kind, brow.wrapping_add(n0 * p.b.nb[0]), p.b.nb[0], NR.min(cols - n0), j, c0, c1, bp);
                 for q in 0..pm {
-                    tile_pass(ap.add(q * MR * nc * 8), bp, nc, st.add(((n * pm + q) * 4 + j) * MR * NR), c0 > 0);
+                    let (a, st) = (ap.add(q * MR * nc * 8 * G), st.add(((n * pm + q) * 4 + j) * MR * NR));
+                    if G == 2 {
+                        tile_pass16(a, bp, nc, st, c0 > 0);
+                    } else {
+                        tile_pass(a, bp, nc, st, c0 > 0);
+                    }
                 }
             }
         }

@@ -157,7 +157,8 @@ fn build_ggml(manifest_dir: &Path, src: &Path, pinned: Option<&str>, out_dir: &P
     let target_arch = env::var("CARGO_CFG_TARGET_ARCH").unwrap();
     // SD_GGML_BUILD_DIR lets several checkouts share one ggml build (it takes minutes).
     println!("cargo:rerun-if-env-changed=SD_GGML_BUILD_DIR");
-    let shared_root = env::var_os("SD_GGML_BUILD_DIR").map(PathBuf::from);
+    // Empty counts as unset (a relative "" would put the build inside this crate).
+    let shared_root = env::var_os("SD_GGML_BUILD_DIR").filter(|v| !v.is_empty()).map(PathBuf::from);
     let (build_dir, wrapper_dir) = match &shared_root {
         Some(root) => {
             // CMake ties a build folder to one source folder: give every checkout the same

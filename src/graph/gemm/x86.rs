@@ -54,20 +54,20 @@ unsafe fn load1(kind: Load, row: *const u8, i: usize) -> f32 {
     }
 }
 
-/// Packs lane groups `j..j + G` of blocks c0..c1 of `rows` (≤ R) rows, `stride` bytes
-/// apart, as [c][r][8 · G] (zero rows beyond `rows`).
+/// Packs lane groups `j..j + g` of blocks c0..c1 of `rows` (≤ R) rows, `stride` bytes
+/// apart, as [c][r][8 · g] (zero rows beyond `rows`).
 #[target_feature(enable = "avx2,fma,f16c")]
 #[allow(clippy::too_many_arguments)]
-unsafe fn pack_chunk<const R: usize, const G: usize>(kind: Load, src: *const u8, stride: usize, rows: usize, j: usize, c0: usize, c1: usize, dst: *mut f32) {
+unsafe fn pack_chunk<const R: usize>(kind: Load, src: *const u8, stride: usize, rows: usize, j: usize, g: usize, c0: usize, c1: usize, dst: *mut f32) {
     for r in 0..R {
         let row = src.wrapping_add(r * stride);
-        let mut d = dst.add(r * 8 * G);
+        let mut d = dst.add(r * 8 * g);
         for c in c0..c1 {
-            for g in 0..G {
-                let v = if r < rows { load8(kind, row, c * 32 + (j + g) * 8) } else { _mm256_setzero_ps() };
-                _mm256_storeu_ps(d.add(8 * g), v);
+            for h in 0..g {
+                let v = if r < rows { load8(kind, row, c * 32 + (j + h) * 8) } else { _mm256_setzero_ps() };
+                _mm256_storeu_ps(d.add(8 * h), v);
             }
-            d = d.add(R * 8 * G);
+            d = d.add(R * 8 * g);
         }
     }
 }
@@ -82,71 +82,37 @@ unsafe fn pack_tail(kind: Load, src: *const u8, stride: usize, rows: usize, k32:
     }
 }
 
-/// One accumulator pass of an MR × NR tile over `cs` blocks: the tile's accumulators of one
-/// lane group, started from zero or from `st` (`resume`, the previous K chunk) and stored
-/// back to `st`. Every accumulator sees its fused multiply-adds in block order, as in ggml.
+/// One accumulator pass of an MR × NR tile over `cs` blocks: the tile's accumulators of
+/// L::N / 8 consecutive lane groups (one register per output: lanes 8-15 of a 16-lane one are
+/// the next group's), started from zero or from `st` (`resume`, the previous K chunk) and
+/// stored back to `st`. Every accumulator sees its fused multiply-adds in block order, as in
+/// ggml; 16 lanes take half the instructions and loads.
 #[inline(always)]
-unsafe fn tile_pass(a: *const f32, b: *const f32, cs: usize, st: *mut __m256, resume: bool) {
-    let mut c = [[_mm256_setzero_ps(); NR]; MR];
+unsafe fn tile_pass<L: Lanes>(a: *const f32, b: *const f32, cs: usize, st: *mut __m256, resume: bool) {
+    let w = L::N;
+    let mut c = [[L::zero(); NR]; MR];
     if resume {
         for (i, row) in c.iter_mut().enumerate() {
             for (j, v) in row.iter_mut().enumerate() {
-                *v = _mm256_loadu_ps(st.add(i * NR + j) as *const f32);
+                *v = L::load_groups(st.add(i * NR + j), MR * NR);
             }
         }
     }
     let (mut pa, mut pb) = (a, b);
     for _ in 0..cs {
-        let bv: [__m256; NR] = [_mm256_loadu_ps(pb), _mm256_loadu_ps(pb.add(8)), _mm256_loadu_ps(pb.add(16))];
+        let bv: [L::V; NR] = [L::load(pb), L::load(pb.add(w)), L::load(pb.add(2 * w))];
         for (i, row) in c.iter_mut().enumerate() {
-            let av = _mm256_loadu_ps(pa.add(8 * i));
+            let av = L::load(pa.add(w * i));
             for (v, bj) in row.iter_mut().zip(bv) {
-                *v = _mm256_fmadd_ps(av, bj, *v);
+                *v = L::fmadd(av, bj, *v);
             }
         }
-        pa = pa.add(MR * 8);
-        pb = pb.add(NR * 8);
+        pa = pa.add(MR * w);
+        pb = pb.add(NR * w);
     }
     for (i, row) in c.iter().enumerate() {
         for (j, v) in row.iter().enumerate() {
-            _mm256_storeu_ps(st.add(i * NR + j) as *mut f32, *v);
-        }
-    }
-}
-
-/// `tile_pass` for lane groups j and j + 1 at once: one 16-lane register holds both groups'
-/// accumulators of an output (lanes 0-7 group j's, 8-15 group j + 1's), so every lane sees
-/// the same fused multiply-adds in the same order, with half the instructions and loads.
-/// `st` points at group j's MR × NR accumulators, group j + 1's follow.
-#[inline(always)]
-unsafe fn tile_pass16(a: *const f32, b: *const f32, cs: usize, st: *mut __m256, resume: bool) {
-    let mut c = [[_mm512_setzero_ps(); NR]; MR];
-    if resume {
-        for (i, row) in c.iter_mut().enumerate() {
-            for (j, v) in row.iter_mut().enumerate() {
-                let lo = _mm256_loadu_ps(st.add(i * NR + j) as *const f32);
-                let hi = _mm256_loadu_ps(st.add(MR * NR + i * NR + j) as *const f32);
-                let both = _mm512_insertf64x4::<1>(_mm512_castpd256_pd512(_mm256_castps_pd(lo)), _mm256_castps_pd(hi));
-                *v = _mm512_castpd_ps(both);
-            }
-        }
-    }
-    let (mut pa, mut pb) = (a, b);
-    for _ in 0..cs {
-        let bv: [__m512; NR] = [_mm512_loadu_ps(pb), _mm512_loadu_ps(pb.add(16)), _mm512_loadu_ps(pb.add(32))];
-        for (i, row) in c.iter_mut().enumerate() {
-            let av = _mm512_loadu_ps(pa.add(16 * i));
-            for (v, bj) in row.iter_mut().zip(bv) {
-                *v = _mm512_fmadd_ps(av, bj, *v);
-            }
-        }
-        pa = pa.add(MR * 16);
-        pb = pb.add(NR * 16);
-    }
-    for (i, row) in c.iter().enumerate() {
-        for (j, v) in row.iter().enumerate() {
-            _mm256_storeu_ps(st.add(i * NR + j) as *mut f32, _mm512_castps512_ps256(*v));
-            _mm256_storeu_ps(st.add(MR * NR + i * NR + j) as *mut f32, upper8(*v));
+            L::store_groups(st.add(i * NR + j), MR * NR, *v);
         }
     }
 }
@@ -208,17 +174,18 @@ unsafe fn float_task(p: &Problem, t: &Task, s: &mut Scratch) {
 
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn float_task8(p: &Problem, t: &Task, s: &mut Scratch) {
-    float_body::<1>(p, t, s)
+    float_body::<W8>(p, t, s)
 }
 
 #[target_feature(enable = "avx512f,avx2,fma,f16c")]
 unsafe fn float_task16(p: &Problem, t: &Task, s: &mut Scratch) {
-    float_body::<2>(p, t, s)
+    float_body::<W16>(p, t, s)
 }
 
-/// G lane groups per accumulator pass (1: 8-lane registers, 2: 16-lane ones).
+/// L::N / 8 lane groups per accumulator pass.
 #[inline(always)]
-unsafe fn float_body<const G: usize>(p: &Problem, t: &Task, s: &mut Scratch) {
+unsafe fn float_body<L: Lanes>(p: &Problem, t: &Task, s: &mut Scratch) {
+    let g = L::N / 8;
     let k = p.k;
     let (k32, tail) = (k & !31, k % 32);
     let cs = k32 / 32;
@@ -231,8 +198,8 @@ unsafe fn float_body<const G: usize>(p: &Problem, t: &Task, s: &mut Scratch) {
     let (rows, cols) = (t.m1 - t.m0, t.n1 - t.n0);
     let (pm, pn) = (rows.div_ceil(MR), cols.div_ceil(NR));
     let kc = KC_BLOCKS.min(cs).max(1);
-    let a_len = pm * MR * kc * 8 * G;
-    let b_len = NR * kc * 8 * G;
+    let a_len = pm * MR * kc * 8 * g;
+    let b_len = NR * kc * 8 * g;
     grow(&mut s.a, a_len + rows * tail, 0.0);
     grow(&mut s.b, b_len + cols * tail, 0.0);
     grow(&mut s.st, pn * pm * 4 * MR * NR, _mm256_setzero_ps());
@@ -240,25 +207,20 @@ unsafe fn float_body<const G: usize>(p: &Problem, t: &Task, s: &mut Scratch) {
     let arow = arow.wrapping_add(t.m0 * p.a.nb[0]);
     let brow = brow.wrapping_add(t.n0 * p.b.nb[0]);
     let (ap, bp, st) = (s.a.as_mut_ptr(), s.b.as_mut_ptr(), s.st.as_mut_ptr());
-    for j in (0..4).step_by(G) {
+    for j in (0..4).step_by(g) {
         for c0 in (0..cs).step_by(kc) {
             let c1 = (c0 + kc).min(cs);
             let nc = c1 - c0;
             for q in 0..pm {
                 let r0 = q * MR;
-                let dst = ap.add(q * MR * nc * 8 * G);
-                pack_chunk::<MR, G>(a_kind, arow.wrapping_add(r0 * p.a.nb[0]), p.a.nb[0], MR.min(rows - r0), j, c0, c1, dst);
+                let dst = ap.add(q * MR * nc * 8 * g);
+                pack_chunk::<MR>(a_kind, arow.wrapping_add(r0 * p.a.nb[0]), p.a.nb[0], MR.min(rows - r0), j, g, c0, c1, dst);
             }
             for n in 0..pn {
                 let n0 = n * NR;
-                pack_chunk::<NR, G>(b_kind, brow.wrapping_add(n0 * p.b.nb[0]), p.b.nb[0], NR.min(cols - n0), j, c0, c1, bp);
+                pack_chunk::<NR>(b_kind, brow.wrapping_add(n0 * p.b.nb[0]), p.b.nb[0], NR.min(cols - n0), j, g, c0, c1, bp);
                 for q in 0..pm {
-                    let (a, st) = (ap.add(q * MR * nc * 8 * G), st.add(((n * pm + q) * 4 + j) * MR * NR));
-                    if G == 2 {
-                        tile_pass16(a, bp, nc, st, c0 > 0);
-                    } else {
-                        tile_pass(a, bp, nc, st, c0 > 0);
-                    }
+                    tile_pass::<L>(ap.add(q * MR * nc * 8 * g), bp, nc, st.add(((n * pm + q) * 4 + j) * MR * NR), c0 > 0);
                 }
             }
         }
@@ -476,6 +438,10 @@ trait Lanes {
     unsafe fn fmadd(a: Self::V, b: Self::V, c: Self::V) -> Self::V;
     /// ggml's f16 dot tail: `r` plus the products t = k32..k, summed per lane in f64.
     unsafe fn f16_tail(r: Self::V, a: *const f32, b: *const f32, k32: usize, k: usize) -> Self::V;
+    /// The 8-lane accumulators at `st`, `st + next`, ... as one register (N / 8 of them).
+    unsafe fn load_groups(st: *const __m256, next: usize) -> Self::V;
+    /// `load_groups`' inverse.
+    unsafe fn store_groups(st: *mut __m256, next: usize, v: Self::V);
 }
 
 struct W8;
@@ -489,6 +455,14 @@ unsafe fn upper8(v: __m512) -> __m256 {
 impl Lanes for W8 {
     const N: usize = 8;
     type V = __m256;
+    #[inline(always)]
+    unsafe fn load_groups(st: *const __m256, _next: usize) -> __m256 {
+        _mm256_loadu_ps(st as *const f32)
+    }
+    #[inline(always)]
+    unsafe fn store_groups(st: *mut __m256, _next: usize, v: __m256) {
+        _mm256_storeu_ps(st as *mut f32, v)
+    }
     #[inline(always)]
     unsafe fn zero() -> __m256 {
         _mm256_setzero_ps()
@@ -533,6 +507,16 @@ impl Lanes for W8 {
 impl Lanes for W16 {
     const N: usize = 16;
     type V = __m512;
+    #[inline(always)]
+    unsafe fn load_groups(st: *const __m256, next: usize) -> __m512 {
+        let (lo, hi) = (_mm256_loadu_ps(st as *const f32), _mm256_loadu_ps(st.add(next) as *const f32));
+        _mm512_castpd_ps(_mm512_insertf64x4::<1>(_mm512_castpd256_pd512(_mm256_castps_pd(lo)), _mm256_castps_pd(hi)))
+    }
+    #[inline(always)]
+    unsafe fn store_groups(st: *mut __m256, next: usize, v: __m512) {
+        _mm256_storeu_ps(st as *mut f32, _mm512_castps512_ps256(v));
+        _mm256_storeu_ps(st.add(next) as *mut f32, upper8(v));
+    }
     #[inline(always)]
     unsafe fn zero() -> __m512 {
         _mm512_setzero_ps()

@@ -7,9 +7,11 @@ use crate::tensor::Tensor;
 pub struct Condition {
     /// Cross-attention context `[dim, tokens, 1]`.
     pub crossattn: Option<Tensor>,
-    /// Vector conditioning `[dim]` (SDXL's label embedding input `y`).
+    /// Vector conditioning `[dim]` (SDXL's label embedding input `y`); for Wan I2V / FLF2V the
+    /// CLIP-vision hidden states `[1280, 257 or 514, 1]` its image embedder reads.
     pub vector: Option<Tensor>,
-    /// Latent channels concatenated to the noisy latent `[W, H, C, 1]` (inpainting, edit).
+    /// Latent channels concatenated to the noisy latent `[W, H, C, 1]` (inpainting, edit), or
+    /// `[W, H, T, C, 1]` for video (Wan I2V: 4 mask channels then the encoded frames).
     pub concat: Option<Tensor>,
 }
 

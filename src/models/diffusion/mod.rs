@@ -17,7 +17,8 @@ use crate::tensor::Tensor;
 pub struct DiffusionInput<'a> {
     /// Noisy latent, already scaled by `c_in`: `[W, H, C, N]`.
     pub x: &'a Tensor,
-    /// The model timestep, one per batch item (or one for all).
+    /// The model timestep: one for all, one per batch item, or (video models whose frames
+    /// are denoised at different levels, Wan2.2 TI2V) one per latent frame.
     pub timesteps: &'a [f32],
     pub cond: &'a Condition,
     /// ControlNet residuals (UNet models), added × `control_strength`.
@@ -31,6 +32,21 @@ pub struct DiffusionInput<'a> {
     pub ref_index_mode: RefIndexMode,
     /// Transformer blocks to skip (skip-layer guidance).
     pub skip_layers: &'a [i32],
+    /// What only video models read (`None` for images).
+    pub video: Option<&'a VideoInput<'a>>,
+}
+
+/// The video-only inputs of one evaluation. A video latent is `[W, H, T, C, N]` (T latent
+/// frames); the per-request conditioning (I2V's concat latent and CLIP-vision tokens) travels
+/// in the [`Condition`].
+#[derive(Clone, Copy, Debug, Default)]
+pub struct VideoInput<'a> {
+    /// Wan VACE: the context `[W, H, T, 96, 1]` (inactive and reactive latents and the mask
+    /// patches) its blocks read, and how strongly their hints are added.
+    pub vace_context: Option<&'a Tensor>,
+    pub vace_strength: f32,
+    /// Frames per second of the request (models that embed time in seconds).
+    pub fps: f32,
 }
 
 impl<'a> DiffusionInput<'a> {
@@ -45,6 +61,7 @@ impl<'a> DiffusionInput<'a> {
             ref_latents: &[],
             ref_index_mode: RefIndexMode::Fixed,
             skip_layers: &[],
+            video: None,
         }
     }
 }

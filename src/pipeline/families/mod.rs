@@ -89,6 +89,19 @@ pub enum Concat {
     Flex2,
 }
 
+/// Which autoencoder family the first stage is (the reference picks it by version, not by
+/// the file).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FirstStageKind {
+    /// AutoencoderKL (with the family's latent format) or a tiny autoencoder.
+    Kl,
+    /// The Wan2.1 VAE: causal 3-D convolutions, 16 channels at 1/8 (Wan 2.1, Wan2.2 A14B,
+    /// Qwen-Image on single frames).
+    Wan21,
+    /// The Wan2.2 VAE: 48 channels at 1/16 over 2×2-patchified pixels (Wan2.2 TI2V 5B).
+    Wan22,
+}
+
 /// How the prediction type is chosen when the context does not set it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum PredictionRule {
@@ -133,6 +146,7 @@ pub struct FamilySpec {
     /// The latent is a stack of layers `[W, H, layers + 1, C, 1]`, each decoded to its own
     /// picture (Qwen-Image-Layered; `qwen_image_layers`).
     pub layered: bool,
+    pub first_stage: FirstStageKind,
 }
 
 impl FamilySpec {
@@ -173,6 +187,7 @@ const fn unet_family(defaults: ModelFamily, unet: UNetVersion, concat: Concat) -
         skip_layer_guidance: false,
         image_channels: 3,
         layered: false,
+        first_stage: FirstStageKind::Kl,
     }
 }
 
@@ -200,6 +215,7 @@ const fn dit_family(defaults: ModelFamily, arch: Arch, latent: LatentFormat, pre
         skip_layer_guidance: true,
         image_channels: 3,
         layered: false,
+        first_stage: FirstStageKind::Kl,
     }
 }
 
@@ -247,6 +263,7 @@ const fn qwen_image_family() -> FamilySpec {
         ref_latent_img_cfg: true,
         ref_image_preset: Some("qwen"),
         ref_image_multiple: 32,
+        first_stage: FirstStageKind::Wan21,
         ..dit_family(ModelFamily::OtherDit, Arch::QwenImage, WAN21_LATENT, &preview::WAN21, Concat::None, Prediction::Flow)
     }
 }

@@ -80,7 +80,7 @@ impl Context {
     pub fn generate_image(&self, params: &ImgGenParams) -> Result<Vec<Image>> {
         self.cancel.reset();
         let mut sd = self.sd.lock();
-        crate::pipeline::generate::generate(&mut sd, params, &self.cancel)
+        crate::pipeline::image::generate_image(&mut sd, params, &self.cancel)
     }
 
     pub fn generate_video(&self, params: &VidGenParams) -> Result<VideoOutput> {

@@ -5,7 +5,9 @@
 //! and the schedule follow the reference.
 
 use super::families::ModelSet;
-use super::generate::{cancelled, decode_latent, encode_first_stage, sample, Plan, Prepared, Request, MAX_SIDE};
+use super::image::{decode_latent, encode_first_stage, sample_image as sample};
+use super::request::{align_up, scheduler_for, Plan, Request, MAX_SIDE};
+use super::sampling::{cancelled, Prepared};
 use super::imageops::{resize_nearest, resize_nearest_max};
 use super::resample::{resize_filtered, resize_nearest_exact, Filter};
 use super::upscaler::Upscaler;
@@ -80,7 +82,7 @@ pub fn resolve(h: &HiresParams, width: i32, height: i32, multiple: i32) -> Resul
         "hires target size {tw}x{th} is not supported (each side must be at most {MAX_SIDE}; scale {}, request {width}x{height})",
         h.scale
     );
-    let (aw, ah) = (super::generate::align_up(tw, multiple), super::generate::align_up(th, multiple));
+    let (aw, ah) = (align_up(tw, multiple), align_up(th, multiple));
     if (aw, ah) != (tw, th) {
         sd_warn!("align hires target up {tw}x{th} to {aw}x{ah} (multiple={multiple})");
     }
@@ -120,7 +122,7 @@ fn sigmas(ms: &mut ModelSet, hires: &Hires, p: &ImgGenParams, r: &Request, plan:
         "hires schedule of {total} steps ({steps} steps / denoising strength {}) is too long (at most {MAX_SCHEDULER_STEPS})",
         hires.denoising_strength
     );
-    let scheduler = super::generate::scheduler_for(ms, &p.sample_params, plan.method);
+    let scheduler = scheduler_for(ms, &p.sample_params, plan.method);
     let scale = ms.spec.latent.vae_scale;
     let seq_len = ((hires.height / scale) * (hires.width / scale)) as i32;
     let family = ms.family();
@@ -240,7 +242,7 @@ pub(super) fn run(
         if hires.custom_sigmas.is_empty() { "" } else { ", custom_sigmas=true" }
     );
     let second = Plan { method: plan.method, sample_steps: sigmas.len() - 1, sigmas, eta: plan.eta };
-    let mask = prepared.denoise_mask.clone();
+    let mask = prepared.denoise_mask.clone().unwrap_or_else(|| Tensor::full(&[prepared.init_latent.ne(0), prepared.init_latent.ne(1), 1, 1], 1.0));
 
     let start = Instant::now();
     let mut out = Vec::with_capacity(latents.len());
@@ -262,7 +264,7 @@ pub(super) fn run(
             );
         }
         let noise = randn_like(&upscaled, rngs.noise());
-        prepared.denoise_mask = resize_nearest_max(&mask, &[lw, lh, mask.ne(2), mask.ne(3)])?;
+        prepared.denoise_mask = Some(resize_nearest_max(&mask, &[lw, lh, mask.ne(2), mask.ne(3)])?);
         prepared.init_latent = upscaled;
         let t = Instant::now();
         let x0 = sample(ms, prepared, &noise, r, &second, tiling, circular, rngs.sampler(), cancel)

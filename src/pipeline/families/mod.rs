@@ -29,7 +29,9 @@ use crate::models::diffusion::DiffusionModel;
 use crate::models::vae::FirstStage;
 use crate::params::CtxParams;
 use crate::runtime::defaults::ModelFamily;
+use crate::runtime::cache::Backbone;
 use crate::runtime::denoiser::Denoiser;
+use super::sampling::TimestepRule;
 use crate::runtime::preview::{self, Projection};
 use crate::types::{Prediction, RngType};
 use std::sync::Arc;
@@ -143,10 +145,42 @@ pub struct FamilySpec {
     pub skip_layer_guidance: bool,
     /// Channels of the pictures the first stage takes and gives (4: RGBA).
     pub image_channels: usize,
-    /// The latent is a stack of layers `[W, H, layers + 1, C, 1]`, each decoded to its own
-    /// picture (Qwen-Image-Layered; `qwen_image_layers`).
-    pub layered: bool,
+    /// Pictures, a stack of layers or video: what the latent's third axis means.
+    pub media: Media,
     pub first_stage: FirstStageKind,
+}
+
+/// What a family generates, and so how its latent is laid out.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum Media {
+    /// One picture per latent `[W, H, C, 1]`.
+    Image,
+    /// A stack of layers `[W, H, layers + 1, C, 1]`, each decoded to its own picture
+    /// (Qwen-Image-Layered; `qwen_image_layers`).
+    Layered,
+    /// A video `[W, H, T, C, 1]` (`generate_video`).
+    Video(VideoFormat),
+}
+
+/// How a video family maps frames to latent frames and times its frames.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct VideoFormat {
+    /// Frames per latent frame after the first: latent frames = (frames - 1) / time_scale + 1,
+    /// and requests are aligned down to a whole number of them.
+    pub time_scale: usize,
+    /// How each evaluation's timesteps are formed (per frame for Wan2.2 TI2V).
+    pub timesteps: TimestepRule,
+}
+
+impl VideoFormat {
+    pub fn latent_frames(&self, frames: usize) -> usize {
+        (frames.max(1) - 1) / self.time_scale + 1
+    }
+
+    /// The frame count a request for `frames` gets (the reference aligns down to 4k + 1).
+    pub fn align_frames(&self, frames: usize) -> usize {
+        (self.latent_frames(frames) - 1) * self.time_scale + 1
+    }
 }
 
 impl FamilySpec {
@@ -154,6 +188,26 @@ impl FamilySpec {
     /// those that take reference latents when the request has reference images.
     pub fn supports_img_cfg(&self, has_ref_images: bool) -> bool {
         self.concat != Concat::None || (has_ref_images && self.ref_latent_img_cfg)
+    }
+
+    pub fn is_layered(&self) -> bool {
+        self.media == Media::Layered
+    }
+
+    /// The video format of a video family (`generate_video` serves these only).
+    pub fn video(&self) -> Option<&VideoFormat> {
+        match &self.media {
+            Media::Video(v) => Some(v),
+            _ => None,
+        }
+    }
+
+    /// Which step caches apply: UCache to UNets, EasyCache to transformers.
+    pub fn backbone(&self) -> Backbone {
+        match self.arch {
+            Arch::Unet { .. } => Backbone::UNet,
+            _ => Backbone::DiT,
+        }
     }
 }
 
@@ -186,7 +240,7 @@ const fn unet_family(defaults: ModelFamily, unet: UNetVersion, concat: Concat) -
         ref_image_multiple: 16,
         skip_layer_guidance: false,
         image_channels: 3,
-        layered: false,
+        media: Media::Image,
         first_stage: FirstStageKind::Kl,
     }
 }
@@ -214,7 +268,7 @@ const fn dit_family(defaults: ModelFamily, arch: Arch, latent: LatentFormat, pre
         ref_image_multiple: 16,
         skip_layer_guidance: true,
         image_channels: 3,
-        layered: false,
+        media: Media::Image,
         first_stage: FirstStageKind::Kl,
     }
 }
@@ -271,7 +325,7 @@ const fn qwen_image_family() -> FamilySpec {
 /// Qwen-Image-Layered: Qwen-Image decomposing a picture (a reference image, numbered
 /// downwards) into RGBA layers.
 const fn qwen_image_layered_family() -> FamilySpec {
-    FamilySpec { ref_image_preset: Some("qwen_layered"), image_channels: 4, layered: true, ..qwen_image_family() }
+    FamilySpec { ref_image_preset: Some("qwen_layered"), image_channels: 4, media: Media::Layered, ..qwen_image_family() }
 }
 
 const fn with_tae(spec: FamilySpec) -> FamilySpec {
@@ -575,10 +629,10 @@ mod tests {
                     assert!(s.skip_layer_guidance && s.supports_img_cfg(true) && !s.supports_img_cfg(false));
                     let preset = if layered { "qwen_layered" } else { "qwen" };
                     assert_eq!((s.defaults, s.ref_image_preset), (ModelFamily::OtherDit, Some(preset)));
-                    assert_eq!((s.image_channels, s.layered), (if layered { 4 } else { 3 }, layered));
+                    assert_eq!((s.image_channels, s.is_layered()), (if layered { 4 } else { 3 }, layered));
                 }
                 Some(s) => {
-                    assert!(s.image_channels == 3 && !s.layered);
+                    assert!(s.image_channels == 3 && !s.is_layered());
                     assert!(v.is_flux() || matches!(*v, SdVersion::Sd3 | SdVersion::ZImage), "{v}");
                     assert_eq!((s.latent.size_multiple(), s.latent.channels), (8, 16));
                     assert!(!s.vae_quant_convs && s.skip_layer_guidance);

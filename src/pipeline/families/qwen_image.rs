@@ -59,11 +59,11 @@ pub(super) fn build(ctx: &mut BuildCtx<'_>) -> Result<Parts> {
 
     let mut cfg = QwenImageConfig::detect(weights.types(), &|n| weights.shape_of(n), DIT_PREFIX);
     cfg.zero_cond_t |= zero_cond_t_arg(params.model_args.as_deref());
-    cfg.use_additional_t_cond |= ctx.spec.layered;
+    cfg.use_additional_t_cond |= ctx.spec.is_layered();
     cfg.validate()?;
     let mut cond = LlmConditioner::new(weights, QWEN_IMAGE_TEMPLATE, &te_place, n_threads, params.eager_load)?;
     // Like the reference, Layered never describes its input image to the LLM.
-    if !ctx.spec.layered {
+    if !ctx.spec.is_layered() {
         cond.open_vision(weights, &te_place, n_threads, params.eager_load)?;
     }
     let width = cond.context_width();

@@ -1,0 +1,466 @@
+//! The one sampling loop every family and medium shares: classifier-free guidance (and its
+//! 3-way and skip-layer variants), step caches, ControlNet residuals, previews, progress and
+//! cancellation around the samplers of `runtime::samplers`.
+//!
+//! A run is split in two: the [`Job`] holds what every stage of one generation shares (the
+//! prepared conditions and latents, the denoiser, the preview decoder, the ControlNet), and a
+//! [`Stage`] is one call of [`sample`] with one diffusion model, its sigmas, sampler and
+//! guidance. An image is one stage; hires runs a second one; Wan 2.2's high-noise and
+//! low-noise experts are two stages over consecutive parts of one schedule.
+
+use super::callbacks::{self, CancelFlag, PreviewConfig};
+use super::control::ControlNetModel;
+use super::imageops::tensor_to_image;
+use super::request::Request;
+use crate::error::{Error, Result};
+use crate::models::diffusion::{DiffusionInput, DiffusionModel, VideoInput};
+use crate::models::vae::FirstStage;
+use crate::models::Condition;
+use crate::params::GuidanceParams;
+use crate::runtime::args::ExtraArgs;
+use crate::runtime::cache::{Backbone, Pass, StepCache};
+use crate::runtime::denoiser::Denoiser;
+use crate::runtime::preview;
+use crate::runtime::rng::Rng;
+use crate::runtime::samplers::{self, ModelOutput};
+use crate::runtime::tiling::TilingParams;
+use crate::tensor::Tensor;
+use crate::types::{Preview, SampleMethod};
+use std::borrow::Cow;
+use std::time::Instant;
+
+/// What the stages of one generation share.
+pub(super) struct Prepared {
+    /// The latent the first stage starts from (zeros, or the encoded init image) and that
+    /// masked regions keep.
+    pub(super) init_latent: Tensor,
+    /// Where the model may change the latent (1) and where the init latent stays (0),
+    /// broadcast over the channels: `[W, H, 1, 1]` for pictures, `[W, H, T, 1, 1]` for video
+    /// (per frame). `None`: everywhere.
+    pub(super) denoise_mask: Option<Tensor>,
+    /// Reference latents the diffusion model takes as extra tokens (empty otherwise).
+    pub(super) ref_latents: Vec<Tensor>,
+    pub(super) cond: Condition,
+    pub(super) uncond: Option<Condition>,
+    pub(super) img_uncond: Option<Condition>,
+    /// The control image [W, H, 3, 1] in [0, 1] when a ControlNet will read it.
+    pub(super) control_hint: Option<Tensor>,
+}
+
+/// How the model timestep of an evaluation is formed from the sigma's.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TimestepRule {
+    /// One timestep for the whole latent.
+    Scalar,
+    /// One per latent frame, 0 for the frames the denoise mask keeps (Wan2.2 TI2V); the
+    /// model's input is also masked to the init latent there.
+    PerFrameMasked,
+}
+
+/// Where previews go: the decoder (the first stage or a preview-only one), the family's
+/// latent → RGB projection and the decode options.
+pub(super) struct Previewer<'a> {
+    pub(super) decoder: &'a mut dyn FirstStage,
+    pub(super) projection: Option<&'static preview::Projection>,
+    pub(super) tiling: &'a TilingParams,
+    pub(super) circular: (bool, bool),
+}
+
+/// Everything of a generation that does not change between its stages.
+pub(super) struct Job<'a> {
+    pub(super) request: &'a Request,
+    pub(super) prepared: &'a Prepared,
+    pub(super) denoiser: &'a Denoiser,
+    pub(super) control: Option<&'a mut ControlNetModel>,
+    pub(super) preview: Previewer<'a>,
+    /// Which step caches apply (the family's backbone).
+    pub(super) backbone: Backbone,
+    pub(super) slg_supported: bool,
+    /// Kontext's image-unconditional pass sees no reference latents.
+    pub(super) ref_latent_img_cfg: bool,
+    pub(super) timesteps: TimestepRule,
+    pub(super) video: Option<VideoInput<'a>>,
+    pub(super) cancel: &'a CancelFlag,
+}
+
+/// One sampling run with one diffusion model.
+pub(super) struct Stage<'a> {
+    pub(super) diffusion: &'a mut dyn DiffusionModel,
+    pub(super) sigmas: &'a [f32],
+    pub(super) method: SampleMethod,
+    pub(super) eta: f32,
+    pub(super) guidance: &'a GuidanceParams,
+    /// Run the negative prompt's pass (when the job prepared one).
+    pub(super) use_uncond: bool,
+    pub(super) extra: &'a ExtraArgs,
+    /// The noise the run starts from (scaled onto `x` with the first sigma); `None`: `x` is
+    /// already noisy (a later stage of the same schedule).
+    pub(super) noise: Option<&'a Tensor>,
+    /// Undo the denoiser's noise scaling on the result (the last stage).
+    pub(super) last: bool,
+}
+
+/// The error of a cancelled generation.
+pub fn cancelled() -> Error {
+    Error::new("generation cancelled")
+}
+
+/// Runs one stage from `x` (the init latent, or the previous stage's result) and returns the
+/// denoised latent.
+pub(super) fn sample(job: &mut Job<'_>, stage: Stage<'_>, x: &Tensor, rng: &mut dyn Rng) -> Result<Tensor> {
+    let Job { request: r, prepared, denoiser, control, preview: previewer, backbone, slg_supported, ref_latent_img_cfg, timesteps: rule, video, cancel } = job;
+    let (r, prepared, denoiser, cancel): (&Request, &Prepared, &Denoiser, &CancelFlag) = (r, prepared, denoiser, cancel);
+    let Stage { diffusion, sigmas, method, eta, guidance, use_uncond, extra, noise, last } = stage;
+    let steps = sigmas.len().saturating_sub(1) as i32;
+    let needs_uncond = samplers::needs_uncond_denoised(method);
+    let preview = callbacks::preview_config();
+    let mask = prepared.denoise_mask.as_ref();
+    let mut last_progress = Instant::now();
+
+    let slg = SkipLayerGuidance::new(&guidance.slg, extra, *slg_supported, sigmas.len());
+    let ref_latents: &[Tensor] = if r.refs.pass_to_dit { &prepared.ref_latents } else { &[] };
+    let img_uncond_refs: &[Tensor] = if *ref_latent_img_cfg { &[] } else { ref_latents };
+    let uncond_cond = prepared.uncond.as_ref().filter(|_| use_uncond);
+
+    let mut cache = StepCache::new(&r.cache, *backbone, sigmas, denoiser, needs_uncond);
+
+    let x_t = match noise {
+        Some(noise) => denoiser.noise_scaling(sigmas[0], noise, x)?,
+        None => x.clone(),
+    };
+    // Masked inputs and denoised latents keep the stage's starting latent where the mask is 0.
+    let init = x;
+    // The ControlNet runs only with a control image.
+    let mut control = match (control.as_deref_mut(), &prepared.control_hint) {
+        (Some(cn), Some(hint)) => {
+            cn.begin_run(hint)?;
+            Some(cn)
+        }
+        _ => None,
+    };
+    if let Err(e) = diffusion.begin() {
+        if let Some(cn) = control.as_mut() {
+            cn.end_run();
+        }
+        return Err(e);
+    }
+    let mut model = |x: &Tensor, sigma: f32, step: i32| -> Result<ModelOutput> {
+        if cancel.stop_now() {
+            sd_debug!("cancelling generation");
+            return Err(cancelled());
+        }
+        if step == 1 || step == -1 {
+            callbacks::progress(0, steps, 0.0);
+            last_progress = Instant::now();
+        }
+        let s = denoiser.scalings(sigma);
+        let t = denoiser.model_timestep(sigma, r.shifted_timestep);
+        let s = denoiser.shifted_scalings(r.shifted_timestep, t, s);
+        let mut input = x.map(|v| v * s.c_in);
+        let timesteps = match (*rule, mask) {
+            (TimestepRule::PerFrameMasked, Some(m)) => {
+                input = blend(&input, init, m)?;
+                frame_timesteps(t, m, x)?
+            }
+            (TimestepRule::PerFrameMasked, None) => vec![t; x.ne(2)],
+            (TimestepRule::Scalar, _) => vec![t],
+        };
+        // A forecast step skips the model (and the noisy preview) altogether.
+        let forecast = cache.forecast();
+        if forecast.is_none() && preview.noisy && preview.due(step.abs()) {
+            send_preview(&input, step, true, &preview, previewer);
+        }
+        let skip_step = slg.enabled_for_step(step);
+        let (denoised, uncond_denoised) = match forecast {
+            Some(denoised) => (denoised, None),
+            None => {
+                cache.begin_step(step, sigma);
+                let mut run = |cache: &mut StepCache, pass: Pass, c: &Condition, refs: &[Tensor], skip_layers: &[i32], controls: Option<&[Tensor]>| {
+                    if let Some(out) = cache.reuse(pass, &input) {
+                        return Ok(out);
+                    }
+                    let dinput = DiffusionInput {
+                        guidance: guidance.distilled_guidance,
+                        ref_latents: refs,
+                        ref_index_mode: r.refs.ref_index_mode,
+                        skip_layers,
+                        controls,
+                        control_strength: r.control_strength,
+                        video: video.as_ref(),
+                        ..DiffusionInput::new(&input, &timesteps, c)
+                    };
+                    let out = diffusion.compute(&dinput).map_err(|e| Error::new(format!("diffusion model compute failed: {e}")))?;
+                    cache.store(pass, &input, &out);
+                    Ok::<_, Error>(out)
+                };
+                // Like the reference, the ControlNet runs under the prompt's condition, then
+                // under the negative one; the image-unconditioned pass reuses the last residuals.
+                let mut controls = None;
+                if let Some(cn) = control.as_mut() {
+                    controls = Some(cn.controls(&input, &timesteps, &prepared.cond)?);
+                }
+                let cond_out = run(&mut cache, Pass::Cond, &prepared.cond, ref_latents, &[], controls.as_deref())?;
+                let uncond_skip: &[i32] = if skip_step && slg.uncond { &slg.layers } else { &[] };
+                if !uncond_skip.is_empty() {
+                    sd_debug!("Skipping layers at uncond step {step}");
+                }
+                if let (Some(cn), Some(u)) = (control.as_mut(), uncond_cond) {
+                    controls = Some(cn.controls(&input, &timesteps, u)?);
+                }
+                let uncond_out = uncond_cond.map(|c| run(&mut cache, Pass::Uncond, c, ref_latents, uncond_skip, controls.as_deref())).transpose()?;
+                let img_out = prepared
+                    .img_uncond
+                    .as_ref()
+                    .map(|c| run(&mut cache, Pass::ImgUncond, c, img_uncond_refs, &[], controls.as_deref()))
+                    .transpose()?;
+                let mut guided = guide(guidance, &cond_out, uncond_out.as_ref(), img_out.as_ref());
+                // Like the reference, a step whose outputs are reused gets no skip-layer pass.
+                if skip_step && slg.scale != 0.0 && !cache.step_skipped() {
+                    sd_debug!("Skipping layers at step {step}");
+                    let skipped = run(&mut cache, Pass::Cond, &prepared.cond, ref_latents, &slg.layers, controls.as_deref())?;
+                    let scale = slg.scale;
+                    let d: Vec<f32> = guided.data().iter().zip(cond_out.data()).zip(skipped.data()).map(|((&g, &c), &k)| g + (c - k) * scale).collect();
+                    guided = Tensor::from_vec(guided.shape(), d)?;
+                }
+
+                let to_denoised = |pred: &Tensor| pred.zip(x, |p, xv| p * s.c_out + xv * s.c_skip);
+                let denoised = to_denoised(&guided);
+                let uncond_denoised = needs_uncond.then(|| to_denoised(img_out.as_ref().or(uncond_out.as_ref()).unwrap_or(&cond_out)));
+                cache.observe(&denoised);
+                (denoised, uncond_denoised)
+            }
+        };
+        let denoised = match mask {
+            Some(m) => blend(&denoised, init, m)?,
+            None => denoised,
+        };
+        if preview.denoised && preview.due(step.abs()) {
+            send_preview(&denoised, step, false, &preview, previewer);
+        }
+        if step > 0 || step == -steps {
+            let now = Instant::now();
+            callbacks::progress(step.abs(), steps, (now - last_progress).as_secs_f32());
+            last_progress = now;
+        }
+        Ok(ModelOutput { denoised, uncond_denoised })
+    };
+    let result = samplers::sample(method, &mut model, x_t, sigmas, rng, eta, denoiser.is_flow(), extra, Some(denoiser));
+    diffusion.end();
+    if let Some(cn) = control {
+        cn.end_run();
+    }
+    let x0 = result?;
+    cache.log_summary(sigmas.len().saturating_sub(1));
+    Ok(if last { denoiser.inverse_noise_scaling(*sigmas.last().unwrap_or(&0.0), x0) } else { x0 })
+}
+
+/// The model timestep of each latent frame of `x` `[W, H, T, C, 1]`: `t`, or 0 where the
+/// per-frame mask `[W, H, T, 1, 1]` keeps the frame (its first pixel is 0).
+fn frame_timesteps(t: f32, mask: &Tensor, x: &Tensor) -> Result<Vec<f32>> {
+    let frames = x.ne(2);
+    ensure!(mask.ne(2) == frames, "the denoise mask has {} frames, the latent {frames}", mask.ne(2));
+    let plane = mask.ne(0) * mask.ne(1);
+    Ok((0..frames).map(|f| if mask.data()[f * plane] == 0.0 { 0.0 } else { t }).collect())
+}
+
+/// Classifier-free guidance, in the reference's order of float operations.
+pub(super) fn guide(g: &GuidanceParams, cond: &Tensor, uncond: Option<&Tensor>, img_uncond: Option<&Tensor>) -> Tensor {
+    let (cfg, img_cfg) = (g.txt_cfg, g.img_cfg);
+    match (uncond, img_uncond) {
+        (Some(u), Some(i)) => {
+            let d = cond.data().iter().zip(u.data()).zip(i.data());
+            let data = d.map(|((&c, &u), &i)| (i + img_cfg * (u - i)) + cfg * (c - u)).collect();
+            Tensor::from_vec(cond.shape(), data).expect("same shape")
+        }
+        (Some(u), None) => cond.zip(u, |c, u| u + cfg * (c - u)),
+        (None, Some(i)) => cond.zip(i, |c, i| i + cfg * (c - i)),
+        (None, None) => cond.clone(),
+    }
+}
+
+/// Skip-layer guidance: on the steps strictly between `layer_start` and `layer_end` (as
+/// fractions of the schedule's length), the prediction moves away from a pass that skips
+/// `layers` by `scale`; with `slg_uncond` (extra sample arg) the unconditional pass skips
+/// them instead.
+struct SkipLayerGuidance {
+    layers: Vec<i32>,
+    scale: f32,
+    uncond: bool,
+    start_step: i32,
+    stop_step: i32,
+}
+
+impl SkipLayerGuidance {
+    fn new(p: &crate::params::SlgParams, extra: &ExtraArgs, supported: bool, schedule_len: usize) -> SkipLayerGuidance {
+        let mut uncond = false;
+        for (k, v) in extra.pairs() {
+            if k == "slg_uncond" {
+                match crate::runtime::args::parse_strict_bool(v) {
+                    Some(b) => uncond = b,
+                    None => sd_warn!("ignoring invalid SLG extra sample arg '{k}={v}'"),
+                }
+            }
+        }
+        let mut enabled = (p.scale != 0.0 || uncond) && !p.layers.is_empty();
+        if enabled && !supported {
+            sd_warn!("SLG is incompatible with this model type");
+            enabled = false;
+        }
+        SkipLayerGuidance {
+            layers: if enabled { p.layers.clone() } else { Vec::new() },
+            scale: if enabled { p.scale } else { 0.0 },
+            uncond,
+            start_step: (p.layer_start * schedule_len as f32) as i32,
+            stop_step: (p.layer_end * schedule_len as f32) as i32,
+        }
+    }
+
+    fn enabled_for_step(&self, step: i32) -> bool {
+        !self.layers.is_empty() && step > self.start_step && step < self.stop_step
+    }
+}
+
+/// Shows `latents` through the preview callback, decoded as configured: one picture per
+/// layer of a stack, or per latent frame of a video.
+fn send_preview(latents: &Tensor, step: i32, noisy: bool, config: &PreviewConfig, to: &mut Previewer<'_>) {
+    if config.mode == Preview::None {
+        return;
+    }
+    let stacked = (latents.shape().len() == 5).then(|| latents.ne(2));
+    let layers = match picture_latents(latents, stacked) {
+        Ok(v) => v,
+        Err(e) => {
+            sd_error!("preview failed at step {step}: {e}");
+            return;
+        }
+    };
+    let images: Result<Vec<crate::image::Image>> = match config.mode {
+        Preview::Proj => layers.iter().map(|l| preview::project(l, to.projection)).collect(),
+        _ => {
+            let decoder = &mut *to.decoder;
+            let out = decoder.begin().and_then(|_| {
+                layers
+                    .iter()
+                    .map(|l| decoder.decode(&decoder.diffusion_to_vae(l), to.tiling, to.circular, None).and_then(|t| tensor_to_image(&t, 0)))
+                    .collect()
+            });
+            decoder.end();
+            out
+        }
+    };
+    match images {
+        Ok(images) => callbacks::preview(step, &images, noisy),
+        Err(e) => sd_error!("preview decode failed at step {step}: {e}"),
+    }
+}
+
+/// `denoised * mask + init * (1 - mask)`, the mask broadcast over every axis where it has
+/// size 1 (the channels of `[W, H, C, N]` pictures and of layer stacks, the channels of a
+/// video `[W, H, T, C, 1]` with a per-frame mask `[W, H, T, 1, 1]`).
+pub(super) fn blend(denoised: &Tensor, init: &Tensor, mask: &Tensor) -> Result<Tensor> {
+    ensure!(denoised.shape() == init.shape(), "blend of latents {:?} and {:?}", denoised.shape(), init.shape());
+    let shape = denoised.shape();
+    ensure!(mask.shape().len() <= shape.len().max(4), "denoise mask {:?} for latents {:?}", mask.shape(), shape);
+    // The mask's stride along each axis of the latent (0 where it broadcasts).
+    let mut strides = Vec::with_capacity(shape.len());
+    let mut stride = 1usize;
+    for (d, &n) in shape.iter().enumerate() {
+        let m = mask.ne(d);
+        ensure!(m == n || m == 1, "denoise mask {:?} does not broadcast over latents {:?}", mask.shape(), shape);
+        strides.push(if m == 1 { 0 } else { stride });
+        stride *= m;
+    }
+    let (m, d, i) = (mask.data(), denoised.data(), init.data());
+    let mut out = Vec::with_capacity(d.len());
+    let mut index = vec![0usize; shape.len()];
+    let mut at = 0usize;
+    for k in 0..d.len() {
+        let mv = m[at];
+        out.push(d[k] * mv + i[k] * (1.0 - mv));
+        // Advance the multi-index and the mask offset.
+        for (axis, idx) in index.iter_mut().enumerate() {
+            *idx += 1;
+            at += strides[axis];
+            if *idx < shape[axis] {
+                break;
+            }
+            at -= strides[axis] * shape[axis];
+            *idx = 0;
+        }
+    }
+    Tensor::from_vec(shape, out)
+}
+
+/// The latents of the pictures one final latent gives: with `layers`, each of the first
+/// `layers` layers of a stack `[W, H, T, C, 1]` (the reference's message when it has fewer),
+/// else the latent itself.
+pub(super) fn picture_latents(lat: &Tensor, layers: Option<usize>) -> Result<Vec<Cow<'_, Tensor>>> {
+    let Some(n) = layers else {
+        return Ok(vec![Cow::Borrowed(lat)]);
+    };
+    ensure!(lat.shape().len() == 5 && lat.ne(2) >= n, "qwen image layered expected at least {n} latent layers, got shape dim={}", lat.shape().len());
+    (0..n).map(|i| latent_layer(lat, i).map(Cow::Owned)).collect()
+}
+
+/// Layer `i` `[W, H, C, 1]` of a stack of latents `[W, H, T, C, 1]`.
+pub(super) fn latent_layer(stack: &Tensor, i: usize) -> Result<Tensor> {
+    let (w, h, t, c) = (stack.ne(0), stack.ne(1), stack.ne(2), stack.ne(3));
+    ensure!(stack.shape().len() == 5 && i < t, "no layer {i} in latents of shape {:?}", stack.shape());
+    let plane = w * h;
+    let mut data = Vec::with_capacity(plane * c);
+    for ch in 0..c {
+        let at = (ch * t + i) * plane;
+        data.extend_from_slice(&stack.data()[at..at + plane]);
+    }
+    Tensor::from_vec(&[w, h, c, 1], data)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn guidance_formulas() {
+        let t = |v: f32| Tensor::full(&[1, 1, 1, 1], v);
+        let g = GuidanceParams { txt_cfg: 7.0, img_cfg: 1.5, ..Default::default() };
+        assert_eq!(guide(&g, &t(2.0), Some(&t(1.0)), None).data(), &[1.0 + 7.0 * (2.0 - 1.0)]);
+        assert_eq!(guide(&g, &t(2.0), None, Some(&t(0.5))).data(), &[0.5 + 7.0 * (2.0 - 0.5)]);
+        let want = (0.5 + 1.5 * (1.0 - 0.5)) + 7.0 * (2.0 - 1.0);
+        assert_eq!(guide(&g, &t(2.0), Some(&t(1.0)), Some(&t(0.5))).data(), &[want]);
+        assert_eq!(guide(&g, &t(2.0), None, None).data(), &[2.0]);
+    }
+
+    #[test]
+    fn mask_blending_broadcasts_over_channels() {
+        let d = Tensor::from_vec(&[2, 1, 2, 1], vec![1.0, 2.0, 3.0, 4.0]).unwrap();
+        let init = Tensor::from_vec(&[2, 1, 2, 1], vec![10.0, 20.0, 30.0, 40.0]).unwrap();
+        let mask = Tensor::from_vec(&[2, 1, 1, 1], vec![1.0, 0.0]).unwrap();
+        assert_eq!(blend(&d, &init, &mask).unwrap().data(), &[1.0, 20.0, 3.0, 40.0]);
+    }
+
+    #[test]
+    fn stacks_of_layers_blend_per_plane_and_split_into_layers() {
+        // [W=2, H=1, T=2, C=2, 1]: value = 10·c + 5·t + x.
+        let stack = Tensor::from_vec(&[2, 1, 2, 2, 1], vec![0., 1., 5., 6., 10., 11., 15., 16.]).unwrap();
+        assert_eq!(latent_layer(&stack, 1).unwrap().data(), &[5., 6., 15., 16.]);
+        assert_eq!(latent_layer(&stack, 0).unwrap().shape(), &[2, 1, 2, 1]);
+        assert!(latent_layer(&stack, 2).is_err());
+        let init = Tensor::full(stack.shape(), 100.0);
+        let mask = Tensor::from_vec(&[2, 1, 1, 1], vec![1.0, 0.0]).unwrap();
+        let b = blend(&stack, &init, &mask).unwrap();
+        assert_eq!(b.shape(), stack.shape());
+        assert_eq!(b.data(), &[0., 100., 5., 100., 10., 100., 15., 100.]);
+    }
+
+    #[test]
+    fn video_masks_keep_whole_frames_and_zero_their_timesteps() {
+        // [W=1, H=1, T=3, C=2, 1] with frame 0 kept.
+        let x = Tensor::from_vec(&[1, 1, 3, 2, 1], vec![1., 2., 3., 4., 5., 6.]).unwrap();
+        let init = Tensor::full(x.shape(), 9.0);
+        let mask = Tensor::from_vec(&[1, 1, 3, 1, 1], vec![0., 1., 1.]).unwrap();
+        assert_eq!(blend(&x, &init, &mask).unwrap().data(), &[9., 2., 3., 9., 5., 6.]);
+        assert_eq!(frame_timesteps(500.0, &mask, &x).unwrap(), vec![0.0, 500.0, 500.0]);
+        let bad = Tensor::from_vec(&[1, 1, 2, 1, 1], vec![0., 1.]).unwrap();
+        assert!(blend(&x, &init, &bad).is_err());
+    }
+}

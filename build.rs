@@ -44,7 +44,7 @@ fn main() {
     let out_dir = PathBuf::from(env::var("OUT_DIR").unwrap());
     let t5 = decode_vocab(&manifest_dir, "t5.hpp", &out_dir.join("t5_tokenizer.json"));
     println!("cargo:rustc-env=SD_T5_VOCAB={}", t5.display());
-    // UMT5's (Wan) is decoded too but not embedded yet: only the tests read it.
+    // UMT5's (Wan's text encoder), embedded like T5's.
     let umt5 = decode_vocab(&manifest_dir, "umt5.hpp", &out_dir.join("umt5_tokenizer.json"));
     println!("cargo:rustc-env=SD_UMT5_VOCAB={}", umt5.display());
     // Qwen2's byte-level BPE merges (one "a b" pair per line), the LLM text encoders' table.

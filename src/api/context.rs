@@ -31,6 +31,8 @@ pub struct Context {
     cancel: Arc<CancelFlag>,
     family: ModelFamily,
     prediction: Prediction,
+    /// The family generates video (`generate_video`) rather than pictures.
+    video: bool,
     sd: Mutex<ModelSet>,
 }
 
@@ -38,15 +40,17 @@ impl Context {
     /// Loads the models named by `params`.
     pub fn new(params: &CtxParams) -> Result<Context> {
         let sd = ModelSet::new(params)?;
-        Ok(Context { cancel: Arc::new(CancelFlag::new()), family: sd.family(), prediction: sd.prediction, sd: Mutex::new(sd) })
+        let video = sd.spec.video().is_some();
+        Ok(Context { cancel: Arc::new(CancelFlag::new()), family: sd.family(), prediction: sd.prediction, video, sd: Mutex::new(sd) })
     }
 
+    /// Like the reference: every family that does not generate video generates pictures.
     pub fn supports_image_generation(&self) -> bool {
-        true
+        !self.video
     }
 
     pub fn supports_video_generation(&self) -> bool {
-        false
+        self.video
     }
 
     /// Loads (or replaces) the ControlNet without reloading anything else. Not safe while a
@@ -79,14 +83,18 @@ impl Context {
     /// Text/image to image. Returns `batch_count` images (fewer when cancelled).
     pub fn generate_image(&self, params: &ImgGenParams) -> Result<Vec<Image>> {
         self.cancel.reset();
+        // The reference crashes here (Wan: a division by zero in its 3-D convolution).
+        ensure!(!self.video, "this is a video model and cannot be run by generate_image; use generate_video");
         let mut sd = self.sd.lock();
         crate::pipeline::image::generate_image(&mut sd, params, &self.cancel)
     }
 
+    /// Text (and images) to video: the frames, and no audio (no family here has sound yet).
     pub fn generate_video(&self, params: &VidGenParams) -> Result<VideoOutput> {
-        let _ = params;
         self.cancel.reset();
-        not_supported("video generation")
+        let mut sd = self.sd.lock();
+        let frames = crate::pipeline::video::generate_video(&mut sd, params, &self.cancel)?;
+        Ok(VideoOutput { frames, audio: None })
     }
 
     /// Requests cancellation of the running generation (any thread).

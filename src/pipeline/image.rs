@@ -374,6 +374,7 @@ pub(super) fn sample_image(
         use_uncond: true,
         extra: &r.extra,
         noise: Some(noise),
+        shifted_timestep: r.shifted_timestep,
         last: true,
     };
     sampling::sample(&mut job, stage, &prepared.init_latent, rng)

@@ -17,6 +17,7 @@ pub mod resample;
 pub mod sampling;
 pub mod t5;
 pub mod upscaler;
+pub mod video;
 
 pub use families::ModelSet;
 pub use image::capture_final_latents;

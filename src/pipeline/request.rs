@@ -36,6 +36,25 @@ pub(super) struct Request {
 }
 
 impl Request {
+    /// What the sampling loop reads of a video request: no reference images, ControlNet or
+    /// layers; guidance, sampler and timestep shift come per stage.
+    pub(super) fn for_video(seed: i64, cache: &CacheParams) -> Request {
+        Request {
+            width: 0,
+            height: 0,
+            seed,
+            guidance: GuidanceParams::default(),
+            use_uncond: false,
+            use_img_uncond: false,
+            shifted_timestep: 0,
+            extra: ExtraArgs::default(),
+            refs: RefImageParams::default(),
+            cache: cache.clone(),
+            control_strength: 0.0,
+            layers: 0,
+        }
+    }
+
     /// Latent pixels of one frame: the sequence length flow schedules shift by.
     pub(super) fn seq_len(&self, ms: &ModelSet) -> i32 {
         let scale = ms.spec.latent.vae_scale;

@@ -96,6 +96,8 @@ pub(super) struct Stage<'a> {
     /// The noise the run starts from (scaled onto `x` with the first sigma); `None`: `x` is
     /// already noisy (a later stage of the same schedule).
     pub(super) noise: Option<&'a Tensor>,
+    /// `shifted_timestep` (SDXL): the model sees this coarser timestep grid when > 0.
+    pub(super) shifted_timestep: i32,
     /// Undo the denoiser's noise scaling on the result (the last stage).
     pub(super) last: bool,
 }
@@ -110,7 +112,7 @@ pub fn cancelled() -> Error {
 pub(super) fn sample(job: &mut Job<'_>, stage: Stage<'_>, x: &Tensor, rng: &mut dyn Rng) -> Result<Tensor> {
     let Job { request: r, prepared, denoiser, control, preview: previewer, backbone, slg_supported, ref_latent_img_cfg, timesteps: rule, video, cancel } = job;
     let (r, prepared, denoiser, cancel): (&Request, &Prepared, &Denoiser, &CancelFlag) = (r, prepared, denoiser, cancel);
-    let Stage { diffusion, sigmas, method, eta, guidance, use_uncond, extra, noise, last } = stage;
+    let Stage { diffusion, sigmas, method, eta, guidance, use_uncond, extra, noise, shifted_timestep, last } = stage;
     let steps = sigmas.len().saturating_sub(1) as i32;
     let needs_uncond = samplers::needs_uncond_denoised(method);
     let preview = callbacks::preview_config();
@@ -154,8 +156,8 @@ pub(super) fn sample(job: &mut Job<'_>, stage: Stage<'_>, x: &Tensor, rng: &mut 
             last_progress = Instant::now();
         }
         let s = denoiser.scalings(sigma);
-        let t = denoiser.model_timestep(sigma, r.shifted_timestep);
-        let s = denoiser.shifted_scalings(r.shifted_timestep, t, s);
+        let t = denoiser.model_timestep(sigma, shifted_timestep);
+        let s = denoiser.shifted_scalings(shifted_timestep, t, s);
         let mut input = x.map(|v| v * s.c_in);
         let timesteps = match (*rule, mask) {
             (TimestepRule::PerFrameMasked, Some(m)) => {

@@ -113,6 +113,9 @@ pub struct Case {
     pub crashed: bool,
     /// The case's own picture tolerance (max, mean), when cases.json gives one.
     pub tolerance: Option<(f64, f64)>,
+    /// A `generate_video` case (cases.json gives its frame count); `params` are then
+    /// `sd_vid_gen_params_t` fields.
+    pub video: bool,
 }
 
 pub struct Folder {
@@ -138,6 +141,7 @@ pub fn folder(name: &str) -> Folder {
             tolerance: c["tolerance"].as_object().map(|t| {
                 (t["max"].as_f64().expect("tolerance.max"), t["mean"].as_f64().expect("tolerance.mean"))
             }),
+            video: c.get("frames").is_some(),
         })
         .collect();
     Folder { name: name.to_string(), model: v["model"].as_str().expect("model").to_string(), cases }
@@ -220,6 +224,8 @@ pub fn ctx_params(model: &str, ctx: &Value, arena: &mut Arena) -> sd_ctx_params_
             "taesd_path" => p.taesd_path = arena.str(v.as_str().unwrap()),
             "vae_path" => p.vae_path = arena.str(v.as_str().unwrap()),
             "diffusion_model_path" => p.diffusion_model_path = arena.str(v.as_str().unwrap()),
+            "high_noise_diffusion_model_path" => p.high_noise_diffusion_model_path = arena.str(v.as_str().unwrap()),
+            "clip_vision_path" => p.clip_vision_path = arena.str(v.as_str().unwrap()),
             "clip_l_path" => p.clip_l_path = arena.str(v.as_str().unwrap()),
             "clip_g_path" => p.clip_g_path = arena.str(v.as_str().unwrap()),
             "t5xxl_path" => p.t5xxl_path = arena.str(v.as_str().unwrap()),
@@ -365,6 +371,96 @@ pub fn gen_params(params: &Value, arena: &mut Arena) -> sd_img_gen_params_t {
     p
 }
 
+/// The sample parameters of a video request: `sample_params.` or `high_noise_sample_params.`
+/// fields (the same names as for pictures).
+fn sample_field(sp: &mut sd_sample_params_t, k: &str, v: &Value, arena: &mut Arena) -> bool {
+    match k {
+        "extra_sample_args" => sp.extra_sample_args = arena.str(v.as_str().unwrap()),
+        "sample_steps" => sp.sample_steps = num(v) as c_int,
+        "sample_method" => sp.sample_method = sample_method_t(enum_value(v)),
+        "scheduler" => sp.scheduler = scheduler_t(enum_value(v)),
+        "eta" => sp.eta = num(v) as f32,
+        "guidance.txt_cfg" => sp.guidance.txt_cfg = num(v) as f32,
+        "guidance.img_cfg" => sp.guidance.img_cfg = num(v) as f32,
+        "guidance.distilled_guidance" => sp.guidance.distilled_guidance = num(v) as f32,
+        "flow_shift" => sp.flow_shift = num(v) as f32,
+        "shifted_timestep" => sp.shifted_timestep = num(v) as c_int,
+        "custom_sigmas" => {
+            let mut s: Vec<f32> = v.as_array().unwrap().iter().map(|x| num(x) as f32).collect();
+            sp.custom_sigmas = s.as_mut_ptr();
+            sp.custom_sigmas_count = s.len() as c_int;
+            arena.floats.push(s);
+        }
+        _ => return false,
+    }
+    true
+}
+
+pub fn vid_params(params: &Value, arena: &mut Arena) -> sd_vid_gen_params_t {
+    let mut p = std::mem::MaybeUninit::<sd_vid_gen_params_t>::uninit();
+    // SAFETY: the init function writes every field.
+    let mut p = unsafe {
+        sd_vid_gen_params_init(p.as_mut_ptr());
+        p.assume_init()
+    };
+    for (k, v) in params.as_object().expect("params object") {
+        if let Some(f) = k.strip_prefix("sample_params.") {
+            if sample_field(&mut p.sample_params, f, v, arena) {
+                continue;
+            }
+        }
+        if let Some(f) = k.strip_prefix("high_noise_sample_params.") {
+            if sample_field(&mut p.high_noise_sample_params, f, v, arena) {
+                continue;
+            }
+        }
+        match k.as_str() {
+            "prompt" => p.prompt = arena.str(v.as_str().unwrap()),
+            "negative_prompt" => p.negative_prompt = arena.str(v.as_str().unwrap()),
+            "width" => p.width = num(v) as c_int,
+            "height" => p.height = num(v) as c_int,
+            "seed" => p.seed = num(v) as i64,
+            "clip_skip" => p.clip_skip = num(v) as c_int,
+            "strength" => p.strength = num(v) as f32,
+            "video_frames" => p.video_frames = num(v) as c_int,
+            "fps" => p.fps = num(v) as c_int,
+            "moe_boundary" => p.moe_boundary = num(v) as f32,
+            "vace_strength" => p.vace_strength = num(v) as f32,
+            "init_image" => p.init_image = arena.image(v.as_str().unwrap()),
+            "end_image" => p.end_image = arena.image(v.as_str().unwrap()),
+            "control_frames" => {
+                let list: Vec<sd_image_t> = v.as_array().unwrap().iter().map(|f| arena.image(f.as_str().unwrap())).collect();
+                p.control_frames = list.as_ptr() as *mut sd_image_t;
+                p.control_frames_size = list.len() as c_int;
+                arena.images.push(list);
+            }
+            "loras" => {
+                let list: Vec<sd_lora_t> = v
+                    .as_array()
+                    .unwrap()
+                    .iter()
+                    .map(|l| sd_lora_t {
+                        is_high_noise: CBool(l["is_high_noise"].as_bool().unwrap_or(false) as u8),
+                        multiplier: l["multiplier"].as_f64().unwrap_or(1.0) as f32,
+                        path: arena.str(l["path"].as_str().unwrap()),
+                    })
+                    .collect();
+                p.loras = list.as_ptr();
+                p.lora_count = list.len() as u32;
+                arena.loras.push(list);
+            }
+            "hires.enabled" => p.hires.enabled = CBool(v.as_bool().unwrap() as u8),
+            "vae_tiling_params.enabled" => p.vae_tiling_params.enabled = CBool(v.as_bool().unwrap() as u8),
+            "vae_tiling_params.temporal_tiling" => p.vae_tiling_params.temporal_tiling = CBool(v.as_bool().unwrap() as u8),
+            "vae_tiling_params.tile_size_x" => p.vae_tiling_params.tile_size_x = num(v) as c_int,
+            "vae_tiling_params.tile_size_y" => p.vae_tiling_params.tile_size_y = num(v) as c_int,
+            "cache.mode" => p.cache.mode = sd_cache_mode_t(enum_value(v)),
+            other => panic!("video params field {other} is not handled by the harness"),
+        }
+    }
+    p
+}
+
 /// A returned picture: width, height, channels, bytes.
 pub type Picture = (u32, u32, u32, Vec<u8>);
 
@@ -503,12 +599,20 @@ pub fn run_with(
             }
         }
         let mut arena = Arena::default();
-        let p = gen_params(&case.params, &mut arena);
         let mut images: *mut sd_image_t = std::ptr::null_mut();
         let mut n: c_int = 0;
-        // SAFETY: valid context and params; out-pointers are writable.
-        let (ok, latents) =
-            stable_diffusion::pipeline::capture_final_latents(|| unsafe { generate_image(ctx, &p, &mut images, &mut n) });
+        let (ok, latents) = if case.video {
+            let p = vid_params(&case.params, &mut arena);
+            let mut audio: *mut sd_audio_t = std::ptr::null_mut();
+            // SAFETY: valid context and params; out-pointers are writable.
+            let ok = unsafe { generate_video(ctx, &p, &mut images, &mut n, &mut audio) };
+            assert!(audio.is_null(), "no family here has sound: audio_out stays NULL");
+            (ok, Vec::new())
+        } else {
+            let p = gen_params(&case.params, &mut arena);
+            // SAFETY: valid context and params; out-pointers are writable.
+            stable_diffusion::pipeline::capture_final_latents(|| unsafe { generate_image(ctx, &p, &mut images, &mut n) })
+        };
         let ok = ok.0 != 0;
         let mut diffs = Vec::new();
         let mut note = String::new();

@@ -30,6 +30,7 @@ const UNK_PENALTY: f32 = 10.0;
 const EMPTY_PIECE: &str = "<empty_token>";
 
 const T5_TABLE: &[u8] = include_bytes!(env!("SD_T5_VOCAB"));
+const UMT5_TABLE: &[u8] = include_bytes!(env!("SD_UMT5_VOCAB"));
 
 /// Which table and special tokens.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -63,17 +64,18 @@ impl std::fmt::Debug for T5Tokenizer {
 }
 
 impl T5Tokenizer {
-    /// The tokenizer over the bundled table, built once per process. Only T5's table is
-    /// bundled so far.
+    /// The tokenizer over the bundled table, built once per process.
     pub fn shared(vocab: T5Vocab) -> Result<&'static T5Tokenizer> {
         static T5: OnceCell<T5Tokenizer> = OnceCell::new();
-        match vocab {
-            T5Vocab::T5 => T5.get_or_try_init(|| {
-                let json = std::str::from_utf8(T5_TABLE).context("bundled T5 tokenizer table is not UTF-8")?;
-                T5Tokenizer::from_json(json, vocab)
-            }),
-            T5Vocab::Umt5 => bail!("the UMT5 tokenizer table is not bundled in this build"),
-        }
+        static UMT5: OnceCell<T5Tokenizer> = OnceCell::new();
+        let (cell, table) = match vocab {
+            T5Vocab::T5 => (&T5, T5_TABLE),
+            T5Vocab::Umt5 => (&UMT5, UMT5_TABLE),
+        };
+        cell.get_or_try_init(|| {
+            let json = std::str::from_utf8(table).context("bundled T5 tokenizer table is not UTF-8")?;
+            T5Tokenizer::from_json(json, vocab)
+        })
     }
 
     /// Builds the tokenizer from a Hugging Face `tokenizer.json` with a Unigram model and a

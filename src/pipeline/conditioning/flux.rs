@@ -4,13 +4,14 @@
 //! - Flux: T5-XXL hidden states in 256-token chunks (zeros without T5) and the pooled
 //!   CLIP-L vector of the prompt's first 77 tokens (zeros without CLIP-L). At least one of
 //!   the two is needed.
-//! - Chroma: T5 only, 512-token chunks; the vector is the T5 attention mask (0 attend,
-//!   -inf padding) with the first `chroma_t5_mask_pad` (1) padding tokens attended, which
-//!   the transformer uses as its text mask. `chroma_use_t5_mask` also masks the encoder
-//!   itself. Without T5 the context is zeros and the mask masks every text token.
+//! - Chroma (and Wan, with UMT5): T5 only, 512-token chunks; the vector is the T5 attention
+//!   mask (0 attend, -inf padding) with the first `mask_pad` padding tokens attended, which
+//!   Chroma's transformer uses as its text mask. `use_t5_mask` also masks the encoder
+//!   itself (Chroma: `chroma_use_t5_mask`, default off; Wan: always). Without T5 the context
+//!   is zeros and the mask masks every text token.
 
 use super::clip::ClipPart;
-use super::t5::{attend_padding, T5Text};
+use super::t5::{attend_padding, T5Text, T5Vocab};
 use super::{sd3::CLIP_L_PREFIX, CondRequest, Conditioner};
 use crate::error::Result;
 use crate::graph::{Component, Components, Placement};
@@ -48,7 +49,7 @@ pub struct FluxConditioner {
 impl FluxConditioner {
     pub fn new(weights: &Arc<Weights>, place: &Placement, n_threads: i32, t5_resident: bool) -> Result<FluxConditioner> {
         let clip_l = ClipPart::open(weights, CLIP_L_PREFIX, ClipVersion::OpenAiVitL14, true, place, n_threads)?;
-        let t5 = T5Text::open(weights, place, n_threads, t5_resident)?;
+        let t5 = T5Text::open(weights, T5Vocab::T5, place, n_threads, t5_resident)?;
         ensure!(clip_l.is_some() || t5.is_some(), "no text encoders provided (clip_l_path or t5xxl_path): Flux cannot process prompts");
         if clip_l.is_none() {
             sd_warn!("clip_l text encoder not found! Prompt adherence might be degraded.");
@@ -99,18 +100,24 @@ impl Conditioner for FluxConditioner {
 
 }
 
-/// Chroma's options from the context's `model_args`.
+/// How a T5-only conditioner (the reference's `T5CLIPEmbedder`) runs: Chroma's from the
+/// context's `model_args`, Wan's fixed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct ChromaTextOptions {
+pub struct T5TextOptions {
     /// Mask the padding inside the T5 encoder too (`chroma_use_t5_mask`, default false).
     pub use_t5_mask: bool,
     /// Padding tokens the transformer still attends (`chroma_t5_mask_pad`, default 1).
     pub mask_pad: usize,
+    pub vocab: T5Vocab,
 }
 
-impl ChromaTextOptions {
-    pub fn parse(model_args: Option<&str>) -> ChromaTextOptions {
-        let mut o = ChromaTextOptions { use_t5_mask: false, mask_pad: 1 };
+impl T5TextOptions {
+    /// Wan's: UMT5, the encoder masked, no padding attended (model args are not read).
+    pub const WAN: T5TextOptions = T5TextOptions { use_t5_mask: true, mask_pad: 0, vocab: T5Vocab::Umt5 };
+
+    /// Chroma's, from the context's `model_args`.
+    pub fn parse(model_args: Option<&str>) -> T5TextOptions {
+        let mut o = T5TextOptions { use_t5_mask: false, mask_pad: 1, vocab: T5Vocab::T5 };
         for (k, v) in parse_key_value_args(model_args, "model arg") {
             match k.as_str() {
                 "chroma_use_t5_mask" => match parse_strict_bool(&v) {
@@ -128,28 +135,28 @@ impl ChromaTextOptions {
     }
 }
 
-pub struct ChromaConditioner {
+pub struct T5Conditioner {
     t5: Option<T5Text>,
-    options: ChromaTextOptions,
+    options: T5TextOptions,
 }
 
-impl ChromaConditioner {
-    pub fn new(weights: &Arc<Weights>, place: &Placement, n_threads: i32, t5_resident: bool, options: ChromaTextOptions) -> Result<ChromaConditioner> {
-        let t5 = T5Text::open(weights, place, n_threads, t5_resident)?;
+impl T5Conditioner {
+    pub fn new(weights: &Arc<Weights>, place: &Placement, n_threads: i32, t5_resident: bool, options: T5TextOptions) -> Result<T5Conditioner> {
+        let t5 = T5Text::open(weights, options.vocab, place, n_threads, t5_resident)?;
         if t5.is_none() {
             sd_warn!("IMPORTANT NOTICE: No text encoders provided, cannot process prompts!");
         }
-        Ok(ChromaConditioner { t5, options })
+        Ok(T5Conditioner { t5, options })
     }
 }
 
-impl Components for ChromaConditioner {
+impl Components for T5Conditioner {
     fn components(&mut self) -> Vec<&mut dyn Component> {
         self.t5.iter_mut().map(|t| t.component()).collect()
     }
 }
 
-impl Conditioner for ChromaConditioner {
+impl Conditioner for T5Conditioner {
     fn encode(&mut self, req: &CondRequest<'_>) -> Result<Condition> {
         let Some(t5) = &mut self.t5 else {
             return Ok(Condition {
@@ -194,10 +201,10 @@ mod tests {
 
     #[test]
     fn chroma_model_args() {
-        assert_eq!(ChromaTextOptions::parse(None), ChromaTextOptions { use_t5_mask: false, mask_pad: 1 });
-        let o = ChromaTextOptions::parse(Some("chroma_use_t5_mask=true, chroma_t5_mask_pad=3, chroma_use_dit_mask=false"));
-        assert_eq!(o, ChromaTextOptions { use_t5_mask: true, mask_pad: 3 });
-        assert_eq!(ChromaTextOptions::parse(Some("chroma_t5_mask_pad=x")).mask_pad, 1);
+        assert_eq!(T5TextOptions::parse(None), T5TextOptions { use_t5_mask: false, mask_pad: 1, vocab: T5Vocab::T5 });
+        let o = T5TextOptions::parse(Some("chroma_use_t5_mask=true, chroma_t5_mask_pad=3, chroma_use_dit_mask=false"));
+        assert_eq!(o, T5TextOptions { use_t5_mask: true, mask_pad: 3, vocab: T5Vocab::T5 });
+        assert_eq!(T5TextOptions::parse(Some("chroma_t5_mask_pad=x")).mask_pad, 1);
     }
 
     #[test]

@@ -4,7 +4,7 @@
 //! chunk's 77 T5 tokens; the vector is the two pooled outputs of the first chunk (2048).
 
 use super::clip::ClipPart;
-use super::t5::T5Text;
+use super::t5::{T5Text, T5Vocab};
 use super::{CondRequest, Conditioner};
 use crate::error::Result;
 use crate::graph::{Component, Components, Placement};
@@ -37,7 +37,7 @@ impl Sd3Conditioner {
     pub fn new(weights: &Arc<Weights>, place: &Placement, n_threads: i32, t5_resident: bool) -> Result<Sd3Conditioner> {
         let clip_l = ClipPart::open(weights, CLIP_L_PREFIX, ClipVersion::OpenAiVitL14, false, place, n_threads)?;
         let clip_g = ClipPart::open(weights, CLIP_G_PREFIX, ClipVersion::OpenClipVitBigG14, false, place, n_threads)?;
-        let t5 = T5Text::open(weights, place, n_threads, t5_resident)?;
+        let t5 = T5Text::open(weights, T5Vocab::T5, place, n_threads, t5_resident)?;
         ensure!(
             clip_l.is_some() || clip_g.is_some() || t5.is_some(),
             "no text encoders provided (clip_l_path, clip_g_path or t5xxl_path): SD3 cannot process prompts"

@@ -8,7 +8,7 @@
 use crate::error::Result;
 use crate::graph::{Component, Placement};
 use crate::models::te::t5::T5XXL_PREFIX;
-use crate::models::te::t5_tokenizer::T5Vocab;
+pub use crate::models::te::t5_tokenizer::T5Vocab;
 use crate::pipeline::loader::Weights;
 use crate::pipeline::prompt::PadOptions;
 use crate::pipeline::t5::{tokenize_weighted_t5, Residency, T5Encoder};
@@ -24,12 +24,12 @@ pub struct T5Text {
 
 impl T5Text {
     /// The encoder of the context's files, `None` when they hold no T5 weights.
-    pub fn open(weights: &Arc<Weights>, place: &Placement, n_threads: i32, resident: bool) -> Result<Option<T5Text>> {
+    pub fn open(weights: &Arc<Weights>, vocab: T5Vocab, place: &Placement, n_threads: i32, resident: bool) -> Result<Option<T5Text>> {
         if !weights.has_prefix(T5XXL_PREFIX) {
             return Ok(None);
         }
         let residency = if resident { Residency::Resident } else { Residency::OnDemand };
-        let encoder = T5Encoder::new(weights, T5XXL_PREFIX, T5Vocab::T5, place, n_threads, residency)?;
+        let encoder = T5Encoder::new(weights, T5XXL_PREFIX, vocab, place, n_threads, residency)?;
         Ok(Some(T5Text { encoder }))
     }
 

@@ -1,6 +1,6 @@
 //! The Flux family (Flux.1 dev / schnell / Fill / Controls, Flex.2, Kontext through
 //! reference images, Chroma, Chroma1-Radiance, Ovis-Image): `FluxConditioner` (CLIP-L + T5),
-//! for Chroma and Chroma1-Radiance `ChromaConditioner` (T5 only), for Ovis-Image the Qwen3
+//! for Chroma and Chroma1-Radiance `T5Conditioner` (T5 only), for Ovis-Image the Qwen3
 //! `LlmConditioner` ([`OVIS_TEMPLATE`]); the Flux transformer; the 16-channel AutoencoderKL,
 //! or for Chroma1-Radiance no autoencoder (`PixelSpace`). Flux flow prediction with the
 //! default shift 1.15 when the model embeds guidance (dev), 1.0 otherwise (schnell, Chroma),
@@ -12,7 +12,7 @@ use crate::graph::Module;
 use crate::models::diffusion::flux::{Flux, FluxConfig, FluxModel, FluxOptions, FluxVariant};
 use crate::models::te::llm::LlmArch;
 use crate::models::vae::{FirstStage, PixelSpace};
-use crate::pipeline::conditioning::flux::{ChromaConditioner, ChromaTextOptions, FluxConditioner};
+use crate::pipeline::conditioning::flux::{T5Conditioner, T5TextOptions, FluxConditioner};
 use crate::pipeline::conditioning::llm::{LlmConditioner, LlmTemplate};
 use crate::pipeline::conditioning::Conditioner;
 use crate::runtime::args::{parse_key_value_args, parse_strict_bool};
@@ -61,8 +61,8 @@ pub(super) fn build(ctx: &mut BuildCtx<'_>, variant: FluxVariant) -> Result<Part
     let t5_resident = params.eager_load;
     let cond: Box<dyn Conditioner> = if cfg.is_chroma {
         sd_info!("Using pruned modulation (Chroma)");
-        let options = ChromaTextOptions::parse(params.model_args.as_deref());
-        Box::new(ChromaConditioner::new(weights, &te_place, n_threads, t5_resident, options)?)
+        let options = T5TextOptions::parse(params.model_args.as_deref());
+        Box::new(T5Conditioner::new(weights, &te_place, n_threads, t5_resident, options)?)
     } else if variant == FluxVariant::Ovis {
         let cond = LlmConditioner::new(weights, OVIS_TEMPLATE, &te_place, n_threads, params.eager_load)?;
         let width = cond.context_width() as i64;

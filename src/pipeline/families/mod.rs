@@ -13,6 +13,7 @@ mod flux2;
 mod mmdit;
 mod qwen_image;
 mod unet;
+mod wan;
 mod zimage;
 
 use super::conditioning::clip::ClipSet;
@@ -73,6 +74,8 @@ pub enum Arch {
     ZImage,
     /// Qwen-Image: the Qwen2.5-VL LLM and the Wan2.1 VAE (single frames).
     QwenImage,
+    /// Wan 2.x video: UMT5, one or two (high/low-noise) Wan transformers, the Wan VAE.
+    Wan,
 }
 
 /// Extra latent channels the diffusion model takes next to the noisy latent.
@@ -328,6 +331,20 @@ const fn qwen_image_layered_family() -> FamilySpec {
     FamilySpec { ref_image_preset: Some("qwen_layered"), image_channels: 4, media: Media::Layered, ..qwen_image_family() }
 }
 
+/// Wan2.1's latent: the Wan2.1 VAE's 16 channels at 1/8, patches of 2×2 in the transformer.
+const WAN_LATENT: LatentFormat = LatentFormat { down_factor: 2, ..WAN21_LATENT };
+/// Wan2.2 TI2V's: the Wan2.2 VAE's 48 channels at 1/16.
+const WAN22_LATENT: LatentFormat = LatentFormat { channels: 48, vae_scale: 16, down_factor: 2, scale_factor: 1.0, shift_factor: 0.0 };
+
+/// Wan 2.x: frames in groups of 4 after the first.
+const fn wan_family(latent: LatentFormat, projection: &'static Projection, first_stage: FirstStageKind, timesteps: TimestepRule) -> FamilySpec {
+    FamilySpec {
+        media: Media::Video(VideoFormat { time_scale: 4, timesteps }),
+        first_stage,
+        ..dit_family(ModelFamily::OtherDit, Arch::Wan, latent, projection, Concat::None, Prediction::Flow)
+    }
+}
+
 const fn with_tae(spec: FamilySpec) -> FamilySpec {
     FamilySpec { tae_first_stage: true, ..spec }
 }
@@ -361,6 +378,8 @@ static FLUX2: FamilySpec = flux2_family();
 static Z_IMAGE: FamilySpec = dit_family(F::OtherDit, Arch::ZImage, FLUX_LATENT, &preview::FLUX, Concat::None, Prediction::Flow);
 static QWEN_IMAGE: FamilySpec = qwen_image_family();
 static QWEN_IMAGE_LAYERED: FamilySpec = qwen_image_layered_family();
+static WAN: FamilySpec = wan_family(WAN_LATENT, &preview::WAN21, FirstStageKind::Wan21, TimestepRule::Scalar);
+static WAN22_TI2V: FamilySpec = wan_family(WAN22_LATENT, &preview::WAN22, FirstStageKind::Wan22, TimestepRule::PerFrameMasked);
 
 /// The family of `version`, if this build can generate with it.
 pub fn spec(version: SdVersion) -> Option<&'static FamilySpec> {
@@ -391,6 +410,8 @@ pub fn spec(version: SdVersion) -> Option<&'static FamilySpec> {
         V::ZImage => &Z_IMAGE,
         V::QwenImage => &QWEN_IMAGE,
         V::QwenImageLayered => &QWEN_IMAGE_LAYERED,
+        V::Wan2 | V::Wan2_2I2v => &WAN,
+        V::Wan2_2Ti2v => &WAN22_TI2V,
         _ => return None,
     })
 }
@@ -437,6 +458,7 @@ pub fn flow_parts(
         prediction,
         denoiser: Denoiser::new(prediction, None),
         default_flow_shift: params.prediction.is_none().then_some(default_shift),
+        high_noise: None,
     }
 }
 
@@ -451,6 +473,8 @@ pub struct Parts {
     pub denoiser: Denoiser,
     /// The flow shift a request without one gets (flow families).
     pub default_flow_shift: Option<f32>,
+    /// The expert for the high-noise steps (Wan2.2 A14B), when one was given.
+    pub high_noise: Option<Box<dyn DiffusionModel>>,
 }
 
 /// Everything `new_sd_ctx` loaded.
@@ -469,6 +493,8 @@ pub struct ModelSet {
     pub n_threads: i32,
     pub cond: Box<dyn Conditioner>,
     pub diffusion: Box<dyn DiffusionModel>,
+    /// The expert for the high-noise steps (Wan2.2 A14B's pair), sampled before `diffusion`.
+    pub high_noise: Option<Box<dyn DiffusionModel>>,
     pub first_stage: Box<dyn FirstStage>,
     pub preview: Option<Box<dyn FirstStage>>,
     /// The LoRAs in effect on the conditioner, diffusion model and first stage.
@@ -504,6 +530,7 @@ impl ModelSet {
             Arch::Flux2 => flux2::build(&mut ctx)?,
             Arch::ZImage => zimage::build(&mut ctx)?,
             Arch::QwenImage => qwen_image::build(&mut ctx)?,
+            Arch::Wan => wan::build(&mut ctx)?,
         };
         if params.flash_attn {
             sd_info!("Using flash attention");
@@ -531,6 +558,7 @@ impl ModelSet {
             n_threads,
             cond: parts.cond,
             diffusion: parts.diffusion,
+            high_noise: parts.high_noise,
             first_stage: parts.first_stage,
             preview: parts.preview,
             control_net: None,
@@ -581,6 +609,9 @@ impl ModelSet {
     pub fn runners(&mut self) -> Vec<&mut Runner> {
         let mut v = self.cond.runners();
         v.extend(self.diffusion.runners());
+        if let Some(h) = self.high_noise.as_mut() {
+            v.extend(h.runners());
+        }
         v.extend(self.first_stage.runners());
         if let Some(p) = self.preview.as_mut() {
             v.extend(p.runners());

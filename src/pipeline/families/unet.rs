@@ -81,6 +81,7 @@ pub(super) fn build(ctx: &mut BuildCtx<'_>, unet_version: UNetVersion, text: Cli
         prediction,
         denoiser: Denoiser::new(prediction, alphas_cumprod.as_deref()),
         default_flow_shift: None,
+        high_noise: None,
     })
 }
 

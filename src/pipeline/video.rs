@@ -1,0 +1,492 @@
+//! `generate_video` for the video families (Wan 2.x): the request resolved like the
+//! reference (sizes aligned up, frames aligned down to whole latent frames), the latents and
+//! conditions of the model's mode (text-to-video; TI2V's first and last frames fixed in the
+//! latent; I2V's and FLF2V's encoded frames and CLIP-vision tokens; VACE's control video),
+//! then one sampling stage, or two when a high-noise expert takes the first part of the
+//! schedule, then the video decoder.
+
+use super::callbacks::{self, CancelFlag};
+use super::conditioning::CondRequest;
+use super::families::{ModelSet, VideoFormat};
+use super::imageops::{image_to_tensor, tensor_to_image};
+use super::ref_images::RefImageParams;
+use super::request::{align_up, resolve_guidance, runtime_tiling, schedule, MAX_SIDE};
+use super::sampling::{self, cancelled, latent_layer, Job, Prepared, Previewer, Stage};
+use crate::error::{Error, Result};
+use crate::image::Image;
+use crate::models::diffusion::VideoInput;
+use crate::models::Condition;
+use crate::params::{GuidanceParams, SampleParams, VidGenParams};
+use crate::runtime::args::ExtraArgs;
+use crate::runtime::defaults::{default_sample_method, resolve_eta, unset_if_infinite};
+use crate::runtime::rng::{randn_like, resolve_seed, GenerationRngs};
+use crate::runtime::tiling::{retry_tiling, TilingParams};
+use crate::tensor::Tensor;
+use crate::types::{CancelMode, SampleMethod};
+use std::time::Instant;
+
+/// Most frames one request may ask for (the latent and the decoder's output grow with it).
+pub const MAX_FRAMES: i32 = 4096;
+
+/// A video request after the reference's adjustments.
+struct VideoRequest {
+    width: usize,
+    height: usize,
+    /// Frames after alignment to whole latent frames.
+    frames: usize,
+    seed: i64,
+    guidance: GuidanceParams,
+    use_uncond: bool,
+    high_noise_guidance: GuidanceParams,
+    use_high_noise_uncond: bool,
+}
+
+/// The sampling plan of a video: one schedule over all steps, the first `high_noise_steps`
+/// of it for the high-noise expert.
+struct VideoPlan {
+    sigmas: Vec<f32>,
+    method: SampleMethod,
+    eta: f32,
+    extra: ExtraArgs,
+    high_noise_steps: usize,
+    high_noise_method: SampleMethod,
+    high_noise_eta: f32,
+    high_noise_extra: ExtraArgs,
+}
+
+fn check_params(p: &VidGenParams) -> Result<()> {
+    ensure!(
+        (1..=MAX_SIDE).contains(&p.width) && (1..=MAX_SIDE).contains(&p.height),
+        "video size {}x{} is not supported (each side must be 1 to {MAX_SIDE})",
+        p.width,
+        p.height
+    );
+    ensure!((1..=MAX_FRAMES).contains(&p.video_frames), "video_frames must be 1 to {MAX_FRAMES}, got {}", p.video_frames);
+    for (what, sp) in [("sample_params", &p.sample_params), ("high_noise_sample_params", &p.high_noise_sample_params)] {
+        ensure!(sp.sample_steps <= 10000, "{what}.sample_steps {} is too large", sp.sample_steps);
+        ensure!(sp.guidance.txt_cfg.is_finite(), "{what}: cfg scale must be a finite number");
+    }
+    ensure!(
+        !p.sample_params.custom_sigmas.is_empty() || p.sample_params.sample_steps >= 1,
+        "sample_steps must be at least 1, got {}",
+        p.sample_params.sample_steps
+    );
+    ensure!(p.moe_boundary.is_finite(), "moe_boundary must be a finite number");
+    let images = [("init image", p.init_image.as_ref()), ("end image", p.end_image.as_ref())];
+    for (what, img) in images.into_iter().chain(p.control_frames.iter().map(|f| ("control frame", Some(f)))) {
+        if let Some(img) = img {
+            ensure!(
+                img.width > 0 && img.height > 0 && img.data.len() == img.width as usize * img.height as usize * img.channels as usize,
+                "{what}: {}x{} with {} channels does not match its {} bytes",
+                img.width,
+                img.height,
+                img.channels,
+                img.data.len()
+            );
+            ensure!(img.channels == 1 || img.channels >= 3, "{what} with {} channels is not supported", img.channels);
+        }
+    }
+    Ok(())
+}
+
+/// Inputs the Wan models do not read draw a warning each (the reference ignores them).
+fn warn_unused(ms: &ModelSet, p: &VidGenParams) {
+    let name = ms.version.name();
+    if !p.ref_images.is_empty() {
+        sd_warn!("{name} does not use reference images; ignoring {}", p.ref_images.len());
+    }
+    if !p.ref_videos.is_empty() {
+        sd_warn!("{name} does not use reference videos; ignoring {}", p.ref_videos.len());
+    }
+    if !p.ref_audios.is_empty() {
+        sd_warn!("{name} does not use reference audio; ignoring {}", p.ref_audios.len());
+    }
+    if ms.high_noise.is_none() && p.high_noise_sample_params.sample_steps > 0 {
+        sd_warn!("high_noise_sample_params are set but no high noise diffusion model is loaded; ignoring them");
+    }
+}
+
+fn resolve_request(ms: &ModelSet, p: &VidGenParams, format: &VideoFormat) -> VideoRequest {
+    let multiple = ms.spec.latent.size_multiple() as i32;
+    let (width, height) = (align_up(p.width, multiple), align_up(p.height, multiple));
+    if (width, height) != (p.width, p.height) {
+        sd_warn!("align generation request up {}x{} to {width}x{height} (multiple={multiple})", p.width, p.height);
+    }
+    let requested = p.video_frames.max(1) as usize;
+    let frames = format.align_frames(requested);
+    let (guidance, use_uncond, _) = resolve_guidance(&p.sample_params.guidance, ms.spec.supports_img_cfg(false), "");
+    let (high_noise_guidance, use_high_noise_uncond) = if ms.high_noise.is_some() {
+        let (g, u, _) = resolve_guidance(&p.high_noise_sample_params.guidance, ms.spec.supports_img_cfg(false), "high noise: ");
+        (g, u)
+    } else {
+        (GuidanceParams::default(), false)
+    };
+    if frames != requested {
+        sd_warn!("align video frames from {requested} to {frames} for {}", ms.version.name());
+    }
+    VideoRequest {
+        width: width as usize,
+        height: height as usize,
+        frames,
+        seed: resolve_seed(p.seed),
+        guidance,
+        use_uncond,
+        high_noise_guidance,
+        use_high_noise_uncond,
+    }
+}
+
+/// The sampler of `sp`, or the family's default.
+fn method_of(ms: &ModelSet, sp: &SampleParams) -> SampleMethod {
+    sp.sample_method.unwrap_or_else(|| default_sample_method(Some(ms.family())))
+}
+
+/// One schedule of `sample_steps` (+ the high-noise expert's explicit steps) steps; without
+/// explicit high-noise steps the expert takes the steps whose sigma is at least
+/// `moe_boundary`, like the reference.
+fn resolve_plan(ms: &mut ModelSet, p: &VidGenParams, r: &VideoRequest) -> Result<VideoPlan> {
+    let sp = &p.sample_params;
+    let hp = &p.high_noise_sample_params;
+    let family = ms.family();
+    let has_expert = ms.high_noise.is_some();
+    let method = method_of(ms, sp);
+    let extra = ExtraArgs::parse(sp.extra_sample_args.as_deref());
+    let mut sample_steps = sp.sample_steps.max(0) as usize;
+    // -1 (the default): split at the boundary.
+    let mut high_steps: i64 = if has_expert { hp.sample_steps as i64 } else { 0 };
+    let total = sample_steps + high_steps.max(0) as usize;
+    let seq_len = ((r.width / ms.spec.latent.vae_scale) * (r.height / ms.spec.latent.vae_scale)) as i32;
+    let sigmas = schedule(ms, sp, method, total, seq_len, &extra)?;
+    if !sp.custom_sigmas.is_empty() {
+        let total = sigmas.len() - 1;
+        if sample_steps >= total {
+            sample_steps = total;
+            sd_warn!("total_steps != custom_sigmas_count - 1, set sample_steps to {sample_steps}");
+        }
+        if high_steps > 0 {
+            high_steps = (total - sample_steps) as i64;
+            sd_warn!("total_steps != custom_sigmas_count - 1, set high_noise_sample_steps to {high_steps}");
+        }
+    }
+    let eta = resolve_eta(unset_if_infinite(sp.eta), method, family);
+    if high_steps < 0 {
+        high_steps = sigmas.iter().position(|&s| s < p.moe_boundary).unwrap_or(0) as i64;
+        sd_debug!("switching from high noise model at step {high_steps}");
+    }
+    let high_noise_steps = (high_steps.max(0) as usize).min(sigmas.len().saturating_sub(1));
+    sd_info!("sampling using {} method", method.name());
+    let high_noise_method = method_of(ms, hp);
+    let high_noise_eta = resolve_eta(unset_if_infinite(hp.eta), high_noise_method, family);
+    if high_noise_steps > 0 {
+        sd_info!("sampling(high noise) using {} method", high_noise_method.name());
+    }
+    Ok(VideoPlan {
+        sigmas,
+        method,
+        eta,
+        extra,
+        high_noise_steps,
+        high_noise_method,
+        high_noise_eta,
+        high_noise_extra: ExtraArgs::parse(hp.extra_sample_args.as_deref()),
+    })
+}
+
+/// An image as `[W, H, 3, 1]` in [0, 1] at the request's size.
+fn frame_tensor(img: &Image, w: usize, h: usize) -> Result<Tensor> {
+    let t = image_to_tensor(img, Some((w, h)))?;
+    let plane = w * h;
+    let data = match t.ne(2) {
+        1 => t.data().repeat(3),
+        _ => t.data()[..3 * plane].to_vec(),
+    };
+    Tensor::from_vec(&[w, h, 3, 1], data)
+}
+
+/// `frames` pictures `[W, H, 3, 1]` as one video `[W, H, T, 3, 1]`.
+fn stack_frames(frames: &[Tensor]) -> Result<Tensor> {
+    let first = frames.first().ok_or_else(|| Error::new("no frames to stack"))?;
+    let (w, h, c, t) = (first.ne(0), first.ne(1), first.ne(2), frames.len());
+    let plane = w * h;
+    let mut data = vec![0f32; plane * c * t];
+    for (i, f) in frames.iter().enumerate() {
+        ensure!(f.shape()[..3] == [w, h, c], "frame {i} of shape {:?} in a {w}x{h} video", f.shape());
+        for ch in 0..c {
+            let dst = (ch * t + i) * plane;
+            data[dst..dst + plane].copy_from_slice(&f.data()[ch * plane..(ch + 1) * plane]);
+        }
+    }
+    Tensor::from_vec(&[w, h, t, c, 1], data)
+}
+
+/// The latents and conditions every stage shares.
+fn prepare(ms: &mut ModelSet, p: &VidGenParams, r: &VideoRequest, format: &VideoFormat, tiling: &TilingParams, circular: (bool, bool)) -> Result<Prepared> {
+    let latent = ms.spec.latent;
+    let (lw, lh) = (r.width / latent.vae_scale, r.height / latent.vae_scale);
+    let lt = format.latent_frames(r.frames);
+    let shape = [lw, lh, lt, latent.channels, 1];
+    let mut init_latent = Tensor::zeros(&shape);
+    let mut denoise_mask = None;
+    let start = Instant::now();
+    let start_image = p.init_image.as_ref().map(|i| frame_tensor(i, r.width, r.height)).transpose()?;
+    let end_image = p.end_image.as_ref().map(|i| frame_tensor(i, r.width, r.height)).transpose()?;
+
+    if format.timesteps == sampling::TimestepRule::PerFrameMasked && start_image.is_some() {
+        // TI2V: the first (and last) latent frame is the encoded picture and stays fixed.
+        sd_info!("IMG2VID");
+        let fs = ms.first_stage.as_mut();
+        fs.begin()?;
+        let encoded = (|| -> Result<(Tensor, Option<Tensor>)> {
+            let first = fs.encode_video(&stack_frames(std::slice::from_ref(start_image.as_ref().expect("checked")))?, tiling, circular)
+                .map_err(|e| Error::new(format!("failed to encode init video frame: {e}")))?;
+            let last = match &end_image {
+                Some(img) => Some(fs.encode_video(&stack_frames(std::slice::from_ref(img))?, tiling, circular).map_err(|e| Error::new(format!("failed to encode end video frame: {e}")))?),
+                None => None,
+            };
+            Ok((first, last))
+        })();
+        fs.end();
+        let (first, last) = encoded?;
+        let mut mask = Tensor::full(&[lw, lh, lt, 1, 1], 1.0);
+        put_frame(&mut init_latent, &first, 0)?;
+        put_frame(&mut mask, &Tensor::zeros(&[lw, lh, 1, 1, 1]), 0)?;
+        if let Some(last) = last {
+            put_frame(&mut init_latent, &last, lt - 1)?;
+            put_frame(&mut mask, &Tensor::zeros(&[lw, lh, 1, 1, 1]), lt - 1)?;
+        }
+        denoise_mask = Some(mask);
+        sd_info!("encode_first_stage completed, taking {} ms", start.elapsed().as_millis());
+    } else {
+        if start_image.is_some() {
+            sd_warn!("this {} model does not use an init image; ignoring it", ms.version.name());
+        }
+        if end_image.is_some() {
+            sd_warn!("this {} model does not use an end image; ignoring it", ms.version.name());
+        }
+    }
+    if !p.control_frames.is_empty() {
+        sd_warn!("this {} model does not use control frames; ignoring {}", ms.version.name(), p.control_frames.len());
+    }
+
+    let start = Instant::now();
+    let base = CondRequest {
+        text: &p.prompt,
+        clip_skip: p.clip_skip,
+        width: r.width,
+        height: r.height,
+        zero_out_masked: true,
+        ref_images: &[],
+        refs: RefImageParams::default(),
+    };
+    let negative = CondRequest { text: &p.negative_prompt, ..base.clone() };
+    let needs_uncond = r.use_uncond || r.use_high_noise_uncond;
+    ms.cond.begin()?;
+    let conds = (|| -> Result<(Condition, Option<Condition>)> {
+        let cond = video_condition(ms.cond.encode(&base)?);
+        let uncond = if needs_uncond { Some(video_condition(ms.cond.encode(&negative)?)) } else { None };
+        Ok((cond, uncond))
+    })();
+    ms.cond.end();
+    let (cond, uncond) = conds?;
+    sd_info!("get_learned_condition completed, taking {:.2}s", start.elapsed().as_secs_f32());
+    Ok(Prepared { init_latent, denoise_mask, ref_latents: Vec::new(), cond, uncond, img_uncond: None, control_hint: None })
+}
+
+/// The text condition as the video models read it: the context only (the T5 conditioner's
+/// attention-mask vector is Chroma's; Wan's vector slot carries CLIP-vision tokens).
+fn video_condition(c: Condition) -> Condition {
+    Condition { crossattn: c.crossattn, vector: None, concat: None }
+}
+
+/// Writes `frame` `[w, h, 1, C, 1]` into latent frame `t` of `video` `[w, h, T, C, 1]`.
+fn put_frame(video: &mut Tensor, frame: &Tensor, t: usize) -> Result<()> {
+    let shape: &Tensor = video;
+    let (w, h, frames, c) = (shape.ne(0), shape.ne(1), shape.ne(2), shape.ne(3));
+    ensure!(
+        frame.ne(0) == w && frame.ne(1) == h && frame.ne(2) == 1 && frame.ne(3) == c && t < frames,
+        "a frame of shape {:?} does not fit frame {t} of a latent video {:?}",
+        frame.shape(),
+        video.shape()
+    );
+    let plane = w * h;
+    let src = frame.data().to_vec();
+    let dst = video.data_mut();
+    for ch in 0..c {
+        let at = (ch * frames + t) * plane;
+        dst[at..at + plane].copy_from_slice(&src[ch * plane..(ch + 1) * plane]);
+    }
+    Ok(())
+}
+
+/// Decodes the final latent video, retried with temporal tiling and then with spatial tiles
+/// when a whole decode fails (e.g. out of memory); the frames beyond the request's are cut.
+fn decode(ms: &mut ModelSet, latent: &Tensor, frames: usize, tiling: &TilingParams, circular: (bool, bool), cancel: &CancelFlag) -> Result<Vec<Image>> {
+    if cancel.pending() == Some(CancelMode::All) {
+        sd_error!("cancelling generation before video decode");
+        return Err(cancelled());
+    }
+    let start = Instant::now();
+    let fs = ms.first_stage.as_mut();
+    fs.begin()?;
+    let mut progress = |s: i32, n: i32, secs: f32| callbacks::progress(s, n, secs);
+    let mut run = |t: &TilingParams| fs.decode_video(latent, t, circular, Some(&mut progress));
+    let mut video = run(tiling);
+    if let Err(e) = &video {
+        if !tiling.temporal_tiling {
+            sd_warn!("video decode failed ({e}); retrying with temporal tiling");
+            video = run(&TilingParams { temporal_tiling: true, ..tiling.clone() });
+        }
+    }
+    if let Err(e) = &video {
+        if let Some(retry) = retry_tiling(tiling, latent.ne(0) as i64, latent.ne(1) as i64) {
+            sd_warn!("video decode failed ({e}); retrying with {}x{} tiles", retry.tile_size_x, retry.tile_size_y);
+            video = run(&TilingParams { temporal_tiling: true, ..retry });
+        }
+    }
+    fs.end();
+    let video = video.map_err(|e| Error::new(format!("decode_first_stage failed for video: {e}")))?;
+    sd_info!("decode_first_stage completed, taking {:.2}s", start.elapsed().as_secs_f32());
+    let n = video.ne(2).min(frames);
+    (0..n).map(|i| latent_layer(&video, i).and_then(|f| tensor_to_image(&f, 0))).collect()
+}
+
+/// Text (and image) to video: the frames, as many as the request after alignment.
+pub fn generate_video(ms: &mut ModelSet, p: &VidGenParams, cancel: &CancelFlag) -> Result<Vec<Image>> {
+    ms.weights.validate()?;
+    let format = *ms
+        .spec
+        .video()
+        .ok_or_else(|| Error::new(format!("{} is an image model and cannot generate video; use generate_image", ms.version.name())))?;
+    check_params(p)?;
+    ensure!(!p.hires.enabled, "LTX latent spatial upscale is only supported for LTX video models");
+    warn_unused(ms, p);
+    let t0 = Instant::now();
+    let tiling = runtime_tiling(&p.vae_tiling_params);
+    let circular = (p.circular_x, p.circular_y);
+    for runner in ms.runners() {
+        runner.options.circular_x = p.circular_x;
+        runner.options.circular_y = p.circular_y;
+    }
+    let r = resolve_request(ms, p, &format);
+    let mut rngs = GenerationRngs::new(ms.rng_type, ms.sampler_rng_type);
+    rngs.manual_seed(r.seed as u64);
+    let default_shift = ms.default_flow_shift;
+    ms.denoiser.set_flow_shift(unset_if_infinite(p.sample_params.flow_shift), default_shift);
+    ms.apply_loras(&p.loras)?;
+
+    let plan = resolve_plan(ms, p, &r)?;
+    let prepared = prepare(ms, p, &r, &format, &tiling, circular)?;
+    sd_info!("generate_video {}x{}x{}", r.width, r.height, r.frames);
+    let latent_start = Instant::now();
+    let noise = randn_like(&prepared.init_latent, rngs.noise());
+
+    let request = super::request::Request::for_video(r.seed, &p.cache);
+    let vace = VideoInput { vace_context: None, vace_strength: p.vace_strength, fps: p.fps.max(1) as f32 };
+    let spec = ms.spec;
+    let ModelSet { diffusion, high_noise, denoiser, first_stage, preview, .. } = ms;
+    let decoder: &mut dyn crate::models::vae::FirstStage = match preview {
+        Some(p) => p.as_mut(),
+        None => first_stage.as_mut(),
+    };
+    let mut job = Job {
+        request: &request,
+        prepared: &prepared,
+        denoiser,
+        control: None,
+        preview: Previewer { decoder, projection: spec.preview, tiling: &tiling, circular },
+        backbone: spec.backbone(),
+        slg_supported: spec.skip_layer_guidance,
+        ref_latent_img_cfg: false,
+        timesteps: format.timesteps,
+        video: Some(vace),
+        cancel,
+    };
+    let mut x = prepared.init_latent.clone();
+    let mut noise = Some(&noise);
+    let split = plan.high_noise_steps;
+    if let (Some(expert), true) = (high_noise.as_mut(), split > 0) {
+        if cancel.pending() == Some(CancelMode::All) {
+            sd_error!("cancelling generation before high-noise sampling");
+            return Err(cancelled());
+        }
+        let start = Instant::now();
+        let stage = Stage {
+            diffusion: expert.as_mut(),
+            sigmas: &plan.sigmas[..=split],
+            method: plan.high_noise_method,
+            eta: plan.high_noise_eta,
+            guidance: &r.high_noise_guidance,
+            use_uncond: r.use_high_noise_uncond,
+            extra: &plan.high_noise_extra,
+            noise: noise.take(),
+            shifted_timestep: 0,
+            last: false,
+        };
+        x = sampling::sample(&mut job, stage, &x, rngs.sampler())
+            .map_err(|e| Error::new(format!("sampling(high noise) failed after {:.2}s: {e}", start.elapsed().as_secs_f32())))?;
+        sd_info!("sampling(high noise) completed, taking {:.2}s", start.elapsed().as_secs_f32());
+    }
+    let sigmas = if high_noise.is_some() { &plan.sigmas[split..] } else { &plan.sigmas[..] };
+    if cancel.pending() == Some(CancelMode::All) {
+        sd_error!("cancelling generation before sampling");
+        return Err(cancelled());
+    }
+    let start = Instant::now();
+    let stage = Stage {
+        diffusion: diffusion.as_mut(),
+        sigmas,
+        method: plan.method,
+        eta: plan.eta,
+        guidance: &r.guidance,
+        use_uncond: r.use_uncond,
+        extra: &plan.extra,
+        noise,
+        shifted_timestep: p.sample_params.shifted_timestep,
+        last: true,
+    };
+    let latent = sampling::sample(&mut job, stage, &x, rngs.sampler())
+        .map_err(|e| Error::new(format!("sampling failed after {:.2}s: {e}", start.elapsed().as_secs_f32())))?;
+    sd_info!("sampling completed, taking {:.2}s", start.elapsed().as_secs_f32());
+    sd_info!("generating latent video completed, taking {:.2}s", latent_start.elapsed().as_secs_f32());
+    drop(job);
+    let frames = decode(ms, &latent, r.frames, &tiling, circular, cancel)?;
+    sd_info!("generate_video completed in {:.2}s", t0.elapsed().as_secs_f32());
+    Ok(frames)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn frames_stack_and_latent_frames_are_written_in_place() {
+        let a = Tensor::from_vec(&[1, 1, 3, 1], vec![1., 2., 3.]).unwrap();
+        let b = Tensor::from_vec(&[1, 1, 3, 1], vec![4., 5., 6.]).unwrap();
+        let v = stack_frames(&[a, b]).unwrap();
+        assert_eq!(v.shape(), &[1, 1, 2, 3, 1]);
+        assert_eq!(v.data(), &[1., 4., 2., 5., 3., 6.]);
+        let mut lat = Tensor::zeros(&[1, 1, 3, 2, 1]);
+        put_frame(&mut lat, &Tensor::from_vec(&[1, 1, 1, 2, 1], vec![7., 8.]).unwrap(), 2).unwrap();
+        assert_eq!(lat.data(), &[0., 0., 7., 0., 0., 8.]);
+        assert!(put_frame(&mut lat, &Tensor::zeros(&[1, 1, 1, 2, 1]), 3).is_err());
+    }
+
+    #[test]
+    fn wan_frames_align_down_to_whole_latent_frames() {
+        let f = VideoFormat { time_scale: 4, timesteps: sampling::TimestepRule::Scalar };
+        assert_eq!([1, 5, 6, 7, 8, 9, 17].map(|n| f.align_frames(n)), [1, 5, 5, 5, 5, 9, 17]);
+        assert_eq!([1, 5, 9].map(|n| f.latent_frames(n)), [1, 2, 3]);
+    }
+
+    #[test]
+    fn bad_frame_counts_and_sizes_are_refused() {
+        let ok = VidGenParams { width: 64, height: 64, video_frames: 5, ..VidGenParams::default() };
+        assert!(check_params(&ok).is_ok());
+        for frames in [0, -3, MAX_FRAMES + 1] {
+            let e = check_params(&VidGenParams { video_frames: frames, ..ok.clone() }).unwrap_err().to_string();
+            assert!(e.contains("video_frames"), "{e}");
+        }
+        assert!(check_params(&VidGenParams { width: 0, ..ok.clone() }).is_err());
+        assert!(check_params(&VidGenParams { moe_boundary: f32::NAN, ..ok.clone() }).is_err());
+    }
+}

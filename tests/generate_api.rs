@@ -92,6 +92,23 @@ fn generation_behaviour() {
     assert!(!ctx.is_null(), "new_sd_ctx(sd1) failed: {:?}", LOG.lock().unwrap());
     assert!(sd_ctx_supports_image_generation(ctx).get());
     assert!(!sd_ctx_supports_video_generation(ctx).get());
+    // An image model given to generate_video: false, nothing returned, an error naming why.
+    {
+        let mut v = std::mem::MaybeUninit::<sd_vid_gen_params_t>::uninit();
+        // SAFETY: init writes every field.
+        let mut v = unsafe {
+            sd_vid_gen_params_init(v.as_mut_ptr());
+            v.assume_init()
+        };
+        v.width = 64;
+        v.height = 64;
+        let (mut frames, mut n, mut audio) = (std::ptr::dangling_mut::<sd_image_t>(), -1, std::ptr::dangling_mut::<sd_audio_t>());
+        LOG.lock().unwrap().clear();
+        // SAFETY: valid context and params, writable out-pointers.
+        assert!(!unsafe { generate_video(ctx, &v, &mut frames, &mut n, &mut audio) }.get());
+        assert!(frames.is_null() && n == 0 && audio.is_null());
+        assert!(LOG.lock().unwrap().iter().any(|l| l.contains("image model") && l.contains("generate_image")), "{:?}", LOG.lock().unwrap());
+    }
     sd_set_progress_callback(Some(on_progress), ctx as *mut c_void);
     let prompt = CString::new("a lovely cat").unwrap();
 

@@ -564,7 +564,7 @@ impl ModelSet {
             control_net: None,
             ctx_params: params.clone(),
         };
-        let targets = lora_targets(&mut *set.cond, &mut *set.diffusion, &mut *set.first_stage);
+        let targets = lora_targets(&mut *set.cond, &mut *set.diffusion, set.high_noise.as_deref_mut(), &mut *set.first_stage);
         set.loras = LoraSet::new(params.lora_apply_mode, &set.weights, &targets);
         if let Some(path) = params.control_net_path.as_deref().filter(|p| !p.is_empty()) {
             set.control_net = Some(set.read_control_net(path)?);
@@ -597,7 +597,7 @@ impl ModelSet {
     /// Brings the model to the LoRAs of a request (see [`LoraSet::apply`]): nothing to do
     /// when they are the ones in effect; on failure the previous ones stay.
     pub fn apply_loras(&mut self, wanted: &[crate::params::Lora]) -> Result<()> {
-        let mut targets = lora_targets(&mut *self.cond, &mut *self.diffusion, &mut *self.first_stage);
+        let mut targets = lora_targets(&mut *self.cond, &mut *self.diffusion, self.high_noise.as_deref_mut(), &mut *self.first_stage);
         self.loras.apply(wanted, &self.weights, &mut targets, self.n_threads)
     }
 
@@ -624,10 +624,19 @@ impl ModelSet {
 }
 
 /// The weights LoRAs apply to, like the reference: the conditioner's, the diffusion model's
-/// and the first stage's components (not a preview-only decoder).
-fn lora_targets<'a>(cond: &'a mut dyn Conditioner, diffusion: &'a mut dyn DiffusionModel, first_stage: &'a mut dyn FirstStage) -> Vec<WeightsMut<'a>> {
+/// (and the high-noise expert's: `is_high_noise` LoRAs name its tensors) and the first
+/// stage's components (not a preview-only decoder).
+fn lora_targets<'a>(
+    cond: &'a mut dyn Conditioner,
+    diffusion: &'a mut dyn DiffusionModel,
+    high_noise: Option<&'a mut (dyn DiffusionModel + 'static)>,
+    first_stage: &'a mut dyn FirstStage,
+) -> Vec<WeightsMut<'a>> {
     let mut v = cond.components();
     v.extend(diffusion.components());
+    if let Some(h) = high_noise {
+        v.extend(h.components());
+    }
     v.extend(first_stage.components());
     v.into_iter().map(|c| c.weights_mut()).collect()
 }

@@ -7,7 +7,7 @@
 
 use super::callbacks::{self, CancelFlag};
 use super::conditioning::CondRequest;
-use super::families::{ModelSet, VideoFormat};
+use super::families::{ModelSet, VideoCond, VideoFormat};
 use super::imageops::{image_to_tensor, tensor_to_image};
 use super::ref_images::RefImageParams;
 use super::request::{align_up, resolve_guidance, runtime_tiling, schedule, MAX_SIDE};
@@ -203,71 +203,215 @@ fn frame_tensor(img: &Image, w: usize, h: usize) -> Result<Tensor> {
     Tensor::from_vec(&[w, h, 3, 1], data)
 }
 
-/// `frames` pictures `[W, H, 3, 1]` as one video `[W, H, T, 3, 1]`.
-fn stack_frames(frames: &[Tensor]) -> Result<Tensor> {
-    let first = frames.first().ok_or_else(|| Error::new("no frames to stack"))?;
-    let (w, h, c, t) = (first.ne(0), first.ne(1), first.ne(2), frames.len());
-    let plane = w * h;
-    let mut data = vec![0f32; plane * c * t];
-    for (i, f) in frames.iter().enumerate() {
-        ensure!(f.shape()[..3] == [w, h, c], "frame {i} of shape {:?} in a {w}x{h} video", f.shape());
-        for ch in 0..c {
-            let dst = (ch * t + i) * plane;
-            data[dst..dst + plane].copy_from_slice(&f.data()[ch * plane..(ch + 1) * plane]);
-        }
-    }
-    Tensor::from_vec(&[w, h, t, c, 1], data)
+/// What preparing a video's latents gives besides the shared `Prepared`.
+struct VideoLatents {
+    init_latent: Tensor,
+    denoise_mask: Option<Tensor>,
+    /// I2V: mask channels and encoded frames concatenated to the noisy latent.
+    concat: Option<Tensor>,
+    /// I2V / FLF2V: CLIP-vision hidden states of the pictures.
+    clip_tokens: Option<Tensor>,
+    /// VACE's context, and the reference latent frames in front of the video to drop.
+    vace_context: Option<Tensor>,
+    ref_frames: usize,
 }
 
-/// The latents and conditions every stage shares.
-fn prepare(ms: &mut ModelSet, p: &VidGenParams, r: &VideoRequest, format: &VideoFormat, tiling: &TilingParams, circular: (bool, bool)) -> Result<Prepared> {
+/// Runs `f` on the first stage between its phase hooks.
+fn with_first_stage<T>(ms: &mut ModelSet, f: impl FnOnce(&mut dyn crate::models::vae::FirstStage) -> Result<T>) -> Result<T> {
+    let fs = ms.first_stage.as_mut();
+    fs.begin()?;
+    let out = f(fs);
+    fs.end();
+    out
+}
+
+/// Concatenates `a` and `b` `[W, H, T, C, 1]` along axis `axis` (2: frames, 3: channels).
+fn concat5(a: &Tensor, b: &Tensor, axis: usize) -> Result<Tensor> {
+    let (w, h) = (a.ne(0), a.ne(1));
+    ensure!((b.ne(0), b.ne(1)) == (w, h), "concat of {:?} and {:?}", a.shape(), b.shape());
+    let plane = w * h;
+    match axis {
+        3 => {
+            ensure!(a.ne(2) == b.ne(2), "concat of {:?} and {:?} over channels", a.shape(), b.shape());
+            let mut d = a.data().to_vec();
+            d.extend_from_slice(b.data());
+            Tensor::from_vec(&[w, h, a.ne(2), a.ne(3) + b.ne(3), 1], d)
+        }
+        2 => {
+            ensure!(a.ne(3) == b.ne(3), "concat of {:?} and {:?} over frames", a.shape(), b.shape());
+            let (ta, tb) = (a.ne(2), b.ne(2));
+            let mut d = Vec::with_capacity(a.len() + b.len());
+            for c in 0..a.ne(3) {
+                d.extend_from_slice(&a.data()[c * ta * plane..(c + 1) * ta * plane]);
+                d.extend_from_slice(&b.data()[c * tb * plane..(c + 1) * tb * plane]);
+            }
+            Tensor::from_vec(&[w, h, ta + tb, a.ne(3), 1], d)
+        }
+        _ => bail!("concat over axis {axis} is not supported"),
+    }
+}
+
+/// Latent frames `from..` of `[W, H, T, C, 1]`.
+fn drop_frames(x: &Tensor, from: usize) -> Result<Tensor> {
+    let (w, h, t, c) = (x.ne(0), x.ne(1), x.ne(2), x.ne(3));
+    ensure!(from < t, "cannot drop {from} of {t} latent frames");
+    let plane = w * h;
+    let mut d = Vec::with_capacity(plane * (t - from) * c);
+    for ch in 0..c {
+        d.extend_from_slice(&x.data()[(ch * t + from) * plane..(ch + 1) * t * plane]);
+    }
+    Tensor::from_vec(&[w, h, t - from, c, 1], d)
+}
+
+/// The grey video `[W, H, frames, 3, 1]` (0.5) with `pictures` (frame index, picture) put in.
+fn grey_video(w: usize, h: usize, frames: usize, pictures: &[(usize, &Tensor)]) -> Result<Tensor> {
+    let mut v = Tensor::full(&[w, h, frames, 3, 1], 0.5);
+    for (i, pic) in pictures {
+        let frame = Tensor::from_vec(&[w, h, 1, 3, 1], pic.data().to_vec())?;
+        put_frame(&mut v, &frame, *i)?;
+    }
+    Ok(v)
+}
+
+fn video_latents(ms: &mut ModelSet, p: &VidGenParams, r: &mut VideoRequest, format: &VideoFormat, tiling: &TilingParams, circular: (bool, bool)) -> Result<VideoLatents> {
     let latent = ms.spec.latent;
     let (lw, lh) = (r.width / latent.vae_scale, r.height / latent.vae_scale);
-    let lt = format.latent_frames(r.frames);
-    let shape = [lw, lh, lt, latent.channels, 1];
-    let mut init_latent = Tensor::zeros(&shape);
-    let mut denoise_mask = None;
     let start = Instant::now();
     let start_image = p.init_image.as_ref().map(|i| frame_tensor(i, r.width, r.height)).transpose()?;
     let end_image = p.end_image.as_ref().map(|i| frame_tensor(i, r.width, r.height)).transpose()?;
-
-    if format.timesteps == sampling::TimestepRule::PerFrameMasked && start_image.is_some() {
-        // TI2V: the first (and last) latent frame is the encoded picture and stays fixed.
-        sd_info!("IMG2VID");
-        let fs = ms.first_stage.as_mut();
-        fs.begin()?;
-        let encoded = (|| -> Result<(Tensor, Option<Tensor>)> {
-            let first = fs.encode_video(&stack_frames(std::slice::from_ref(start_image.as_ref().expect("checked")))?, tiling, circular)
+    let mut out = VideoLatents { init_latent: Tensor::default(), denoise_mask: None, concat: None, clip_tokens: None, vace_context: None, ref_frames: 0 };
+    let one_frame = |img: &Tensor| Tensor::from_vec(&[img.ne(0), img.ne(1), 1, 3, 1], img.data().to_vec());
+    let cond = ms.video_cond;
+    let name = ms.version.name();
+    let unused = |what: &str, given: bool| {
+        if given {
+            sd_warn!("this {name} model does not use {what}; ignoring it");
+        }
+    };
+    match cond {
+        VideoCond::ConcatFrames { clip, end_clip } => {
+            sd_info!("IMG2VID");
+            if clip {
+                let cv = ms.clip_vision.as_mut().ok_or_else(|| Error::new("this Wan model needs a CLIP vision model (clip_vision_path)"))?;
+                let mut tokens = cv.encode(start_image.as_ref()).map_err(|e| Error::new(format!("failed to compute clip vision output for init image: {e}")))?;
+                if end_clip {
+                    let end = cv.encode(end_image.as_ref()).map_err(|e| Error::new(format!("failed to compute clip vision output for end image: {e}")))?;
+                    tokens = concat_tokens(&tokens, &end)?;
+                }
+                sd_info!("get_clip_vision_output completed, taking {} ms", start.elapsed().as_millis());
+                out.clip_tokens = Some(tokens);
+            }
+            let t1 = Instant::now();
+            let mut pictures = Vec::new();
+            if let Some(s) = &start_image {
+                pictures.push((0, s));
+            }
+            if let Some(e) = &end_image {
+                pictures.push((r.frames - 1, e));
+            }
+            let video = grey_video(r.width, r.height, r.frames, &pictures)?;
+            let encoded = with_first_stage(ms, |fs| fs.encode_video(&video, tiling, circular))
+                .map_err(|e| Error::new(format!("failed to encode video conditioning frames: {e}")))?;
+            sd_info!("encode_first_stage completed, taking {} ms", t1.elapsed().as_millis());
+            let lt = encoded.ne(2);
+            let mut mask = Tensor::zeros(&[lw, lh, lt, 4, 1]);
+            if start_image.is_some() {
+                put_frame(&mut mask, &Tensor::full(&[lw, lh, 1, 4, 1], 1.0), 0)?;
+            }
+            if end_image.is_some() {
+                // Only the last of the 4 mask channels marks the end frame.
+                let plane = lw * lh;
+                let at = (3 * lt + lt - 1) * plane;
+                mask.data_mut()[at..at + plane].fill(1.0);
+            }
+            out.concat = Some(concat5(&mask, &encoded, 3)?);
+        }
+        VideoCond::FixedFrames if start_image.is_some() => {
+            sd_info!("IMG2VID");
+            let lt = format.latent_frames(r.frames);
+            let first = with_first_stage(ms, |fs| fs.encode_video(&one_frame(start_image.as_ref().expect("checked"))?, tiling, circular))
                 .map_err(|e| Error::new(format!("failed to encode init video frame: {e}")))?;
-            let last = match &end_image {
-                Some(img) => Some(fs.encode_video(&stack_frames(std::slice::from_ref(img))?, tiling, circular).map_err(|e| Error::new(format!("failed to encode end video frame: {e}")))?),
+            out.init_latent = Tensor::zeros(&[lw, lh, lt, latent.channels, 1]);
+            let mut mask = Tensor::full(&[lw, lh, lt, 1, 1], 1.0);
+            put_frame(&mut out.init_latent, &first, 0)?;
+            put_frame(&mut mask, &Tensor::zeros(&[lw, lh, 1, 1, 1]), 0)?;
+            if let Some(end) = &end_image {
+                let last = with_first_stage(ms, |fs| fs.encode_video(&one_frame(end)?, tiling, circular))
+                    .map_err(|e| Error::new(format!("failed to encode end video frame: {e}")))?;
+                put_frame(&mut out.init_latent, &last, lt - 1)?;
+                put_frame(&mut mask, &Tensor::zeros(&[lw, lh, 1, 1, 1]), lt - 1)?;
+            }
+            out.denoise_mask = Some(mask);
+            sd_info!("encode_first_stage completed, taking {} ms", start.elapsed().as_millis());
+        }
+        VideoCond::Vace => {
+            sd_info!("VACE");
+            unused("an end image", end_image.is_some());
+            // The init image is a reference frame in front of the video.
+            let reference = match &start_image {
+                Some(img) => {
+                    let enc = with_first_stage(ms, |fs| fs.encode_video(&one_frame(img)?, tiling, circular))
+                        .map_err(|e| Error::new(format!("failed to encode VACE reference image: {e}")))?;
+                    Some(concat5(&enc, &Tensor::zeros(enc.shape()), 3)?)
+                }
                 None => None,
             };
-            Ok((first, last))
-        })();
-        fs.end();
-        let (first, last) = encoded?;
-        let mut mask = Tensor::full(&[lw, lh, lt, 1, 1], 1.0);
-        put_frame(&mut init_latent, &first, 0)?;
-        put_frame(&mut mask, &Tensor::zeros(&[lw, lh, 1, 1, 1]), 0)?;
-        if let Some(last) = last {
-            put_frame(&mut init_latent, &last, lt - 1)?;
-            put_frame(&mut mask, &Tensor::zeros(&[lw, lh, 1, 1, 1]), lt - 1)?;
+            let mut control = Tensor::full(&[r.width, r.height, r.frames, 3, 1], 0.5);
+            let used = r.frames.min(p.control_frames.len());
+            if p.control_frames.len() > r.frames {
+                sd_warn!("{} control frames for a {}-frame video; using the first {used}", p.control_frames.len(), r.frames);
+            }
+            for (i, f) in p.control_frames.iter().take(used).enumerate() {
+                put_frame(&mut control, &one_frame(&frame_tensor(f, r.width, r.height)?)?, i)?;
+            }
+            // Everything is "reactive" (mask 1): the inactive part is all grey. Same float
+            // operations as the reference: (v - 0.5)·(1 - m) + 0.5 and (v - 0.5)·m + 0.5.
+            let centred = control.map(|v| v - 0.5f32);
+            let inactive = centred.map(|v| v * (1.0f32 - 1.0f32) + 0.5);
+            let reactive = centred.map(|v| v * 1.0f32 + 0.5);
+            let (inactive, reactive) = with_first_stage(ms, |fs| {
+                let i = fs.encode_video(&inactive, tiling, circular).map_err(|e| Error::new(format!("failed to encode VACE inactive context: {e}")))?;
+                let r = fs.encode_video(&reactive, tiling, circular).map_err(|e| Error::new(format!("failed to encode VACE reactive context: {e}")))?;
+                Ok((i, r))
+            })?;
+            let lt = inactive.ne(2);
+            let patches = latent.vae_scale * latent.vae_scale;
+            let mut context = concat5(&inactive, &reactive, 3)?;
+            let mut mask = Tensor::full(&[lw, lh, lt, patches, 1], 1.0);
+            if let Some(reference) = reference {
+                context = concat5(&reference, &context, 2)?;
+                mask = concat5(&Tensor::zeros(&[lw, lh, 1, patches, 1]), &mask, 2)?;
+                out.ref_frames = 1;
+                r.frames = lt * format.time_scale + 1;
+            }
+            out.vace_context = Some(concat5(&context, &mask, 3)?);
+            sd_info!("encode_first_stage completed, taking {} ms", start.elapsed().as_millis());
         }
-        denoise_mask = Some(mask);
-        sd_info!("encode_first_stage completed, taking {} ms", start.elapsed().as_millis());
-    } else {
-        if start_image.is_some() {
-            sd_warn!("this {} model does not use an init image; ignoring it", ms.version.name());
-        }
-        if end_image.is_some() {
-            sd_warn!("this {} model does not use an end image; ignoring it", ms.version.name());
+        _ => {
+            unused("an init image", start_image.is_some());
+            unused("an end image", end_image.is_some());
         }
     }
-    if !p.control_frames.is_empty() {
-        sd_warn!("this {} model does not use control frames; ignoring {}", ms.version.name(), p.control_frames.len());
+    if !matches!(cond, VideoCond::Vace) && !p.control_frames.is_empty() {
+        sd_warn!("this {name} model does not use control frames; ignoring {}", p.control_frames.len());
     }
+    if out.init_latent.is_empty() {
+        out.init_latent = Tensor::zeros(&[lw, lh, format.latent_frames(r.frames), latent.channels, 1]);
+    }
+    Ok(out)
+}
 
+/// Two CLIP-vision outputs `[D, N, 1]` one after the other along the tokens.
+fn concat_tokens(a: &Tensor, b: &Tensor) -> Result<Tensor> {
+    ensure!(a.ne(0) == b.ne(0), "CLIP vision outputs of widths {} and {}", a.ne(0), b.ne(0));
+    let mut d = a.data().to_vec();
+    d.extend_from_slice(b.data());
+    Tensor::from_vec(&[a.ne(0), a.ne(1) + b.ne(1), 1], d)
+}
+
+/// The conditions of the prompt and (when a stage's guidance needs it) the negative prompt,
+/// each with the pictures' concat latent and CLIP tokens.
+fn conditions(ms: &mut ModelSet, p: &VidGenParams, r: &VideoRequest, lat: &VideoLatents) -> Result<(Condition, Option<Condition>)> {
     let start = Instant::now();
     let base = CondRequest {
         text: &p.prompt,
@@ -280,22 +424,16 @@ fn prepare(ms: &mut ModelSet, p: &VidGenParams, r: &VideoRequest, format: &Video
     };
     let negative = CondRequest { text: &p.negative_prompt, ..base.clone() };
     let needs_uncond = r.use_uncond || r.use_high_noise_uncond;
+    let with_pictures = |c: Condition| Condition { crossattn: c.crossattn, vector: lat.clip_tokens.clone(), concat: lat.concat.clone() };
     ms.cond.begin()?;
     let conds = (|| -> Result<(Condition, Option<Condition>)> {
-        let cond = video_condition(ms.cond.encode(&base)?);
-        let uncond = if needs_uncond { Some(video_condition(ms.cond.encode(&negative)?)) } else { None };
+        let cond = with_pictures(ms.cond.encode(&base)?);
+        let uncond = if needs_uncond { Some(with_pictures(ms.cond.encode(&negative)?)) } else { None };
         Ok((cond, uncond))
     })();
     ms.cond.end();
-    let (cond, uncond) = conds?;
     sd_info!("get_learned_condition completed, taking {:.2}s", start.elapsed().as_secs_f32());
-    Ok(Prepared { init_latent, denoise_mask, ref_latents: Vec::new(), cond, uncond, img_uncond: None, control_hint: None })
-}
-
-/// The text condition as the video models read it: the context only (the T5 conditioner's
-/// attention-mask vector is Chroma's; Wan's vector slot carries CLIP-vision tokens).
-fn video_condition(c: Condition) -> Condition {
-    Condition { crossattn: c.crossattn, vector: None, concat: None }
+    conds
 }
 
 /// Writes `frame` `[w, h, 1, C, 1]` into latent frame `t` of `video` `[w, h, T, C, 1]`.
@@ -367,7 +505,7 @@ pub fn generate_video(ms: &mut ModelSet, p: &VidGenParams, cancel: &CancelFlag) 
         runner.options.circular_x = p.circular_x;
         runner.options.circular_y = p.circular_y;
     }
-    let r = resolve_request(ms, p, &format);
+    let mut r = resolve_request(ms, p, &format);
     let mut rngs = GenerationRngs::new(ms.rng_type, ms.sampler_rng_type);
     rngs.manual_seed(r.seed as u64);
     let default_shift = ms.default_flow_shift;
@@ -375,13 +513,23 @@ pub fn generate_video(ms: &mut ModelSet, p: &VidGenParams, cancel: &CancelFlag) 
     ms.apply_loras(&p.loras)?;
 
     let plan = resolve_plan(ms, p, &r)?;
-    let prepared = prepare(ms, p, &r, &format, &tiling, circular)?;
+    let lat = video_latents(ms, p, &mut r, &format, &tiling, circular)?;
+    let (cond, uncond) = conditions(ms, p, &r, &lat)?;
+    let prepared = Prepared {
+        init_latent: lat.init_latent,
+        denoise_mask: lat.denoise_mask,
+        ref_latents: Vec::new(),
+        cond,
+        uncond,
+        img_uncond: None,
+        control_hint: None,
+    };
     sd_info!("generate_video {}x{}x{}", r.width, r.height, r.frames);
     let latent_start = Instant::now();
     let noise = randn_like(&prepared.init_latent, rngs.noise());
 
     let request = super::request::Request::for_video(r.seed, &p.cache);
-    let vace = VideoInput { vace_context: None, vace_strength: p.vace_strength, fps: p.fps.max(1) as f32 };
+    let vace = VideoInput { vace_context: lat.vace_context.as_ref(), vace_strength: p.vace_strength, fps: p.fps.max(1) as f32 };
     let spec = ms.spec;
     let ModelSet { diffusion, high_noise, denoiser, first_stage, preview, .. } = ms;
     let decoder: &mut dyn crate::models::vae::FirstStage = match preview {
@@ -449,6 +597,7 @@ pub fn generate_video(ms: &mut ModelSet, p: &VidGenParams, cancel: &CancelFlag) 
     sd_info!("sampling completed, taking {:.2}s", start.elapsed().as_secs_f32());
     sd_info!("generating latent video completed, taking {:.2}s", latent_start.elapsed().as_secs_f32());
     drop(job);
+    let latent = if lat.ref_frames > 0 { drop_frames(&latent, lat.ref_frames)? } else { latent };
     let frames = decode(ms, &latent, r.frames, &tiling, circular, cancel)?;
     sd_info!("generate_video completed in {:.2}s", t0.elapsed().as_secs_f32());
     Ok(frames)
@@ -459,12 +608,17 @@ mod tests {
     use super::*;
 
     #[test]
-    fn frames_stack_and_latent_frames_are_written_in_place() {
-        let a = Tensor::from_vec(&[1, 1, 3, 1], vec![1., 2., 3.]).unwrap();
-        let b = Tensor::from_vec(&[1, 1, 3, 1], vec![4., 5., 6.]).unwrap();
-        let v = stack_frames(&[a, b]).unwrap();
+    fn frames_concatenate_drop_and_are_written_in_place() {
+        let a = Tensor::from_vec(&[1, 1, 1, 3, 1], vec![1., 2., 3.]).unwrap();
+        let b = Tensor::from_vec(&[1, 1, 1, 3, 1], vec![4., 5., 6.]).unwrap();
+        let v = concat5(&a, &b, 2).unwrap();
         assert_eq!(v.shape(), &[1, 1, 2, 3, 1]);
         assert_eq!(v.data(), &[1., 4., 2., 5., 3., 6.]);
+        assert_eq!(drop_frames(&v, 1).unwrap().data(), &[4., 5., 6.]);
+        let c = concat5(&a, &b, 3).unwrap();
+        assert_eq!((c.shape(), c.data()), (&[1, 1, 1, 6, 1][..], &[1., 2., 3., 4., 5., 6.][..]));
+        let g = grey_video(1, 1, 3, &[(2, &Tensor::from_vec(&[1, 1, 3, 1], vec![0., 1., 0.]).unwrap())]).unwrap();
+        assert_eq!(g.data(), &[0.5, 0.5, 0., 0.5, 0.5, 1., 0.5, 0.5, 0.]);
         let mut lat = Tensor::zeros(&[1, 1, 3, 2, 1]);
         put_frame(&mut lat, &Tensor::from_vec(&[1, 1, 1, 2, 1], vec![7., 8.]).unwrap(), 2).unwrap();
         assert_eq!(lat.data(), &[0., 0., 7., 0., 0., 8.]);

@@ -17,6 +17,7 @@ mod wan;
 mod zimage;
 
 use super::conditioning::clip::ClipSet;
+use super::conditioning::clip_vision::ClipVision;
 use super::conditioning::Conditioner;
 use super::control::ControlNetModel;
 use super::loader::Weights;
@@ -151,6 +152,22 @@ pub struct FamilySpec {
     /// Pictures, a stack of layers or video: what the latent's third axis means.
     pub media: Media,
     pub first_stage: FirstStageKind,
+}
+
+/// How a loaded video model takes pictures (decided by its file, like the reference's
+/// model descriptions; text alone for the rest).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum VideoCond {
+    /// Text only (T2V): init and end images are ignored with a warning.
+    Text,
+    /// Wan2.2 TI2V: the first (and last) latent frame is the encoded picture, kept fixed.
+    FixedFrames,
+    /// Wan I2V / FLF2V: a video of the start (and end) picture over grey is encoded and
+    /// concatenated with a 4-channel frame mask; `clip`: CLIP-vision tokens of the start
+    /// picture (Wan2.1), `end_clip`: and of the end picture (FLF2V 14B).
+    ConcatFrames { clip: bool, end_clip: bool },
+    /// Wan VACE: the control video (and the init image as a reference frame) as context.
+    Vace,
 }
 
 /// What a family generates, and so how its latent is laid out.
@@ -459,6 +476,8 @@ pub fn flow_parts(
         denoiser: Denoiser::new(prediction, None),
         default_flow_shift: params.prediction.is_none().then_some(default_shift),
         high_noise: None,
+        video_cond: VideoCond::Text,
+        clip_vision: None,
     }
 }
 
@@ -475,6 +494,9 @@ pub struct Parts {
     pub default_flow_shift: Option<f32>,
     /// The expert for the high-noise steps (Wan2.2 A14B), when one was given.
     pub high_noise: Option<Box<dyn DiffusionModel>>,
+    pub video_cond: VideoCond,
+    /// The CLIP vision tower (Wan2.1 I2V / FLF2V).
+    pub clip_vision: Option<ClipVision>,
 }
 
 /// Everything `new_sd_ctx` loaded.
@@ -495,6 +517,8 @@ pub struct ModelSet {
     pub diffusion: Box<dyn DiffusionModel>,
     /// The expert for the high-noise steps (Wan2.2 A14B's pair), sampled before `diffusion`.
     pub high_noise: Option<Box<dyn DiffusionModel>>,
+    pub video_cond: VideoCond,
+    pub clip_vision: Option<ClipVision>,
     pub first_stage: Box<dyn FirstStage>,
     pub preview: Option<Box<dyn FirstStage>>,
     /// The LoRAs in effect on the conditioner, diffusion model and first stage.
@@ -559,6 +583,8 @@ impl ModelSet {
             cond: parts.cond,
             diffusion: parts.diffusion,
             high_noise: parts.high_noise,
+            video_cond: parts.video_cond,
+            clip_vision: parts.clip_vision,
             first_stage: parts.first_stage,
             preview: parts.preview,
             control_net: None,
@@ -611,6 +637,9 @@ impl ModelSet {
         v.extend(self.diffusion.runners());
         if let Some(h) = self.high_noise.as_mut() {
             v.extend(h.runners());
+        }
+        if let Some(c) = self.clip_vision.as_mut() {
+            v.extend(c.runners());
         }
         v.extend(self.first_stage.runners());
         if let Some(p) = self.preview.as_mut() {

@@ -82,6 +82,8 @@ pub(super) fn build(ctx: &mut BuildCtx<'_>, unet_version: UNetVersion, text: Cli
         denoiser: Denoiser::new(prediction, alphas_cumprod.as_deref()),
         default_flow_shift: None,
         high_noise: None,
+        video_cond: super::VideoCond::Text,
+        clip_vision: None,
     })
 }
 

@@ -25,6 +25,17 @@ pub fn model_tests_enabled(what: &str) -> bool {
     on
 }
 
+/// Asserts `got` is finite and within `rel` × max |want| of `want` everywhere (networks
+/// with f16 weights against a float numpy model), printing the error it found.
+pub fn assert_close_rel(what: &str, got: &[f32], want: &[f32], rel: f32) {
+    assert_eq!(got.len(), want.len(), "{what}: length");
+    assert!(got.iter().all(|v| v.is_finite()), "{what}: non-finite output");
+    let scale = want.iter().fold(0f32, |m, v| m.max(v.abs()));
+    let err = got.iter().zip(want).fold(0f32, |m, (a, b)| m.max((a - b).abs()));
+    eprintln!("{what}: max |err| {err:.3e}, max |ref| {scale:.3}");
+    assert!(err <= rel * scale, "{what}: max |err| {err} > {rel} * {scale}");
+}
+
 /// `file` of tests/fixtures/recipes.tsv in the fixture cache, made on first use by
 /// `scripts/fixtures.sh` (one writer per file across threads and processes, numpy in its
 /// own virtual environment). The error carries the script's message.

@@ -28,6 +28,7 @@ fn sources(params: &CtxParams) -> Vec<(Component, &str, &'static str)> {
         (Component::HighNoiseDiffusionModel, &params.high_noise_diffusion_model_path, "high noise diffusion model"),
         (Component::ClipL, &params.clip_l_path, "clip_l"),
         (Component::ClipG, &params.clip_g_path, "clip_g"),
+        (Component::ClipVision, &params.clip_vision_path, "clip_vision"),
         (Component::T5xxl, &params.t5xxl_path, "t5xxl"),
         (Component::Llm, &params.llm_path, "llm"),
         (Component::LlmVision, &params.llm_vision_path, "llm vision"),

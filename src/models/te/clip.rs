@@ -78,8 +78,7 @@ impl ClipConfig {
             n_head,
             n_layer,
             projection_dim: (version == ClipVersion::OpenClipVitBigG14).then_some(1280),
-            // The reference picks the activation by width: OpenCLIP models are 1024/1280 wide.
-            gelu: hidden_size == 1024 || hidden_size == 1280,
+            gelu: uses_gelu(hidden_size),
             with_final_ln: true,
             force_f32_token_embedding: false,
             proj_in: false,
@@ -103,15 +102,22 @@ impl ClipConfig {
         }
     }
 
-    /// How many encoder layers run for a (resolved) clip_skip. Like the reference, a skip
-    /// of exactly n_layer + 1 runs none and a larger one runs them all.
+    /// How many encoder layers run for a (resolved) clip_skip (see [`layers_to_run`]).
     pub fn layers_to_run(&self, clip_skip: i32) -> i32 {
-        let last = if clip_skip > 0 { self.n_layer - clip_skip } else { self.n_layer - 1 };
-        if (0..=self.n_layer).contains(&(last + 1)) {
-            last + 1
-        } else {
-            self.n_layer
-        }
+        layers_to_run(self.n_layer, clip_skip)
+    }
+}
+
+/// How many of `n_layer` encoder layers run for `clip_skip`, counted like the reference's
+/// CLIP encoder (text and vision alike): a skip of k > 0 stops after layer n_layer - k, so
+/// exactly n_layer + 1 runs none and a larger one runs them all; any skip <= 0 (the vision
+/// tower's -2 included) runs them all.
+pub(crate) fn layers_to_run(n_layer: i32, clip_skip: i32) -> i32 {
+    let last = if clip_skip > 0 { n_layer - clip_skip } else { n_layer - 1 };
+    if (0..=n_layer).contains(&(last + 1)) {
+        last + 1
+    } else {
+        n_layer
     }
 }
 
@@ -156,8 +162,16 @@ impl MultiheadAttention {
     }
 }
 
+/// The reference picks a CLIP layer's activation by its width alone: tanh GELU at 1024 and
+/// 1280 (OpenCLIP's text towers, but also the OpenAI ViT-L/14 and OpenCLIP ViT-H/14 vision
+/// towers), quick GELU otherwise.
+pub(crate) fn uses_gelu(width: i64) -> bool {
+    width == 1024 || width == 1280
+}
+
+/// One pre-norm encoder layer, shared by the text and vision towers.
 #[derive(Clone, Copy, Debug)]
-struct ClipLayer {
+pub(crate) struct ClipLayer {
     self_attn: MultiheadAttention,
     layer_norm1: LayerNorm,
     layer_norm2: LayerNorm,
@@ -167,19 +181,21 @@ struct ClipLayer {
 }
 
 impl ClipLayer {
-    fn new(s: &mut Scope, cfg: &ClipConfig) -> ClipLayer {
-        let d = cfg.hidden_size;
-        let self_attn = MultiheadAttention::new(&mut s.sub("self_attn"), d, cfg.n_head, cfg.proj_in);
+    /// `d` wide with `n_head` heads and an MLP of `intermediate`; `gelu` as [`uses_gelu`]
+    /// says unless a test overrides it.
+    pub(crate) fn new(s: &mut Scope, d: i64, n_head: i64, intermediate: i64, proj_in: bool, gelu: bool) -> ClipLayer {
+        let self_attn = MultiheadAttention::new(&mut s.sub("self_attn"), d, n_head, proj_in);
         let layer_norm1 = LayerNorm::new(s, "layer_norm1", d, 1e-5, true, true);
         let layer_norm2 = LayerNorm::new(s, "layer_norm2", d, 1e-5, true, true);
         let mut mlp = s.sub("mlp");
-        let fc1 = Linear::new(&mut mlp, "fc1", d, cfg.intermediate_size, true);
-        let fc2 = Linear::new(&mut mlp, "fc2", cfg.intermediate_size, d, true);
-        ClipLayer { self_attn, layer_norm1, layer_norm2, fc1, fc2, gelu: cfg.gelu }
+        let fc1 = Linear::new(&mut mlp, "fc1", d, intermediate, true);
+        let fc2 = Linear::new(&mut mlp, "fc2", intermediate, d, true);
+        ClipLayer { self_attn, layer_norm1, layer_norm2, fc1, fc2, gelu }
     }
 
-    fn forward<'g>(&self, g: &'g Graph, x: T<'g>, mask: T<'g>) -> T<'g> {
-        let x = x.add(self.self_attn.forward(g, self.layer_norm1.forward(g, x), Some(mask)));
+    /// x: [d, n_token, N]; `mask` (the text tower's causal one) is added to the scores.
+    pub(crate) fn forward<'g>(&self, g: &'g Graph, x: T<'g>, mask: Option<T<'g>>) -> T<'g> {
+        let x = x.add(self.self_attn.forward(g, self.layer_norm1.forward(g, x), mask));
         let h = self.fc1.forward(g, self.layer_norm2.forward(g, x)).contiguous();
         let h = if self.gelu { h.gelu_inplace() } else { h.gelu_quick_inplace() };
         x.add(self.fc2.forward(g, h))
@@ -212,7 +228,12 @@ impl ClipTextModel {
         };
         let layers = {
             let mut enc = s.sub("encoder");
-            (0..cfg.n_layer).map(|i| ClipLayer::new(&mut enc.sub(&format!("layers.{i}")), cfg)).collect()
+            (0..cfg.n_layer)
+                .map(|i| {
+                    let mut s = enc.sub(&format!("layers.{i}"));
+                    ClipLayer::new(&mut s, d, cfg.n_head, cfg.intermediate_size, cfg.proj_in, cfg.gelu)
+                })
+                .collect()
         };
         let final_layer_norm = LayerNorm::new(s, "final_layer_norm", d, 1e-5, true, true);
         // Declared [projection_dim, hidden] in ggml order and applied as `mul_mat(P, x)`,
@@ -265,7 +286,7 @@ impl ClipTextModel {
             if i == n_hidden {
                 hidden = Some(self.hidden_output(g, x));
             }
-            x = g.mark_cut(layer.forward(g, x, mask), &format!("clip_text.layers.{i}"));
+            x = g.mark_cut(layer.forward(g, x, Some(mask)), &format!("clip_text.layers.{i}"));
         }
         if n_hidden == n_all {
             hidden = Some(self.hidden_output(g, x));
@@ -414,12 +435,7 @@ mod tests {
 
     /// max |got - want| relative to max |want| (f16 weights and f16 matmul inputs).
     fn assert_close(what: &str, got: &[f32], want: &[f32]) {
-        assert_eq!(got.len(), want.len(), "{what}: length");
-        assert!(got.iter().all(|v| v.is_finite()), "{what}: non-finite output");
-        let scale = want.iter().fold(0f32, |m, v| m.max(v.abs()));
-        let err = got.iter().zip(want).fold(0f32, |m, (a, b)| m.max((a - b).abs()));
-        eprintln!("{what}: max |err| {err:.3e}, max |ref| {scale:.3}");
-        assert!(err <= 1e-2 * scale, "{what}: max |err| {err} > 1e-2 * {scale}");
+        crate::testutil::assert_close_rel(what, got, want, 1e-2);
     }
 
     /// The cases a test tells apart must differ by far more than its tolerance.

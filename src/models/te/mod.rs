@@ -3,6 +3,7 @@
 
 pub mod bpe;
 pub mod clip;
+pub mod clip_vision;
 pub mod llm;
 pub mod mistral_tokenizer;
 pub mod qwen_tokenizer;

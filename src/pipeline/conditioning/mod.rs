@@ -2,6 +2,7 @@
 //! kind of conditioner (the reference keeps ten of them in one 3,200-line header).
 
 pub mod clip;
+pub mod clip_vision;
 pub mod flux;
 pub mod llm;
 pub mod qwen_edit;

@@ -357,7 +357,7 @@ pub(super) fn sample_image(
         prepared,
         denoiser,
         control: control_net.as_mut(),
-        preview: Previewer { decoder, projection: spec.preview, tiling, circular },
+        preview: Previewer { decoder, projection: spec.preview, tiling, circular, video: false },
         backbone: spec.backbone(),
         slg_supported: spec.skip_layer_guidance,
         ref_latent_img_cfg: spec.ref_latent_img_cfg,

@@ -64,6 +64,8 @@ pub(super) struct Previewer<'a> {
     pub(super) projection: Option<&'static preview::Projection>,
     pub(super) tiling: &'a TilingParams,
     pub(super) circular: (bool, bool),
+    /// The latents are videos: a decoded preview is the decoded video's frames.
+    pub(super) video: bool,
 }
 
 /// Everything of a generation that does not change between its stages.
@@ -338,6 +340,15 @@ fn send_preview(latents: &Tensor, step: i32, noisy: bool, config: &PreviewConfig
     };
     let images: Result<Vec<crate::image::Image>> = match config.mode {
         Preview::Proj => layers.iter().map(|l| preview::project(l, to.projection)).collect(),
+        _ if to.video => {
+            let decoder = &mut *to.decoder;
+            let out = decoder.begin().and_then(|_| {
+                let video = decoder.decode_video(latents, to.tiling, to.circular, None)?;
+                (0..video.ne(2)).map(|i| latent_layer(&video, i).and_then(|f| tensor_to_image(&f, 0))).collect()
+            });
+            decoder.end();
+            out
+        }
         _ => {
             let decoder = &mut *to.decoder;
             let out = decoder.begin().and_then(|_| {

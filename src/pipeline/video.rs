@@ -541,7 +541,7 @@ pub fn generate_video(ms: &mut ModelSet, p: &VidGenParams, cancel: &CancelFlag) 
         prepared: &prepared,
         denoiser,
         control: None,
-        preview: Previewer { decoder, projection: spec.preview, tiling: &tiling, circular },
+        preview: Previewer { decoder, projection: spec.preview, tiling: &tiling, circular, video: true },
         backbone: spec.backbone(),
         slg_supported: spec.skip_layer_guidance,
         ref_latent_img_cfg: false,

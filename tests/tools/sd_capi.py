@@ -5,13 +5,18 @@ C API by the ABI description, not by any one build), to compare the two on cases
 data does not cover.
 
   sd_capi.py --lib PATH/libstable-diffusion.so --case CASE.json --out OUT.png [--log]
+  sd_capi.py --lib PATH/libstable-diffusion.so --case CASE.json --video --out DIR/NAME [--result R.json]
 
 CASE.json is one case in the golden cases.json format: {"ctx": {...}, "params": {...}} with
-sd_ctx_params_t / sd_img_gen_params_t field paths as keys ("sample_params.guidance.txt_cfg"),
-"{fx}/" for the fixture cache ($SD_FIXTURE_CACHE, default ~/.cache/sd-rs-fixtures), and
-image values (init_image, mask_image, control_image, ref_images) naming PNGs in
-tests/fixtures/inputs (or absolute paths). The first image generated is written as an 8-bit
-PNG. Needs numpy.
+sd_ctx_params_t / sd_img_gen_params_t (or, with --video, sd_vid_gen_params_t) field paths as
+keys ("sample_params.guidance.txt_cfg"), enum values as the C constants' names
+("DPMPP2M_SAMPLE_METHOD") or the bindings' names, "{fx}/" for the fixture cache
+($SD_FIXTURE_CACHE, default ~/.cache/sd-rs-fixtures), and image values (init_image,
+end_image, mask_image, control_image, ref_images, control_frames) naming PNGs in
+tests/fixtures/inputs (or absolute paths); `loras` is a list of sd_lora_t dicts. Without
+--video the first image generated is written as an 8-bit PNG; with --video every frame is
+written as NAME_<i>.png and --result gets {"ok", "frames", "seconds", "errors"} (seconds:
+generate_video alone). tests/tools/make_golden_video.py drives this per case. Needs numpy.
 """
 import argparse
 import json
@@ -27,7 +32,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.abspath(os.path.join(HERE, "..", ".."))
 sys.path.insert(0, os.path.join(ROOT, "bindings", "python"))
 sys.path.insert(0, HERE)
-IMAGE_KEYS = {"init_image", "mask_image", "control_image", "ref_images"}
+IMAGE_KEYS = {"init_image", "end_image", "mask_image", "control_image", "ref_images", "control_frames"}
 
 
 def load_image(file):
@@ -51,12 +56,34 @@ def write_png(path, img):
                 + chunk(b"IDAT", zlib.compress(raw, 9)) + chunk(b"IEND", b""))
 
 
+def enum_fields():
+    """Leaf names of the enum-typed fields of every params struct."""
+    from stable_diffusion_rs import _abi
+
+    return {f for t in vars(_abi).values() if isinstance(t, type) and hasattr(t, "_enums_") for f in t._enums_}
+
+
+def with_fx(value, fx):
+    """`value` with "{fx}" replaced in every string, lists and dicts included."""
+    if isinstance(value, str):
+        return value.replace("{fx}", fx)
+    if isinstance(value, list):
+        return [with_fx(v, fx) for v in value]
+    if isinstance(value, dict):
+        return {k: with_fx(v, fx) for k, v in value.items()}
+    return value
+
+
 def nested(flat, fx):
-    """Dotted keys → nested dicts; fixture paths and images resolved."""
+    """Dotted keys → nested dicts; fixture paths, C enum constant names and images resolved."""
+    from stable_diffusion_rs import _abi
+
+    enums = enum_fields()
     out = {}
     for key, value in flat.items():
-        if isinstance(value, str):
-            value = value.replace("{fx}", fx)
+        value = with_fx(value, fx)
+        if key.rsplit(".", 1)[-1] in enums and isinstance(value, str) and value in _abi.CONSTANTS:
+            value = _abi.CONSTANTS[value]
         if key in IMAGE_KEYS:
             value = [load_image(v) for v in value] if isinstance(value, list) else load_image(value)
         *parents, leaf = key.split(".")
@@ -67,11 +94,41 @@ def nested(flat, fx):
     return out
 
 
+def render_video(case, out, threads, fx):
+    """Runs `case` through generate_video; writes the frames as OUT_<i>.png and returns
+    {"ok", "frames", "seconds", "errors"} (ok false with the logged errors when the context
+    or the generation fails; "ctx_failed" when new_sd_ctx did)."""
+    import time
+
+    import stable_diffusion_rs as sd
+
+    errors = []
+    sd.set_log_callback(lambda level, text: errors.append(text.rstrip("\n")) if level == sd.LogLevel.ERROR else None)
+    ctx_params = {"n_threads": threads, **nested(case.get("ctx", {}), fx)}
+    try:
+        ctx = sd.Context(**ctx_params)
+    except sd.SDError as e:
+        return {"ok": False, "frames": 0, "ctx_failed": "\n".join(e.messages) or str(e), "errors": errors}
+    with ctx:
+        params = nested(case.get("params", {}), fx)
+        t0 = time.monotonic()
+        try:
+            frames, _audio = ctx.generate_video(**params)
+        except sd.SDError:
+            return {"ok": False, "frames": 0, "seconds": round(time.monotonic() - t0, 1), "errors": errors}
+        seconds = round(time.monotonic() - t0, 1)
+    for i, frame in enumerate(frames):
+        write_png(f"{out}_{i}.png", frame)
+    return {"ok": True, "frames": len(frames), "seconds": seconds, "errors": errors}
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--lib", required=True)
     ap.add_argument("--case", required=True, help="JSON file or JSON text")
-    ap.add_argument("--out", required=True)
+    ap.add_argument("--out", required=True, help="the PNG; with --video the frames' path prefix")
+    ap.add_argument("--video", action="store_true", help="generate_video instead of generate_image")
+    ap.add_argument("--result", help="with --video: where the JSON result goes (default: stdout)")
     ap.add_argument("--log", action="store_true")
     ap.add_argument("--threads", type=int, default=2)
     a = ap.parse_args()
@@ -82,6 +139,16 @@ def main():
         logging.basicConfig(level=logging.DEBUG, stream=sys.stderr, format="%(message)s")
     case = json.load(open(a.case)) if os.path.exists(a.case) else json.loads(a.case)
     fx = os.environ.get("SD_FIXTURE_CACHE", os.path.expanduser("~/.cache/sd-rs-fixtures"))
+    if a.video:
+        result = json.dumps(render_video(case, a.out, a.threads, fx))
+        if a.result:
+            tmp = a.result + ".tmp"
+            with open(tmp, "w") as f:
+                f.write(result)
+            os.replace(tmp, a.result)
+        else:
+            print(result)
+        return
     ctx_params = {"n_threads": a.threads, **nested(case.get("ctx", {}), fx)}
     with sd.Context(**ctx_params) as ctx:
         images = ctx.generate_image(**nested(case.get("params", {}), fx))

@@ -1,0 +1,420 @@
+#!/usr/bin/env python3
+"""Golden video sets (generate_video) rendered by a stable-diffusion C library, and checks of a
+library against them. Same conventions as the shared wan/ set (tests/fixtures/README.md,
+"Golden video sets"): cases.json lists each case's `ctx` (sd_ctx_params_t fields) and `params`
+(sd_vid_gen_params_t fields after sd_vid_gen_params_init, dotted names, C enum constant names,
+input PNGs of tests/fixtures/inputs, "{fx}" = the fixture cache), the frames `<case>_<i>.png` in
+order, "frames", "audio": null, "seconds" and an optional "tolerance".
+
+  make_golden_video.py inputs
+      writes the input PNGs the sets use into tests/fixtures/inputs (a file already there is kept)
+  make_golden_video.py render --lib LIB --set SET --out DIR [--only CASE ...] [--repeat 2]
+      renders the cases of SET (see `list`) into DIR (frames + cases.json; cases not rendered
+      keep their records). Each run is a child process (tests/tools/sd_capi.py --video); every
+      case is rendered --repeat times and all frames must be identical, else nothing of that
+      case is written and the exit status is 1. A run killed by a signal is recorded as
+      "reference_crashed".
+  make_golden_video.py check --lib LIB --golden DIR [--only CASE ...] [--exact] [--ctx KEY=JSON ...]
+      renders the cases of DIR/cases.json and compares every frame with its golden PNG
+      (the case's tolerance, default max 3 / mean 0.25; --exact: max 0). --ctx overrides
+      context fields, e.g. --ctx diffusion_flash_attn=true: how far a perturbation that keeps
+      the arithmetic's meaning moves the frames (the calibration of a tolerance)
+  make_golden_video.py list
+      the sets, their cases and the fixture files they need
+
+--threads (default 1) is n_threads; the pictures do not depend on it. --keep DIR keeps each
+run's frames and log there. Needs numpy (scripts/fixtures.sh --python prints a python with it).
+"""
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import types
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.abspath(os.path.join(HERE, "..", ".."))
+INPUTS = os.path.join(ROOT, "tests", "fixtures", "inputs")
+sys.path.insert(0, HERE)
+
+from sd_capi import write_png  # noqa: E402
+from vae_ref import decode_png  # noqa: E402
+
+MAX_DIFF, MEAN_DIFF = 3, 0.25
+
+# ------------------------------------------------------------------------------ inputs
+
+
+def _rgb(w, h, fn):
+    """An RGB image whose pixel (x, y) is fn(x, y) (arrays in, 0..255 arrays out)."""
+    y, x = np.mgrid[0:h, 0:w].astype(np.float64)
+    r, g, b = fn(x / (w - 1), y / (h - 1))
+    return np.clip(np.stack([r, g, b], axis=-1), 0, 255).round().astype(np.uint8)
+
+
+def _end_picture(x, y):
+    """Concentric rings in warm colours (unlike init_64's colour grid): a last frame."""
+    d = np.hypot(x - 0.35, y - 0.6)
+    return 128 + 110 * np.cos(18 * d), 90 + 80 * np.sin(11 * x + 3 * y), 60 + 50 * np.cos(7 * y)
+
+
+def _start_picture(x, y):
+    """A diagonal colour sweep with a dark band: a first frame for non-square sizes."""
+    band = np.abs(x - y) < 0.15
+    return (40 + 200 * x) * ~band + 20, (220 - 180 * y) * ~band + 20, 120 + 100 * np.sin(9 * x) * ~band
+
+
+def _control(i, n):
+    """Frame i of n of a control video: a white disk moving left to right over a grey
+    horizon line, on dark blue (edges and flat areas, like a pose / depth map)."""
+    def fn(x, y):
+        cx = 0.2 + 0.6 * i / max(n - 1, 1)
+        disk = np.hypot((x - cx) * 1.5, y - 0.45) < 0.22
+        line = np.abs(y - 0.8) < 0.04
+        v = np.where(disk, 255, np.where(line, 150, 30))
+        return v, v, np.maximum(v, 90)
+    return fn
+
+
+INPUT_PNGS = {
+    "end_64.png": (64, 64, _end_picture),
+    "init_96x64.png": (96, 64, _start_picture),
+    "end_96x64.png": (96, 64, _end_picture),
+    **{f"vace_ctrl_64_{i}.png": (64, 64, _control(i, 5)) for i in range(5)},
+    **{f"vace_ctrl_96x64_{i}.png": (96, 64, _control(i, 5)) for i in range(5)},
+}
+
+
+def write_inputs():
+    for name, (w, h, fn) in INPUT_PNGS.items():
+        path = os.path.join(INPUTS, name)
+        if os.path.exists(path):
+            continue
+        arr = _rgb(w, h, fn)
+        tmp = path + ".tmp"
+        write_png(tmp, types.SimpleNamespace(width=w, height=h, channel=3, data=arr.tobytes()))
+        os.replace(tmp, path)
+        print("wrote", path)
+
+
+# ------------------------------------------------------------------------------ sets
+
+UMT5 = "{fx}/umt5_tiny.safetensors"
+VAE = "{fx}/wan_vae.safetensors"
+
+
+def _ctx(dit, **extra):
+    return {"model_path": "", "diffusion_model_path": "{fx}/" + dit, "t5xxl_path": UMT5, "vae_path": VAE, **extra}
+
+
+def _params(steps=3, frames=5, w=64, h=64, seed=42, cfg=1.0, **extra):
+    p = {"prompt": "a lovely cat", "width": w, "height": h, "seed": seed, "video_frames": frames,
+         "sample_params.sample_steps": steps, "sample_params.guidance.txt_cfg": cfg}
+    p.update(extra)
+    return p
+
+
+def _case(name, ctx, params, **extra):
+    return {"name": name, "ctx": ctx, "params": params, **extra}
+
+
+def _ctrl(n, size="64"):
+    return [f"vace_ctrl_{size}_{i}.png" for i in range(n)]
+
+
+VACE = _ctx("wan21_vace.safetensors")
+I2V = _ctx("wan21_i2v.safetensors", clip_vision_path="{fx}/clip_vision_h.safetensors")
+FLF2V = _ctx("wan21_flf2v.safetensors", clip_vision_path="{fx}/clip_vision_h.safetensors")
+T2V = _ctx("wan21_t2v.safetensors")
+MOE = _ctx("wan21_t2v_prefixed.safetensors", high_noise_diffusion_model_path="{fx}/wan21_t2v.safetensors")
+
+
+FLF_NOTE = ("a 30-layer DiT with img_emb.emb_pos is \"Wan2.1-I2V-1.3B\" to the reference: it passes only the start "
+            "image's 257 CLIP tokens (zeros without one), which WAN::MLPProj::forward slices to emb_pos' 514 rows. "
+            "Ours must return false or render, never crash")
+
+
+def _lora(file, multiplier, high_noise=False):
+    return {"path": "{fx}/loras/" + file, "multiplier": multiplier, "is_high_noise": high_noise}
+
+
+SETS = {
+    "wan-vace": {
+        "model": "wan21_vace.safetensors",
+        "fixtures": ["wan21_vace.safetensors", "umt5_tiny.safetensors", "wan_vae.safetensors"],
+        "cases": [
+            _case("vace_control", VACE, _params(control_frames=_ctrl(5))),
+            _case("vace_ref_image_control", VACE, _params(steps=2, init_image="init_64.png", control_frames=_ctrl(5))),
+            _case("vace_strength_0_5", VACE, _params(control_frames=_ctrl(5), vace_strength=0.5)),
+            _case("vace_fewer_control_frames_9", VACE, _params(steps=2, frames=9, control_frames=_ctrl(3))),
+            _case("vace_96x64_ref_image", VACE, _params(steps=2, w=96, h=64, seed=123, init_image="init_96x64.png",
+                                                         control_frames=_ctrl(2, "96x64"))),
+            _case("vace_no_control", VACE, _params(steps=2)),
+        ],
+    },
+    "wan-i2v": {
+        "model": "wan21_i2v.safetensors",
+        "fixtures": ["wan21_i2v.safetensors", "clip_vision_h.safetensors", "umt5_tiny.safetensors",
+                     "wan_vae.safetensors"],
+        "cases": [
+            _case("i2v_init_image", I2V, _params(init_image="init_64.png")),
+            _case("i2v_no_init_image", I2V, _params(steps=2)),
+            _case("i2v_96x64", I2V, _params(steps=2, w=96, h=64, seed=123, init_image="init_96x64.png")),
+            _case("i2v_9frames_resized_init", I2V, _params(steps=2, frames=9, init_image="init_80x48.png")),
+            _case("i2v_init_and_end_image", I2V, _params(init_image="init_64.png", end_image="end_64.png")),
+            # cfg 3 amplifies rounding: flash attention moves it by max 2, mean 0.28 (the shared
+            # wh_cfg3_negative_shift8 measured the same and carries this tolerance)
+            _case("i2v_cfg3_negative", I2V, _params(steps=2, cfg=3.0, init_image="init_64.png",
+                                                    negative_prompt="blurry, static, low quality"),
+                  tolerance={"max": 4, "mean": 0.5}),
+        ],
+    },
+    "wan-flf2v": {
+        "model": "wan21_flf2v.safetensors",
+        "fixtures": ["wan21_flf2v.safetensors", "clip_vision_h.safetensors", "umt5_tiny.safetensors",
+                     "wan_vae.safetensors"],
+        # The reference names a 30-layer DiT with img_emb.emb_pos "Wan2.1-I2V-1.3B" (FLF2V needs the
+        # 40-layer 14B sizes), gives it the start image's 257 CLIP tokens only, and its MLPProj then
+        # slices those 257 tokens to emb_pos' 514: GGML_ASSERT in ggml_ext_slice, whatever the images.
+        "cases": [
+            _case("flf2v_1_3b_first_last", FLF2V, _params(init_image="init_64.png", end_image="end_64.png"),
+                  note=FLF_NOTE),
+            _case("flf2v_1_3b_no_images", FLF2V, _params(steps=2), note=FLF_NOTE),
+        ],
+    },
+    "wan-lora": {
+        "model": "wan21_t2v.safetensors",
+        "fixtures": ["wan21_t2v.safetensors", "umt5_tiny.safetensors", "wan_vae.safetensors",
+                     "loras/lora_wan_comfy.safetensors", "loras/lora_wan_kohya.safetensors",
+                     "loras/lora_wan_lightx2v.safetensors"],
+        "cases": [
+            _case("t2v_no_lora", T2V, _params(), note="the baseline: every LoRA case but lora_two_96x64 is this "
+                                                      "case with a LoRA"),
+            _case("lora_comfy_1_0", T2V, _params(loras=[_lora("lora_wan_comfy.safetensors", 1.0)])),
+            _case("lora_comfy_0_5", T2V, _params(loras=[_lora("lora_wan_comfy.safetensors", 0.5)])),
+            _case("lora_comfy_at_runtime", _ctx("wan21_t2v.safetensors", lora_apply_mode="LORA_APPLY_AT_RUNTIME"),
+                  _params(loras=[_lora("lora_wan_comfy.safetensors", 1.0)])),
+            _case("lora_kohya_1_0", T2V, _params(loras=[_lora("lora_wan_kohya.safetensors", 1.0)])),
+            _case("lora_lightx2v_0_5", T2V, _params(loras=[_lora("lora_wan_lightx2v.safetensors", 0.5)])),
+            _case("lora_two_96x64", T2V, _params(steps=2, w=96, h=64, seed=123,
+                                                  loras=[_lora("lora_wan_comfy.safetensors", 0.5),
+                                                         _lora("lora_wan_kohya.safetensors", 1.0)])),
+        ],
+    },
+    "wan-moe": {
+        "model": "wan21_t2v_prefixed.safetensors",
+        "fixtures": ["wan21_t2v_prefixed.safetensors", "wan21_t2v.safetensors", "umt5_tiny.safetensors",
+                     "wan_vae.safetensors", "loras/lora_wan_comfy.safetensors"],
+        "cases": [
+            _case("moe_boundary_high_noise_params", MOE,
+                  _params(steps=4, moe_boundary=0.9,
+                          **{"high_noise_sample_params.sample_steps": -1,
+                             "high_noise_sample_params.sample_method": "EULER_A_SAMPLE_METHOD",
+                             "high_noise_sample_params.guidance.txt_cfg": 1.0,
+                             "sample_params.sample_method": "DPMPP2M_SAMPLE_METHOD"})),
+            _case("moe_high_noise_lora", MOE,
+                  _params(steps=2, **{"high_noise_sample_params.sample_steps": 2,
+                                      "high_noise_sample_params.guidance.txt_cfg": 1.0},
+                          loras=[_lora("lora_wan_comfy.safetensors", 1.0, high_noise=True)])),
+        ],
+    },
+}
+
+# ------------------------------------------------------------------------------ running
+
+
+def run_case(lib, case, prefix, threads, log):
+    """One child-process run of `case`: (result dict, [frame arrays]). A run killed by a
+    signal gives {"crashed": signal number, "rc", "why": the abort message}."""
+    result_path = prefix + ".json"
+    cmd = [sys.executable, os.path.join(HERE, "sd_capi.py"), "--lib", lib, "--case",
+           json.dumps({"ctx": case["ctx"], "params": case["params"]}), "--video", "--out", prefix,
+           "--result", result_path, "--threads", str(threads), "--log"]
+    with open(log, "w") as f:
+        rc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT).returncode
+    if rc != 0 or not os.path.exists(result_path):
+        with open(log, errors="replace") as f:
+            lines = f.read().replace("\r", "\n").splitlines()
+        # ggml_abort prints its message, then a gdb backtrace: the message says why
+        why = [ln for ln in lines if any(k in ln for k in ("GGML_ASSERT", "GGML_ABORT", "terminate called", "what():"))]
+        return {"crashed": -rc if rc < 0 else None, "rc": rc, "why": (why or lines[-1:] or [""])[0].strip()}, []
+    with open(result_path) as f:
+        result = json.load(f)
+    frames = []
+    for i in range(result.get("frames", 0)):
+        w, h, ch, img = decode_png(f"{prefix}_{i}.png")
+        frames.append(img.reshape(h, w, ch).astype(np.int16))
+    return result, frames
+
+
+def diff(a, b):
+    if a.shape != b.shape:
+        return float("inf"), float("inf")
+    d = np.abs(a.astype(np.int16) - b.astype(np.int16))
+    return int(d.max()), float(d.mean())
+
+
+def load_cases(path):
+    if os.path.exists(path):
+        with open(path) as f:
+            return json.load(f)
+    return None
+
+
+def write_json(path, data):
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(data, f, indent=1, ensure_ascii=False)
+        f.write("\n")
+    os.replace(tmp, path)
+
+
+def render(a):
+    spec = SETS[a.set]
+    os.makedirs(a.out, exist_ok=True)
+    cases_path = os.path.join(a.out, "cases.json")
+    old = load_cases(cases_path) or {}
+    records = {c["name"]: c for c in old.get("cases", [])}
+    work = a.keep or tempfile.mkdtemp(prefix="golden-video-")
+    failed = False
+    for case in spec["cases"]:
+        if a.only and case["name"] not in a.only:
+            continue
+        runs = []
+        for k in range(a.repeat):
+            d = os.path.join(work, f"run{k}")
+            os.makedirs(d, exist_ok=True)
+            t0 = time.monotonic()
+            result, frames = run_case(a.lib, case, os.path.join(d, case["name"]), a.threads,
+                                      os.path.join(d, case["name"] + ".log"))
+            print(f"{case['name']} run {k + 1}: {'crashed' if 'crashed' in result else 'ok' if result['ok'] else 'failed'}"
+                  f", {len(frames)} frames, {result.get('seconds', '-')} s generate_video"
+                  f" ({time.monotonic() - t0:.0f} s in all)", flush=True)
+            runs.append((result, frames))
+        first, frames = runs[0]
+        same = all(("crashed" in r) == ("crashed" in first) and r.get("ok") == first.get("ok") and len(f) == len(frames)
+                   and all(diff(x, y)[0] == 0 for x, y in zip(f, frames)) for r, f in runs[1:])
+        if not same:
+            print(f"  {case['name']}: the runs differ; not recorded", flush=True)
+            failed = True
+            continue
+        rec = {"name": case["name"], "ctx": case["ctx"], "params": case["params"]}
+        if "crashed" in first:
+            # "frames" marks a generate_video case (a crash without it is generate_image's)
+            rec.update(ok=None, images=[], frames=0, reference_crashed=True,
+                       note=f"the library died (signal {first['crashed']}): {first['why'][:300]}")
+        else:
+            names = [f"{case['name']}_{i}.png" for i in range(len(frames))]
+            for i, n in enumerate(names):
+                shutil.copyfile(os.path.join(work, "run0", n), os.path.join(a.out, n))
+            rec.update(ok=first["ok"], images=names, frames=len(frames), audio=None)
+            if "seconds" in first:
+                rec["seconds"] = first["seconds"]
+            if not first["ok"]:
+                rec["errors"] = first.get("errors", [])
+                if "ctx_failed" in first:
+                    rec["ctx_failed"] = first["ctx_failed"]
+        if "tolerance" in case:
+            rec["tolerance"] = case["tolerance"]
+        if "note" in case:
+            rec["note"] = case["note"] + ("; " + rec["note"] if "note" in rec else "")
+        records[case["name"]] = rec
+        order = [c["name"] for c in spec["cases"]]
+        ordered = [records[n] for n in order if n in records] + [r for n, r in records.items() if n not in order]
+        write_json(cases_path, {
+            "model": spec["model"],
+            "fixtures": spec["fixtures"],
+            "made_with": old.get("made_with") or a.made_with,
+            "repeat": a.repeat,
+            "cases": ordered,
+        })
+    if not a.keep:
+        shutil.rmtree(work, ignore_errors=True)
+    return 1 if failed else 0
+
+
+def check(a):
+    data = load_cases(os.path.join(a.golden, "cases.json"))
+    work = a.keep or tempfile.mkdtemp(prefix="golden-video-check-")
+    os.makedirs(work, exist_ok=True)
+    bad = 0
+    for case in data["cases"]:
+        if a.only and case["name"] not in a.only:
+            continue
+        if case.get("reference_crashed"):
+            print(f"{case['name']}: reference_crashed case, skipped")
+            continue
+        prefix = os.path.join(work, case["name"])
+        if a.ctx:
+            case = dict(case, ctx={**case["ctx"], **a.ctx})
+        result, frames = run_case(a.lib, case, prefix, a.threads, prefix + ".log")
+        if "crashed" in result:
+            print(f"{case['name']}: CRASHED (signal {result['crashed']}, exit {result['rc']})")
+            bad += 1
+            continue
+        if result["ok"] != case["ok"] or len(frames) != len(case["images"]):
+            print(f"{case['name']}: FAIL ok {result['ok']} (golden {case['ok']}), {len(frames)} frames "
+                  f"(golden {len(case['images'])})")
+            bad += 1
+            continue
+        tol = case.get("tolerance", {})
+        max_ok, mean_ok = (0, 0.0) if a.exact else (tol.get("max", MAX_DIFF), tol.get("mean", MEAN_DIFF))
+        worst = (0, 0.0)
+        for f, n in zip(frames, case["images"]):
+            w, h, ch, img = decode_png(os.path.join(a.golden, n))
+            m, mean = diff(f, img.reshape(h, w, ch))
+            worst = (max(worst[0], m), max(worst[1], mean))
+        ok = worst[0] <= max_ok and worst[1] <= mean_ok
+        bad += not ok
+        print(f"{case['name']}: {'ok' if ok else 'FAIL'} {len(frames)} frames, max {worst[0]}, mean {worst[1]:.4f}"
+              f" (allowed {max_ok} / {mean_ok}), {result.get('seconds')} s", flush=True)
+    if not a.keep:
+        shutil.rmtree(work, ignore_errors=True)
+    return 1 if bad else 0
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    sub.add_parser("inputs")
+    sub.add_parser("list")
+    for name in ("render", "check"):
+        p = sub.add_parser(name)
+        p.add_argument("--lib", required=True)
+        p.add_argument("--only", nargs="*")
+        p.add_argument("--threads", type=int, default=1)
+        p.add_argument("--keep", help="folder for each run's frames and logs (kept)")
+        if name == "render":
+            p.add_argument("--set", required=True, choices=sorted(SETS))
+            p.add_argument("--out", required=True)
+            p.add_argument("--repeat", type=int, default=2)
+            p.add_argument("--made-with", default="stable-diffusion.cpp 97d29908, bench/build-reference.sh --avx2 "
+                                                  "(ggml of llama-cpp-sys-2 0.1.161), n_threads 1")
+        else:
+            p.add_argument("--golden", required=True)
+            p.add_argument("--exact", action="store_true")
+            p.add_argument("--ctx", nargs="*", default=[], metavar="KEY=JSON",
+                           help="context fields to override (JSON values, e.g. diffusion_flash_attn=true)")
+    a = ap.parse_args()
+    if a.cmd == "inputs":
+        write_inputs()
+        return 0
+    if a.cmd == "list":
+        for name, spec in SETS.items():
+            print(f"{name}: {', '.join(spec['fixtures'])}")
+            for c in spec["cases"]:
+                print(f"  {c['name']}")
+        return 0
+    a.lib = os.path.abspath(a.lib)
+    if a.cmd == "check":
+        a.ctx = {k: json.loads(v) for k, v in (item.split("=", 1) for item in a.ctx)}
+    return render(a) if a.cmd == "render" else check(a)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -5,6 +5,7 @@ pub mod flux;
 pub mod mmdit;
 pub mod qwen_image;
 pub mod unet;
+pub mod wan;
 pub mod zimage;
 
 use super::common::rope::RefIndexMode;

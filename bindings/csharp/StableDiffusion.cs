@@ -41,6 +41,198 @@ namespace StableDiffusion
         public static extern IntPtr libc_malloc(UIntPtr size);
     }
 
+    /// <summary>An 8-bit picture: Data holds Height*Width*Channel bytes, row by row, channels interleaved.</summary>
+    public sealed class SdImage
+    {
+        public readonly int Width, Height, Channel;
+        public readonly byte[] Data;
+
+        public SdImage(int width, int height, int channel, byte[] data)
+        {
+            if (width < 0 || height < 0 || channel < 0 || data == null || data.LongLength != (long)width * height * channel)
+                throw new ArgumentException(width + "x" + height + "x" + channel + " image needs " + ((long)width * height * channel) +
+                                            " bytes, got " + (data == null ? "null" : data.LongLength.ToString()));
+            Width = width; Height = height; Channel = channel; Data = data;
+        }
+    }
+
+    /// <summary>Sound: Samples holds SampleCount*Channels values in [-1, 1], channels interleaved.</summary>
+    public sealed class SdAudio
+    {
+        public readonly uint SampleRate, Channels;
+        public readonly float[] Samples;
+
+        public SdAudio(uint sampleRate, uint channels, float[] samples)
+        {
+            if (channels == 0 || samples == null || samples.Length % channels != 0)
+                throw new ArgumentException("samples must be whole frames of " + channels + " channels");
+            SampleRate = sampleRate; Channels = channels; Samples = samples;
+        }
+
+        public ulong SampleCount { get { return (ulong)Samples.Length / Channels; } }
+    }
+
+    /// <summary>A LoRA file applied to the request (IsHighNoise: to the high-noise model of a Wan2.2 pair).</summary>
+    public sealed class SdLora
+    {
+        public string Path;
+        public float Multiplier = 1.0f;
+        public bool IsHighNoise;
+    }
+
+    /// <summary>A reference video: frames at Fps, optional soundtrack.</summary>
+    public sealed class SdRefVideo
+    {
+        public List<SdImage> Frames = new List<SdImage>();
+        public int Fps = 24;
+        public SdAudio Audio;
+    }
+
+    /// <summary>The array and string parts of an sd_sample_params_t (its value fields live in the struct).</summary>
+    public sealed class SampleArrays
+    {
+        /// <summary>Layers skipped by skip-layer guidance (null: none).</summary>
+        public int[] SkipLayers;
+        /// <summary>Sigmas replacing the scheduler's (null: the scheduler's).</summary>
+        public float[] CustomSigmas;
+        public string ExtraArgs;
+    }
+
+    /// <summary>
+    /// A generate_video request. Params holds every value field, initialised by
+    /// sd_vid_gen_params_init (set e.g. Params.width, Params.video_frames,
+    /// Params.sample_params.sample_steps, Params.high_noise_sample_params.guidance.txt_cfg,
+    /// Params.moe_boundary, Params.vace_strength, Params.cache.mode,
+    /// Params.vae_tiling_params.enabled); the properties hold what the struct points to, which
+    /// GenerateVideo copies to unmanaged memory for the call.
+    /// </summary>
+    public sealed class VideoRequest
+    {
+        public sd_vid_gen_params_t Params;
+        public string Prompt = "";
+        public string NegativePrompt = "";
+        /// <summary>The first frame (image to video); null: none.</summary>
+        public SdImage InitImage;
+        /// <summary>The last frame (first-last-frame to video); null: none.</summary>
+        public SdImage EndImage;
+        public List<SdImage> RefImages = new List<SdImage>();
+        /// <summary>Control video frames (Wan VACE).</summary>
+        public List<SdImage> ControlFrames = new List<SdImage>();
+        public List<SdRefVideo> RefVideos = new List<SdRefVideo>();
+        public List<SdAudio> RefAudios = new List<SdAudio>();
+        public List<SdLora> Loras = new List<SdLora>();
+        public SampleArrays Sample = new SampleArrays();
+        public SampleArrays HighNoiseSample = new SampleArrays();
+        public string ExtraTilingArgs;
+        /// <summary>cache-dit step mask (Params.cache.scm_mask).</summary>
+        public string ScmMask;
+        public string HiresModelPath;
+        public float[] HiresCustomSigmas;
+
+        public VideoRequest() { Native.sd_vid_gen_params_init(ref Params); }
+    }
+
+    /// <summary>What generate_video returns: the frames and the sound (null for models without one).</summary>
+    public sealed class VideoResult
+    {
+        public List<SdImage> Frames = new List<SdImage>();
+        public SdAudio Audio;
+    }
+
+    /// <summary>A call the library answered with failure (its log callback received the reasons).</summary>
+    public sealed class SdException : Exception
+    {
+        public SdException(string message) : base(message) { }
+    }
+
+    /// <summary>Unmanaged copies of request data, all freed together on Dispose.</summary>
+    public sealed class NativeArena : IDisposable
+    {
+        readonly List<IntPtr> blocks = new List<IntPtr>();
+
+        IntPtr Alloc(long bytes)
+        {
+            IntPtr p = Marshal.AllocHGlobal(new IntPtr(Math.Max(bytes, 1)));
+            blocks.Add(p);
+            return p;
+        }
+
+        /// <summary>A NUL-terminated UTF-8 copy (null gives NULL).</summary>
+        public IntPtr String(string s)
+        {
+            if (s == null) return IntPtr.Zero;
+            var bytes = Encoding.UTF8.GetBytes(s);
+            IntPtr p = Alloc(bytes.Length + 1);
+            Marshal.Copy(bytes, 0, p, bytes.Length);
+            Marshal.WriteByte(p, bytes.Length, 0);
+            return p;
+        }
+
+        public sd_image_t Image(SdImage img)
+        {
+            if (img == null) return new sd_image_t();
+            IntPtr data = Alloc(img.Data.LongLength);
+            Marshal.Copy(img.Data, 0, data, img.Data.Length);
+            return new sd_image_t { width = (uint)img.Width, height = (uint)img.Height, channel = (uint)img.Channel, data = data };
+        }
+
+        public sd_audio_t Audio(SdAudio audio)
+        {
+            if (audio == null) return new sd_audio_t();
+            return new sd_audio_t { sample_rate = audio.SampleRate, channels = audio.Channels, sample_count = audio.SampleCount, data = Floats(audio.Samples) };
+        }
+
+        /// <summary>A C array of structs (NULL when empty).</summary>
+        public IntPtr Array<T>(IList<T> items) where T : struct
+        {
+            if (items == null || items.Count == 0) return IntPtr.Zero;
+            int size = Marshal.SizeOf(typeof(T));
+            IntPtr p = Alloc((long)size * items.Count);
+            for (int i = 0; i < items.Count; i++) Marshal.StructureToPtr(items[i], new IntPtr(p.ToInt64() + (long)i * size), false);
+            return p;
+        }
+
+        public IntPtr Images(IList<SdImage> images)
+        {
+            var c = new List<sd_image_t>();
+            if (images != null) foreach (var img in images) c.Add(Image(img));
+            return Array(c);
+        }
+
+        public IntPtr Floats(float[] values)
+        {
+            if (values == null || values.Length == 0) return IntPtr.Zero;
+            IntPtr p = Alloc(4L * values.Length);
+            Marshal.Copy(values, 0, p, values.Length);
+            return p;
+        }
+
+        public IntPtr Ints(int[] values)
+        {
+            if (values == null || values.Length == 0) return IntPtr.Zero;
+            IntPtr p = Alloc(4L * values.Length);
+            Marshal.Copy(values, 0, p, values.Length);
+            return p;
+        }
+
+        /// <summary>Points the struct's arrays and strings at copies of `a`.</summary>
+        public void Sample(ref sd_sample_params_t sp, SampleArrays a)
+        {
+            if (a == null) return;
+            sp.guidance.slg.layers = Ints(a.SkipLayers);
+            sp.guidance.slg.layer_count = new UIntPtr((uint)(a.SkipLayers == null ? 0 : a.SkipLayers.Length));
+            sp.custom_sigmas = Floats(a.CustomSigmas);
+            sp.custom_sigmas_count = a.CustomSigmas == null ? 0 : a.CustomSigmas.Length;
+            sp.extra_sample_args = String(a.ExtraArgs);
+        }
+
+        public void Dispose()
+        {
+            foreach (var p in blocks) Marshal.FreeHGlobal(p);
+            blocks.Clear();
+        }
+    }
+
     /// <summary>Helpers over the raw API.</summary>
     public static class Sd
     {
@@ -132,6 +324,91 @@ namespace StableDiffusion
             }
             finally { Native.free_sd_images(images, count); }
             return result;
+        }
+
+        /// <summary>Copies a library-allocated image array into SdImages and frees it with free_sd_images.</summary>
+        public static List<SdImage> TakeSdImages(IntPtr images, int count)
+        {
+            var headers = new List<sd_image_t>();
+            var data = TakeImages(images, count, headers);
+            var result = new List<SdImage>();
+            for (int i = 0; i < data.Count; i++)
+                result.Add(new SdImage((int)headers[i].width, (int)headers[i].height, (int)headers[i].channel, data[i]));
+            return result;
+        }
+
+        /// <summary>Copies a library-allocated sd_audio_t and frees it with free_sd_audio (NULL gives null).</summary>
+        public static SdAudio TakeAudio(IntPtr audio)
+        {
+            if (audio == IntPtr.Zero) return null;
+            try
+            {
+                var a = (sd_audio_t)Marshal.PtrToStructure(audio, typeof(sd_audio_t));
+                if (a.data == IntPtr.Zero || a.channels == 0) return null;
+                var samples = new float[checked((long)(a.sample_count * a.channels))];
+                Marshal.Copy(a.data, samples, 0, samples.Length);
+                return new SdAudio(a.sample_rate, a.channels, samples);
+            }
+            finally { Native.free_sd_audio(audio); }
+        }
+
+        /// <summary>
+        /// The request's sd_vid_gen_params_t with every pointer set to a copy in `arena`
+        /// (valid until the arena is disposed).
+        /// </summary>
+        public static sd_vid_gen_params_t ToNative(VideoRequest r, NativeArena arena)
+        {
+            var p = r.Params;
+            p.prompt = arena.String(r.Prompt ?? "");
+            p.negative_prompt = arena.String(r.NegativePrompt ?? "");
+            p.init_image = arena.Image(r.InitImage);
+            p.end_image = arena.Image(r.EndImage);
+            p.ref_images = arena.Images(r.RefImages);
+            p.ref_images_count = r.RefImages == null ? 0 : r.RefImages.Count;
+            p.control_frames = arena.Images(r.ControlFrames);
+            p.control_frames_size = r.ControlFrames == null ? 0 : r.ControlFrames.Count;
+            var videos = new List<sd_ref_video_t>();
+            if (r.RefVideos != null)
+                foreach (var v in r.RefVideos)
+                    videos.Add(new sd_ref_video_t { frames = arena.Images(v.Frames), frame_count = v.Frames == null ? 0 : v.Frames.Count, fps = v.Fps, audio = arena.Audio(v.Audio) });
+            p.ref_videos = arena.Array(videos);
+            p.ref_videos_count = videos.Count;
+            var audios = new List<sd_audio_t>();
+            if (r.RefAudios != null) foreach (var a in r.RefAudios) audios.Add(arena.Audio(a));
+            p.ref_audios = arena.Array(audios);
+            p.ref_audios_count = audios.Count;
+            var loras = new List<sd_lora_t>();
+            if (r.Loras != null)
+                foreach (var l in r.Loras) loras.Add(new sd_lora_t { is_high_noise = l.IsHighNoise, multiplier = l.Multiplier, path = arena.String(l.Path) });
+            p.loras = arena.Array(loras);
+            p.lora_count = (uint)loras.Count;
+            arena.Sample(ref p.sample_params, r.Sample);
+            arena.Sample(ref p.high_noise_sample_params, r.HighNoiseSample);
+            p.vae_tiling_params.extra_tiling_args = arena.String(r.ExtraTilingArgs);
+            p.cache.scm_mask = arena.String(r.ScmMask);
+            p.hires.model_path = arena.String(r.HiresModelPath);
+            p.hires.custom_sigmas = arena.Floats(r.HiresCustomSigmas);
+            p.hires.custom_sigmas_count = r.HiresCustomSigmas == null ? 0 : r.HiresCustomSigmas.Length;
+            return p;
+        }
+
+        /// <summary>
+        /// Generates a video (Wan 2.x: text, image or first-last frame to video, VACE, MoE
+        /// pairs). Throws SdException when the library fails; the frames and sound it returns
+        /// are copied and freed in the library.
+        /// </summary>
+        public static VideoResult GenerateVideo(SdContextHandle ctx, VideoRequest request)
+        {
+            using (var arena = new NativeArena())
+            {
+                var p = ToNative(request, arena);
+                IntPtr frames, audio;
+                int count;
+                bool ok = Native.generate_video(ctx, ref p, out frames, out count, out audio);
+                var result = new VideoResult { Frames = TakeSdImages(frames, count), Audio = TakeAudio(audio) };
+                if (!ok) throw new SdException("generate_video failed");
+                return result;
+            }
         }
 
         // Delegates the library holds: a collected delegate would leave it calling freed code.

@@ -9,7 +9,7 @@
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-use stable_diffusion::api::{CtxParams, Embedding, ImgGenParams};
+use stable_diffusion::api::{CtxParams, Embedding, ImgGenParams, SampleParams, VidGenParams};
 use stable_diffusion::types::{
     CacheMode, HiresUpscaler, LoraApplyMode, Prediction, Preview, RngType, SampleMethod, Scheduler, SdType, VaeFormat,
 };
@@ -156,6 +156,47 @@ pub struct GenOpts {
     pub high_noise_loras: BTreeMap<String, f32>,
     /// The prompt as given, tags included (what the image metadata records).
     pub prompt_with_lora: String,
+    /// The video request's own options (vid_gen mode).
+    pub video: VideoOpts,
+}
+
+/// What only a video request uses: the end image, control and reference videos, the
+/// high-noise expert's sampling (Wan2.2 MoE), frame count and rate.
+#[derive(Debug, Clone, PartialEq)]
+pub struct VideoOpts {
+    pub end_img: String,
+    /// A folder of frames (pictures in file name order).
+    pub control_video: String,
+    pub ref_videos: Vec<String>,
+    /// WAV soundtracks, paired by index with `ref_videos`.
+    pub ref_video_audios: Vec<String>,
+    pub ref_audios: Vec<String>,
+    pub video_frames: i32,
+    pub fps: i32,
+    pub moe_boundary: f32,
+    pub vace_strength: f32,
+    /// Steps <= 0 become -1: the library splits the steps at `moe_boundary`.
+    pub high_noise: SampleParams,
+    pub high_noise_skip_layers: Vec<i32>,
+}
+
+impl Default for VideoOpts {
+    fn default() -> Self {
+        // The reference program's defaults (its high-noise steps start at 20, like --steps).
+        VideoOpts {
+            end_img: String::new(),
+            control_video: String::new(),
+            ref_videos: Vec::new(),
+            ref_video_audios: Vec::new(),
+            ref_audios: Vec::new(),
+            video_frames: 1,
+            fps: 16,
+            moe_boundary: 0.875,
+            vace_strength: 1.0,
+            high_noise: SampleParams::default(),
+            high_noise_skip_layers: vec![7, 8, 9],
+        }
+    }
 }
 
 impl Default for GenOpts {
@@ -190,6 +231,7 @@ impl Default for GenOpts {
             loras: BTreeMap::new(),
             high_noise_loras: BTreeMap::new(),
             prompt_with_lora: String::new(),
+            video: VideoOpts::default(),
         }
     }
 }
@@ -591,7 +633,9 @@ pub fn options() -> Vec<Opt> {
             concat_string(&mut o.gen.extra_ad_args, v);
             Ok(())
         })),
-        opt("-i", "--init-img", Generation, "init image (image to image)", string!(gen.init_img)),
+        opt("-i", "--init-img", Generation, "init image (image to image; the first frame of image-to-video)", string!(gen.init_img)),
+        opt("", "--end-img", Generation, "end image: the last frame of first-last-frame-to-video (vid_gen)", string!(gen.video.end_img)),
+        opt("", "--control-video", Generation, "folder of control video frames, pictures taken in file name order (e.g. 00.png, 01.png, ...), at most --video-frames of them, resized to the video size (vid_gen, Wan VACE)", string!(gen.video.control_video)),
         opt("", "--mask", Generation, "inpainting mask image", string!(gen.mask)),
         opt("", "--control-image", Generation, "ControlNet condition image", string!(gen.control_image)),
         opt("", "--ip-adapter-image", Generation, "IP-Adapter reference image", string!(gen.ip_adapter_image)),
@@ -610,6 +654,9 @@ pub fn options() -> Vec<Opt> {
         opt("", "--steps", Generation, "sampling steps (default: 20)", int!(gen.params.sample_params.sample_steps)),
         opt("", "--clip-skip", Generation, "CLIP layers to skip at the end; <= 0 means the model's default (1 for SD1, 2 for SD2) (default: -1)", int!(gen.params.clip_skip)),
         opt("-b", "--batch-count", Generation, "number of images (default: 1)", int!(gen.params.batch_count)),
+        opt("", "--video-frames", Generation, "number of video frames (vid_gen; default: 1)", int!(gen.video.video_frames)),
+        opt("", "--fps", Generation, "frames per second of the video written (vid_gen; default: 16)", int!(gen.video.fps)),
+        opt("", "--high-noise-steps", Generation, "(high noise) sampling steps; <= 0 lets the library split --steps at --moe-boundary (default: 20)", int!(gen.video.high_noise.sample_steps)),
         opt("", "--qwen-image-layers", Generation, "Qwen-Image-Layered layer count (default: 3)", int!(gen.params.qwen_image_layers)),
         opt("", "--timestep-shift", Generation, "timestep shift for NitroFusion models, 0..1000 (default: 0)", int!(gen.params.sample_params.shifted_timestep)),
         opt("", "--upscale-repeats", Generation, "how many times the ESRGAN upscaler runs (default: 1)", int!(gen.upscale_repeats)),
@@ -626,6 +673,15 @@ pub fn options() -> Vec<Opt> {
         opt("", "--skip-layer-end", Generation, "where skip-layer guidance ends (default: 0.2)", float!(gen.params.sample_params.guidance.slg.layer_end)),
         opt("", "--eta", Generation, "noise multiplier (default: the sampler's: 0 for ddim_trailing, tcd, res_multistep, res_2s; 1 for the ancestral/SDE samplers)", float!(gen.params.sample_params.eta)),
         opt("", "--flow-shift", Generation, "shift of flow models such as SD3 or Wan (default: the model's)", float!(gen.params.sample_params.flow_shift)),
+        opt("", "--high-noise-cfg-scale", Generation, "(high noise) classifier-free guidance scale (default: 7.0)", float!(gen.video.high_noise.guidance.txt_cfg)),
+        opt("", "--high-noise-img-cfg-scale", Generation, "(high noise) image guidance scale (default: --high-noise-cfg-scale)", float!(gen.video.high_noise.guidance.img_cfg)),
+        opt("", "--high-noise-guidance", Generation, "(high noise) distilled guidance scale (default: 3.5)", float!(gen.video.high_noise.guidance.distilled_guidance)),
+        opt("", "--high-noise-slg-scale", Generation, "(high noise) skip-layer guidance scale; 0 disables (default: 0)", float!(gen.video.high_noise.guidance.slg.scale)),
+        opt("", "--high-noise-skip-layer-start", Generation, "(high noise) where skip-layer guidance starts (default: 0.01)", float!(gen.video.high_noise.guidance.slg.layer_start)),
+        opt("", "--high-noise-skip-layer-end", Generation, "(high noise) where skip-layer guidance ends (default: 0.2)", float!(gen.video.high_noise.guidance.slg.layer_end)),
+        opt("", "--high-noise-eta", Generation, "(high noise) noise multiplier (default: the sampler's)", float!(gen.video.high_noise.eta)),
+        opt("", "--moe-boundary", Generation, "timestep boundary between the high-noise and the low-noise Wan2.2 experts, used when --high-noise-steps <= 0 (default: 0.875)", float!(gen.video.moe_boundary)),
+        opt("", "--vace-strength", Generation, "strength of the Wan VACE control (default: 1.0)", float!(gen.video.vace_strength)),
         opt("", "--strength", Generation, "how much the init image is noised, 0..1 (default: 0.75)", float!(gen.params.strength)),
         opt("", "--pm-style-strength", Generation, "PhotoMaker style strength (default: 20)", float!(gen.params.pm_params.style_strength)),
         opt("", "--pulid-id-weight", Generation, "PuLID identity weight (default: 1.0)", float!(gen.params.pulid_params.id_weight)),
@@ -641,7 +697,7 @@ pub fn options() -> Vec<Opt> {
         opt("", "--circulary", Generation, "circular padding on the y axis only", flag!(gen.circular_y = true)),
         opt("", "--disable-image-metadata", Generation, "do not write the generation parameters into the images", flag!(gen.embed_metadata = false)),
         opt("", "--vae-tiling", Generation, "decode with the VAE in tiles (less memory)", flag!(gen.params.vae_tiling_params.enabled = true)),
-        opt("", "--temporal-tiling", Generation, "temporal tiling in the LTX video VAE", flag!(gen.params.vae_tiling_params.temporal_tiling = true)),
+        opt("", "--temporal-tiling", Generation, "temporal tiling in the video VAE decode", flag!(gen.params.vae_tiling_params.temporal_tiling = true)),
         opt("", "--hires", Generation, "enable the hires fix", flag!(gen.params.hires.enabled = true)),
         opt("-s", "--seed", Generation, "noise seed; < 0 picks a random one (default: 42)", manual!(|o, v| {
             o.gen.params.seed = parse_i64(v)?;
@@ -649,6 +705,10 @@ pub fn options() -> Vec<Opt> {
         })),
         opt("", "--sampling-method", Generation, format!("sampler, one of [{samplers}] (default: the model's, euler_a for SD1/SD2/SDXL)"), manual!(|o, v| {
             o.gen.params.sample_params.sample_method = Some(enum_value(v, SampleMethod::parse, "sample method")?);
+            Ok(())
+        })),
+        opt("", "--high-noise-sampling-method", Generation, format!("(high noise) sampler, one of [{samplers}] (default: the model's)"), manual!(|o, v| {
+            o.gen.video.high_noise.sample_method = Some(enum_value(v, SampleMethod::parse, "high noise sample method")?);
             Ok(())
         })),
         opt("", "--scheduler", Generation, format!("sigma schedule, one of [{schedulers}]; normal means discrete (default: the model's)"), manual!(|o, v| {
@@ -665,6 +725,22 @@ pub fn options() -> Vec<Opt> {
         })),
         opt("", "--skip-layers", Generation, "layers skipped by skip-layer guidance (default: [7,8,9])", manual!(|o, v| {
             o.gen.skip_layers = parse_layers(v)?;
+            Ok(())
+        })),
+        opt("", "--high-noise-skip-layers", Generation, "(high noise) layers skipped by skip-layer guidance (default: [7,8,9])", manual!(|o, v| {
+            o.gen.video.high_noise_skip_layers = parse_layers(v)?;
+            Ok(())
+        })),
+        opt("", "--ref-video", Generation, "folder of reference video frames at 24 fps (vid_gen, repeatable)", manual!(|o, v| {
+            o.gen.video.ref_videos.push(v.to_string());
+            Ok(())
+        })),
+        opt("", "--ref-video-audio", Generation, "WAV soundtrack of the --ref-video of the same position (vid_gen, repeatable)", manual!(|o, v| {
+            o.gen.video.ref_video_audios.push(v.to_string());
+            Ok(())
+        })),
+        opt("", "--ref-audio", Generation, "reference WAV audio (vid_gen, repeatable)", manual!(|o, v| {
+            o.gen.video.ref_audios.push(v.to_string());
             Ok(())
         })),
         opt("-r", "--ref-image", Generation, "reference image, e.g. for Flux Kontext (repeatable)", manual!(|o, v| {
@@ -717,28 +793,9 @@ pub fn options() -> Vec<Opt> {
     ]
 }
 
-/// Reference options for what this sd-cli cannot do yet (video generation, metadata
-/// inspection): recognised so that the error says so, with whether they take a value.
+/// Reference options for what this sd-cli cannot do yet (metadata inspection): recognised
+/// so that the error says so, with whether they take a value.
 pub const NOT_YET: &[(&str, bool)] = &[
-    ("--end-img", true),
-    ("--control-video", true),
-    ("--ref-video", true),
-    ("--ref-video-audio", true),
-    ("--ref-audio", true),
-    ("--video-frames", true),
-    ("--fps", true),
-    ("--moe-boundary", true),
-    ("--vace-strength", true),
-    ("--high-noise-steps", true),
-    ("--high-noise-cfg-scale", true),
-    ("--high-noise-img-cfg-scale", true),
-    ("--high-noise-guidance", true),
-    ("--high-noise-slg-scale", true),
-    ("--high-noise-skip-layer-start", true),
-    ("--high-noise-skip-layer-end", true),
-    ("--high-noise-eta", true),
-    ("--high-noise-sampling-method", true),
-    ("--high-noise-skip-layers", true),
     ("--image", true),
     ("--metadata-format", true),
     ("--metadata-raw", false),
@@ -764,7 +821,7 @@ pub fn parse<S: AsRef<str>>(args: &[S]) -> Result<Parsed, ArgError> {
                 i += 1;
             }
             None if NOT_YET.iter().any(|(name, _)| *name == arg) => {
-                return Err(ArgError(format!("error: {arg} (video generation / metadata mode) is not supported by this sd-cli yet")));
+                return Err(ArgError(format!("error: {arg} (metadata mode) is not supported by this sd-cli yet")));
             }
             None => return Err(ArgError(format!("error: unknown argument: {arg}"))),
         }
@@ -1080,7 +1137,55 @@ impl GenOpts {
         if !self.ad_model.is_empty() && !matches!(mode, Mode::ImgGen | Mode::Adetailer) {
             return Err("--ad-model is only supported in image generation and adetailer modes".into());
         }
+        let v = &self.video;
+        if mode == Mode::VidGen {
+            if v.video_frames <= 0 {
+                return Err(format!("video_frames must be greater than 0, got {}", v.video_frames));
+            }
+            if v.fps <= 0 {
+                return Err(format!("fps must be greater than 0, got {}", v.fps));
+            }
+        }
+        if v.ref_video_audios.len() > v.ref_videos.len() {
+            return Err("each --ref-video-audio needs a corresponding --ref-video".into());
+        }
+        if mode != Mode::VidGen && !(v.ref_videos.is_empty() && v.ref_video_audios.is_empty() && v.ref_audios.is_empty()) {
+            return Err("reference video and audio inputs require vid_gen mode".into());
+        }
         Ok(())
+    }
+
+    /// The options given that `mode` does not use (the reference ignores them silently).
+    pub fn unused_options(&self, mode: Mode) -> Vec<&'static str> {
+        let p = &self.params;
+        let (v, d) = (&self.video, VideoOpts::default());
+        let image = ImgGenParams::default();
+        let checks: Vec<(bool, &'static str)> = if mode == Mode::VidGen {
+            vec![
+                (!self.mask.is_empty(), "--mask"),
+                (!self.control_image.is_empty(), "--control-image"),
+                (!self.ip_adapter_image.is_empty(), "--ip-adapter-image"),
+                (!self.pm_id_images_dir.is_empty(), "--pm-id-images-dir"),
+                (p.pm_params.id_embed_path.is_some(), "--pm-id-embed-path"),
+                (p.pulid_params.id_embedding_path.is_some(), "--pulid-id-embedding"),
+                (p.batch_count != 1, "--batch-count"),
+                (p.control_strength != image.control_strength, "--control-strength"),
+                (p.ip_adapter_strength != image.ip_adapter_strength, "--ip-adapter-strength"),
+                (p.qwen_image_layers != image.qwen_image_layers, "--qwen-image-layers"),
+                (!p.ref_image_args.is_empty() || !self.auto_resize_ref_image || self.increase_ref_index, "--ref-image-args"),
+            ]
+        } else {
+            vec![
+                (!v.end_img.is_empty(), "--end-img"),
+                (!v.control_video.is_empty(), "--control-video"),
+                (v.video_frames != d.video_frames, "--video-frames"),
+                (v.fps != d.fps, "--fps"),
+                (v.moe_boundary != d.moe_boundary, "--moe-boundary"),
+                (v.vace_strength != d.vace_strength, "--vace-strength"),
+                (v.high_noise != d.high_noise || v.high_noise_skip_layers != d.high_noise_skip_layers, "--high-noise-*"),
+            ]
+        };
+        checks.into_iter().filter(|(given, _)| *given).map(|(_, name)| name).collect()
     }
 }
 
@@ -1141,11 +1246,20 @@ impl Opts {
             gen.params.seed = random_seed();
         }
         gen.resolve_hires(&ctx.hires_upscalers_dir)?;
+        if gen.video.high_noise.sample_steps <= 0 {
+            gen.video.high_noise.sample_steps = -1;
+        }
         gen.prompt_with_lora = gen.params.prompt.clone();
         if !ctx.lora_model_dir.is_empty() {
             gen.extract_loras(&ctx.lora_model_dir);
         }
-        gen.validate(mode)
+        gen.validate(mode)?;
+        if !matches!(mode, Mode::Convert | Mode::Upscale | Mode::Metadata) {
+            for name in gen.unused_options(mode) {
+                stable_diffusion::sd_warn!("{name} is not used in {} mode: ignored", mode.name());
+            }
+        }
+        Ok(())
     }
 
     /// The context parameters to load the models with (deprecated switches folded into the
@@ -1170,17 +1284,53 @@ impl Opts {
         p
     }
 
-    /// The generation request, images excepted (the caller loads and adds them).
-    pub fn img_gen_params(&self) -> ImgGenParams {
+    /// The LoRAs of the prompt's tags, high-noise ones last.
+    fn loras(&self) -> Vec<stable_diffusion::api::Lora> {
         let g = &self.gen;
-        let mut p = g.params.clone();
-        p.loras = g
-            .loras
+        g.loras
             .iter()
             .map(|(path, &m)| (path, m, false))
             .chain(g.high_noise_loras.iter().map(|(path, &m)| (path, m, true)))
             .map(|(path, multiplier, is_high_noise)| stable_diffusion::api::Lora { is_high_noise, multiplier, path: path.clone() })
-            .collect();
+            .collect()
+    }
+
+    /// The video request, images, frames and audio excepted (the caller loads and adds them).
+    pub fn vid_gen_params(&self) -> VidGenParams {
+        let (g, v) = (&self.gen, &self.gen.video);
+        let mut sample_params = g.params.sample_params.clone();
+        sample_params.guidance.slg.layers = g.skip_layers.clone();
+        let mut high_noise_sample_params = v.high_noise.clone();
+        high_noise_sample_params.guidance.slg.layers = v.high_noise_skip_layers.clone();
+        VidGenParams {
+            loras: self.loras(),
+            prompt: g.params.prompt.clone(),
+            negative_prompt: g.params.negative_prompt.clone(),
+            clip_skip: g.params.clip_skip,
+            width: g.resolved_width(),
+            height: g.resolved_height(),
+            sample_params,
+            high_noise_sample_params,
+            moe_boundary: v.moe_boundary,
+            strength: g.params.strength,
+            seed: g.params.seed,
+            video_frames: v.video_frames,
+            fps: v.fps,
+            vace_strength: v.vace_strength,
+            vae_tiling_params: g.params.vae_tiling_params.clone(),
+            cache: g.params.cache.clone(),
+            hires: g.params.hires.clone(),
+            circular_x: g.circular || g.circular_x,
+            circular_y: g.circular || g.circular_y,
+            ..VidGenParams::default()
+        }
+    }
+
+    /// The generation request, images excepted (the caller loads and adds them).
+    pub fn img_gen_params(&self) -> ImgGenParams {
+        let g = &self.gen;
+        let mut p = g.params.clone();
+        p.loras = self.loras();
         p.sample_params.guidance.slg.layers = g.skip_layers.clone();
         if !g.auto_resize_ref_image {
             concat_string(&mut p.ref_image_args, "resize_before_vae=0");

@@ -1,10 +1,10 @@
-//! Reading input images (PNG, JPEG) and writing PNG results.
+//! Reading input images (PNG, JPEG) and writing PNG or JPEG results.
 //!
 //! Inputs are converted to the channel count the request needs and, when a target size is
 //! given, centre-cropped to its aspect ratio and resampled with a box filter in linear light,
 //! as the reference program does. PNG outputs carry the generation parameters in a `tEXt`
-//! chunk with the key `parameters`, right after the header, and are written to a temporary
-//! file that is renamed into place.
+//! chunk with the key `parameters`, right after the header (JPEG outputs in a COM segment);
+//! every output is written to a temporary file that is renamed into place.
 
 use std::fs::File;
 use std::io::{BufReader, BufWriter, Read, Write};
@@ -271,16 +271,15 @@ pub fn encode_png(img: &Image, parameters: &str) -> Result<Vec<u8>, String> {
     Ok(out)
 }
 
-/// Writes `img` to `path` (PNG only) with its generation parameters.
+/// Writes `img` to `path` with its generation parameters: PNG (a `tEXt` chunk) or JPEG
+/// (quality 90, a COM segment), chosen by the extension as the reference does.
 pub fn write_image(path: &Path, img: &Image, parameters: &str) -> Result<(), String> {
-    match format_of(path) {
-        Format::Png => {}
-        Format::Jpeg | Format::Webp => {
-            return Err(format!("{}: only PNG output is supported by this sd-cli (use a .png name)", path.display()))
-        }
+    let bytes = match format_of(path) {
+        Format::Png => encode_png(img, parameters)?,
+        Format::Jpeg => crate::jpeg::encode(img, crate::jpeg::REFERENCE_QUALITY, parameters)?,
+        Format::Webp => return Err(format!("{}: WebP output is not supported by this sd-cli (use a .png or .jpg name)", path.display())),
         Format::Unknown => return Err(format!("{}: unknown image format", path.display())),
-    }
-    let bytes = encode_png(img, parameters)?;
+    };
     write_atomically(path, &bytes).map_err(|e| format!("{}: {e}", path.display()))
 }
 
@@ -372,7 +371,13 @@ mod tests {
         write_image(&g, &img(2, 2, 1, |_, _, _| 9), "").unwrap();
         assert!(load_image(g.to_str().unwrap(), None, 3).unwrap_err().contains("must be >= 3"));
         assert!(load_image(dir.join("missing.png").to_str().unwrap(), None, 3).unwrap_err().contains("failed"));
-        assert!(write_image(&dir.join("x.jpg"), &grey_px(), "").is_err());
+        assert!(write_image(&dir.join("x.webp"), &grey_px(), "").is_err());
+        // JPEG output reads back through the JPEG input path.
+        let j = dir.join("x.jpg");
+        write_image(&j, &img(16, 8, 3, |_, _, c| 60 + 40 * c as u8), "params").unwrap();
+        let back = load_image(j.to_str().unwrap(), None, 3).unwrap();
+        assert_eq!((back.width, back.height), (16, 8));
+        assert!(back.data.chunks(3).all(|px| px.iter().zip([60u8, 100, 140]).all(|(&a, b)| a.abs_diff(b) <= 2)), "{:?}", &back.data[..6]);
         std::fs::remove_dir_all(&dir).unwrap();
     }
 

@@ -2,7 +2,9 @@
 //! are tested directly; `main.rs` is the program.
 
 pub mod args;
+pub mod avi;
 pub mod image_io;
+pub mod jpeg;
 pub mod metadata;
 pub mod output;
 pub mod run;

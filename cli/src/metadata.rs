@@ -7,6 +7,7 @@
 use serde_json::{json, Map, Value};
 
 use crate::args::{Mode, Opts};
+use stable_diffusion::api::SampleParams;
 
 /// The file name part of a path (after the last `/`, else after the last `\`).
 pub fn basename(path: &str) -> &str {
@@ -108,8 +109,9 @@ fn opt_str(s: &Option<String>) -> &str {
     s.as_deref().unwrap_or("")
 }
 
-fn sampling_json(o: &Opts) -> Value {
-    let sp = &o.gen.params.sample_params;
+/// A sampling object; `custom_sigmas` is written only when given (the high-noise object of a
+/// video has none).
+fn sampling_json(sp: &SampleParams, layers: &[i32], custom_sigmas: Option<&[f32]>) -> Value {
     let g = &sp.guidance;
     let mut s = json!({
         "steps": sp.sample_steps,
@@ -123,13 +125,15 @@ fn sampling_json(o: &Opts) -> Value {
             "distilled_guidance": num(g.distilled_guidance),
             "slg": {
                 "scale": num(g.slg.scale),
-                "layers": o.gen.skip_layers,
+                "layers": layers,
                 "start": num(g.slg.layer_start),
                 "end": num(g.slg.layer_end),
             },
         },
-        "custom_sigmas": nums(&sp.custom_sigmas),
     });
+    if let Some(sigmas) = custom_sigmas {
+        s["custom_sigmas"] = nums(sigmas);
+    }
     if let Some(m) = sp.sample_method {
         s["method"] = m.name().into();
     }
@@ -160,7 +164,7 @@ pub fn sdcpp_json(o: &Opts, seed: i64, mode: Mode) -> Value {
         "width": gen.resolved_width(),
         "height": gen.resolved_height(),
         "prompt": { "positive": p.prompt, "negative": p.negative_prompt },
-        "sampling": sampling_json(o),
+        "sampling": sampling_json(&p.sample_params, &gen.skip_layers, Some(&p.sample_params.custom_sigmas)),
         "clip_skip": p.clip_skip,
         "strength": num(p.strength),
         "control_strength": num(p.control_strength),
@@ -169,6 +173,13 @@ pub fn sdcpp_json(o: &Opts, seed: i64, mode: Mode) -> Value {
         "increase_ref_index": gen.increase_ref_index,
         "rng": ctx.rng_type.name(),
     });
+    if mode == Mode::VidGen {
+        let v = &gen.video;
+        root["video"] = json!({ "frame_count": v.video_frames, "fps": v.fps });
+        root["moe_boundary"] = num(v.moe_boundary);
+        root["vace_strength"] = num(v.vace_strength);
+        root["high_noise_sampling"] = sampling_json(&v.high_noise, &v.high_noise_skip_layers, None);
+    }
     if !gen.ad_model.is_empty() {
         root["adetailer"] = json!({
             "model": basename(&gen.ad_model),

@@ -2,7 +2,8 @@
 //!
 //! `-o out.png` with one image writes `out.png`; with several, `out_0.png`, `out_1.png` ...
 //! (numbering from --output-begin-idx). A printf-style `%d` / `%03d` in the name numbers every
-//! image instead. A name without a known image extension gets `.png` appended.
+//! image instead. A name without a known image extension gets `.png` appended. A video
+//! (`-M vid_gen`, several frames, no number field) is one AVI file.
 
 use crate::image_io::{format_of, Format};
 use std::path::Path;
@@ -60,14 +61,39 @@ pub fn format_number(pattern: &str, n: i64) -> String {
         .collect()
 }
 
+/// `output` without its extension when that is an image or video one, and the extension.
+fn split_known_extension(output: &str) -> (&str, String) {
+    let path = Path::new(output);
+    let ext = path.extension().map(|e| format!(".{}", e.to_string_lossy())).unwrap_or_default();
+    let known = format_of(path) != Format::Unknown || [".avi", ".webm"].contains(&ext.to_ascii_lowercase().as_str());
+    let base = if known && !ext.is_empty() { &output[..output.len() - ext.len()] } else { output };
+    (base, ext)
+}
+
+/// Where a video (several frames, no number field in the name) goes: `output` with its
+/// extension when that is `.avi`, else with `.avi` in place of an image or video
+/// extension, or added to any other name (`clip.mp4` -> `clip.mp4.avi`). The second value
+/// is the video extension asked for that this sd-cli does not write (`.webm`, `.webp`:
+/// the reference encodes VP8 there), whose file becomes an AVI instead.
+pub fn video_path(output: &str) -> (String, Option<String>) {
+    let (base, ext) = split_known_extension(output);
+    match ext.to_ascii_lowercase().as_str() {
+        ".avi" => (output.to_string(), None),
+        ".webm" | ".webp" => (format!("{base}.avi"), Some(ext)),
+        _ => (format!("{base}.avi"), None),
+    }
+}
+
+/// The WAV file written beside the pictures of a video with sound: the output name with
+/// `.wav` in place of an image or video extension.
+pub fn audio_sidecar_path(output: &str) -> String {
+    format!("{}.wav", split_known_extension(output).0)
+}
+
 /// The file names for `count` images written to `output`.
 pub fn image_paths(output: &str, count: usize, begin_idx: i32) -> Vec<String> {
-    let path = Path::new(output);
-    let format = format_of(path);
-    let ext = path.extension().map(|e| format!(".{}", e.to_string_lossy())).unwrap_or_default();
-    // The extension is kept apart only when it is an image (or video) one.
-    let known = format != Format::Unknown || [".avi", ".webm"].contains(&ext.to_ascii_lowercase().as_str());
-    let base = if known && !ext.is_empty() { &output[..output.len() - ext.len()] } else { output };
+    let format = format_of(Path::new(output));
+    let (base, ext) = split_known_extension(output);
     let ext = if format == Format::Unknown { ".png".to_string() } else { ext };
     let first = i64::from(begin_idx.max(0));
     if has_number_field(output) {
@@ -92,6 +118,21 @@ mod tests {
         assert_eq!(image_paths("out", 1, -1), vec!["out.png"]);
         assert_eq!(image_paths("out.bmp", 1, -1), vec!["out.bmp.png"]);
         assert_eq!(image_paths("a.b/out", 2, 0), vec!["a.b/out_0.png", "a.b/out_1.png"]);
+    }
+
+    #[test]
+    fn video_names() {
+        assert_eq!(video_path("output.png"), ("output.avi".into(), None));
+        assert_eq!(video_path("dir/v.AVI"), ("dir/v.AVI".into(), None));
+        assert_eq!(video_path("clip.mp4"), ("clip.mp4.avi".into(), None));
+        assert_eq!(video_path("noext"), ("noext.avi".into(), None));
+        assert_eq!(video_path("x.jpeg"), ("x.avi".into(), None));
+        assert_eq!(video_path("w.webm"), ("w.avi".into(), Some(".webm".into())));
+        assert_eq!(video_path("a.b/p.WEBP"), ("a.b/p.avi".into(), Some(".WEBP".into())));
+        assert_eq!(audio_sidecar_path("out.png"), "out.wav");
+        assert_eq!(audio_sidecar_path("out.avi"), "out.wav");
+        assert_eq!(audio_sidecar_path("out.mp4"), "out.mp4.wav");
+        assert_eq!(audio_sidecar_path("f_%03d.png"), "f_%03d.wav");
     }
 
     #[test]

@@ -42,6 +42,8 @@ fn sample_value(long: &str, hint: &str, prompt_file: &str) -> String {
         ("--sigmas", "14.6,7.8,0"),
         ("--hires-sigmas", "[0.8, 0.4, 0]"),
         ("--skip-layers", "[1,2]"),
+        ("--high-noise-skip-layers", "[1,2]"),
+        ("--high-noise-sampling-method", "euler"),
         ("--ref-image", "ref.png"),
         ("--cache-mode", "ucache"),
         ("--cache-option", "threshold=1.5"),
@@ -322,4 +324,88 @@ fn request_parameters() {
     assert_eq!(c.params_backend.as_deref(), Some("*=cpu"));
     assert!(c.tae_preview_only);
     assert_eq!(c.max_vram.as_deref(), Some("0"));
+}
+
+#[test]
+fn video_options_reach_the_request() {
+    let mut o = run_opts(&[
+        "-M", "vid_gen", "--diffusion-model", "low.gguf", "--high-noise-diffusion-model", "high.gguf", "--t5xxl", "umt5.gguf",
+        "--clip_vision", "cv.safetensors", "-p", "a cat", "-n", "blurry", "-W", "832", "-H", "480", "-i", "first.png",
+        "--end-img", "last.png", "--control-video", "frames", "--video-frames", "33", "--fps", "24", "--steps", "8",
+        "--cfg-scale", "1", "--skip-layers", "[9]", "--high-noise-steps", "4", "--high-noise-cfg-scale", "3.5",
+        "--high-noise-img-cfg-scale", "2", "--high-noise-guidance", "4", "--high-noise-slg-scale", "1.5",
+        "--high-noise-skip-layer-start", "0.1", "--high-noise-skip-layer-end", "0.3", "--high-noise-skip-layers", "[1 2]",
+        "--high-noise-eta", "0.5", "--high-noise-sampling-method", "dpm++2m", "--moe-boundary", "0.9", "--vace-strength", "0.6",
+        "--temporal-tiling", "--vae-tiling", "--flow-shift", "5", "--strength", "0.5", "-s", "11", "--circulary",
+        "--ref-video", "rv1", "--ref-video", "rv2", "--ref-video-audio", "a1.wav", "--ref-audio", "x.wav",
+    ]);
+    o.resolve(&no_env).unwrap();
+    let c = &o.ctx.params;
+    assert_eq!((c.diffusion_model_path.as_deref(), c.high_noise_diffusion_model_path.as_deref()), (Some("low.gguf"), Some("high.gguf")));
+    assert_eq!((c.t5xxl_path.as_deref(), c.clip_vision_path.as_deref()), (Some("umt5.gguf"), Some("cv.safetensors")));
+    let v = &o.gen.video;
+    assert_eq!((v.end_img.as_str(), v.control_video.as_str()), ("last.png", "frames"));
+    assert_eq!((v.ref_videos.clone(), v.ref_video_audios.clone(), v.ref_audios.clone()), (vec!["rv1".to_string(), "rv2".into()], vec!["a1.wav".to_string()], vec!["x.wav".to_string()]));
+
+    let p = o.vid_gen_params();
+    assert_eq!((p.prompt.as_str(), p.negative_prompt.as_str(), p.width, p.height, p.seed), ("a cat", "blurry", 832, 480, 11));
+    assert_eq!((p.video_frames, p.fps, p.moe_boundary, p.vace_strength, p.strength), (33, 24, 0.9, 0.6, 0.5));
+    assert!(p.vae_tiling_params.enabled && p.vae_tiling_params.temporal_tiling && p.circular_y && !p.circular_x);
+    let sp = &p.sample_params;
+    assert_eq!((sp.sample_steps, sp.guidance.txt_cfg, sp.flow_shift, sp.guidance.slg.layers.clone()), (8, 1.0, 5.0, vec![9]));
+    let hp = &p.high_noise_sample_params;
+    assert_eq!((hp.sample_steps, hp.sample_method, hp.eta), (4, Some(SampleMethod::Dpmpp2m), 0.5));
+    let g = &hp.guidance;
+    assert_eq!((g.txt_cfg, g.img_cfg, g.distilled_guidance, g.slg.scale, g.slg.layer_start, g.slg.layer_end), (3.5, 2.0, 4.0, 1.5, 0.1, 0.3));
+    assert_eq!(g.slg.layers, vec![1, 2]);
+    // Inputs are loaded by the program, not here.
+    assert!(p.init_image.is_none() && p.end_image.is_none() && p.control_frames.is_empty() && p.ref_videos.is_empty());
+}
+
+#[test]
+fn video_defaults_and_checks() {
+    let resolve = |argv: &[&str]| {
+        let mut o = run_opts(argv);
+        o.resolve(&no_env).map(|_| o)
+    };
+    let o = resolve(&["-M", "vid_gen", "-m", "w.gguf"]).unwrap();
+    let p = o.vid_gen_params();
+    // The reference program's defaults, not the library's (video_frames 6, high-noise steps -1).
+    assert_eq!((p.video_frames, p.fps, p.moe_boundary, p.vace_strength), (1, 16, 0.875, 1.0));
+    assert_eq!((p.high_noise_sample_params.sample_steps, p.high_noise_sample_params.guidance.slg.layers.clone()), (20, vec![7, 8, 9]));
+    assert_eq!((p.width, p.height, p.seed), (512, 512, 42));
+    // --high-noise-steps <= 0 asks the library to split at the boundary.
+    for steps in ["0", "-5"] {
+        let o = resolve(&["-M", "vid_gen", "-m", "w.gguf", "--high-noise-steps", steps]).unwrap();
+        assert_eq!(o.vid_gen_params().high_noise_sample_params.sample_steps, -1);
+    }
+    let vid = |extra: &[&'static str]| [&["-M", "vid_gen", "-m", "w.gguf"][..], extra].concat();
+    assert!(resolve(&vid(&["--video-frames", "0"])).unwrap_err().contains("video_frames must be greater than 0"));
+    assert!(resolve(&vid(&["--fps", "-1"])).unwrap_err().contains("fps must be greater than 0"));
+    assert!(resolve(&vid(&["--ref-video-audio", "a.wav"])).unwrap_err().contains("needs a corresponding --ref-video"));
+    assert!(resolve(&vid(&["--ad-model", "yolo.gguf"])).unwrap_err().contains("--ad-model"));
+    assert!(resolve(&["-m", "w.gguf", "--ref-video", "dir"]).unwrap_err().contains("require vid_gen mode"));
+    assert!(err(&["--high-noise-sampling-method", "nope"]).contains("invalid high noise sample method nope"));
+    assert!(err(&["--high-noise-skip-layers", "1,2"]).contains("bracketed"));
+    // --fps 0 outside vid_gen is not checked (the reference does not either).
+    assert!(resolve(&["-m", "w.gguf", "--fps", "0"]).is_ok());
+}
+
+#[test]
+fn options_a_mode_does_not_use_are_named() {
+    let unused = |argv: &[&str]| {
+        let mut o = run_opts(argv);
+        o.resolve(&no_env).unwrap();
+        o.gen.unused_options(o.cli.mode)
+    };
+    assert!(unused(&["-M", "vid_gen", "-m", "w.gguf"]).is_empty());
+    assert!(unused(&["-m", "w.gguf"]).is_empty());
+    assert_eq!(
+        unused(&["-M", "vid_gen", "-m", "w.gguf", "--mask", "m.png", "--control-image", "c.png", "-b", "2", "--control-strength", "0.5"]),
+        vec!["--mask", "--control-image", "--batch-count", "--control-strength"]
+    );
+    assert_eq!(
+        unused(&["-m", "w.gguf", "--end-img", "e.png", "--video-frames", "9", "--fps", "8", "--high-noise-cfg-scale", "2", "--vace-strength", "0.5"]),
+        vec!["--end-img", "--video-frames", "--fps", "--vace-strength", "--high-noise-*"]
+    );
 }

@@ -63,7 +63,10 @@ fn bad_values_fail() {
     for (args, msg) in [
         (&["--sampling-method", "nope"][..], "invalid sample method nope"),
         (&["-W", "abc"][..], "invalid parameter for argument: -W"),
-        (&["--video-frames", "4"][..], "not supported by this sd-cli yet"),
+        (&["--metadata-format", "json"][..], "not supported by this sd-cli yet"),
+        (&["-M", "vid_gen", "-m", "w.gguf", "--video-frames", "0"][..], "video_frames must be greater than 0"),
+        (&["-M", "vid_gen", "-m", "w.gguf", "--fps", "0"][..], "fps must be greater than 0"),
+        (&["--ref-audio", "a.wav", "-m", "w.gguf"][..], "reference video and audio inputs require vid_gen mode"),
     ] {
         let out = sd_cli(args);
         assert_eq!(out.status.code(), Some(1), "{args:?}");
@@ -104,9 +107,9 @@ fn generation_failure_exits_non_zero() {
 
 #[test]
 fn unsupported_modes_say_so() {
-    let out = sd_cli(&["-M", "vid_gen", "-m", "x.gguf"]);
+    let out = sd_cli(&["-M", "metadata", "-m", "x.gguf"]);
     assert_eq!(out.status.code(), Some(1));
-    assert!(text(&out.stderr).contains("mode vid_gen is not supported"), "{}", text(&out.stderr));
+    assert!(text(&out.stderr).contains("mode metadata is not supported"), "{}", text(&out.stderr));
 }
 
 /// The synthetic ESRGAN x4 model in the fixture cache, made by scripts/fixtures.sh if
@@ -232,4 +235,24 @@ fn hires_fix_with_a_model_from_the_upscalers_dir() {
     let out = sd_cli(&["-m", model.to_str().unwrap(), "--hires", "--hires-upscalers-dir", cache.to_str().unwrap(), "--hires-upscaler", "no_such_x4"]);
     assert_eq!(out.status.code(), Some(1));
     assert!(text(&out.stderr).contains("can not find hires upscaler no_such_x4"), "{}", text(&out.stderr));
+}
+
+/// vid_gen reads its inputs before loading any model (as the reference does), so a bad input
+/// fails at once with a message naming it.
+#[test]
+fn vid_gen_input_errors_come_first() {
+    let dir = std::env::temp_dir().join(format!("sd-cli-vid-{}", std::process::id()));
+    let out = sd_cli(&["-M", "vid_gen", "-m", "/nonexistent/wan.gguf", "--control-video", "/nonexistent/frames", "-o", dir.join("v.avi").to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(text(&out.stderr).contains("'/nonexistent/frames' is not a valid directory"), "{}", text(&out.stderr));
+    let out = sd_cli(&["-M", "vid_gen", "-m", "/nonexistent/wan.gguf", "--ref-video", "/nonexistent/rv", "--ref-audio", "/nonexistent/a.wav"]);
+    assert_eq!(out.status.code(), Some(1));
+    assert!(text(&out.stderr).contains("/nonexistent/rv"), "{}", text(&out.stderr));
+    // Then the model: a clean failure, nothing written.
+    let out = sd_cli(&["-M", "vid_gen", "-m", "/nonexistent/wan.gguf", "--video-frames", "5", "--mask", "m.png", "-o", dir.join("v.avi").to_str().unwrap()]);
+    assert_eq!(out.status.code(), Some(1));
+    let log = text(&out.stdout) + &text(&out.stderr);
+    assert!(log.contains("--mask is not used in vid_gen mode: ignored"), "{log}");
+    assert!(log.contains("new_sd_ctx_t failed"), "{log}");
+    assert!(!dir.join("v.avi").exists());
 }

@@ -96,8 +96,32 @@ fn numbered_pattern_and_no_metadata() {
 #[test]
 fn failing_writes_are_reported() {
     let dir = tmpdir("fail");
-    let o = opts(&["-m", "m.gguf", "-o", dir.join("x.jpg").to_str().unwrap()]);
+    let o = opts(&["-m", "m.gguf", "-o", dir.join("x.webp").to_str().unwrap()]);
     assert!(save_results(&o, &[image(0)]).is_err());
     assert!(save_results(&o, &[]).is_err());
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn video_frames_carry_the_video_parameters() {
+    let dir = tmpdir("video");
+    let out = dir.join("f_%d.png");
+    let mut o = opts(&["-M", "vid_gen", "-m", "wan.gguf", "-p", "a cat", "--video-frames", "5", "--fps", "12", "--moe-boundary", "0.9",
+                       "--high-noise-steps", "2", "--high-noise-cfg-scale", "3", "-s", "9", "-o", out.to_str().unwrap()]);
+    o.gen.video.high_noise.sample_method = Some(SampleMethod::Euler);
+    save_results(&o, &[image(0), image(1)]).unwrap();
+    for n in 0..2 {
+        let text = parameters(&dir.join(format!("f_{n}.png")));
+        assert!(text.contains("Seed: 9, "), "{text}");
+        for part in [
+            "\"mode\":\"vid_gen\"",
+            "\"video\":{\"fps\":12,\"frame_count\":5}",
+            "\"moe_boundary\":0.8999999761581421",
+            "\"vace_strength\":1.0",
+            "\"high_noise_sampling\":{\"eta\":null,\"extra_sample_args\":\"\",\"flow_shift\":null,\"guidance\":{\"distilled_guidance\":3.5,\"img_cfg\":null,\"slg\":{\"end\":0.20000000298023224,\"layers\":[7,8,9],\"scale\":0.0,\"start\":0.009999999776482582},\"txt_cfg\":3.0},\"method\":\"euler\",\"shifted_timestep\":0,\"steps\":2}",
+        ] {
+            assert!(text.contains(part), "{part} not in {text}");
+        }
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
 }

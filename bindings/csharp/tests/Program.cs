@@ -237,6 +237,8 @@ static class Program
             Path.GetFullPath(Path.Combine(AppDomain.CurrentDomain.BaseDirectory, "..", "..", ".."))));
         Run("upscale", () => UpscaleTests.Run((what, ok, got) => Check(what, ok, got),
             Path.GetFullPath(Path.Combine(AppDomain.CurrentDomain.BaseDirectory, "..", "..", ".."))));
+        Run("video", () => VideoTests.Run((what, ok, got) => Check(what, ok, got),
+            Path.GetFullPath(Path.Combine(AppDomain.CurrentDomain.BaseDirectory, "..", "..", ".."))));
         Console.WriteLine(passed + " passed, " + failed + " failed");
         return failed == 0 ? 0 : 1;
     }

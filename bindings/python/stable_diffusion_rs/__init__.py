@@ -5,15 +5,17 @@ Two layers:
   prototype (``raw().sd_version()``), and the ``sd_*_t`` ctypes structs and enums below;
 - a Pythonic layer: ``Context`` / ``Upscaler`` / ``Adetailer`` context managers, params as
   keyword arguments (nested structs as dicts, lists for arrays), images as ``Image``
-  (bytes, with optional PIL / numpy conversion), enums as ``IntEnum``, failures raised as
-  ``SDError`` carrying the error messages the library logged.
+  (bytes, with optional PIL / numpy conversion), sound as ``Audio``, videos as ``Video``
+  (frames, audio), enums as ``IntEnum``, failures raised as ``SDError`` carrying the error
+  messages the library logged.
 """
 
+import array
 import ctypes
 import itertools
 import logging
 import threading
-from collections import deque
+from collections import deque, namedtuple
 
 
 from ._abi import (  # noqa: F401  (re-exported)
@@ -299,6 +301,42 @@ class Image:
         return np.frombuffer(self.data, dtype=np.uint8).reshape(self.height, self.width, self.channel)
 
 
+class Audio:
+    """Sound: ``samples`` holds sample_count*channels floats in [-1, 1], channel-interleaved."""
+
+    __slots__ = ("sample_rate", "channels", "samples")
+
+    def __init__(self, sample_rate, channels, samples):
+        samples = array.array("f", samples)
+        if channels <= 0 or len(samples) % channels:
+            raise ValueError(f"{len(samples)} samples do not make whole frames of {channels} channels")
+        self.sample_rate, self.channels, self.samples = int(sample_rate), int(channels), samples
+
+    def __repr__(self):
+        return f"Audio({self.sample_count} samples x {self.channels} channels @ {self.sample_rate} Hz)"
+
+    @property
+    def sample_count(self):
+        """Samples per channel."""
+        return len(self.samples) // self.channels
+
+    @classmethod
+    def from_c(cls, a):
+        n = a.sample_count * a.channels
+        data = ctypes.string_at(a.data, n * 4) if a.data and n else b""
+        return cls(a.sample_rate, max(a.channels, 1), array.array("f", data))
+
+    def to_c(self):
+        """(sd_audio_t, buffer): the buffer must outlive every use of the struct."""
+        buf = (ctypes.c_float * max(len(self.samples), 1)).from_buffer_copy(self.samples.tobytes() or bytes(4))
+        return sd_audio_t(self.sample_rate, self.channels, self.sample_count, buf), buf
+
+
+Video = namedtuple("Video", "frames audio")
+Video.__doc__ = """What generate_video returns: ``frames`` (list of Image) and ``audio`` (Audio or None).
+Unpacks as ``frames, audio = ctx.generate_video(...)``."""
+
+
 def _take_images(ptr, count):
     """Copies a library-allocated image array into Images and frees it."""
     try:
@@ -345,8 +383,10 @@ def fill(struct, values, keep):
     """Sets fields of a ctypes struct from a dict.
 
     Nested structs take dicts; enum fields take the IntEnum, its member name or the
-    library's name ("euler_a"); strings take str; image fields take Image; array fields take
-    lists (their count field is set too). Buffers go to `keep`, which must outlive `struct`.
+    library's name ("euler_a"); strings take str; image fields take Image and audio fields
+    Audio; array fields take lists (their count field is set too), e.g. ``loras=[{"path":
+    p, "multiplier": 1.0}]``, ``control_frames=[Image, ...]``, ``ref_videos=[{"frames":
+    [...], "fps": 24, "audio": Audio}]``. Buffers go to `keep`, which must outlive `struct`.
     """
     types = dict(struct._fields_)
     for name, value in values.items():
@@ -355,11 +395,12 @@ def fill(struct, values, keep):
         ftype = types[name]
         if name in struct._enums_:
             setattr(struct, name, _enum_value(ENUMS[struct._enums_[name]], value))
-        elif ftype is sd_image_t:
-            if isinstance(value, Image):
-                value, buf = value.to_c()
-                keep.append(buf)
-            setattr(struct, name, value)
+        elif ftype in (sd_image_t, sd_audio_t):
+            value = _c_value(value, keep)
+            if isinstance(value, dict):
+                fill(getattr(struct, name), value, keep)
+            else:
+                setattr(struct, name, value)
         elif isinstance(ftype, type) and issubclass(ftype, ctypes.Structure):
             if isinstance(value, dict):
                 fill(getattr(struct, name), value, keep)
@@ -376,15 +417,21 @@ def fill(struct, values, keep):
     return struct
 
 
+def _c_value(value, keep):
+    """An Image or Audio as its C struct (its buffer kept in `keep`); anything else as is."""
+    if isinstance(value, (Image, Audio)):
+        value, buf = value.to_c()
+        keep.append(buf)
+    return value
+
+
 def _array(ctype, items, keep):
     if not items:
         return None
     arr = (ctype * len(items))()
     for i, item in enumerate(items):
         if issubclass(ctype, ctypes.Structure):
-            if isinstance(item, Image):
-                item, buf = item.to_c()
-                keep.append(buf)
+            item = _c_value(item, keep)
             if isinstance(item, dict):
                 fill(arr[i], item, keep)
             else:
@@ -548,23 +595,37 @@ class Context(_Handle):
         return _call_images("generate_image", raw().generate_image, self.ptr, ctypes.byref(p))
 
     def generate_video(self, **params):
-        """(frames, audio samples or None) for sd_vid_gen_params_t fields given as keywords."""
-        p = vid_gen_params(**params)
-        out = ctypes.POINTER(sd_image_t)()
-        n = ctypes.c_int(0)
-        audio = ctypes.POINTER(sd_audio_t)()
-        mark = _mark()
-        ok = raw().generate_video(self.ptr, ctypes.byref(p), ctypes.byref(out), ctypes.byref(n), ctypes.byref(audio))
-        frames = _take_images(out, n.value)
-        samples = None
-        if audio:
-            a = audio.contents
-            count = a.sample_count * a.channels
-            samples = list(a.data[:count]) if a.data else []
+        """A ``Video`` (frames, audio) for sd_vid_gen_params_t fields given as keywords.
+
+        The fields keep sd_vid_gen_params_init's defaults unless given, e.g. Wan2.1 text to
+        video: ``ctx.generate_video(prompt="a cat", width=832, height=480, video_frames=33,
+        sample_params={"sample_steps": 30, "guidance": {"txt_cfg": 6.0}})``; image to video:
+        ``init_image=Image``, first-last frame: ``end_image=Image`` too; VACE:
+        ``control_frames=[Image, ...]``, ``vace_strength``; a Wan2.2 MoE pair:
+        ``high_noise_sample_params={...}``, ``moe_boundary``; LoRAs of the high-noise model:
+        ``loras=[{"path": p, "multiplier": 1.0, "is_high_noise": True}]``; ``cache``,
+        ``vae_tiling_params`` as dicts. ``audio`` is None for models without sound.
+        """
+        return _generate_video(self.ptr, vid_gen_params(**params))
+
+
+def _generate_video(ctx_ptr, p):
+    """Calls generate_video, copies the frames and the audio and frees them in C."""
+    out = ctypes.POINTER(sd_image_t)()
+    n = ctypes.c_int(0)
+    audio = ctypes.POINTER(sd_audio_t)()
+    mark = _mark()
+    ok = raw().generate_video(ctx_ptr, ctypes.byref(p), ctypes.byref(out), ctypes.byref(n), ctypes.byref(audio))
+    frames = _take_images(out, n.value)
+    sound = None
+    if audio:
+        try:
+            sound = Audio.from_c(audio.contents) if audio.contents.data else None
+        finally:
             raw().free_sd_audio(audio)
-        if not ok:
-            raise SDError("generate_video failed", _errors_since(mark))
-        return frames, samples
+    if not ok:
+        raise SDError("generate_video failed", _errors_since(mark))
+    return Video(frames, sound)
 
 
 def _threads(n):

@@ -556,6 +556,13 @@ impl ModelSet {
             Arch::QwenImage => qwen_image::build(&mut ctx)?,
             Arch::Wan => wan::build(&mut ctx)?,
         };
+        let given = |p: &Option<String>| p.as_deref().is_some_and(|p| !p.is_empty());
+        if given(&params.clip_vision_path) && parts.clip_vision.is_none() {
+            sd_warn!("{} models do not use a CLIP vision model here; ignoring clip_vision_path", version.name());
+        }
+        if given(&params.high_noise_diffusion_model_path) && parts.high_noise.is_none() {
+            sd_warn!("{} models have no high noise expert; ignoring high_noise_diffusion_model_path", version.name());
+        }
         if params.flash_attn {
             sd_info!("Using flash attention");
         }

@@ -309,8 +309,9 @@ impl WanModel {
     }
 }
 
-/// Bands of query rows one CPU self-attention is computed in, at most.
-const MAX_SCORE_BANDS: usize = 16;
+/// Bands of query rows one CPU self-attention is computed in, at most: about 7 graph nodes
+/// each, so even 48 blocks (14B + VACE) stay well inside the graph's `MAX_NODES`.
+const MAX_SCORE_BANDS: usize = 32;
 
 /// A loaded Wan transformer.
 pub type Wan = Loaded<WanModel>;

@@ -123,6 +123,26 @@ mod behaviour {
         *CANCEL_AT.lock().unwrap() = None;
         assert!(!ok && n == 0);
         sd_set_progress_callback(None, std::ptr::null_mut());
+        // Bad requests on a live context: false, nothing returned.
+        for bad in [serde_json::json!({ "video_frames": 0 }), serde_json::json!({ "video_frames": -4 }), serde_json::json!({ "video_frames": 100000 }), serde_json::json!({ "width": 0 })] {
+            let (ok, n) = run(ctx, &bad);
+            assert!(!ok && n == 0, "{bad}");
+        }
         free_sd_ctx(ctx);
+
+        // Contexts the reference cannot use either are clean failures: no VAE, and a
+        // high-noise expert that is not a Wan transformer (the SD 1.x checkpoint).
+        let no_vae = serde_json::json!({ "model_path": "", "diffusion_model_path": "{fx}/wan21_t2v.safetensors" });
+        let mut arena = Arena::default();
+        let cp = ctx_params("", &no_vae, &mut arena);
+        // SAFETY: valid params.
+        assert!(unsafe { new_sd_ctx(&cp) }.is_null());
+        let foreign = serde_json::json!({ "model_path": "", "diffusion_model_path": "{fx}/wan21_t2v.safetensors",
+            "high_noise_diffusion_model_path": "{fx}/sd1.safetensors", "vae_path": "{fx}/wan_vae.safetensors" });
+        ensure_fixtures("", &foreign);
+        let mut arena = Arena::default();
+        let cp = ctx_params("", &foreign, &mut arena);
+        // SAFETY: valid params.
+        assert!(unsafe { new_sd_ctx(&cp) }.is_null());
     }
 }

@@ -623,6 +623,74 @@ pub fn decode(runner: &mut Runner, vae: &AutoEncoderKL, latent: &Tensor) -> Resu
     runner.compute(|g| Ok(vae.decode_graph(g, g.input(latent))))
 }
 
+impl super::VaeNet for AutoEncoderKL {
+    fn name(&self) -> &'static str {
+        "AutoencoderKL"
+    }
+
+    fn scale(&self) -> usize {
+        self.cfg.scale()
+    }
+
+    fn encoder_output_channels(&self) -> i64 {
+        self.cfg.encoder_output_channels()
+    }
+
+    fn encode(&self, runner: &mut Runner, image: &Tensor) -> Result<Tensor> {
+        encode(runner, self, image)
+    }
+
+    fn decode(&self, runner: &mut Runner, latent: &Tensor) -> Result<Tensor> {
+        decode(runner, self, latent)
+    }
+
+    /// Samples the diagonal Gaussian with noise `randn(n)` (n standard normals from the
+    /// generation RNG, in element order of the mean [w, h, 4, N]); Flux.2's output already is
+    /// the latent, and instruct-pix2pix (`raw_encoder_latents`) takes the mean.
+    fn output_to_latents(&self, out: &Tensor, randn: &mut dyn FnMut(usize) -> Vec<f32>) -> Result<Tensor> {
+        if self.cfg.flux2 {
+            return Ok(out.clone());
+        }
+        let (mean, logvar) = super::split_moments(out)?;
+        if self.cfg.raw_encoder_latents {
+            return Ok(mean);
+        }
+        let noise = randn(mean.len());
+        ensure!(noise.len() == mean.len(), "vae: got {} noise values for {}", noise.len(), mean.len());
+        let data = mean
+            .data()
+            .iter()
+            .zip(logvar.data())
+            .zip(&noise)
+            .map(|((&m, &lv), &e)| m + (0.5 * lv.clamp(-30.0, 20.0)).exp() * e)
+            .collect();
+        Tensor::from_vec(mean.shape(), data)
+    }
+
+    /// `(z - shift) * scale_factor`; Flux.2 normalises per channel; identity for
+    /// instruct-pix2pix.
+    fn vae_to_diffusion(&self, z: &Tensor) -> Tensor {
+        let (scale, shift) = (self.cfg.scale_factor, self.cfg.shift_factor);
+        if self.cfg.raw_encoder_latents {
+            z.clone()
+        } else if self.cfg.flux2 {
+            super::per_channel(z, FLUX2_LATENT_MEAN.len(), |v, c| ((v - FLUX2_LATENT_MEAN[c]) * scale) / FLUX2_LATENT_STD[c])
+        } else {
+            z.map(|v| (v - shift) * scale)
+        }
+    }
+
+    /// `z / scale_factor + shift`; Flux.2 per channel.
+    fn diffusion_to_vae(&self, z: &Tensor) -> Tensor {
+        let (scale, shift) = (self.cfg.scale_factor, self.cfg.shift_factor);
+        if self.cfg.flux2 {
+            super::per_channel(z, FLUX2_LATENT_MEAN.len(), |v, c| (v * FLUX2_LATENT_STD[c]) / scale + FLUX2_LATENT_MEAN[c])
+        } else {
+            z.map(|v| v / scale + shift)
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1,264 +1,283 @@
-//! First-stage autoencoders: AutoencoderKL (SD 1.x/2.x/SDXL, SD3, Flux), TAESD and the Wan2.1
-//! VAE (Qwen-Image), and the identity of pixel-space models ([`PixelSpace`]).
+//! First-stage autoencoders: AutoencoderKL (SD 1.x/2.x/SDXL, SD3, Flux, Flux.2), TAESD, the
+//! Wan2.1 and Wan2.2 video VAEs, and the identity of pixel-space models ([`PixelSpace`]).
 //!
-//! [`Vae`] is what the pipeline holds; it does the host steps around the networks that
-//! the reference's `VAE` base class does, in the same order:
+//! Each network implements [`VaeNet`]: its graphs and its latent conventions. A loaded one,
+//! `Loaded<V>`, is a [`FirstStage`], which does the host steps around the network that the
+//! reference's `VAE` base class does, in the same order:
 //!
-//! - encode: image [W, H, 3, N] in [0, 1] → (KL only) `x * 2 - 1` → encoder (tiled when
+//! - encode: image [W, H, 3, N] in [0, 1] → (unless TAESD) `x * 2 - 1` → encoder (tiled when
 //!   asked) → encoder output: KL moments [W/8, H/8, 8, N] (mean ‖ logvar) or TAESD latents.
-//!   Then [`Vae::output_to_latents`] (KL: `mean + exp(0.5·clamp(logvar, -30, 20)) · noise`,
+//!   Then [`VaeNet::output_to_latents`] (KL: `mean + exp(0.5·clamp(logvar, -30, 20)) · noise`,
 //!   the noise drawn from the generation RNG — img2img samples, it does not take the mean)
-//!   and [`Vae::vae_to_diffusion_latents`] (KL: `(z - shift) * scale_factor`).
-//! - decode: diffusion latents → [`Vae::diffusion_to_vae_latents`] (KL:
-//!   `z / scale_factor + shift`) → decoder (tiled when asked) → (KL only) `clamp((x + 1) / 2, 0, 1)`.
-//!   TAESD output is returned as computed (about [0, 1], unclamped), like the reference.
+//!   and [`VaeNet::vae_to_diffusion`] (KL: `(z - shift) * scale_factor`).
+//! - decode: diffusion latents → [`VaeNet::diffusion_to_vae`] (KL: `z / scale_factor + shift`)
+//!   → decoder (tiled when asked) → (unless TAESD) `clamp((x + 1) / 2, 0, 1)`. TAESD output
+//!   is returned as computed (about [0, 1], unclamped), like the reference.
 //!
 //! The latent scale factor (0.18215 SD 1.x/2.x, 0.13025 SDXL) is therefore applied here,
 //! on the host, never inside the graphs. Flux.2's autoencoder differs: its encoder output is
 //! the patchified mean (no sampling, no noise drawn) and diffusion latents are normalised
-//! per channel, `(z - mean) · scale / std`. The Wan VAE scales like KL, encodes to the latent
-//! mean (no noise drawn) and normalises per channel with its own table. The pipeline holds a
-//! first stage as a [`FirstStage`], which a loaded [`Vae`] implements.
+//! per channel, `(z - mean) · scale / std`. The Wan VAEs scale like KL, encode to the latent
+//! mean (no noise drawn) and normalise per channel with their own tables.
+//!
+//! Videos ([`FirstStage::encode_video`], [`FirstStage::decode_video`]) are `[W, H, T, C, 1]`
+//! and go through the same host steps; spatial tiles span all frames (each tile is a video of
+//! its own), and temporal tiling is the network's own business ([`VaeNet::decode_video`]).
+//! [`decode_video_with_retry`] retries a failed video decode with temporal, then spatial tiling.
 
 pub mod autoencoder_kl;
 pub mod pixel;
 pub mod tae;
-pub mod wan;
 #[cfg(test)]
 pub(crate) mod testutil;
+pub mod wan;
 
 pub use autoencoder_kl::{AutoEncoderKL, VaeConfig, FLUX2_LATENT_MEAN, FLUX2_LATENT_STD};
 pub use pixel::PixelSpace;
 pub use tae::{TaeConfig, TinyAutoEncoder};
-pub use wan::{WanVae, WanVaeConfig, WAN21_LATENT_MEAN, WAN21_LATENT_STD};
+pub use wan::{WanVae, WanVaeConfig, WAN21_LATENT_MEAN, WAN21_LATENT_STD, WAN22_LATENT_MEAN, WAN22_LATENT_STD};
 
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::graph::{Components, Loaded, Runner};
 use crate::runtime::tiling::{self, TileSpec, TilingParams};
 use crate::tensor::Tensor;
 use std::time::Instant;
 
-/// Pixels per latent pixel of the SD-family autoencoders (Flux.2's: 16, [`Vae::scale`]).
+/// Pixels per latent pixel of the SD-family autoencoders (Flux.2's: 16, [`VaeNet::scale`]).
 pub const SCALE: usize = 8;
 
 /// Progress of tiled runs: (step, steps, seconds per step).
 pub type Progress<'a> = Option<&'a mut dyn FnMut(i32, i32, f32)>;
 
-/// The first stage a pipeline uses.
-#[allow(clippy::large_enum_variant)] // one per context
-pub enum Vae {
-    Kl(AutoEncoderKL),
-    Tiny(TinyAutoEncoder),
-    Wan(WanVae),
-}
-
 /// Image tiles for encoding are this much larger than for decoding (more context); the
-/// reference keeps a smaller factor for the video VAEs.
+/// video VAEs keep a smaller factor ([`VaeNet::encode_tile_factor`]).
 const ENCODE_TILE_FACTOR: f32 = 2.0;
-const VIDEO_ENCODE_TILE_FACTOR: f32 = 1.30539;
 
-impl Vae {
-    /// Images are taken in [-1, 1] and returned clamped to [0, 1] (all but TAESD).
-    fn works_in_unit_range(&self) -> bool {
-        !matches!(self, Vae::Tiny(_))
-    }
-
+/// A first-stage network: its graphs (one batch of pictures, or one video, per call) and
+/// its latent conventions. The host steps and tiling around it are shared
+/// (`impl FirstStage for Loaded<V>`).
+pub trait VaeNet: Send {
+    /// For messages.
+    fn name(&self) -> &'static str;
     /// Pixels per latent pixel.
-    pub fn scale(&self) -> usize {
-        match self {
-            Vae::Kl(m) => m.cfg.scale(),
-            Vae::Tiny(_) => SCALE,
-            Vae::Wan(_) => wan::SCALE,
-        }
+    fn scale(&self) -> usize;
+    /// Video frames per latent frame after the first (pictures: 1).
+    fn time_scale(&self) -> usize {
+        1
     }
-
-    /// Channels of the encoder's output: moments (8) for KL, latents (4) for TAESD.
-    pub fn encoder_output_channels(&self) -> i64 {
-        match self {
-            Vae::Kl(m) => m.cfg.encoder_output_channels(),
-            Vae::Tiny(t) => t.cfg.z_channels,
-            Vae::Wan(w) => w.cfg.z_dim,
-        }
+    /// Pictures are taken in [-1, 1] and returned clamped to [0, 1] (all but TAESD, which
+    /// works on [0, 1] directly).
+    fn unit_range(&self) -> bool {
+        true
     }
-
-    fn compute(&self, runner: &mut Runner, x: &Tensor, decode: bool) -> Result<Tensor> {
-        match (self, decode) {
-            (Vae::Kl(m), true) => autoencoder_kl::decode(runner, m, x),
-            (Vae::Kl(m), false) => autoencoder_kl::encode(runner, m, x),
-            (Vae::Tiny(t), true) => tae::decode(runner, t, x),
-            (Vae::Tiny(t), false) => tae::encode(runner, t, x),
-            (Vae::Wan(w), true) => wan::decode(runner, w, x),
-            (Vae::Wan(w), false) => wan::encode(runner, w, x),
-        }
+    /// Channels of the encoder's output (KL: the moments, twice the latent's).
+    fn encoder_output_channels(&self) -> i64;
+    /// Encode tiles are this much larger than decode tiles.
+    fn encode_tile_factor(&self) -> f32 {
+        ENCODE_TILE_FACTOR
     }
-
-    /// Image [W, H, 3, N] in [0, 1] → encoder output (see the module doc). Tiled when
-    /// `tiling.enabled`; `circular` makes the tiles wrap around (graph-level circular
-    /// padding is `runner.options`). The runner's compute buffer is released afterwards.
-    pub fn encode(
-        &self,
-        runner: &mut Runner,
-        image: &Tensor,
-        tiling: &TilingParams,
-        circular: (bool, bool),
-    ) -> Result<Tensor> {
-        let start = Instant::now();
-        let input = if self.works_in_unit_range() { image.map(|v| v * 2.0 - 1.0) } else { image.clone() };
-        let scale = self.scale();
-        let out = if tiling.enabled {
-            let (w, h) = (input.ne(0) / scale, input.ne(1) / scale);
-            ensure!(w > 0 && h > 0, "vae encode: image {}x{} is smaller than a latent pixel", input.ne(0), input.ne(1));
-            let factor = if matches!(self, Vae::Wan(_)) { VIDEO_ENCODE_TILE_FACTOR } else { ENCODE_TILE_FACTOR };
-            let (tx, ty, overlap) = tiling::tile_sizes(tiling, w as i64, h as i64, factor);
-            sd_debug!("VAE Tile size: {tx}x{ty}");
-            let spec = TileSpec { tile_size_x: tx, tile_size_y: ty, overlap, circular_x: circular.0, circular_y: circular.1 };
-            tiling::process_tiles(&input, w, h, scale, &spec, None, |t| {
-                self.compute(runner, t, false)
-                    .map_err(|e| crate::error::Error::new(format!("vae encode compute failed while processing a tile: {e}")))
-            })
-        } else {
-            self.compute(runner, &input, false)
-        };
-        runner.release();
-        let out = out.map_err(|e| crate::error::Error::new(format!("vae encode compute failed: {e}")))?;
-        sd_debug!("computing vae encode graph completed, taking {:.2}s", start.elapsed().as_secs_f32());
-        Ok(out)
+    /// Image `[W, H, C, N]` (in [-1, 1] when [`VaeNet::unit_range`]) → encoder output.
+    fn encode(&self, runner: &mut Runner, image: &Tensor) -> Result<Tensor>;
+    /// VAE-space latent `[w, h, z, N]` → image, unclamped.
+    fn decode(&self, runner: &mut Runner, latent: &Tensor) -> Result<Tensor>;
+    /// Encoder output → VAE-space latents, drawing noise from `randn` when it samples
+    /// (default: the output is the latent).
+    fn output_to_latents(&self, out: &Tensor, _randn: &mut dyn FnMut(usize) -> Vec<f32>) -> Result<Tensor> {
+        Ok(out.clone())
     }
-
-    /// VAE-space latents [w, h, 4, N] → image [8w, 8h, 3, N]: in [0, 1] for KL (clamped),
-    /// about [0, 1] for TAESD. Tiled when `tiling.enabled` (tile size from
-    /// `tiling::tile_sizes`). On failure (e.g. out of memory) the pipeline may retry with
-    /// `tiling::retry_tiling`. The runner's compute buffer is released afterwards.
-    pub fn decode(
-        &self,
-        runner: &mut Runner,
-        latents: &Tensor,
-        tiling: &TilingParams,
-        circular: (bool, bool),
-        progress: Progress<'_>,
-    ) -> Result<Tensor> {
-        let spec = tiling.enabled.then(|| {
-            let (tx, ty, overlap) = tiling::tile_sizes(tiling, latents.ne(0) as i64, latents.ne(1) as i64, 1.0);
-            if progress.is_some() {
-                sd_debug!("VAE Tile size: {tx}x{ty}");
-            }
-            TileSpec { tile_size_x: tx, tile_size_y: ty, overlap, circular_x: circular.0, circular_y: circular.1 }
-        });
-        self.decode_with(runner, latents, spec.as_ref(), progress)
+    /// VAE-space → diffusion latents (`[w, h, C, N]`, or `[w, h, T, C, 1]` for video).
+    fn vae_to_diffusion(&self, z: &Tensor) -> Tensor;
+    /// Diffusion → VAE-space latents.
+    fn diffusion_to_vae(&self, z: &Tensor) -> Tensor;
+    /// Whether [`VaeNet::encode_video`] / [`VaeNet::decode_video`] exist.
+    fn supports_video(&self) -> bool {
+        false
     }
-
-    /// Decode with an explicit tile layout (`None`: one graph for the whole latent).
-    pub fn decode_tiled(
-        &self,
-        runner: &mut Runner,
-        latents: &Tensor,
-        spec: &TileSpec,
-        progress: Progress<'_>,
-    ) -> Result<Tensor> {
-        self.decode_with(runner, latents, Some(spec), progress)
+    /// Whether `decode_video(.., temporal_tiling: true, ..)` changes how it runs.
+    fn supports_temporal_tiling(&self) -> bool {
+        false
     }
-
-    fn decode_with(
-        &self,
-        runner: &mut Runner,
-        latents: &Tensor,
-        spec: Option<&TileSpec>,
-        progress: Progress<'_>,
-    ) -> Result<Tensor> {
-        let start = Instant::now();
-        let scale = self.scale();
-        let out = match spec {
-            Some(spec) => {
-                let (w, h) = (latents.ne(0), latents.ne(1));
-                ensure!(
-                    w <= usize::MAX / scale && h <= usize::MAX / scale,
-                    "vae decode: latent {w}x{h} too large"
-                );
-                tiling::process_tiles(latents, w * scale, h * scale, scale, spec, progress, |t| {
-                    self.compute(runner, t, true)
-                        .map_err(|e| crate::error::Error::new(format!("vae decode compute failed while processing a tile: {e}")))
-                })
-            }
-            None => self.compute(runner, latents, true),
-        };
-        runner.release();
-        let mut out = out.map_err(|e| crate::error::Error::new(format!("vae decode compute failed: {e}")))?;
-        if self.works_in_unit_range() {
-            out = out.map(|v| ((v + 1.0) * 0.5).clamp(0.0, 1.0));
-        }
-        sd_debug!("computing vae decode graph completed, taking {:.2}s", start.elapsed().as_secs_f32());
-        Ok(out)
+    /// Video `[W, H, T, C, 1]` in [-1, 1] → VAE-space latent mean `[w, h, t, z]`.
+    fn encode_video(&self, _runner: &mut Runner, _frames: &Tensor) -> Result<Tensor> {
+        bail!("the {} encodes pictures, not videos", self.name())
     }
-
-    /// Encoder output → VAE-space latents. KL samples the diagonal Gaussian with noise
-    /// `randn(n)` (n standard normals from the generation RNG, in element order of the
-    /// mean [w, h, 4, N]); TAESD output already is the latent.
-    pub fn output_to_latents(&self, out: &Tensor, randn: impl FnOnce(usize) -> Vec<f32>) -> Result<Tensor> {
-        match self {
-            Vae::Kl(m) if m.cfg.flux2 => Ok(out.clone()),
-            Vae::Kl(m) if m.cfg.raw_encoder_latents => Ok(split_moments(out)?.0),
-            Vae::Kl(_) => {
-                let (mean, logvar) = split_moments(out)?;
-                let noise = randn(mean.len());
-                ensure!(noise.len() == mean.len(), "vae: got {} noise values for {}", noise.len(), mean.len());
-                let data = mean
-                    .data()
-                    .iter()
-                    .zip(logvar.data())
-                    .zip(&noise)
-                    .map(|((&m, &lv), &e)| m + (0.5 * lv.clamp(-30.0, 20.0)).exp() * e)
-                    .collect();
-                Tensor::from_vec(mean.shape(), data)
-            }
-            Vae::Tiny(_) | Vae::Wan(_) => Ok(out.clone()),
-        }
-    }
-
-    /// `(z - shift) * scale_factor` for KL; identity for TAESD.
-    pub fn vae_to_diffusion_latents(&self, z: &Tensor) -> Tensor {
-        match self {
-            Vae::Kl(m) if m.cfg.raw_encoder_latents => z.clone(),
-            Vae::Kl(m) if m.cfg.flux2 => {
-                let scale = m.cfg.scale_factor;
-                per_channel(z, FLUX2_LATENT_MEAN.len(), |v, c| ((v - FLUX2_LATENT_MEAN[c]) * scale) / FLUX2_LATENT_STD[c])
-            }
-            Vae::Wan(_) => per_channel(z, WAN21_LATENT_MEAN.len(), |v, c| ((v - WAN21_LATENT_MEAN[c]) * WAN_SCALE_FACTOR) / WAN21_LATENT_STD[c]),
-            Vae::Kl(m) => {
-                let (scale, shift) = (m.cfg.scale_factor, m.cfg.shift_factor);
-                z.map(|v| (v - shift) * scale)
-            }
-            Vae::Tiny(_) => z.clone(),
-        }
-    }
-
-    /// `z / scale_factor + shift` for KL; identity for TAESD.
-    pub fn diffusion_to_vae_latents(&self, z: &Tensor) -> Tensor {
-        match self {
-            Vae::Kl(m) if m.cfg.flux2 => {
-                let scale = m.cfg.scale_factor;
-                per_channel(z, FLUX2_LATENT_MEAN.len(), |v, c| (v * FLUX2_LATENT_STD[c]) / scale + FLUX2_LATENT_MEAN[c])
-            }
-            Vae::Wan(_) => per_channel(z, WAN21_LATENT_MEAN.len(), |v, c| (v * WAN21_LATENT_STD[c]) / WAN_SCALE_FACTOR + WAN21_LATENT_MEAN[c]),
-            Vae::Kl(m) => {
-                let (scale, shift) = (m.cfg.scale_factor, m.cfg.shift_factor);
-                z.map(|v| v / scale + shift)
-            }
-            Vae::Tiny(_) => z.clone(),
-        }
+    /// VAE-space latents `[w, h, t, z, 1]` → video `[W, H, T, C]`, unclamped.
+    fn decode_video(&self, _runner: &mut Runner, _latents: &Tensor, _temporal_tiling: bool, _progress: Progress<'_>) -> Result<Tensor> {
+        bail!("the {} decodes pictures, not videos", self.name())
     }
 }
 
-/// A loaded first stage as the pipeline uses it: image ↔ diffusion latents, with the host
-/// steps of the reference's `VAE` base class around the networks. Encoding and decoding
-/// run between its networks' phase hooks (`Components::begin` / `end`).
+/// `frames` video frames → latent frames when each latent frame after the first stands for
+/// `time_scale` video frames.
+pub fn latent_frames(frames: usize, time_scale: usize) -> usize {
+    if frames == 0 {
+        0
+    } else {
+        (frames - 1) / time_scale.max(1) + 1
+    }
+}
+
+/// The tile layout of `tiling` over a `w`×`h` latent (`factor`: encode tiles are larger).
+fn tile_spec(tiling: &TilingParams, w: usize, h: usize, factor: f32, circular: (bool, bool)) -> TileSpec {
+    let (tx, ty, overlap) = tiling::tile_sizes(tiling, w as i64, h as i64, factor);
+    TileSpec { tile_size_x: tx, tile_size_y: ty, overlap, circular_x: circular.0, circular_y: circular.1 }
+}
+
+/// The decode tiles of `tiling` over `latents` (none when tiling is off), logged when `log`.
+fn decode_tiles(tiling: &TilingParams, latents: &Tensor, circular: (bool, bool), log: bool) -> Option<TileSpec> {
+    let spec = tiling.enabled.then(|| tile_spec(tiling, latents.ne(0), latents.ne(1), 1.0, circular))?;
+    if log {
+        sd_debug!("VAE Tile size: {}x{}", spec.tile_size_x, spec.tile_size_y);
+    }
+    Some(spec)
+}
+
+/// A network's `[W, H, T, C]` video as the pipeline's `[W, H, T, C, 1]`.
+fn as_video(t: Tensor) -> Result<Tensor> {
+    let shape = [t.ne(0), t.ne(1), t.ne(2), t.ne(3), 1];
+    t.reshape(&shape)
+}
+
+/// `x * 2 - 1` for networks working in [-1, 1].
+fn to_net_range<V: VaeNet + ?Sized>(net: &V, x: &Tensor) -> Tensor {
+    if net.unit_range() {
+        x.map(|v| v * 2.0 - 1.0)
+    } else {
+        x.clone()
+    }
+}
+
+/// `clamp((x + 1) / 2, 0, 1)` for networks working in [-1, 1].
+fn from_net_range<V: VaeNet + ?Sized>(net: &V, x: Tensor) -> Tensor {
+    if net.unit_range() {
+        x.map(|v| ((v + 1.0) * 0.5).clamp(0.0, 1.0))
+    } else {
+        x
+    }
+}
+
+/// Pictures or video in [0, 1] → encoder output: the network's `run` on the input in its
+/// range, over tiles of it when `tiling.enabled` (the tiles span every frame). The runner's
+/// compute buffer is released afterwards.
+fn encode_with<V: VaeNet + ?Sized>(
+    net: &V,
+    runner: &mut Runner,
+    pixels: &Tensor,
+    tiling: &TilingParams,
+    circular: (bool, bool),
+    mut run: impl FnMut(&mut Runner, &Tensor) -> Result<Tensor>,
+) -> Result<Tensor> {
+    let start = Instant::now();
+    let input = to_net_range(net, pixels);
+    let scale = net.scale();
+    let out = if tiling.enabled {
+        let (w, h) = (input.ne(0) / scale, input.ne(1) / scale);
+        ensure!(w > 0 && h > 0, "vae encode: image {}x{} is smaller than a latent pixel", input.ne(0), input.ne(1));
+        let spec = tile_spec(tiling, w, h, net.encode_tile_factor(), circular);
+        sd_debug!("VAE Tile size: {}x{}", spec.tile_size_x, spec.tile_size_y);
+        tiling::process_tiles(&input, w, h, scale, &spec, None, |t| {
+            run(runner, t).map_err(|e| Error::new(format!("vae encode compute failed while processing a tile: {e}")))
+        })
+    } else {
+        run(runner, &input)
+    };
+    runner.release();
+    let out = out.map_err(|e| Error::new(format!("vae encode compute failed: {e}")))?;
+    sd_debug!("computing vae encode graph completed, taking {:.2}s", start.elapsed().as_secs_f32());
+    Ok(out)
+}
+
+/// VAE-space latents → pixels in the network's range, mapped to [0, 1]: `run` on the whole
+/// latent, or on tiles of it (`spec`; the tiles span every frame, `progress` counts tiles).
+/// The runner's compute buffer is released afterwards.
+fn decode_with<V: VaeNet + ?Sized>(
+    net: &V,
+    runner: &mut Runner,
+    latents: &Tensor,
+    spec: Option<&TileSpec>,
+    progress: Progress<'_>,
+    mut run: impl FnMut(&mut Runner, &Tensor, Progress<'_>) -> Result<Tensor>,
+) -> Result<Tensor> {
+    let start = Instant::now();
+    let scale = net.scale();
+    let out = match spec {
+        Some(spec) => {
+            let (w, h) = (latents.ne(0), latents.ne(1));
+            ensure!(w <= usize::MAX / scale && h <= usize::MAX / scale, "vae decode: latent {w}x{h} too large");
+            tiling::process_tiles(latents, w * scale, h * scale, scale, spec, progress, |t| {
+                run(runner, t, None).map_err(|e| Error::new(format!("vae decode compute failed while processing a tile: {e}")))
+            })
+        }
+        None => run(runner, latents, progress),
+    };
+    runner.release();
+    let out = out.map_err(|e| Error::new(format!("vae decode compute failed: {e}")))?;
+    let out = from_net_range(net, out);
+    sd_debug!("computing vae decode graph completed, taking {:.2}s", start.elapsed().as_secs_f32());
+    Ok(out)
+}
+
+/// Image [W, H, 3, N] in [0, 1] → encoder output (see the module doc). Tiled when
+/// `tiling.enabled`; `circular` makes the tiles wrap around (graph-level circular padding
+/// is `runner.options`).
+pub fn encode_image<V: VaeNet + ?Sized>(net: &V, runner: &mut Runner, image: &Tensor, tiling: &TilingParams, circular: (bool, bool)) -> Result<Tensor> {
+    encode_with(net, runner, image, tiling, circular, |r, x| net.encode(r, x))
+}
+
+/// VAE-space latents [w, h, z, N] → image [s·w, s·h, 3, N]: in [0, 1] (clamped) for all but
+/// TAESD, about [0, 1] for TAESD. Tiled when `tiling.enabled` (tile size from
+/// `tiling::tile_sizes`). On failure (e.g. out of memory) the pipeline may retry with
+/// `tiling::retry_tiling`.
+pub fn decode_image<V: VaeNet + ?Sized>(
+    net: &V,
+    runner: &mut Runner,
+    latents: &Tensor,
+    tiling: &TilingParams,
+    circular: (bool, bool),
+    progress: Progress<'_>,
+) -> Result<Tensor> {
+    let spec = decode_tiles(tiling, latents, circular, progress.is_some());
+    decode_with(net, runner, latents, spec.as_ref(), progress, |r, z, _| net.decode(r, z))
+}
+
+/// Video `[W, H, T, C, 1]` in [0, 1] → VAE-space latent mean `[w, h, t, z, 1]`, `t` the
+/// network's [`latent_frames`]. Spatial tiles span all frames.
+pub fn encode_video<V: VaeNet + ?Sized>(net: &V, runner: &mut Runner, frames: &Tensor, tiling: &TilingParams, circular: (bool, bool)) -> Result<Tensor> {
+    ensure!(net.supports_video(), "the {} encodes pictures, not videos", net.name());
+    as_video(encode_with(net, runner, frames, tiling, circular, |r, x| net.encode_video(r, x))?)
+}
+
+/// VAE-space latents `[w, h, t, z, 1]` → video `[s·w, s·h, T, C, 1]` in [0, 1]. Spatial tiles
+/// (`tiling.enabled`) span all frames; `tiling.temporal_tiling` is passed to the network.
+/// `progress` counts tiles, or latent frames without spatial tiles.
+pub fn decode_video<V: VaeNet + ?Sized>(
+    net: &V,
+    runner: &mut Runner,
+    latents: &Tensor,
+    tiling: &TilingParams,
+    circular: (bool, bool),
+    progress: Progress<'_>,
+) -> Result<Tensor> {
+    ensure!(net.supports_video(), "the {} decodes pictures, not videos", net.name());
+    let temporal = tiling.temporal_tiling;
+    if temporal && !net.supports_temporal_tiling() {
+        sd_warn!("the {} has no temporal tiling; decoding without it", net.name());
+    }
+    let spec = decode_tiles(tiling, latents, circular, true);
+    as_video(decode_with(net, runner, latents, spec.as_ref(), progress, |r, z, p| net.decode_video(r, z, temporal, p))?)
+}
+
+/// A loaded first stage as the pipeline uses it: pictures and videos ↔ diffusion latents,
+/// with the host steps of the reference's `VAE` base class around the networks. Encoding and
+/// decoding run between its networks' phase hooks (`Components::begin` / `end`).
 pub trait FirstStage: Components + Send {
-    /// Image [W, H, 3, N] in [0, 1] → encoder output (see [`Vae::encode`]).
+    /// Image [W, H, 3, N] in [0, 1] → encoder output (see [`encode_image`]).
     fn encode(&mut self, image: &Tensor, tiling: &TilingParams, circular: (bool, bool)) -> Result<Tensor>;
     /// Encoder output → VAE-space latents, drawing noise from `randn` when it samples.
     fn output_to_latents(&self, out: &Tensor, randn: &mut dyn FnMut(usize) -> Vec<f32>) -> Result<Tensor>;
     fn vae_to_diffusion(&self, z: &Tensor) -> Tensor;
     fn diffusion_to_vae(&self, z: &Tensor) -> Tensor;
-    /// VAE-space latents → image (see [`Vae::decode`]).
+    /// VAE-space latents → image (see [`decode_image`]).
     fn decode(&mut self, latents: &Tensor, tiling: &TilingParams, circular: (bool, bool), progress: Progress<'_>) -> Result<Tensor>;
 
     /// Image → diffusion latents: encode, sample (or take) the latent, scale it.
@@ -273,12 +292,40 @@ pub trait FirstStage: Components + Send {
         let latents = self.output_to_latents(&out, randn)?;
         Ok(self.vae_to_diffusion(&latents))
     }
+
+    /// Video frames per latent frame after the first (Wan: 4; picture autoencoders: 1).
+    fn time_scale(&self) -> usize {
+        1
+    }
+
+    /// Latent frames of a `frames`-frame video (Wan: `(frames - 1) / 4 + 1`).
+    fn latent_frames(&self, frames: usize) -> usize {
+        latent_frames(frames, self.time_scale())
+    }
+
+    /// Whether `tiling.temporal_tiling` changes how [`FirstStage::decode_video`] runs (the
+    /// retry of a failed decode tries it first then).
+    fn supports_temporal_tiling(&self) -> bool {
+        false
+    }
+
+    /// Video `[W, H, T, 3, 1]` in [0, 1] → diffusion latents `[w, h, t, C, 1]`: the encoder's
+    /// mean (no noise drawn), normalised. Picture-only first stages refuse.
+    fn encode_video(&mut self, _frames: &Tensor, _tiling: &TilingParams, _circular: (bool, bool)) -> Result<Tensor> {
+        bail!("this first stage encodes pictures, not videos")
+    }
+
+    /// Diffusion latents `[w, h, t, C, 1]` → video `[W, H, T, 3, 1]` in [0, 1]. Picture-only
+    /// first stages refuse.
+    fn decode_video(&mut self, _latents: &Tensor, _tiling: &TilingParams, _circular: (bool, bool), _progress: Progress<'_>) -> Result<Tensor> {
+        bail!("this first stage decodes pictures, not videos")
+    }
 }
 
-impl FirstStage for Loaded<Vae> {
+impl<V: VaeNet + 'static> FirstStage for Loaded<V> {
     fn encode(&mut self, image: &Tensor, tiling: &TilingParams, circular: (bool, bool)) -> Result<Tensor> {
-        let (vae, runner) = self.parts();
-        vae.encode(runner, image, tiling, circular)
+        let (net, runner) = self.parts();
+        encode_image(net, runner, image, tiling, circular)
     }
 
     fn output_to_latents(&self, out: &Tensor, randn: &mut dyn FnMut(usize) -> Vec<f32>) -> Result<Tensor> {
@@ -286,27 +333,83 @@ impl FirstStage for Loaded<Vae> {
     }
 
     fn vae_to_diffusion(&self, z: &Tensor) -> Tensor {
-        self.model.vae_to_diffusion_latents(z)
+        self.model.vae_to_diffusion(z)
     }
 
     fn diffusion_to_vae(&self, z: &Tensor) -> Tensor {
-        self.model.diffusion_to_vae_latents(z)
+        self.model.diffusion_to_vae(z)
     }
 
     fn decode(&mut self, latents: &Tensor, tiling: &TilingParams, circular: (bool, bool), progress: Progress<'_>) -> Result<Tensor> {
-        let (vae, runner) = self.parts();
-        vae.decode(runner, latents, tiling, circular, progress)
+        let (net, runner) = self.parts();
+        decode_image(net, runner, latents, tiling, circular, progress)
+    }
+
+    fn time_scale(&self) -> usize {
+        self.model.time_scale()
+    }
+
+    fn supports_temporal_tiling(&self) -> bool {
+        self.model.supports_temporal_tiling()
+    }
+
+    fn encode_video(&mut self, frames: &Tensor, tiling: &TilingParams, circular: (bool, bool)) -> Result<Tensor> {
+        let (net, runner) = self.parts();
+        let mean = encode_video(net, runner, frames, tiling, circular)?;
+        Ok(net.vae_to_diffusion(&mean))
+    }
+
+    fn decode_video(&mut self, latents: &Tensor, tiling: &TilingParams, circular: (bool, bool), progress: Progress<'_>) -> Result<Tensor> {
+        let (net, runner) = self.parts();
+        ensure!(latents.shape().len() == 5, "vae decode: expected video latents [w, h, t, C, 1], got shape {:?}", latents.shape());
+        decode_video(net, runner, &net.diffusion_to_vae(latents), tiling, circular, progress)
     }
 }
 
-/// The Wan VAE's latent scale factor (applied with its per-channel table).
-const WAN_SCALE_FACTOR: f32 = 1.0;
+/// The tiling to retry a failed video decode with, and its name for the log: temporal tiling
+/// first where the first stage has it, then spatial tiles of half the latent (keeping the
+/// temporal tiling); `None` when both are on already. The reference's newer rule.
+pub fn video_retry_tiling(t: &TilingParams, temporal_supported: bool, latent_w: usize, latent_h: usize) -> Option<(TilingParams, &'static str)> {
+    if temporal_supported && !t.temporal_tiling {
+        let mode = if t.enabled { "spatial+temporal" } else { "temporal" };
+        return Some((TilingParams { temporal_tiling: true, ..*t }, mode));
+    }
+    let spatial = tiling::retry_tiling(t, latent_w as i64, latent_h as i64)?;
+    Some((spatial, if spatial.temporal_tiling { "spatial+temporal" } else { "spatial" }))
+}
 
-/// `f(value, channel)` over a [w, h, C, N] latent for the `table` channels of a per-channel
-/// table; the decoders' input checks refuse other widths, so other channels map to the identity.
-fn per_channel(z: &Tensor, table: usize, f: impl Fn(f32, usize) -> f32) -> Tensor {
-    let plane = (z.ne(0) * z.ne(1)).max(1);
-    let channels = z.ne(2).max(1);
+/// [`FirstStage::decode_video`], retried when it fails (likely out of memory) with temporal
+/// tiling, then spatial tiling as well ([`video_retry_tiling`]). The last error is returned
+/// when nothing is left to try.
+pub fn decode_video_with_retry(
+    fs: &mut dyn FirstStage,
+    latents: &Tensor,
+    tiling: &TilingParams,
+    circular: (bool, bool),
+    mut progress: Progress<'_>,
+) -> Result<Tensor> {
+    let mut tiling = *tiling;
+    loop {
+        let attempt = fs.decode_video(latents, &tiling, circular, progress.as_mut().map(|p| &mut **p as &mut dyn FnMut(i32, i32, f32)));
+        let e = match attempt {
+            Ok(v) => return Ok(v),
+            Err(e) => e,
+        };
+        let Some((next, mode)) = video_retry_tiling(&tiling, fs.supports_temporal_tiling(), latents.ne(0), latents.ne(1)) else {
+            return Err(e);
+        };
+        sd_warn!("VAE decode failed (likely out of memory: {e}); retrying with {mode} tiling");
+        tiling = next;
+    }
+}
+
+/// `f(value, channel)` over the latent's channels for the `table` channels of a per-channel
+/// table (the channel axis is 2 of `[w, h, C, N]`, 3 of a video `[w, h, T, C, 1]`); the
+/// decoders' input checks refuse other widths, so other channels map to the identity.
+pub(crate) fn per_channel(z: &Tensor, table: usize, f: impl Fn(f32, usize) -> f32) -> Tensor {
+    let video = z.shape().len() == 5;
+    let plane = (z.ne(0) * z.ne(1) * if video { z.ne(2) } else { 1 }).max(1);
+    let channels = z.ne(if video { 3 } else { 2 }).max(1);
     let mut out = z.clone();
     for (i, v) in out.data_mut().iter_mut().enumerate() {
         let c = (i / plane) % channels;
@@ -333,143 +436,4 @@ pub fn split_moments(moments: &Tensor) -> Result<(Tensor, Tensor)> {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::testutil::{cpu, load_kl, load_tae, read_bin, TempDir};
-    use super::*;
-    use crate::graph::{ParamStore, Scope, TypeMap};
-    use std::path::PathBuf;
-
-    fn golden_dir(set: &str) -> PathBuf {
-        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/golden").join(set)
-    }
-
-    /// A reference picture (`set/name`) as [W, H, 3, 1] of 0..255 values.
-    fn golden_png(set: &str, name: &str) -> Tensor {
-        let dir = TempDir::new("png");
-        let out = dir.0.join("png.bin");
-        let ok = std::process::Command::new(crate::testutil::numpy_python())
-            .arg(PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/tools/vae_ref.py"))
-            .arg("png")
-            .arg(golden_dir(set).join(name))
-            .arg("-")
-            .arg(&out)
-            .status()
-            .expect("python3 needed to read PNGs")
-            .success();
-        assert!(ok, "reading {name}");
-        read_bin(&out)
-    }
-
-    /// Like the reference's float → byte conversion of output pictures.
-    fn to_u8(v: f32) -> f32 {
-        if v <= 0.0 {
-            0.0
-        } else if v >= 1.0 {
-            255.0
-        } else {
-            (v * 255.0 + 0.5) as u8 as f32
-        }
-    }
-
-    /// Decodes the reference's final latent of sd1 case `latent` and compares the picture
-    /// with the reference's `png` (a path under golden/): max and mean |diff| in grey levels.
-    fn decode_golden(vae: &Vae, latent: &str, png: (&str, &str), tiling: &TilingParams) -> (f32, f32) {
-        let latent = read_bin(&golden_dir("sd1").join(format!("latents/{latent}.bin")));
-        let mut runner = Runner::new(cpu(), 2);
-        let mut steps = 0;
-        let mut progress = |_: i32, _: i32, _: f32| steps += 1;
-        let img = vae
-            .decode(&mut runner, &vae.diffusion_to_vae_latents(&latent), tiling, (false, false), Some(&mut progress))
-            .unwrap();
-        assert!(!tiling.enabled || steps > 1);
-        let want = golden_png(png.0, png.1);
-        assert_eq!(img.shape(), want.shape());
-        let diffs: Vec<f32> = img.data().iter().zip(want.data()).map(|(&a, &b)| (to_u8(a) - b).abs()).collect();
-        let max = diffs.iter().fold(0f32, |m, &d| m.max(d));
-        let mean = diffs.iter().sum::<f32>() / diffs.len() as f32;
-        eprintln!("{}: max |diff| {max}, mean |diff| {mean:.4} grey levels", png.1);
-        (max, mean)
-    }
-
-    #[test]
-    fn decode_matches_reference_pictures() {
-        // The stores must outlive the models: their weights live there.
-        let (_kl_store, kl, _) = load_kl(true);
-        let vae = Vae::Kl(kl);
-        let (max, mean) = decode_golden(&vae, "defaults_0", ("sd1", "defaults_0.png"), &TilingParams::default());
-        assert!(max <= 3.0 && mean <= 0.25, "max {max}, mean {mean}");
-        // sd1-extra/taesd_txt2img samples exactly like sd1/sampler_euler, then decodes with TAESD.
-        let (_tae_store, tae, _) = load_tae(true);
-        let tae = Vae::Tiny(tae);
-        let (max, mean) =
-            decode_golden(&tae, "sampler_euler_0", ("sd1-extra", "taesd_txt2img_0.png"), &TilingParams::default());
-        assert!(max <= 3.0 && mean <= 0.25, "max {max}, mean {mean}");
-    }
-
-    /// 16×16 latent in 3×3 tiles of 8 with overlap 0.5 (slow: run with SD_PARITY set).
-    #[test]
-    fn tiled_decode_matches_reference_picture() {
-        if std::env::var_os("SD_PARITY").is_none() {
-            eprintln!("skipped: set SD_PARITY to run the tiled golden decode");
-            return;
-        }
-        let tiling =
-            TilingParams { enabled: true, tile_size_x: 8, tile_size_y: 8, target_overlap: 0.5, ..Default::default() };
-        let (_store, vae, _) = load_kl(true);
-        let vae = Vae::Kl(vae);
-        let (max, mean) = decode_golden(&vae, "vae_tiling_0", ("sd1", "vae_tiling_0.png"), &tiling);
-        assert!(max <= 3.0 && mean <= 0.25, "max {max}, mean {mean}");
-    }
-
-    /// The host steps around the networks, on a VAE that is declared but not loaded.
-    #[test]
-    fn latent_conversions_and_sampling() {
-        let types = TypeMap::new();
-        let mut store = ParamStore::new(1024).unwrap();
-        let cfg = VaeConfig::sd(0.13025, false);
-        let vae = Vae::Kl(AutoEncoderKL::new(&mut Scope::new(&mut store, &types, autoencoder_kl::PREFIX), &cfg));
-        assert_eq!(vae.encoder_output_channels(), 8);
-        let z = Tensor::from_vec(&[1, 1, 4, 1], vec![0.13025, -0.2605, 0.0, 1.0]).unwrap();
-        let v = vae.diffusion_to_vae_latents(&z);
-        assert_eq!(&v.data()[..3], &[1.0, -2.0, 0.0]);
-        let back = vae.vae_to_diffusion_latents(&v);
-        assert!(back.data().iter().zip(z.data()).all(|(a, b)| (a - b).abs() < 1e-6));
-
-        // Moments of two batch items: mean channels first, then logvar, per item.
-        let mut m = Vec::new();
-        for b in 0..2 {
-            m.extend([1.0 + b as f32, 2.0, 3.0, 4.0]); // mean
-            m.extend([0.0, 2.0f32.ln() * 2.0, -100.0, 100.0]); // logvar
-        }
-        let moments = Tensor::from_vec(&[1, 1, 8, 2], m).unwrap();
-        let (mean, logvar) = split_moments(&moments).unwrap();
-        assert_eq!(mean.data(), &[1.0, 2.0, 3.0, 4.0, 2.0, 2.0, 3.0, 4.0]);
-        assert_eq!(logvar.shape(), &[1, 1, 4, 2]);
-        let lat = vae.output_to_latents(&moments, |n| vec![1.0; n]).unwrap();
-        let want = [2.0, 4.0, 3.0 + (-15f32).exp(), 4.0 + 10f32.exp()];
-        for (a, b) in lat.data()[..4].iter().zip(want) {
-            assert!((a - b).abs() <= 1e-5 * b.abs(), "{a} vs {b}");
-        }
-        assert!(vae.output_to_latents(&moments, |_| vec![0.0; 3]).is_err());
-        assert!(split_moments(&Tensor::zeros(&[1, 1, 3, 1])).is_err());
-    }
-
-    /// Flux.2: the encoder output is the latent (no noise drawn), normalised per channel
-    /// with the fixed table, and back.
-    #[test]
-    fn flux2_latent_normalisation() {
-        let types = TypeMap::new();
-        let mut store = ParamStore::new(1024).unwrap();
-        let cfg = VaeConfig::sd(0.18215, false).into_flux2();
-        let vae = Vae::Kl(AutoEncoderKL::new(&mut Scope::new(&mut store, &types, autoencoder_kl::PREFIX), &cfg));
-        assert_eq!((vae.scale(), vae.encoder_output_channels()), (16, 128));
-        let z = Tensor::from_vec(&[2, 1, 128, 1], (0..256).map(|v| v as f32 / 100.0).collect()).unwrap();
-        let lat = vae.output_to_latents(&z, |_| panic!("Flux.2 draws no noise")).unwrap();
-        assert_eq!(lat, z);
-        let d = vae.vae_to_diffusion_latents(&z);
-        let c = 5;
-        assert_eq!(d.data()[2 * c + 1], (z.data()[2 * c + 1] - FLUX2_LATENT_MEAN[c]) / FLUX2_LATENT_STD[c]);
-        let back = vae.diffusion_to_vae_latents(&d);
-        assert!(back.data().iter().zip(z.data()).all(|(a, b)| (a - b).abs() < 1e-5));
-    }
-}
+mod tests;

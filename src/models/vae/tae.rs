@@ -182,6 +182,42 @@ pub fn encode(runner: &mut Runner, tae: &TinyAutoEncoder, image: &Tensor) -> Res
     runner.compute(|g| tae.encode_graph(g, g.input(image)))
 }
 
+/// TAESD works on diffusion latents and [0, 1] pixels directly: no range mapping, no
+/// latent scaling, no sampling.
+impl super::VaeNet for TinyAutoEncoder {
+    fn name(&self) -> &'static str {
+        "TAESD"
+    }
+
+    fn scale(&self) -> usize {
+        super::SCALE
+    }
+
+    fn unit_range(&self) -> bool {
+        false
+    }
+
+    fn encoder_output_channels(&self) -> i64 {
+        self.cfg.z_channels
+    }
+
+    fn encode(&self, runner: &mut Runner, image: &Tensor) -> Result<Tensor> {
+        encode(runner, self, image)
+    }
+
+    fn decode(&self, runner: &mut Runner, latent: &Tensor) -> Result<Tensor> {
+        decode(runner, self, latent)
+    }
+
+    fn vae_to_diffusion(&self, z: &Tensor) -> Tensor {
+        z.clone()
+    }
+
+    fn diffusion_to_vae(&self, z: &Tensor) -> Tensor {
+        z.clone()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -1,31 +1,26 @@
-//! The first stage every latent family shares: an AutoencoderKL shaped by the family's
-//! latent format (4 or 16 channels, with or without quant convolutions, scale and shift), or
-//! a tiny autoencoder (TAESD / TAESDXL / TAESD3 / TAEF1) when one is given; the families of
-//! the Wan VAE (Qwen-Image) load that one instead.
+//! The first stage every latent family shares, chosen by the family table
+//! (`FamilySpec::first_stage`): an AutoencoderKL shaped by the family's latent format (4, 16
+//! or Flux.2's 32 channels, with or without quant convolutions, scale and shift), or a tiny
+//! autoencoder (TAESD / TAESDXL / TAESD3 / TAEF1) when one is given; the Wan2.1 VAE
+//! (Qwen-Image, Wan 2.1) or the Wan2.2 VAE (Wan2.2 TI2V).
 
-use super::BuildCtx;
+use super::{BuildCtx, FirstStageKind};
 use crate::error::Result;
 use crate::graph::{Loaded, Placement};
 use crate::io::SdVersion;
-use crate::models::vae::{self, AutoEncoderKL, FirstStage, TaeConfig, TinyAutoEncoder, Vae, VaeConfig, WanVae, WanVaeConfig};
+use crate::models::vae::{self, AutoEncoderKL, FirstStage, TaeConfig, TinyAutoEncoder, VaeConfig, VaeNet, WanVae, WanVaeConfig};
 
 /// The reference scales every VAE convolution's input by this for SDXL when no separate
 /// VAE is given: the original SDXL VAE overflows f16.
 const SDXL_VAE_CONV_SCALE: f32 = 1.0 / 32.0;
 
 /// The first stage (AutoencoderKL, or the tiny autoencoder when given and not for previews
-/// only) and the preview-only decoder, with the reference's rules.
+/// only, or a Wan VAE) and the preview-only decoder, with the reference's rules.
 pub(super) fn build(ctx: &BuildCtx<'_>, place: Placement) -> Result<(Box<dyn FirstStage>, Option<Box<dyn FirstStage>>)> {
     let (params, weights, spec, n_threads) = (ctx.params, ctx.weights, ctx.spec, ctx.n_threads);
     let has_tae = weights.has_prefix(vae::tae::PREFIX);
     ensure!(!spec.tae_first_stage || has_tae, "{} models need their tiny autoencoder (taesd_path)", ctx.version.name());
     let tae_preview_only = params.tae_preview_only && !spec.tae_first_stage;
-    let configure = |mut v: Loaded<Vae>| -> Box<dyn FirstStage> {
-        v.runner.options.flash_attn = params.flash_attn;
-        v.runner.options.cpu_winograd = weights.winograd_for_decoding();
-        v.runner.options.conv_direct = params.vae_conv_direct;
-        Box::new(v)
-    };
     let load_tae = |decode_only: bool, place: Placement| -> Result<Box<dyn FirstStage>> {
         let cfg = TaeConfig::detect(weights.types(), vae::tae::PREFIX, |n| weights.shape_of(n), decode_only);
         ensure!(
@@ -35,51 +30,74 @@ pub(super) fn build(ctx: &BuildCtx<'_>, place: Placement) -> Result<(Box<dyn Fir
             ctx.version.name(),
             spec.latent.channels
         );
-        Ok(configure(weights.load_model(place, n_threads, vae::tae::PREFIX, "TAE", |s| Vae::Tiny(TinyAutoEncoder::new(s, &cfg)))?))
+        Ok(configure(weights.load_model(place, n_threads, vae::tae::PREFIX, "TAE", |s| TinyAutoEncoder::new(s, &cfg))?, ctx))
     };
-    if ctx.version.uses_wan_vae() {
-        // The reference's tiny decoders for these latents (TAEHV) are another network.
-        ensure!(!has_tae, "{} models have no tiny autoencoder in this build (taesd_path)", ctx.version.name());
-        sd_info!("using VAE for encoding / decoding");
-        let prefix = vae::autoencoder_kl::PREFIX;
-        ensure!(weights.has_prefix(&format!("{prefix}decoder.")), "{} needs its VAE (vae_path): no '{prefix}decoder.' weights", ctx.version.name());
-        let cfg = WanVaeConfig::detect(&|n| weights.shape_of(n), prefix, false, spec.image_channels as i64);
-        ensure!(cfg.z_dim as usize == spec.latent.channels, "the Wan VAE has {} latent channels, {} models use {}", cfg.z_dim, ctx.version.name(), spec.latent.channels);
-        let wan = weights.load_model(place, n_threads, prefix, "VAE", |s| Vae::Wan(WanVae::new(s, &cfg, &|n| weights.shape_of(n))))?;
-        return Ok((configure(wan), None));
-    }
-    if has_tae && !tae_preview_only {
-        sd_info!("using TAE for encoding / decoding");
-        return Ok((load_tae(false, place)?, None));
-    }
-    sd_info!("using VAE for encoding / decoding");
-    let prefix = vae::autoencoder_kl::PREFIX;
-    let mut cfg = VaeConfig::detect(weights.types(), prefix, |n| weights.shape_of(n), spec.latent.scale_factor, false);
-    cfg.shift_factor = spec.latent.shift_factor;
-    cfg.z_channels = spec.latent.channels as i64;
-    cfg.use_quant = spec.vae_quant_convs;
-    if ctx.version.uses_flux2_vae() {
-        cfg = cfg.into_flux2();
-    }
-    cfg.raw_encoder_latents = ctx.version == SdVersion::Sd1Pix2Pix;
-    let conv_scale = (spec.defaults == crate::runtime::defaults::ModelFamily::Sdxl)
-        && (params.vae_path.as_deref().unwrap_or("").is_empty() || params.force_sdxl_vae_conv_scale);
-    let kl = weights.load_model(place.clone(), n_threads, prefix, "VAE", |s| {
-        let mut m = AutoEncoderKL::new(s, &cfg);
-        if conv_scale {
-            sd_warn!(
-                "No valid VAE specified with --vae or --force-sdxl-vae-conv-scale flag set, using Conv2D scale {:.3}",
-                SDXL_VAE_CONV_SCALE
+    match spec.first_stage {
+        FirstStageKind::Wan21 | FirstStageKind::Wan22 => {
+            // The reference's tiny decoders for these latents (TAEHV) are another network.
+            ensure!(!has_tae, "{} models have no tiny autoencoder in this build (taesd_path)", ctx.version.name());
+            sd_info!("using VAE for encoding / decoding");
+            let prefix = vae::autoencoder_kl::PREFIX;
+            ensure!(weights.has_prefix(&format!("{prefix}decoder.")), "{} needs its VAE (vae_path): no '{prefix}decoder.' weights", ctx.version.name());
+            let wan22 = spec.first_stage == FirstStageKind::Wan22;
+            let cfg = WanVaeConfig::detect(&|n| weights.shape_of(n), prefix, false, spec.image_channels as i64, wan22);
+            ensure!(
+                cfg.z_dim as usize == spec.latent.channels && cfg.scale() == spec.latent.vae_scale,
+                "the Wan VAE has {} latent channels at 1/{}, {} models use {} at 1/{}",
+                cfg.z_dim,
+                cfg.scale(),
+                ctx.version.name(),
+                spec.latent.channels,
+                spec.latent.vae_scale
             );
-            m.set_conv2d_scale(SDXL_VAE_CONV_SCALE);
+            let wan = weights.load_model(place, n_threads, prefix, "VAE", |s| WanVae::new(s, &cfg, &|n| weights.shape_of(n)))?;
+            Ok((configure(wan, ctx), None))
         }
-        Vae::Kl(m)
-    })?;
-    let preview = if has_tae {
-        sd_info!("using TAE for preview");
-        Some(load_tae(true, place)?)
-    } else {
-        None
-    };
-    Ok((configure(kl), preview))
+        FirstStageKind::Kl if has_tae && !tae_preview_only => {
+            sd_info!("using TAE for encoding / decoding");
+            Ok((load_tae(false, place)?, None))
+        }
+        FirstStageKind::Kl => {
+            sd_info!("using VAE for encoding / decoding");
+            let prefix = vae::autoencoder_kl::PREFIX;
+            let mut cfg = VaeConfig::detect(weights.types(), prefix, |n| weights.shape_of(n), spec.latent.scale_factor, false);
+            cfg.shift_factor = spec.latent.shift_factor;
+            cfg.z_channels = spec.latent.channels as i64;
+            cfg.use_quant = spec.vae_quant_convs;
+            // The family table has no fact for these two yet: Flux.2's patchified latents
+            // (its 128 channels are 32 × 2×2) and instruct-pix2pix's unsampled latents.
+            if ctx.version.uses_flux2_vae() {
+                cfg = cfg.into_flux2();
+            }
+            cfg.raw_encoder_latents = ctx.version == SdVersion::Sd1Pix2Pix;
+            let conv_scale = (spec.defaults == crate::runtime::defaults::ModelFamily::Sdxl)
+                && (params.vae_path.as_deref().unwrap_or("").is_empty() || params.force_sdxl_vae_conv_scale);
+            let kl = weights.load_model(place.clone(), n_threads, prefix, "VAE", |s| {
+                let mut m = AutoEncoderKL::new(s, &cfg);
+                if conv_scale {
+                    sd_warn!(
+                        "No valid VAE specified with --vae or --force-sdxl-vae-conv-scale flag set, using Conv2D scale {:.3}",
+                        SDXL_VAE_CONV_SCALE
+                    );
+                    m.set_conv2d_scale(SDXL_VAE_CONV_SCALE);
+                }
+                m
+            })?;
+            let preview = if has_tae {
+                sd_info!("using TAE for preview");
+                Some(load_tae(true, place)?)
+            } else {
+                None
+            };
+            Ok((configure(kl, ctx), preview))
+        }
+    }
+}
+
+/// The context's graph options on a loaded first stage, boxed for the pipeline.
+fn configure<V: VaeNet + 'static>(mut v: Loaded<V>, ctx: &BuildCtx<'_>) -> Box<dyn FirstStage> {
+    v.runner.options.flash_attn = ctx.params.flash_attn;
+    v.runner.options.cpu_winograd = ctx.weights.winograd_for_decoding();
+    v.runner.options.conv_direct = ctx.params.vae_conv_direct;
+    Box::new(v)
 }

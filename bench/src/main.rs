@@ -46,6 +46,9 @@ usage: sd-bench [--quick] [options]
   --component KEY=PATH a component file held apart, repeatable (KEY: diffusion_model,
                        clip_l, clip_g, t5xxl, llm, vae), as DiT models come; with
                        --model '' there is no checkpoint
+  --video-frames N     generation workloads are videos of N frames (generate_video, e.g.
+                       Wan with --model '' and diffusion_model, t5xxl, vae components);
+                       only --ref-lib sides (ours too: --ref-lib ours=.../libstable_diffusion.so)
   --sampler NAME       sample method (default euler_a)
   --cfg X              CFG scale (default 7)
   --no-load            skip the load-only workloads (mmap on / off)
@@ -78,6 +81,8 @@ struct Options {
     ref_libs: Vec<(String, String)>,
     model: PathBuf,
     components: Vec<(String, String)>,
+    /// Frames of the video workloads; 0: image workloads.
+    video_frames: i32,
     sampler: String,
     cfg: f32,
     load: bool,
@@ -141,6 +146,7 @@ fn parse_args_from(args: Vec<String>) -> Result<Options, String> {
         ref_libs: Vec::new(),
         model: fixture("sd1.safetensors"),
         components: Vec::new(),
+        video_frames: 0,
         sampler: Job::default().sampler,
         cfg: Job::default().cfg,
         load: true,
@@ -189,6 +195,7 @@ fn parse_args_from(args: Vec<String>) -> Result<Options, String> {
             }
             "--model" => o.model = PathBuf::from(value()?),
             "--component" => o.components.push(sd_bench_common::parse_component(&value()?)?),
+            "--video-frames" => o.video_frames = num(value()?)? as i32,
             "--sampler" => o.sampler = value()?,
             "--cfg" => o.cfg = value()?.parse().map_err(|_| "--cfg: not a number".to_string())?,
             "--no-load" => o.load = false,
@@ -217,6 +224,10 @@ fn parse_args_from(args: Vec<String>) -> Result<Options, String> {
         let s = base_side(s);
         if !BUILT_SIDES.contains(&s) && o.library(s).is_none() {
             return Err(format!("unknown side {s:?} ({}, or a --ref-lib NAME)", BUILT_SIDES.join(", ")));
+        }
+        // Only sd-bench-lib calls generate_video (through the C API).
+        if o.video_frames > 0 && o.library(s).is_none() {
+            return Err(format!("--video-frames: side {s:?} is not a --ref-lib library (give ours as --ref-lib ours=PATH)"));
         }
     }
     Ok(o)
@@ -333,8 +344,10 @@ fn workloads(o: &Options) -> Vec<Workload> {
         cfg: o.cfg,
         threads: o.threads,
         verbose: o.verbose,
+        video_frames: o.video_frames,
         ..Job::default()
     };
+    let video = o.video_frames > 0;
     let mut w = Vec::new();
     if o.load {
         for wtype in &o.wtypes {
@@ -355,15 +368,29 @@ fn workloads(o: &Options) -> Vec<Workload> {
             for wtype in &o.wtypes {
                 let steps = for_size(&o.steps, size, 2);
                 let reps = for_size(&o.reps, size, 1);
-                w.push(Workload {
-                    name: format!("gen-{size}-{wtype}"),
-                    title: format!(
-                        "{size}×{size}, {wtype} weights, {steps} steps run (totals also extrapolated to {}), {}, CFG {}, {} threads, {reps} A/B pair(s)",
-                        o.nominal_steps, base.sampler, base.cfg, base.threads
-                    ),
-                    job: Job { wtype: wtype.clone(), width: size, height: size, steps, ..base.clone() },
-                    reps,
-                    metrics: table::GEN_METRICS,
+                let job = Job { wtype: wtype.clone(), width: size, height: size, steps, ..base.clone() };
+                w.push(if video {
+                    Workload {
+                        name: format!("video-{size}x{}-{wtype}", o.video_frames),
+                        title: format!(
+                            "Video {size}×{size}×{} frames, {wtype} weights, {steps} steps, {}, CFG {}, {} threads, {reps} repetition(s)",
+                            o.video_frames, base.sampler, base.cfg, base.threads
+                        ),
+                        job,
+                        reps,
+                        metrics: table::VIDEO_METRICS,
+                    }
+                } else {
+                    Workload {
+                        name: format!("gen-{size}-{wtype}"),
+                        title: format!(
+                            "{size}×{size}, {wtype} weights, {steps} steps run (totals also extrapolated to {}), {}, CFG {}, {} threads, {reps} A/B pair(s)",
+                            o.nominal_steps, base.sampler, base.cfg, base.threads
+                        ),
+                        job,
+                        reps,
+                        metrics: table::GEN_METRICS,
+                    }
                 });
             }
         }
@@ -645,5 +672,20 @@ mod tests {
         assert_eq!(o.runner("ours+fa", &job).0, runner_path("ours"));
         assert!(parse_args_from(["--sides", "ours+fa,reference+fa"].map(String::from).to_vec()).is_ok());
         assert!(parse_args_from(["--sides", "nobody+fa"].map(String::from).to_vec()).is_err());
+    }
+
+    #[test]
+    fn video_workloads_need_library_sides() {
+        let args = |a: &[&str]| a.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        let video = ["--video-frames", "17", "--cfg", "1", "--sizes", "256", "--wtypes", "f16", "--no-load", "--no-upscale"];
+        assert!(parse_args_from(args(&video)).is_err(), "the default sides cannot make videos");
+        let sides = ["--ref-lib", "ref97=/r.so", "--ref-lib", "ours=/o.so", "--sides", "ref97+fa,ours"];
+        let o = parse_args_from(args(&[&video[..], &sides[..]].concat())).unwrap();
+        let w = workloads(&o);
+        assert_eq!(w.len(), 1);
+        assert_eq!((w[0].name.as_str(), w[0].job.video_frames, w[0].job.cfg), ("video-256x17-f16", 17, 1.0));
+        assert!(w[0].metrics.iter().any(|m| m.field == "decode_peak_rss_kb"));
+        let (exe, job) = o.runner("ours", &w[0].job);
+        assert_eq!((exe, job.library.as_str(), job.video_frames), (runner_path("library"), "/o.so", 17));
     }
 }

@@ -34,6 +34,27 @@ pub const GEN_METRICS: &[Metric] = &[
     Metric { label: "peak RSS", field: "maxrss_kb", unit: Unit::KiB },
 ];
 
+/// The rows of a video workload (`generate_video`): a step is one sampling step of the video
+/// transformer (one evaluation at CFG 1); the decode's memory is measured from the end of
+/// sampling to the end of the decode (`sd_bench_common`).
+pub const VIDEO_METRICS: &[Metric] = &[
+    Metric { label: "model load: `new_sd_ctx` (mmap off)", field: "load_s", unit: Unit::Seconds },
+    Metric { label: "lazy weight loading inside `generate_video`", field: "lazy_load_s", unit: Unit::Seconds },
+    Metric { label: "text encoding", field: "cond_s", unit: Unit::Seconds },
+    Metric { label: "transformer: one sampling step (median of steps 2…n)", field: "step_median_s", unit: Unit::Seconds },
+    Metric { label: "transformer: CPU seconds of one step (steps 2…n)", field: "step_cpu_median_s", unit: Unit::Seconds },
+    Metric { label: "sampling, all steps", field: "sampling_s", unit: Unit::Seconds },
+    Metric { label: "VAE decode", field: "decode_s", unit: Unit::Seconds },
+    Metric { label: "VAE decode: CPU seconds", field: "decode_cpu_s", unit: Unit::Seconds },
+    Metric { label: "`generate_video`", field: "generate_s", unit: Unit::Seconds },
+    Metric { label: "total wall (process, as run)", field: "wall_s", unit: Unit::Seconds },
+    Metric { label: "CPU time (user + sys)", field: "cpu_s", unit: Unit::Seconds },
+    Metric { label: "peak RSS", field: "maxrss_kb", unit: Unit::KiB },
+    Metric { label: "RSS at the decode's start", field: "decode_rss_start_kb", unit: Unit::KiB },
+    Metric { label: "peak RSS during the VAE decode", field: "decode_peak_rss_kb", unit: Unit::KiB },
+    Metric { label: "VAE decode: peak RSS above its start", field: "decode_rss_growth_kb", unit: Unit::KiB },
+];
+
 /// The rows of a load workload (load, then a 64×64 single-step generation that makes the
 /// reference's lazily loaded weights resident too).
 pub const LOAD_METRICS: &[Metric] = &[

@@ -12,6 +12,15 @@
 //! summed (`lazy_load_s`), added to the load time (`load_total_s`) and taken out of the
 //! phase they happened in, so that the phases compare compute with compute. Our library
 //! loads everything in `new_sd_ctx`, where nothing needs subtracting.
+//!
+//! The machine may be shared, so the process's CPU time is noted with every progress
+//! callback and at the decode's start and end: CPU seconds per step and per decode do not
+//! grow with the load of other processes the way wall seconds do.
+//!
+//! The VAE decode's memory is measured apart: when sampling completes the runner notes the
+//! resident set and resets the kernel's high-water mark (`/proc/self/clear_refs`), and
+//! reads the mark again when the decode completes. The process peak before the reset is
+//! kept, so `peak_rss_kb` is still the whole run's peak.
 
 use serde_json::{json, Value};
 use std::ffi::{c_char, CStr, CString};
@@ -55,6 +64,9 @@ pub struct Job {
     /// `flash_attn` of `sd_ctx_params_t`: flash attention in every model (a side named
     /// `NAME+fa`).
     pub flash_attn: bool,
+    /// Frames of a video job (`generate_video` instead of `generate_image`); 0 is an image
+    /// job.
+    pub video_frames: i32,
 }
 
 /// Component keys of [`Job::components`], named after the `sd_ctx_params_t` fields
@@ -146,6 +158,7 @@ impl Default for Job {
             components: Vec::new(),
             library: String::new(),
             flash_attn: false,
+            video_frames: 0,
         }
     }
 }
@@ -205,6 +218,9 @@ impl Job {
         if self.flash_attn {
             a.push("--flash-attn".into());
         }
+        if self.is_video() {
+            a.extend(["--video-frames".into(), self.video_frames.to_string()]);
+        }
         a
     }
 
@@ -234,6 +250,7 @@ impl Job {
                 "--component" => job.components.push(parse_component(&value()?)?),
                 "--library" => job.library = value()?,
                 "--flash-attn" => job.flash_attn = true,
+                "--video-frames" => job.video_frames = parse_num(&flag, &value()?)?,
                 _ => return Err(format!("unknown flag {flag:?}")),
             }
         }
@@ -245,6 +262,10 @@ impl Job {
 
     pub fn is_upscale(&self) -> bool {
         !self.upscale_model.is_empty()
+    }
+
+    pub fn is_video(&self) -> bool {
+        self.video_frames > 0
     }
 }
 
@@ -269,9 +290,55 @@ pub fn test_image(width: u32, height: u32) -> Vec<u8> {
 struct Events {
     /// `(t, level, text, generating)`
     logs: Vec<(f64, String, String, bool)>,
-    /// `(t, step, steps, seconds)` reported while `generate_image` ran.
-    progress: Vec<(f64, i32, i32, f32)>,
+    /// `(t, step, steps, seconds, process CPU seconds)` reported while `generate_image` ran.
+    progress: Vec<(f64, i32, i32, f32, f64)>,
     generating: bool,
+    /// The decode's memory, see [`DecodeMemory`].
+    decode: DecodeMemory,
+}
+
+/// Resident memory (kB, from `/proc/self/status`) and process CPU time around the VAE
+/// decode.
+#[derive(Default, Clone, Copy)]
+struct DecodeMemory {
+    cpu_start_s: Option<f64>,
+    cpu_end_s: Option<f64>,
+    /// The resident set when sampling completed (the decode's start).
+    rss_start_kb: Option<u64>,
+    /// The process's peak before the high-water mark was reset for the decode.
+    hwm_before_kb: Option<u64>,
+    /// The peak from the decode's start to its end.
+    peak_kb: Option<u64>,
+}
+
+/// Notes the decode's start (sampling completed: resident set, peak so far, then the peak
+/// reset to the current resident set) or its end (the peak since), from a log line.
+fn track_decode_memory(text: &str, mem: &mut DecodeMemory) {
+    if seconds_in(text, "sampling").is_some() {
+        mem.cpu_start_s = Some(cpu_s());
+        let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+        mem.hwm_before_kb = status_kb(&status, "VmHWM").max(mem.hwm_before_kb);
+        mem.rss_start_kb = status_kb(&status, "VmRSS");
+        // "5" resets VmHWM to VmRSS (Linux 4.0+); without it the decode's peak is unknown.
+        if std::fs::write("/proc/self/clear_refs", "5").is_err() {
+            mem.rss_start_kb = None;
+        }
+    } else if seconds_in(text, "decode_first_stage").is_some() && mem.cpu_start_s.is_some() {
+        mem.cpu_end_s = Some(cpu_s());
+        mem.peak_kb = mem.rss_start_kb.and(vm_hwm_kb());
+    }
+}
+
+/// User + system CPU seconds of this process so far (every thread).
+pub fn cpu_s() -> f64 {
+    // SAFETY: an all-zero rusage is valid for getrusage to fill in.
+    let mut u: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: a valid pointer to a rusage.
+    if unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut u) } != 0 {
+        return f64::NAN;
+    }
+    let secs = |tv: libc::timeval| tv.tv_sec as f64 + tv.tv_usec as f64 / 1e6;
+    secs(u.ru_utime) + secs(u.ru_stime)
 }
 
 struct Recorder {
@@ -301,6 +368,9 @@ pub fn on_log(level: &str, text: &str) {
     }
     with_events(|t, ev| {
         let generating = ev.generating;
+        if generating {
+            track_decode_memory(text, &mut ev.decode);
+        }
         ev.logs.push((t, level.to_string(), text.trim_end().to_string(), generating))
     });
 }
@@ -310,7 +380,7 @@ pub fn on_log(level: &str, text: &str) {
 pub fn on_progress(step: i32, steps: i32, seconds: f32) {
     with_events(|t, ev| {
         if ev.generating {
-            ev.progress.push((t, step, steps, seconds));
+            ev.progress.push((t, step, steps, seconds, cpu_s()));
         }
     });
 }
@@ -365,11 +435,15 @@ fn lazy_loads(logs: &[Log], phases: &[&str]) -> (f64, Vec<(String, f64)>) {
     (all, per_phase)
 }
 
-/// The peak resident set of this process (kB), from `/proc/self/status`.
-pub fn vm_hwm_kb() -> Option<u64> {
-    let status = std::fs::read_to_string("/proc/self/status").ok()?;
-    let line = status.lines().find(|l| l.starts_with("VmHWM:"))?;
+/// A `kB` field (`VmHWM`, `VmRSS`, ...) of a `/proc/<pid>/status` text.
+fn status_kb(status: &str, field: &str) -> Option<u64> {
+    let line = status.lines().find(|l| l.strip_prefix(field).is_some_and(|r| r.starts_with(':')))?;
     line.split_whitespace().nth(1)?.parse().ok()
+}
+
+/// The peak resident set of this process (kB) since start or the last reset.
+pub fn vm_hwm_kb() -> Option<u64> {
+    status_kb(&std::fs::read_to_string("/proc/self/status").ok()?, "VmHWM")
 }
 
 /// A generated image, for the report (size and a fingerprint) and the optional PPM.
@@ -456,12 +530,11 @@ pub fn median(v: &[f64]) -> Option<f64> {
 
 /// Builds the JSON report of one job from the outcome and the recorded callbacks.
 pub fn report(job: &Job, outcome: &Outcome) -> Value {
-    let (logs, progress) = with_events(|_, ev| (ev.logs.clone(), ev.progress.clone())).unwrap_or_default();
-    let step_s: Vec<f64> = progress
-        .iter()
-        .filter(|(_, step, steps, _)| *step >= 1 && *steps == job.steps)
-        .map(|(_, _, _, s)| *s as f64)
-        .collect();
+    let (logs, progress, mem) = with_events(|_, ev| (ev.logs.clone(), ev.progress.clone(), ev.decode)).unwrap_or_default();
+    let steps: Vec<_> = progress.iter().filter(|(_, step, steps, _, _)| *step >= 1 && *steps == job.steps).collect();
+    let step_s: Vec<f64> = steps.iter().map(|(_, _, _, s, _)| *s as f64).collect();
+    // CPU seconds between consecutive steps' callbacks: steps 2…n.
+    let step_cpu_s: Vec<f64> = steps.windows(2).map(|w| w[1].4 - w[0].4).collect();
     // The first step also pays for first-use work (the reference's lazy UNet weights, graph
     // and buffer set-up on both sides): the per-step figure is the median of the others.
     let steady = if step_s.len() >= 2 { &step_s[1..] } else { &step_s[..] };
@@ -499,8 +572,15 @@ pub fn report(job: &Job, outcome: &Outcome) -> Value {
         "decode_s": phase("decode_first_stage"),
         "step_s": step_s,
         "step_median_s": median(steady),
+        "step_cpu_s": step_cpu_s,
+        "step_cpu_median_s": median(&step_cpu_s),
+        "decode_cpu_s": mem.cpu_end_s.zip(mem.cpu_start_s).map(|(e, s)| e - s),
         "upscale_s": upscale_s,
         "vm_hwm_kb": vm_hwm_kb(),
+        "peak_rss_kb": vm_hwm_kb().max(mem.hwm_before_kb),
+        "decode_rss_start_kb": mem.rss_start_kb,
+        "decode_peak_rss_kb": mem.peak_kb,
+        "decode_rss_growth_kb": mem.peak_kb.zip(mem.rss_start_kb).map(|(p, s)| p.saturating_sub(s)),
         "image": picture,
         "error": error,
         "error_logs": errors,
@@ -521,6 +601,9 @@ mod tests {
         assert_eq!(Job::from_args(up.to_args()).unwrap(), up);
         let dit = Job { components: vec![("diffusion_model".into(), "flux.gguf".into()), ("vae".into(), "ae.safetensors".into())], ..Job::default() };
         assert_eq!(Job::from_args(dit.to_args()).unwrap(), dit);
+        let video = Job { video_frames: 17, cfg: 1.0, ..dit };
+        assert!(video.is_video() && video.to_args().contains(&"--video-frames".to_string()));
+        assert_eq!(Job::from_args(video.to_args()).unwrap(), video);
         assert!(parse_component("unet=x").is_err() && parse_component("vae=").is_err());
         assert_eq!(test_image(7, 5).len(), 105);
         assert!(Job::from_args(vec!["--bogus".to_string()]).is_err());
@@ -557,6 +640,23 @@ mod tests {
         assert!((all - 2.15).abs() < 1e-9);
         assert_eq!(per.len(), 3);
         assert!((per[0].1 - 0.4).abs() < 1e-9 && (per[1].1 - 1.75).abs() < 1e-9 && per[2].1 == 0.0);
+    }
+
+    #[test]
+    fn status_fields_and_decode_memory() {
+        let status = "Name:\tsd\nVmHWMx:\t1 kB\nVmHWM:\t  2048 kB\nVmRSS:\t  1024 kB\n";
+        assert_eq!((status_kb(status, "VmHWM"), status_kb(status, "VmRSS")), (Some(2048), Some(1024)));
+        assert_eq!(status_kb(status, "VmSwap"), None);
+        let mut mem = DecodeMemory::default();
+        track_decode_memory("decode_first_stage completed, taking 1.00s", &mut mem);
+        assert!(mem.peak_kb.is_none(), "a decode without its start is not measured");
+        track_decode_memory("sampling completed, taking 3.00s", &mut mem);
+        let block = std::hint::black_box(vec![1u8; 32 << 20]);
+        track_decode_memory("decode_first_stage completed, taking 2.00s", &mut mem);
+        let (start, peak, before) = (mem.rss_start_kb.unwrap(), mem.peak_kb.unwrap(), mem.hwm_before_kb.unwrap());
+        assert!(mem.cpu_end_s.unwrap() >= mem.cpu_start_s.unwrap());
+        assert!(peak >= start + (30 << 10) && before > 0, "{start} {peak} {before}");
+        drop(block);
     }
 
     #[test]

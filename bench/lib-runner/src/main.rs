@@ -3,12 +3,15 @@
 //! `bench/build-reference.sh` with or without llamafile. The library is opened with
 //! `dlopen` and called through the C API of `stable-diffusion.h`, whose struct layouts are
 //! this repository's `capi` types (checked against the reference header by tests/abi.rs).
+//! Runs image jobs (`generate_image`), video jobs (`generate_video`, `--video-frames N`; the
+//! frames come back stacked into one picture) and upscale jobs; our own library is run the
+//! same way through its C API (`target/release/libstable_diffusion.so`).
 //! Prints one JSON report on stdout; see `sd_bench_common`.
 
 use sd_bench_common::{self as common, Job, Outcome, Picture};
 use stable_diffusion::capi::{
-    sample_method_t, sd_ctx_params_t, sd_ctx_t, sd_image_t, sd_img_gen_params_t, sd_log_cb_t, sd_log_level_t,
-    sd_progress_cb_t, sd_type_t, upscaler_ctx_t, scheduler_t,
+    sample_method_t, sd_audio_t, sd_ctx_params_t, sd_ctx_t, sd_image_t, sd_img_gen_params_t, sd_log_cb_t,
+    sd_log_level_t, sd_progress_cb_t, sd_sample_params_t, sd_type_t, sd_vid_gen_params_t, upscaler_ctx_t, scheduler_t,
 };
 use common::{cstr, lib_str};
 use std::ffi::{c_char, c_int, c_void, CStr, CString};
@@ -25,6 +28,9 @@ struct Api {
     free_ctx: unsafe extern "C" fn(*mut sd_ctx_t),
     img_gen_params_init: unsafe extern "C" fn(*mut sd_img_gen_params_t),
     generate_image: unsafe extern "C" fn(*mut sd_ctx_t, *const sd_img_gen_params_t, *mut *mut sd_image_t, *mut c_int) -> bool,
+    vid_gen_params_init: unsafe extern "C" fn(*mut sd_vid_gen_params_t),
+    generate_video:
+        unsafe extern "C" fn(*mut sd_ctx_t, *const sd_vid_gen_params_t, *mut *mut sd_image_t, *mut c_int, *mut *mut sd_audio_t) -> bool,
     free_images: unsafe extern "C" fn(*mut sd_image_t, c_int),
     str_to_type: unsafe extern "C" fn(*const c_char) -> sd_type_t,
     str_to_sample_method: unsafe extern "C" fn(*const c_char) -> sample_method_t,
@@ -72,6 +78,8 @@ impl Api {
             free_ctx: f!("free_sd_ctx"),
             img_gen_params_init: f!("sd_img_gen_params_init"),
             generate_image: f!("generate_image"),
+            vid_gen_params_init: f!("sd_vid_gen_params_init"),
+            generate_video: f!("generate_video"),
             free_images: f!("free_sd_images"),
             str_to_type: f!("str_to_sd_type"),
             str_to_sample_method: f!("str_to_sample_method"),
@@ -91,27 +99,33 @@ unsafe extern "C" fn progress_cb(step: c_int, steps: c_int, time: f32, _data: *m
     common::on_progress(step, steps, time);
 }
 
-/// A copy of a library image, so its buffer can be freed before the report.
-///
-/// # Safety
-/// `img.data` points to `width × height × channel` bytes.
-unsafe fn picture(img: &sd_image_t) -> Picture<'static> {
-    let len = (img.width * img.height * img.channel) as usize;
-    let data: &'static [u8] = Box::leak(unsafe { std::slice::from_raw_parts(img.data, len) }.to_vec().into_boxed_slice());
-    Picture { width: img.width, height: img.height, channels: img.channel, data }
-}
-
-/// The first picture of a call's `images_out` / `num_images_out` into the outcome (or the
-/// error that `what` gave none), then the images freed.
+/// A call's `images_out` / `num_images_out` into the outcome: the first picture, or with
+/// `all` every frame stacked top to bottom (a video compares frame by frame that way); the
+/// error that `what` gave none otherwise. The images are freed.
 ///
 /// # Safety
 /// `images` holds `count` images of the library when not NULL.
-unsafe fn take_picture(api: &Api, outcome: &mut Outcome<'static>, ok: bool, images: *mut sd_image_t, count: c_int, what: &str) {
-    // SAFETY: per the contract, `images` points to `count` valid images.
-    let first = (ok && !images.is_null() && count >= 1).then(|| unsafe { &*images }).filter(|img| !img.data.is_null());
-    match first {
-        Some(img) => outcome.picture = Some(unsafe { picture(img) }),
-        None => outcome.error = Some(format!("{what} returned no image")),
+unsafe fn take_picture(api: &Api, outcome: &mut Outcome<'static>, ok: bool, images: *mut sd_image_t, count: c_int, what: &str, all: bool) {
+    let frames: &[sd_image_t] = if ok && !images.is_null() && count >= 1 {
+        // SAFETY: per the contract, `images` points to `count` valid images.
+        unsafe { std::slice::from_raw_parts(images, if all { count as usize } else { 1 }) }
+    } else {
+        &[]
+    };
+    let same_shape = frames.windows(2).all(|w| (w[0].width, w[0].height, w[0].channel) == (w[1].width, w[1].height, w[1].channel));
+    match frames.first() {
+        Some(first) if same_shape && frames.iter().all(|f| !f.data.is_null()) => {
+            // A copy, so that the library's buffers can be freed before the report.
+            let mut data = Vec::new();
+            for f in frames {
+                // SAFETY: a frame's buffer is width × height × channel bytes.
+                data.extend_from_slice(unsafe { std::slice::from_raw_parts(f.data, (f.width * f.height * f.channel) as usize) });
+            }
+            let data: &'static [u8] = Box::leak(data.into_boxed_slice());
+            let height = first.height * frames.len() as u32;
+            outcome.picture = Some(Picture { width: first.width, height, channels: first.channel, data });
+        }
+        _ => outcome.error = Some(format!("{what} returned no image")),
     }
     if !images.is_null() {
         unsafe { (api.free_images)(images, count) };
@@ -137,7 +151,7 @@ unsafe fn run_upscale(api: &Api, job: &Job, mut outcome: Outcome<'static>) -> Re
         let (upscale_s, ok) = common::timed(|| (api.upscale)(ctx, input, 4, &mut images, &mut count));
         common::set_generating(false);
         outcome.generate_s = Some(upscale_s);
-        take_picture(api, &mut outcome, ok, images, count, "upscale");
+        take_picture(api, &mut outcome, ok, images, count, "upscale", false);
         (api.free_upscaler)(ctx);
         Ok(outcome)
     }
@@ -194,30 +208,46 @@ fn run(job: &Job) -> Result<Outcome<'static>, String> {
             return Err("new_sd_ctx failed".into());
         }
         outcome.load_s = load_s;
-        let mut gp: sd_img_gen_params_t = std::mem::zeroed();
-        (api.img_gen_params_init)(&mut gp);
-        gp.prompt = prompt.as_ptr();
-        gp.negative_prompt = negative.as_ptr();
-        gp.width = job.width;
-        gp.height = job.height;
-        gp.seed = job.seed;
-        gp.batch_count = 1;
-        gp.sample_params.sample_steps = job.steps;
-        gp.sample_params.guidance.txt_cfg = job.cfg;
         let method = (api.str_to_sample_method)(sampler_name.as_ptr());
         if method == sample_method_t::COUNT {
             (api.free_ctx)(ctx);
             return Err(format!("unknown sampler {:?}", job.sampler));
         }
-        gp.sample_params.sample_method = method;
-        gp.sample_params.scheduler = (api.default_scheduler)(ctx, method);
-
-        common::set_generating(true);
+        let sample = |sp: &mut sd_sample_params_t| {
+            sp.sample_steps = job.steps;
+            sp.guidance.txt_cfg = job.cfg;
+            sp.sample_method = method;
+            sp.scheduler = (api.default_scheduler)(ctx, method);
+        };
         let (mut images, mut count) = (std::ptr::null_mut(), 0);
-        let (generate_s, ok) = common::timed(|| (api.generate_image)(ctx, &gp, &mut images, &mut count));
+        let (what, (generate_s, ok)) = if job.is_video() {
+            let mut vp: sd_vid_gen_params_t = std::mem::zeroed();
+            (api.vid_gen_params_init)(&mut vp);
+            vp.prompt = prompt.as_ptr();
+            vp.negative_prompt = negative.as_ptr();
+            vp.width = job.width;
+            vp.height = job.height;
+            vp.seed = job.seed;
+            vp.video_frames = job.video_frames;
+            sample(&mut vp.sample_params);
+            common::set_generating(true);
+            ("generate_video", common::timed(|| (api.generate_video)(ctx, &vp, &mut images, &mut count, std::ptr::null_mut())))
+        } else {
+            let mut gp: sd_img_gen_params_t = std::mem::zeroed();
+            (api.img_gen_params_init)(&mut gp);
+            gp.prompt = prompt.as_ptr();
+            gp.negative_prompt = negative.as_ptr();
+            gp.width = job.width;
+            gp.height = job.height;
+            gp.seed = job.seed;
+            gp.batch_count = 1;
+            sample(&mut gp.sample_params);
+            common::set_generating(true);
+            ("generate_image", common::timed(|| (api.generate_image)(ctx, &gp, &mut images, &mut count)))
+        };
         common::set_generating(false);
         outcome.generate_s = Some(generate_s);
-        take_picture(&api, &mut outcome, ok, images, count, "generate_image");
+        take_picture(&api, &mut outcome, ok, images, count, what, job.is_video());
         (api.free_ctx)(ctx);
         Ok(outcome)
     }

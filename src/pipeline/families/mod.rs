@@ -707,8 +707,17 @@ mod tests {
                     assert_eq!((s.defaults, s.ref_image_preset), (ModelFamily::OtherDit, Some(preset)));
                     assert_eq!((s.image_channels, s.is_layered()), (if layered { 4 } else { 3 }, layered));
                 }
+                Some(s) if v.is_wan() => {
+                    let ti2v = *v == SdVersion::Wan2_2Ti2v;
+                    let video = s.video().expect("Wan generates video");
+                    assert_eq!(video.time_scale, 4);
+                    assert_eq!(video.timesteps == TimestepRule::PerFrameMasked, ti2v);
+                    assert_eq!((s.latent.size_multiple(), s.latent.channels), if ti2v { (32, 48) } else { (16, 16) });
+                    assert_eq!(s.first_stage, if ti2v { FirstStageKind::Wan22 } else { FirstStageKind::Wan21 });
+                    assert!(s.image_channels == 3 && !s.is_layered() && !s.supports_img_cfg(true));
+                }
                 Some(s) => {
-                    assert!(s.image_channels == 3 && !s.is_layered());
+                    assert!(s.image_channels == 3 && !s.is_layered() && s.video().is_none());
                     assert!(v.is_flux() || matches!(*v, SdVersion::Sd3 | SdVersion::ZImage), "{v}");
                     assert_eq!((s.latent.size_multiple(), s.latent.channels), (8, 16));
                     assert!(!s.vae_quant_convs && s.skip_layer_guidance);

@@ -94,14 +94,7 @@ pub(super) fn check_params(p: &ImgGenParams) -> Result<()> {
     let images = [("init image", p.init_image.as_ref()), ("mask image", p.mask_image.as_ref())];
     for (what, img) in images.into_iter().chain(p.ref_images.iter().map(|r| ("reference image", Some(r)))) {
         if let Some(img) = img {
-            ensure!(
-                img.width > 0 && img.height > 0 && img.data.len() == img.width as usize * img.height as usize * img.channels as usize,
-                "{what}: {}x{} with {} channels does not match its {} bytes",
-                img.width,
-                img.height,
-                img.channels,
-                img.data.len()
-            );
+            check_image_bytes(what, img)?;
         }
     }
     if let Some(img) = &p.init_image {
@@ -113,6 +106,19 @@ pub(super) fn check_params(p: &ImgGenParams) -> Result<()> {
     for img in &p.ref_images {
         ensure!(img.channels == 1 || img.channels >= 3, "reference image with {} channels is not supported", img.channels);
     }
+    Ok(())
+}
+
+/// A picture from the caller: its size and channel count account for its bytes.
+pub(super) fn check_image_bytes(what: &str, img: &crate::image::Image) -> Result<()> {
+    ensure!(
+        img.width > 0 && img.height > 0 && img.data.len() == img.width as usize * img.height as usize * img.channels as usize,
+        "{what}: {}x{} with {} channels does not match its {} bytes",
+        img.width,
+        img.height,
+        img.channels,
+        img.data.len()
+    );
     Ok(())
 }
 

@@ -10,7 +10,7 @@ use super::conditioning::CondRequest;
 use super::families::{ModelSet, VideoCond, VideoFormat};
 use super::imageops::{image_to_tensor, tensor_to_image};
 use super::ref_images::RefImageParams;
-use super::request::{align_up, resolve_guidance, runtime_tiling, schedule, MAX_SIDE};
+use super::request::{align_up, check_image_bytes, resolve_guidance, runtime_tiling, schedule, MAX_SIDE};
 use super::sampling::{self, cancelled, latent_layer, Job, Prepared, Previewer, Stage};
 use crate::error::{Error, Result};
 use crate::image::Image;
@@ -20,7 +20,7 @@ use crate::params::{GuidanceParams, SampleParams, VidGenParams};
 use crate::runtime::args::ExtraArgs;
 use crate::runtime::defaults::{default_sample_method, resolve_eta, unset_if_infinite};
 use crate::runtime::rng::{randn_like, resolve_seed, GenerationRngs};
-use crate::runtime::tiling::{retry_tiling, TilingParams};
+use crate::runtime::tiling::TilingParams;
 use crate::tensor::Tensor;
 use crate::types::{CancelMode, SampleMethod};
 use std::time::Instant;
@@ -75,14 +75,7 @@ fn check_params(p: &VidGenParams) -> Result<()> {
     let images = [("init image", p.init_image.as_ref()), ("end image", p.end_image.as_ref())];
     for (what, img) in images.into_iter().chain(p.control_frames.iter().map(|f| ("control frame", Some(f)))) {
         if let Some(img) = img {
-            ensure!(
-                img.width > 0 && img.height > 0 && img.data.len() == img.width as usize * img.height as usize * img.channels as usize,
-                "{what}: {}x{} with {} channels does not match its {} bytes",
-                img.width,
-                img.height,
-                img.channels,
-                img.data.len()
-            );
+            check_image_bytes(what, img)?;
             ensure!(img.channels == 1 || img.channels >= 3, "{what} with {} channels is not supported", img.channels);
         }
     }
@@ -456,8 +449,9 @@ fn put_frame(video: &mut Tensor, frame: &Tensor, t: usize) -> Result<()> {
     Ok(())
 }
 
-/// Decodes the final latent video, retried with temporal tiling and then with spatial tiles
-/// when a whole decode fails (e.g. out of memory); the frames beyond the request's are cut.
+/// Decodes the final latent video (retried with temporal, then spatial tiling when a whole
+/// decode fails, e.g. out of memory: the first stage's one retry chain); the frames beyond
+/// the request's are cut.
 fn decode(ms: &mut ModelSet, latent: &Tensor, frames: usize, tiling: &TilingParams, circular: (bool, bool), cancel: &CancelFlag) -> Result<Vec<Image>> {
     if cancel.pending() == Some(CancelMode::All) {
         sd_error!("cancelling generation before video decode");
@@ -467,20 +461,7 @@ fn decode(ms: &mut ModelSet, latent: &Tensor, frames: usize, tiling: &TilingPara
     let fs = ms.first_stage.as_mut();
     fs.begin()?;
     let mut progress = |s: i32, n: i32, secs: f32| callbacks::progress(s, n, secs);
-    let mut run = |t: &TilingParams| fs.decode_video(latent, t, circular, Some(&mut progress));
-    let mut video = run(tiling);
-    if let Err(e) = &video {
-        if !tiling.temporal_tiling {
-            sd_warn!("video decode failed ({e}); retrying with temporal tiling");
-            video = run(&TilingParams { temporal_tiling: true, ..tiling.clone() });
-        }
-    }
-    if let Err(e) = &video {
-        if let Some(retry) = retry_tiling(tiling, latent.ne(0) as i64, latent.ne(1) as i64) {
-            sd_warn!("video decode failed ({e}); retrying with {}x{} tiles", retry.tile_size_x, retry.tile_size_y);
-            video = run(&TilingParams { temporal_tiling: true, ..retry });
-        }
-    }
+    let video = crate::models::vae::decode_video_with_retry(fs, latent, tiling, circular, Some(&mut progress));
     fs.end();
     let video = video.map_err(|e| Error::new(format!("decode_first_stage failed for video: {e}")))?;
     sd_info!("decode_first_stage completed, taking {:.2}s", start.elapsed().as_secs_f32());

@@ -264,6 +264,11 @@ pub fn gen_params(params: &Value, arena: &mut Arena) -> sd_img_gen_params_t {
         p.assume_init()
     };
     for (k, v) in params.as_object().expect("params object") {
+        if let Some(f) = k.strip_prefix("sample_params.") {
+            if sample_field(&mut p.sample_params, f, v, arena) {
+                continue;
+            }
+        }
         let sp = &mut p.sample_params;
         match k.as_str() {
             "prompt" => p.prompt = arena.str(v.as_str().unwrap()),
@@ -286,14 +291,6 @@ pub fn gen_params(params: &Value, arena: &mut Arena) -> sd_img_gen_params_t {
             "control_image" => p.control_image = arena.image(v.as_str().unwrap()),
             "control_strength" => p.control_strength = num(v) as f32,
             "ref_image_args" => p.ref_image_args = arena.str(v.as_str().unwrap()),
-            "sample_params.extra_sample_args" => sp.extra_sample_args = arena.str(v.as_str().unwrap()),
-            "sample_params.sample_steps" => sp.sample_steps = num(v) as c_int,
-            "sample_params.sample_method" => sp.sample_method = sample_method_t(enum_value(v)),
-            "sample_params.scheduler" => sp.scheduler = scheduler_t(enum_value(v)),
-            "sample_params.eta" => sp.eta = num(v) as f32,
-            "sample_params.guidance.txt_cfg" => sp.guidance.txt_cfg = num(v) as f32,
-            "sample_params.guidance.img_cfg" => sp.guidance.img_cfg = num(v) as f32,
-            "sample_params.guidance.distilled_guidance" => sp.guidance.distilled_guidance = num(v) as f32,
             "sample_params.guidance.slg.scale" => sp.guidance.slg.scale = num(v) as f32,
             "sample_params.guidance.slg.layer_start" => sp.guidance.slg.layer_start = num(v) as f32,
             "sample_params.guidance.slg.layer_end" => sp.guidance.slg.layer_end = num(v) as f32,
@@ -303,9 +300,7 @@ pub fn gen_params(params: &Value, arena: &mut Arena) -> sd_img_gen_params_t {
                 sp.guidance.slg.layer_count = l.len();
                 arena.ints.push(l);
             }
-            "sample_params.flow_shift" => sp.flow_shift = num(v) as f32,
-            "sample_params.shifted_timestep" => sp.shifted_timestep = num(v) as c_int,
-            "custom_sigmas" | "sample_params.custom_sigmas" => {
+            "custom_sigmas" => {
                 let mut s: Vec<f32> = v.as_array().unwrap().iter().map(|x| num(x) as f32).collect();
                 sp.custom_sigmas = s.as_mut_ptr();
                 sp.custom_sigmas_count = s.len() as c_int;

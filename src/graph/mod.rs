@@ -19,6 +19,9 @@ pub(crate) mod winograd {
     pub(crate) fn conv3x3<'g>(_: &'g Graph, _: T<'g>, _: T<'g>, _: (i32, i32), _: (i32, i32), _: (i32, i32)) -> Option<T<'g>> {
         None
     }
+    pub(crate) fn conv3x3_frames<'g>(_: &'g Graph, _: T<'g>, _: T<'g>, _: i64, _: (i32, i32)) -> Option<T<'g>> {
+        None
+    }
 }
 pub mod nn;
 pub mod ops;

@@ -255,11 +255,30 @@ pub fn conv_2d<'g>(
 /// 3-D convolution as `ggml_conv_3d` composes it (im2col, then one matrix product with the
 /// kernel): kernel `w` [KW, KH, KD, OC·IC] (f16) over `x` [W, H, D, N·IC] →
 /// [OW, OH, OD, N·OC], plus the bias `b` [OC]. Strides, paddings and dilations in (w, h, d)
-/// order. (The causal video convolutions pad `x` themselves and pass no padding.) On the CPU
-/// an im2col matrix beyond `cpu_im2col_limit` is built and multiplied in bands of output
-/// rows written into one output: every element is the same dot product.
+/// order. (The causal video convolutions pad `x` in time themselves.) On the CPU an im2col
+/// matrix beyond `cpu_im2col_limit` is built and multiplied in bands of output rows written
+/// into one output: every element is the same dot product. Where the graph takes Winograd's
+/// convolutions (decoders), 3×3×KD kernels with stride 1 and no time padding go through
+/// `winograd::conv3x3_frames` instead: no im2col matrix, 16 products per 2×2 outputs
+/// instead of 36.
 #[allow(clippy::too_many_arguments)]
 pub fn conv_3d<'g>(g: &'g Graph, x: T<'g>, w: T<'g>, b: Option<T<'g>>, ic: i64, stride: [i32; 3], padding: [i32; 3], dilation: [i32; 3]) -> T<'g> {
+    let bias = |y: T<'g>| match b {
+        Some(b) => y.add_inplace(b.reshape(&[1, 1, 1, b.ne()[0]])),
+        None => y,
+    };
+    if stride == [1; 3] && dilation == [1; 3] && padding[2] == 0 {
+        if let Some(y) = super::winograd::conv3x3_frames(g, x, w, ic, (padding[0], padding[1])) {
+            return bias(y);
+        }
+    }
+    // Bands of output rows need the rows' padding in the input.
+    let (x, padding) = if g.on_cpu && padding[1] != 0 && padding.iter().all(|&p| p >= 0) {
+        let [p0, p1, p2] = padding;
+        (x.pad_ext([p0, p1, p2, 0], [p0, p1, p2, 0]), [0; 3])
+    } else {
+        (x, padding)
+    };
     let col_ty = if w.ty() == g::GGML_TYPE_BF16 { F32 } else { F16 };
     let product = |x: T<'g>| {
         let cols = w.im2col_3d(x, ic, stride, padding, dilation, col_ty);
@@ -297,10 +316,7 @@ pub fn conv_3d<'g>(g: &'g Graph, x: T<'g>, w: T<'g>, b: Option<T<'g>>, ic: i64, 
     } else {
         product(x)
     };
-    match b {
-        Some(b) => y.add_inplace(b.reshape(&[1, 1, 1, b.ne()[0]])),
-        None => y,
-    }
+    bias(y)
 }
 
 /// Padding that wraps around on the graph's circular axes and is zero elsewhere.

@@ -9,6 +9,11 @@
 //! tile is one matrix product (tiles × channels times channels × output channels). A task is
 //! a block of output channels × a run of tiles in one tile row: its transformed kernels stay
 //! in L2 while its tiles are transformed, multiplied and transformed back.
+//!
+//! The video VAE's 3×3×KD causal convolutions take the same op ([`conv3x3_frames`]): an
+//! output frame sums KD input frames, so the KD frames' channels are one longer channel
+//! axis of the same products (KD·C "virtual" channels), read in place from the video's
+//! [W, H, T, C] layout and written straight into it.
 
 use super::context::{store_in_ctx, Graph, F16, F32, T};
 use super::gemm::TaskQueue;
@@ -29,10 +34,33 @@ const SEG: usize = 3 * MT;
 /// Input channels per pass of the kernel (its panels stay in L1).
 const KC: usize = 256;
 
+/// How the tensors are laid out: a batch of images, or one video whose output frames each
+/// read `taps` input frames.
+#[derive(Clone, Copy, Debug)]
+#[repr(C)]
+struct Layout {
+    /// Input frames per output frame (1 for images).
+    taps: i32,
+    /// Video: x [W, H, T, C], w [3, 3, taps, OC·C], out [OW, OH, T', OC]; images: x [W, H,
+    /// C, N], w [3, 3, C, OC], out [OW, OH, OC, N].
+    video: bool,
+}
+
+impl Layout {
+    const IMAGES: Layout = Layout { taps: 1, video: false };
+}
+
 #[repr(C)]
 struct OpData {
     queue: TaskQueue,
     pad: [i32; 2],
+    layout: Layout,
+}
+
+#[repr(C)]
+struct KernelData {
+    queue: TaskQueue,
+    layout: Layout,
 }
 
 /// `x` [W, H, C, N] (f32) convolved with `w` [3, 3, C, OC] (f16 or f32), stride 1, dilation
@@ -55,15 +83,48 @@ pub(crate) fn conv3x3<'g>(g: &'g Graph, x: T<'g>, w: T<'g>, stride: (i32, i32), 
     if ow * oh < 256 || usize::BITS < 64 {
         return None;
     }
+    build(g, x, w, [p0, p1], Layout::IMAGES, c, oc, [ow, oh, oc, n])
+}
+
+/// A video's 3×3×KD convolution, stride 1: `x` [W, H, T, C] (f32, contiguous, its time
+/// padding already in front) with `w` [3, 3, KD, OC·C] (f16 or f32, `ggml_conv_3d`'s
+/// layout), zero spatial padding `padding` (x, y) → [OW, OH, T - KD + 1, OC], under the
+/// conditions of [`conv3x3`]; otherwise None.
+pub(crate) fn conv3x3_frames<'g>(g: &'g Graph, x: T<'g>, w: T<'g>, ic: i64, padding: (i32, i32)) -> Option<T<'g>> {
+    if !g.on_cpu || !g.options.cpu_winograd || !super::gemm::vector_kernels_available() || super::eval_callback::is_set() {
+        return None;
+    }
+    let [kw, kh, kd, ocic] = w.ne();
+    let [wi, hi, t, xc] = x.ne();
+    let (p0, p1) = padding;
+    if (kw, kh) != (3, 3) || kd < 1 || t < kd || xc != ic || ic < 16 || ocic % ic != 0 || !(0..=2).contains(&p0) || !(0..=2).contains(&p1) {
+        return None;
+    }
+    let oc = ocic / ic;
+    if (w.ty() != F16 && w.ty() != F32) || x.ty() != F32 || !x.is_contiguous() || oc < 16 {
+        return None;
+    }
+    let (ow, oh) = (wi + 2 * p0 as i64 - 2, hi + 2 * p1 as i64 - 2);
+    if ow * oh < 256 || usize::BITS < 64 {
+        return None;
+    }
+    let layout = Layout { taps: i32::try_from(kd).ok()?, video: true };
+    build(g, x, w, [p0, p1], layout, kd * ic, oc, [ow, oh, t - kd + 1, oc])
+}
+
+/// The two nodes: the kernels transformed (`c` channels, virtual ones for video), then the
+/// convolution into a tensor of `out` elements.
+fn build<'g>(g: &'g Graph, x: T<'g>, w: T<'g>, pad: [i32; 2], layout: Layout, c: i64, oc: i64, out: [i64; 4]) -> Option<T<'g>> {
     let opan = (oc as usize).div_ceil(NO) as i64;
-    let kq = store_in_ctx(g.ctx(), TaskQueue::new())?;
-    let data = store_in_ctx(g.ctx(), OpData { queue: TaskQueue::new(), pad: [p0, p1] })?;
+    let kq = store_in_ctx(g.ctx(), KernelData { queue: TaskQueue::new(), layout })?;
+    let data = store_in_ctx(g.ctx(), OpData { queue: TaskQueue::new(), pad, layout })?;
     let mut wargs = [w.raw()];
     // SAFETY: a live context and sources; each callback reads its sources and writes only its
     // own output; the user data lives in the same context as the nodes.
     let u = unsafe { g::ggml_custom_4d(g.ctx(), F32, NO as i64, c, opan, 16, wargs.as_mut_ptr(), 1, Some(compute_kernels), -1, kq as *mut c_void) };
     let mut args = [x.raw(), u];
-    let y = unsafe { g::ggml_custom_4d(g.ctx(), F32, ow, oh, oc, n, args.as_mut_ptr(), 2, Some(compute), -1, data as *mut c_void) };
+    let [ow, oh, o2, o3] = out;
+    let y = unsafe { g::ggml_custom_4d(g.ctx(), F32, ow, oh, o2, o3, args.as_mut_ptr(), 2, Some(compute), -1, data as *mut c_void) };
     Some(x.wrap(y))
 }
 
@@ -72,12 +133,13 @@ pub(crate) fn conv3x3<'g>(g: &'g Graph, x: T<'g>, w: T<'g>, stride: (i32, i32), 
 unsafe extern "C" fn compute_kernels(dst: *mut g::ggml_tensor, _ith: c_int, nth: c_int, userdata: *mut c_void) {
     // A panic must not unwind into ggml's C threads.
     let _ = std::panic::catch_unwind(|| {
-        // SAFETY: ggml calls this with the node built by `conv3x3`: source w [3, 3, C, OC],
-        // output [NO, C, panels, 16] f32, both allocated; the user data is its queue.
+        // SAFETY: ggml calls this with the node built by `build`: source w (its layout's),
+        // output [NO, C, panels, 16] f32, both allocated; the user data is its `KernelData`.
         unsafe {
-            let queue = &*(userdata as *const TaskQueue);
+            let data = &*(userdata as *const KernelData);
+            let queue = &data.queue;
             let d = &*dst;
-            let w = &*d.src[0];
+            let w = KernelGeo::new(&*d.src[0], d.ne[1] as usize, data.layout);
             let _finish = queue.finish_guard(nth.max(1) as usize);
             let panels = d.ne[2] as usize;
             loop {
@@ -85,20 +147,55 @@ unsafe extern "C" fn compute_kernels(dst: *mut g::ggml_tensor, _ith: c_int, nth:
                 if p >= panels {
                     break;
                 }
-                transform_kernels(w, p, panels, d.data as *mut f32);
+                transform_kernels(&w, p, panels, d.data as *mut f32);
             }
         }
     });
 }
+/// Where the kernels' values are: channel `ci` (virtual for video: frame `ci / cr`,
+/// channel `ci % cr`) of output channel `o` at `o·o_nb + (ci % cr)·c_nb + (ci / cr)·t_nb`.
+struct KernelGeo {
+    data: *const u8,
+    f16: bool,
+    nb: [usize; 2],
+    o_nb: usize,
+    c_nb: usize,
+    t_nb: usize,
+    /// Channels (virtual), real channels per frame, output channels.
+    c: usize,
+    cr: usize,
+    oc: usize,
+}
+
+impl KernelGeo {
+    /// # Safety
+    /// `w` a live kernel tensor of `layout` with `c` (virtual) channels.
+    unsafe fn new(w: &g::ggml_tensor, c: usize, layout: Layout) -> KernelGeo {
+        let taps = layout.taps.max(1) as usize;
+        let cr = c / taps;
+        let (o_nb, c_nb, t_nb, oc) = if layout.video { (cr * w.nb[3], w.nb[3], w.nb[2], w.ne[3] as usize / cr) } else { (w.nb[3], w.nb[2], 0, w.ne[3] as usize) };
+        KernelGeo { data: w.data as *const u8, f16: w.type_ == F16, nb: [w.nb[0], w.nb[1]], o_nb, c_nb, t_nb, c, cr, oc }
+    }
+}
+
 /// Sizes of one convolution, from its tensors.
 struct Geo {
     x: *const u8,
-    xnb: [usize; 4],
+    /// Row stride of the input, and the strides of its (real) channels and its frames (or
+    /// images).
+    x_row: usize,
+    x_c: usize,
+    x_n: usize,
+    /// Real channels per input frame (`c` / taps).
+    cr: usize,
     /// Transformed kernels: [16][oc panel][c][NO].
     u: *const f32,
     opan: usize,
     out: *mut u8,
-    onb: [usize; 4],
+    /// Row stride of the output, and the strides of its channels and its frames (images).
+    o_row: usize,
+    o_c: usize,
+    o_n: usize,
     wi: usize,
     hi: usize,
     c: usize,
@@ -118,22 +215,29 @@ struct Geo {
 impl Geo {
     /// # Safety
     /// A node built by `conv3x3`.
-    unsafe fn new(d: &g::ggml_tensor, pad: [i32; 2]) -> Geo {
+    unsafe fn new(d: &g::ggml_tensor, pad: [i32; 2], layout: Layout) -> Geo {
         let (x, w) = unsafe { (&*d.src[0], &*d.src[1]) };
         let us = |v: i64| v as usize;
         let (ow, oh) = (us(d.ne[0]), us(d.ne[1]));
         let (tw, th) = (ow.div_ceil(2), oh.div_ceil(2));
-        let oc = us(d.ne[2]);
+        // Channels and frames (images) are axes 3 and 2 of video tensors, 2 and 3 otherwise.
+        let (ca, na) = if layout.video { (3, 2) } else { (2, 3) };
+        let oc = us(d.ne[ca]);
         Geo {
             x: x.data as *const u8,
-            xnb: x.nb,
+            x_row: x.nb[1],
+            x_c: x.nb[ca],
+            x_n: x.nb[na],
+            cr: us(x.ne[ca]),
             u: w.data as *const f32,
             opan: us(w.ne[2]),
             out: d.data as *mut u8,
-            onb: d.nb,
+            o_row: d.nb[1],
+            o_c: d.nb[ca],
+            o_n: d.nb[na],
             wi: us(x.ne[0]),
             hi: us(x.ne[1]),
-            c: us(x.ne[2]),
+            c: us(w.ne[1]),
             oc,
             ow,
             oh,
@@ -141,7 +245,7 @@ impl Geo {
             tw,
             tiles: tw * th,
             segs: (tw * th).div_ceil(SEG),
-            n: us(x.ne[3]),
+            n: us(d.ne[na]),
             avx512: super::gemm::x86::avx512_allowed(),
         }
     }
@@ -150,6 +254,11 @@ impl Geo {
     /// rows are read and transformed once).
     fn count(&self) -> usize {
         self.n * self.segs
+    }
+
+    /// The plane of (virtual) channel `ci` read for output frame (image) `n`.
+    fn plane(&self, n: usize, ci: usize) -> *const u8 {
+        self.x.wrapping_add((n + ci / self.cr) * self.x_n + (ci % self.cr) * self.x_c)
     }
 }
 
@@ -178,7 +287,7 @@ unsafe extern "C" fn compute(dst: *mut g::ggml_tensor, _ith: c_int, nth: c_int, 
         // allocated, its user data that node's `OpData`, on all of its threads.
         unsafe {
             let data = &*(userdata as *const OpData);
-            let geo = Geo::new(&*dst, data.pad);
+            let geo = Geo::new(&*dst, data.pad, data.layout);
             let count = geo.count();
             let _finish = data.queue.finish_guard(nth.max(1) as usize);
             SCRATCH.with(|s| {
@@ -239,17 +348,17 @@ unsafe fn task(geo: &Geo, i: usize, s: &mut Scratch) {
 /// the last channel). f32 kernels are rounded to f16 first: ggml's product with the f16
 /// im2col matrix does.
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn transform_kernels(w: &g::ggml_tensor, p: usize, panels: usize, u: *mut f32) {
-    let (c, oc) = (w.ne[2] as usize, w.ne[3] as usize);
-    let (wd, wnb, f16) = (w.data as *const u8, w.nb, w.type_ == F16);
+unsafe fn transform_kernels(w: &KernelGeo, p: usize, panels: usize, u: *mut f32) {
+    let (c, oc, f16) = (w.c, w.oc, w.f16);
     for lane in 0..NO {
         let o = p * NO + lane;
         for ci in 0..c {
             let mut k = [[0f32; 3]; 3];
             if o < oc {
+                let base = w.data.add(o * w.o_nb + (ci % w.cr) * w.c_nb + (ci / w.cr) * w.t_nb);
                 for (ky, row) in k.iter_mut().enumerate() {
                     for (kx, v) in row.iter_mut().enumerate() {
-                        let at = wd.add(o * wnb[3] + ci * wnb[2] + ky * wnb[1] + kx * wnb[0]);
+                        let at = base.add(ky * w.nb[1] + kx * w.nb[0]);
                         let h = if f16 { (at as *const u16).read_unaligned() } else { super::gemm::scalar::f32_to_f16((at as *const f32).read_unaligned()) };
                         *v = super::gemm::scalar::f16_to_f32(h);
                     }
@@ -299,11 +408,11 @@ unsafe fn gather_tiles(geo: &Geo, plane: *const u8, first: usize, live: usize, d
             let y = y0 + r as isize;
             let row_in = y >= 0 && y < geo.hi as isize;
             let p = if row_in && inside {
-                (plane.add(y as usize * geo.xnb[1]) as *const f32).offset(x0)
+                (plane.add(y as usize * geo.x_row) as *const f32).offset(x0)
             } else {
                 buf[..18].fill(0.0);
                 if row_in {
-                    let src = plane.add(y as usize * geo.xnb[1]) as *const f32;
+                    let src = plane.add(y as usize * geo.x_row) as *const f32;
                     let lo = (-x0).max(0) as usize;
                     let hi = (geo.wi as isize - x0).clamp(0, 18) as usize;
                     for (i, b) in buf.iter_mut().enumerate().take(hi).skip(lo) {
@@ -331,7 +440,7 @@ unsafe fn gather_tiles(geo: &Geo, plane: *const u8, first: usize, live: usize, d
             if y < 0 || y >= geo.hi as isize {
                 continue;
             }
-            let src = plane.add(y as usize * geo.xnb[1]) as *const f32;
+            let src = plane.add(y as usize * geo.x_row) as *const f32;
             for (q, lq) in lr.iter_mut().enumerate() {
                 let x = (2 * tx + q) as isize - geo.pad[0];
                 if x >= 0 && x < geo.wi as isize {
@@ -355,7 +464,7 @@ unsafe fn transform_tiles(geo: &Geo, n: usize, t0: usize, tiles: usize, tpan: us
     let pos_stride = tpan * c * MT;
     let mut d = [[_mm256_setzero_ps(); 4]; 4];
     for ci in 0..c {
-        let plane = geo.x.add(n * geo.xnb[3] + ci * geo.xnb[2]);
+        let plane = geo.plane(n, ci);
         for gi in 0..tpan * MT / TV {
             let live = tiles.saturating_sub(gi * TV).min(TV);
             gather_tiles(geo, plane, t0 + gi * TV, live, &mut d);
@@ -384,7 +493,7 @@ unsafe fn transform_tiles(geo: &Geo, n: usize, t0: usize, tiles: usize, tpan: us
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn untransform(geo: &Geo, n: usize, t0: usize, tiles: usize, oc0: usize, ocs: usize, m: *const f32) {
     for o in 0..ocs {
-        let out = geo.out.add(n * geo.onb[3] + (oc0 + o) * geo.onb[2]);
+        let out = geo.out.add(n * geo.o_n + (oc0 + o) * geo.o_c);
         for gi in 0..tiles.div_ceil(TV) {
             let at = m.add(o * SEG + gi * TV);
             let mv = |r: usize, q: usize| _mm256_loadu_ps(at.add((r * 4 + q) * OCB * SEG));
@@ -403,7 +512,7 @@ unsafe fn untransform(geo: &Geo, n: usize, t0: usize, tiles: usize, oc0: usize, 
                     if y < geo.oh {
                         // Interleave the two output columns of each tile.
                         let (lo, hi) = (_mm256_unpacklo_ps(y0, y1), _mm256_unpackhi_ps(y0, y1));
-                        let dst = out.add(y * geo.onb[1]) as *mut f32;
+                        let dst = out.add(y * geo.o_row) as *mut f32;
                         _mm256_storeu_ps(dst.add(2 * tx), _mm256_permute2f128_ps::<0x20>(lo, hi));
                         _mm256_storeu_ps(dst.add(2 * tx + 8), _mm256_permute2f128_ps::<0x31>(lo, hi));
                     }
@@ -418,7 +527,7 @@ unsafe fn untransform(geo: &Geo, n: usize, t0: usize, tiles: usize, oc0: usize, 
                     if y >= geo.oh {
                         continue;
                     }
-                    let dst = out.add(y * geo.onb[1]) as *mut f32;
+                    let dst = out.add(y * geo.o_row) as *mut f32;
                     *dst.add(x) = a[l];
                     if x + 1 < geo.ow {
                         *dst.add(x + 1) = b[l];
@@ -516,6 +625,41 @@ mod tests {
     use crate::graph::runner::Runner;
     use std::sync::Arc;
 
+    /// Values in [-1, 1) from a linear congruential sequence.
+    fn uniform(mut seed: u64) -> impl FnMut() -> f32 {
+        move || {
+            seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            ((seed >> 33) as f32 / (1u64 << 31) as f32) * 2.0 - 1.0
+        }
+    }
+
+    /// Kernel values as f16 or f32 bytes.
+    fn kernel_bytes(v: &[f32], f16: bool) -> Vec<u8> {
+        if f16 {
+            v.iter().flat_map(|&v| f32_to_f16(v).to_le_bytes()).collect()
+        } else {
+            v.iter().flat_map(|v| v.to_le_bytes()).collect()
+        }
+    }
+
+    /// The graph `build` makes computed with ggml's convolution sums, then with Winograd's.
+    fn both_ways(backend: &Arc<Backend>, build: impl Fn(&crate::graph::context::Graph) -> crate::graph::context::T<'_>) -> (crate::tensor::Tensor, crate::tensor::Tensor) {
+        let run = |winograd: bool| {
+            let mut r = Runner::new(backend.clone(), 3);
+            r.options.cpu_winograd = winograd;
+            r.compute(|g| Ok(build(g))).unwrap()
+        };
+        (run(false), run(true))
+    }
+
+    /// Same shape, and within float rounding of the largest value.
+    fn assert_close(want: &crate::tensor::Tensor, got: &crate::tensor::Tensor, what: &str) {
+        assert_eq!(want.shape(), got.shape());
+        let scale = want.data().iter().fold(0f32, |m, v| m.max(v.abs()));
+        let worst = want.data().iter().zip(got.data()).fold(0f32, |m, (a, b)| m.max((a - b).abs()));
+        assert!(worst <= 2e-5 * scale.max(1.0), "{what}: off by {worst} (scale {scale})");
+    }
+
     /// Against ggml's own convolution (im2col, f16 products summed in f32): shapes with odd
     /// sizes, both paddings, channels that fill no panel evenly, several K passes, several
     /// segments per tile row, a batch of two, f16 and f32 kernels.
@@ -525,33 +669,20 @@ mod tests {
             return;
         }
         let backend = Arc::new(Backend::cpu().unwrap());
-        let mut seed = 7u64;
-        let mut rnd = move || {
-            seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-            ((seed >> 33) as f32 / (1u64 << 31) as f32) * 2.0 - 1.0
-        };
+        let mut rnd = uniform(7);
         // (w, h, c, oc, n, padding, f16 kernel)
         let cases = [(19, 17, 24, 40, 1, 1, true), (103, 9, 300, 16, 2, 1, true), (20, 22, 16, 70, 1, 0, true), (20, 22, 16, 64, 1, 0, false), (20, 22, 16, 70, 1, 1, false), (33, 16, 64, 64, 1, 2, true)];
         for (wi, hi, c, oc, n, pad, f16) in cases {
             let x: Vec<f32> = (0..wi * hi * c * n).map(|_| rnd()).collect();
             let wv: Vec<f32> = (0..9 * c * oc).map(|_| rnd() * 0.2).collect();
             let wty = if f16 { F16 } else { F32 };
-            let wbytes: Vec<u8> = if f16 { wv.iter().flat_map(|&v| f32_to_f16(v).to_le_bytes()).collect() } else { wv.iter().flat_map(|v| v.to_le_bytes()).collect() };
-            let run = |winograd: bool| {
-                let mut r = Runner::new(backend.clone(), 3);
-                r.options.cpu_winograd = winograd;
-                r.compute(|g| {
-                    let xt = g.input_f32(&x, &[wi, hi, c, n]);
-                    let wt = g.input_bytes(wty, &[3, 3, c, oc], wbytes.clone());
-                    Ok(crate::graph::nn::conv_2d(g, xt, wt, None, (1, 1), (pad, pad), (1, 1), 1.0))
-                })
-                .unwrap()
-            };
-            let (want, got) = (run(false), run(true));
-            assert_eq!(want.shape(), got.shape());
-            let scale = want.data().iter().fold(0f32, |m, v| m.max(v.abs()));
-            let worst = want.data().iter().zip(got.data()).fold(0f32, |m, (a, b)| m.max((a - b).abs()));
-            assert!(worst <= 2e-5 * scale.max(1.0), "case {wi}x{hi} c {c} oc {oc}: off by {worst} (scale {scale})");
+            let wbytes = kernel_bytes(&wv, f16);
+            let (want, got) = both_ways(&backend, |g| {
+                let xt = g.input_f32(&x, &[wi, hi, c, n]);
+                let wt = g.input_bytes(wty, &[3, 3, c, oc], wbytes.clone());
+                crate::graph::nn::conv_2d(g, xt, wt, None, (1, 1), (pad, pad), (1, 1), 1.0)
+            });
+            assert_close(&want, &got, &format!("case {wi}x{hi} c {c} oc {oc}"));
             // The second compute of one graph gives the same (the task queue rewinds).
             let mut r = Runner::new(backend.clone(), 2);
             r.options.cpu_winograd = true;
@@ -564,6 +695,37 @@ mod tests {
                 })
                 .unwrap();
             assert_eq!(twice[0].data(), got.data());
+        }
+    }
+
+    /// The video convolution (3×3×KD kernels over [W, H, T, C], `nn::conv_3d`) against
+    /// ggml's `ggml_conv_3d` composition: one and three taps, spatial padding 0 to 2, channels
+    /// that fill no panel evenly, f16 and f32 kernels.
+    #[test]
+    fn video_winograd_matches_ggml_convolution() {
+        if !crate::graph::gemm::vector_kernels_available() {
+            return;
+        }
+        let backend = Arc::new(Backend::cpu().unwrap());
+        let mut rnd = uniform(11);
+        // (w, h, t, kd, c, oc, padding, f16 kernel)
+        let cases = [(19, 17, 4, 3, 24, 40, 1, true), (18, 16, 3, 3, 16, 16, 0, true), (21, 13, 5, 3, 40, 20, 2, false), (17, 16, 2, 1, 300, 18, 1, true)];
+        for (wi, hi, t, kd, c, oc, pad, f16) in cases {
+            let x: Vec<f32> = (0..wi * hi * t * c).map(|_| rnd()).collect();
+            let wv: Vec<f32> = (0..9 * kd * c * oc).map(|_| rnd() * 0.2).collect();
+            let bias: Vec<f32> = (0..oc).map(|_| rnd()).collect();
+            let (wi, hi, t, kd, c, oc): (i64, i64, i64, i64, i64, i64) = (wi, hi, t, kd, c, oc);
+            let wty = if f16 { F16 } else { F32 };
+            let wbytes = kernel_bytes(&wv, f16);
+            let (want, got) = both_ways(&backend, |g| {
+                let xt = g.input_f32(&x, &[wi, hi, t, c]);
+                let wt = g.input_bytes(wty, &[3, 3, kd, c * oc], wbytes.clone());
+                let bt = g.input_f32(&bias, &[oc]);
+                crate::graph::nn::conv_3d(g, xt, wt, Some(bt), c, [1; 3], [pad, pad, 0], [1; 3])
+            });
+            let side = |v: i64| (v + 2 * pad as i64 - 2) as usize;
+            assert_eq!(want.shape(), &[side(wi), side(hi), (t + 1 - kd) as usize, oc as usize]);
+            assert_close(&want, &got, &format!("case {wi}x{hi}x{t} kd {kd} c {c} oc {oc}"));
         }
     }
 }

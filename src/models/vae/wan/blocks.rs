@@ -206,9 +206,13 @@ impl CausalConv3d {
             x = c.concat(x, 2);
             front -= c.ne()[2] as i32;
         }
-        let x = pad_circular(g, x, [pw, ph, front, 0], [pw, ph, 0, 0]);
+        // Zero padding in space is the convolution's own (no padded copy); wrapping padding
+        // is made here.
+        let circular = g.options.circular_x || g.options.circular_y;
+        let (space, padding) = if circular { ([pw, ph], [0; 3]) } else { ([0, 0], [pw, ph, 0]) };
+        let x = pad_circular(g, x, [space[0], space[1], front, 0], [space[0], space[1], 0, 0]);
         let [sd, sh, sw] = self.stride;
-        nn::conv_3d(g, x, g.param(self.weight), Some(g.param(self.bias)), self.in_ch, [sw, sh, sd], [0; 3], [1; 3])
+        nn::conv_3d(g, x, g.param(self.weight), Some(g.param(self.bias)), self.in_ch, [sw, sh, sd], padding, [1; 3])
     }
 }
 

@@ -411,28 +411,48 @@ impl ParamStore {
     /// reading, converting and quantizing weights (e.g. `wtype = q8_0`) is CPU-bound.
     /// Device buffers are filled one by one through a staging copy.
     pub fn load_parallel(&mut self, threads: usize, fill: impl Fn(&str, &TensorSpec, &mut [u8]) -> Result<()> + Sync) -> Result<()> {
+        self.load_parallel_pieces(threads, usize::MAX, |_, _| false, |name, spec, _, dst| fill(name, spec, dst))
+    }
+
+    /// [`load_parallel`](Self::load_parallel) where a host tensor larger than `piece` bytes
+    /// that `split` accepts is filled in pieces of at most `piece` bytes, each by whichever
+    /// worker is free: `fill(name, spec, offset, dst)` writes bytes `offset..offset +
+    /// dst.len()` of the tensor (every tensor not split in one call, offset 0). A single very
+    /// large tensor (UMT5's 256k-token embedding table, 2 GB in f16) is otherwise read by one
+    /// worker while the others have finished.
+    pub fn load_parallel_pieces(
+        &mut self,
+        threads: usize,
+        piece: usize,
+        split: impl Fn(&str, &TensorSpec) -> bool,
+        fill: impl Fn(&str, &TensorSpec, usize, &mut [u8]) -> Result<()> + Sync,
+    ) -> Result<()> {
         ensure!(self.allocated, "parameters loaded before allocation");
         // SAFETY: valid buffer.
         let host = self.buffer.is_some_and(|b| unsafe { g::ggml_backend_buffer_is_host(b.as_ptr()) });
-        let threads = threads.clamp(1, self.entries.len().max(1));
         // A layer split has no single buffer: its device buffers are filled one by one.
-        if !host || !self.split_buffers.is_empty() || threads == 1 {
-            return self.load(|name, spec, dst| fill(name, spec, dst));
+        if !host || !self.split_buffers.is_empty() || threads <= 1 {
+            return self.load(|name, spec, dst| fill(name, spec, 0, dst));
         }
         /// A tensor's bytes in the host buffer: disjoint from every other tensor's.
         struct Dst(*mut u8, usize);
         // SAFETY: each Dst is handed to exactly one worker (by the shared counter).
         unsafe impl Sync for Dst {}
-        let jobs: Vec<(&str, TensorSpec, Dst)> = self
-            .to_fill()
-            .map(|(name, w)| {
-                let spec = Self::spec(*w);
-                // SAFETY: allocated host tensor.
-                let data = unsafe { (*w.raw()).data as *mut u8 };
-                let n = spec.nbytes;
-                (name.as_str(), spec, Dst(data, n))
-            })
-            .collect();
+        let piece = piece.max(1);
+        let mut jobs: Vec<(&str, TensorSpec, usize, Dst)> = Vec::new();
+        for (name, w) in self.to_fill() {
+            let spec = Self::spec(*w);
+            // SAFETY: allocated host tensor.
+            let data = unsafe { (*w.raw()).data as *mut u8 };
+            let n = spec.nbytes;
+            let step = if n > piece && split(name, &spec) { piece } else { n.max(1) };
+            for offset in (0..n.max(1)).step_by(step) {
+                let len = step.min(n - offset);
+                // SAFETY: offset + len <= n, inside the tensor's data.
+                jobs.push((name.as_str(), spec.clone(), offset, Dst(unsafe { data.add(offset) }, len)));
+            }
+        }
+        let threads = threads.clamp(1, jobs.len().max(1));
         let next = std::sync::atomic::AtomicUsize::new(0);
         let failed: parking_lot::Mutex<Option<(usize, crate::error::Error)>> = parking_lot::Mutex::new(None);
         std::thread::scope(|s| {
@@ -442,10 +462,10 @@ impl ParamStore {
                     if i >= jobs.len() || failed.lock().is_some() {
                         break;
                     }
-                    let (name, spec, dst) = &jobs[i];
-                    // SAFETY: this worker alone took index i; the range is the tensor's data.
+                    let (name, spec, offset, dst) = &jobs[i];
+                    // SAFETY: this worker alone took index i; the range is part of the tensor's data.
                     let bytes = unsafe { std::slice::from_raw_parts_mut(dst.0, dst.1) };
-                    if let Err(e) = fill(name, spec, bytes) {
+                    if let Err(e) = fill(name, spec, *offset, bytes) {
                         let mut f = failed.lock();
                         if f.as_ref().is_none_or(|(j, _)| i < *j) {
                             *f = Some((i, e));
@@ -773,6 +793,42 @@ mod tests {
             let name = format!("t{i}");
             assert_eq!(a.get_data(a.get(&name).unwrap()).unwrap(), b.get_data(b.get(&name).unwrap()).unwrap(), "{name}");
         }
+    }
+
+    #[test]
+    fn a_large_tensor_is_filled_in_pieces_like_the_serial_load() {
+        let value = |name: &str, offset: usize, dst: &mut [u8]| {
+            let i: f32 = name[1..].parse().unwrap();
+            for (k, v) in dst.chunks_exact_mut(4).enumerate() {
+                v.copy_from_slice(&(i * 100.0 + (offset / 4 + k) as f32).to_le_bytes());
+            }
+        };
+        let (mut a, _ba) = store(6);
+        let (mut b, _bb) = store(6);
+        a.load(|name, _, dst| {
+            value(name, 0, dst);
+            Ok(())
+        })
+        .unwrap();
+        let calls = parking_lot::Mutex::new(Vec::new());
+        // t4: 7 floats = 28 bytes in pieces of 12; t5 (32 bytes) is not accepted, t0 (12)
+        // fits in one piece.
+        b.load_parallel_pieces(3, 12, |name, _| name == "t4" || name == "t0", |name, spec, offset, dst| {
+            assert!(offset + dst.len() <= spec.nbytes);
+            calls.lock().push((name.to_string(), offset, dst.len()));
+            value(name, offset, dst);
+            Ok(())
+        })
+        .unwrap();
+        for i in 0..6 {
+            let name = format!("t{i}");
+            assert_eq!(a.get_data(a.get(&name).unwrap()).unwrap(), b.get_data(b.get(&name).unwrap()).unwrap(), "{name}");
+        }
+        let mut calls = calls.into_inner();
+        calls.sort();
+        let t4: Vec<_> = calls.iter().filter(|c| c.0 == "t4").map(|c| (c.1, c.2)).collect();
+        assert_eq!(t4, [(0, 12), (12, 12), (24, 4)]);
+        assert_eq!(calls.iter().filter(|c| c.0 != "t4").map(|c| (c.1, c.2)).collect::<Vec<_>>(), [(0, 12), (0, 16), (0, 20), (0, 24), (0, 32)]);
     }
 
     /// A layer split has no single buffer: every tensor of every device's range is filled

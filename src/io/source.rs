@@ -679,6 +679,28 @@ impl ModelFiles {
         dtype::convert_rows(&stored, ts.ty(), dst, ty, nrows, row)
     }
 
+    /// Whether `ts` is stored in its file exactly as `ty` (native dtype, not compressed in
+    /// a zip): its bytes can then be read in pieces with [`read_tensor_bytes`](Self::read_tensor_bytes).
+    pub fn stored_as(&self, ts: &TensorStorage, ty: SdType) -> bool {
+        ts.source() == SourceDtype::Native && ts.zip_entry.is_none() && ts.ty() == ty && self.files.get(ts.file_index).is_some()
+    }
+
+    /// Bytes `start..start + dst.len()` of a tensor [`stored_as`](Self::stored_as) `ty`: what
+    /// [`read_tensor`](Self::read_tensor) writes there, read by the caller's threads in pieces.
+    pub fn read_tensor_bytes(&self, ts: &TensorStorage, ty: SdType, start: u64, dst: &mut [u8]) -> Result<()> {
+        let file = self.files.get(ts.file_index).ok_or_else(|| Error::new(format!("tensor '{}' has no file", ts.name())))?;
+        let whole = ts.nbytes_as(ty);
+        let fits = start.checked_add(dst.len() as u64).zip(whole).is_some_and(|(end, n)| end <= n);
+        let result = if !self.stored_as(ts, ty) {
+            Err(Error::new(format!("{} is not stored as {}", ts.describe(), ty.name())))
+        } else if !fits {
+            Err(Error::new(format!("bytes {start}..+{} are outside {} as {}", dst.len(), ts.describe(), ty.name())))
+        } else {
+            file.read_at(ts.offset + start, dst)
+        };
+        result.map_err(|e| Error::new(format!("load tensor '{}' from '{}' failed: {e}", ts.name(), file.path.display())))
+    }
+
     fn read_raw(&self, file: &ModelFile, ts: &TensorStorage, buf: &mut [u8]) -> Result<()> {
         match ts.zip_entry {
             Some(entry) => file.read_zip(entry, ts.offset, buf),
@@ -789,6 +811,17 @@ mod tests {
             assert_eq!(m.shared_mapping(&ts, ts.ty()).unwrap().is_some(), mmap);
             assert!(m.shared_mapping(&ts, SdType::Q8_0).unwrap().is_none(), "a converted type is never mapped");
             assert_eq!(m.metadata()["modelspec.title"], "t");
+            // Read in pieces, a tensor stored as it is wanted gives the bytes read_tensor does.
+            let mut whole = vec![0u8; 128];
+            m.read_tensor(&ts, SdType::F16, &mut whole).unwrap();
+            assert!(m.stored_as(&ts, SdType::F16) && !m.stored_as(&ts, SdType::Bf16));
+            let mut pieces = vec![0u8; 128];
+            for (i, piece) in pieces.chunks_mut(48).enumerate() {
+                m.read_tensor_bytes(&ts, SdType::F16, 48 * i as u64, piece).unwrap();
+            }
+            assert_eq!(pieces, whole);
+            assert!(m.read_tensor_bytes(&ts, SdType::F16, 100, &mut [0u8; 29]).is_err(), "past the tensor's end");
+            assert!(m.read_tensor_bytes(&ts, SdType::Bf16, 0, &mut [0u8; 8]).is_err(), "needs a conversion");
         }
     }
 

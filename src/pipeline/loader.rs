@@ -241,9 +241,30 @@ impl WeightSource for Weights {
     }
 }
 
-/// Fills every tensor of an allocated `store` from `files`, checking presence and shape.
+/// The size of the pieces a large tensor that needs no conversion is read in.
+const READ_PIECE: usize = 64 << 20;
+
+/// Fills every tensor of an allocated `store` from `files`, checking presence and shape. A
+/// tensor larger than [`READ_PIECE`] whose bytes need no conversion is read in pieces by all
+/// `threads` (UMT5's 2 GB token table would otherwise be read by one while the others idle).
 pub fn fill(files: &ModelFiles, store: &mut ParamStore, threads: usize) -> Result<()> {
-    store.load_parallel(threads, |name, spec, dst| fill_one(files, name, spec, dst))
+    fill_in_pieces(files, store, threads, READ_PIECE)
+}
+
+fn fill_in_pieces(files: &ModelFiles, store: &mut ParamStore, threads: usize, piece: usize) -> Result<()> {
+    let raw = |name: &str, spec: &TensorSpec| {
+        let (Some(ts), Some(ty)) = (files.get(name), SdType::from_raw(spec.ty)) else { return None };
+        (ts.ne() == spec.ne4() && files.stored_as(ts, ty)).then_some((ts, ty))
+    };
+    store.load_parallel_pieces(
+        threads,
+        piece,
+        |name, spec| raw(name, spec).is_some(),
+        |name, spec, offset, dst| match raw(name, spec) {
+            Some((ts, ty)) if dst.len() < spec.nbytes => files.read_tensor_bytes(ts, ty, offset as u64, dst),
+            _ => fill_one(files, name, spec, dst),
+        },
+    )
 }
 
 /// Reads the declared tensor `name` (`spec`) from `files` into `dst`.
@@ -276,3 +297,39 @@ pub fn read_all_f32(path: &str) -> Result<Vec<(String, crate::tensor::Tensor)>> 
     Ok(out)
 }
 
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::graph::{F16, F32};
+
+    /// Tensors read in pieces by several threads hold what the one-call read gives, those
+    /// that need a conversion (f16 → f32) included.
+    #[test]
+    fn pieces_fill_like_whole_reads() {
+        // Finite f16 bit patterns (exponent below 0x1f).
+        let values: Vec<u8> = (0..1000u32).flat_map(|i| ((i * 37 % 0x7800) as u16).to_le_bytes()).collect();
+        let header = r#"{"big":{"dtype":"F16","shape":[10,64],"data_offsets":[0,1280]},"conv":{"dtype":"F16","shape":[360],"data_offsets":[1280,2000]},"__metadata__":{}}"#;
+        let path = std::env::temp_dir().join(format!("sd-loader-pieces-{}.safetensors", std::process::id()));
+        std::fs::write(&path, crate::io::safetensors::tests::file(header, &values)).unwrap();
+        let mut files = ModelFiles::new();
+        files.add(&path, "").unwrap();
+        let backend = Backend::cpu().unwrap();
+        let stores: Vec<ParamStore> = [(1, usize::MAX), (3, 100), (2, 4096)]
+            .into_iter()
+            .map(|(threads, piece)| {
+                let mut store = ParamStore::new(2).unwrap();
+                store.declare("big", F16, &[64, 10]);
+                store.declare("conv", F32, &[360]);
+                store.alloc(&backend).unwrap();
+                fill_in_pieces(&files, &mut store, threads, piece).unwrap();
+                store
+            })
+            .collect();
+        let _ = std::fs::remove_file(&path);
+        for name in ["big", "conv"] {
+            let data: Vec<Vec<u8>> = stores.iter().map(|s| s.get_data(s.get(name).unwrap()).unwrap()).collect();
+            assert!(data.iter().all(|d| *d == data[0]), "{name}");
+        }
+        assert_eq!(stores[1].get_data(stores[1].get("big").unwrap()).unwrap(), values[..1280]);
+    }
+}

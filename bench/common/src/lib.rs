@@ -11,7 +11,9 @@
 //! `generate_image`, logging "loading tensors completed, taking Xs". Those seconds are
 //! summed (`lazy_load_s`), added to the load time (`load_total_s`) and taken out of the
 //! phase they happened in, so that the phases compare compute with compute. Our library
-//! loads everything in `new_sd_ctx`, where nothing needs subtracting.
+//! loads most weights in `new_sd_ctx`, but reads some again for each phase that uses them
+//! (T5 / UMT5 and the LLM text encoders are freed after conditioning unless `eager_load`),
+//! logging "<what>: loaded N tensors (X MB) in Ys": those reads count the same way.
 //!
 //! The machine may be shared, so the process's CPU time is noted with every progress
 //! callback and at the decode's start and end: CPU seconds per step and per decode do not
@@ -407,6 +409,16 @@ fn seconds_in(text: &str, what: &str) -> Option<f64> {
     Some(if rest[num.len()..].trim_start().starts_with("ms") { v / 1000.0 } else { v })
 }
 
+/// The seconds of our library's weight-loading line, "<what>: loaded N tensors (X MB) in Ys".
+fn our_load_seconds(text: &str) -> Option<f64> {
+    let rest = &text[text.find(": loaded ")? + ": loaded ".len()..];
+    let rest = &rest[rest.find(" tensors (")?..];
+    let rest = &rest[rest.find(" MB) in ")? + " MB) in ".len()..];
+    let num: String = rest.chars().take_while(|c| c.is_ascii_digit() || *c == '.').collect();
+    rest[num.len()..].starts_with('s').then_some(())?;
+    num.parse().ok()
+}
+
 type Log = (f64, String, String, bool);
 
 /// The seconds in the last log line containing `"<what> completed, taking <x>s"`.
@@ -424,7 +436,7 @@ fn lazy_loads(logs: &[Log], phases: &[&str]) -> (f64, Vec<(String, f64)>) {
         if !generating {
             continue;
         }
-        if let Some(s) = seconds_in(text, "loading tensors") {
+        if let Some(s) = seconds_in(text, "loading tensors").or_else(|| our_load_seconds(text)) {
             all += s;
             pending += s;
         } else if let Some(p) = phases.iter().find(|p| seconds_in(text, p).is_some()) {
@@ -640,6 +652,19 @@ mod tests {
         assert!((all - 2.15).abs() < 1e-9);
         assert_eq!(per.len(), 3);
         assert!((per[0].1 - 0.4).abs() < 1e-9 && (per[1].1 - 1.75).abs() < 1e-9 && per[2].1 == 0.0);
+
+        // Ours: the T5 read again for the conditioning phase counts; the loads in
+        // `new_sd_ctx` do not.
+        let ours = vec![
+            line("loader.rs:189  - diffusion model: loaded 825 tensors (2708.92 MB) in 5.10s", false),
+            line("loader.rs:189  - t5: loaded 22 tensors (2023.08 MB) in 6.82s", true),
+            line("video.rs:428  - get_learned_condition completed, taking 7.42s", true),
+            line("video.rs:578  - sampling completed, taking 19.22s", true),
+        ];
+        let (all, per) = lazy_loads(&ours, &["get_learned_condition", "sampling"]);
+        assert!((all - 6.82).abs() < 1e-9 && (per[0].1 - 6.82).abs() < 1e-9 && per[1].1 == 0.0);
+        assert_eq!(our_load_seconds("t5: loaded 22 tensors (2023.08 MB) in 0.00s"), Some(0.0));
+        assert_eq!(our_load_seconds("lora: loaded 3 LoRAs in 1.0s"), None);
     }
 
     #[test]

@@ -2,6 +2,7 @@
 
 pub mod adapter;
 pub mod backend;
+pub(crate) mod channel_norm;
 pub mod context;
 pub(crate) mod cut;
 pub mod devices;
@@ -20,6 +21,9 @@ pub(crate) mod winograd {
         None
     }
     pub(crate) fn conv3x3_frames<'g>(_: &'g Graph, _: T<'g>, _: T<'g>, _: i64, _: (i32, i32)) -> Option<T<'g>> {
+        None
+    }
+    pub(crate) fn conv3x3_frames_after<'g>(_: &'g Graph, _: Option<T<'g>>, _: T<'g>, _: T<'g>, _: i64, _: (i32, i32)) -> Option<T<'g>> {
         None
     }
 }

@@ -133,6 +133,24 @@ impl Conv2d {
         let out = conv_2d(g, x, w, b, stride, padding, dilation, self.scale);
         a.add_to_output(g, self.weight, x, out, LayerOp::Conv2d { stride, padding, dilation, scale: self.scale })
     }
+
+    /// The convolution of every frame of a video `x` [W, H, T, IC] → [OW, OH, T, OC] in
+    /// place in that layout (no frames moved behind the channels and back), where the graph
+    /// takes Winograd's sums for it: a 3×3 kernel is a 3×3×1 video kernel in the same bytes.
+    /// The values are [`Conv2d::forward`]'s on the permuted frames bit for bit. None otherwise.
+    pub fn forward_frames<'g>(&self, g: &'g Graph, x: T<'g>) -> Option<T<'g>> {
+        let plain = self.stride == (1, 1) && self.dilation == (1, 1) && self.scale == 1.0 && !g.options.circular_x && !g.options.circular_y;
+        if !plain || g.adapter_for(&[Some(self.weight), self.bias]).is_some() {
+            return None;
+        }
+        let w = g.param(self.weight);
+        let [kw, kh, ic, oc] = w.ne();
+        let y = super::winograd::conv3x3_frames(g, x, w.reshape(&[kw, kh, 1, ic * oc]), ic, (self.padding.1, self.padding.0))?;
+        Some(match self.bias {
+            Some(b) => y.add_inplace(g.param(b).reshape(&[1, 1, 1, oc])),
+            None => y,
+        })
+    }
 }
 
 /// Above this size an im2col matrix is not materialised on the CPU: the direct convolution
@@ -317,6 +335,29 @@ pub fn conv_3d<'g>(g: &'g Graph, x: T<'g>, w: T<'g>, b: Option<T<'g>>, ic: i64, 
         product(x)
     };
     bias(y)
+}
+
+/// [`conv_3d`] with stride and dilation 1 and no time padding over the frames of `before`
+/// (a causal convolution's cached frames, [W, H, T', IC]) followed by those of `x`: where
+/// Winograd takes it, both are read where they are instead of joined into a copy first.
+#[allow(clippy::too_many_arguments)]
+pub fn conv_3d_after<'g>(g: &'g Graph, before: T<'g>, x: T<'g>, w: T<'g>, b: Option<T<'g>>, ic: i64, padding: [i32; 3]) -> T<'g> {
+    if padding[2] == 0 {
+        if let Some(y) = super::winograd::conv3x3_frames_after(g, Some(before), x, w, ic, (padding[0], padding[1])) {
+            return match b {
+                Some(b) => y.add_inplace(b.reshape(&[1, 1, 1, b.ne()[0]])),
+                None => y,
+            };
+        }
+    }
+    conv_3d(g, before.concat(x, 2), w, b, ic, [1; 3], padding, [1; 3])
+}
+
+/// RMS normalisation of `x` [W, H, T, C] over its channels times `gamma` [C], without
+/// moving the channels innermost, where the graph runs on the CPU (`graph::channel_norm`:
+/// ggml's values bit for bit); None otherwise.
+pub fn rms_norm_channels<'g>(g: &'g Graph, x: T<'g>, gamma: T<'g>, eps: f32) -> Option<T<'g>> {
+    super::channel_norm::rms_norm_channels(g, x, gamma, eps)
 }
 
 /// Padding that wraps around on the graph's circular axes and is zero elsewhere.

@@ -176,6 +176,9 @@ impl Runner {
             self.run_allocated(gf)?;
         }
         upload_inputs(&graph);
+        // The device holds them now: their host bytes (a video decoder's feature cache, a
+        // VAE's input) need not stay alive through the computation and the readback.
+        graph.inputs.borrow_mut().clear();
         self.backend.set_n_threads(self.n_threads);
         let status = if let Some(s) = self.sched {
             if let Some(cpu) = &self.cpu {

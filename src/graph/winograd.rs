@@ -83,7 +83,7 @@ pub(crate) fn conv3x3<'g>(g: &'g Graph, x: T<'g>, w: T<'g>, stride: (i32, i32), 
     if ow * oh < 256 || usize::BITS < 64 {
         return None;
     }
-    build(g, x, w, [p0, p1], Layout::IMAGES, c, oc, [ow, oh, oc, n])
+    build(g, x, None, w, [p0, p1], Layout::IMAGES, c, oc, [ow, oh, oc, n])
 }
 
 /// A video's 3×3×KD convolution, stride 1: `x` [W, H, T, C] (f32, contiguous, its time
@@ -91,11 +91,19 @@ pub(crate) fn conv3x3<'g>(g: &'g Graph, x: T<'g>, w: T<'g>, stride: (i32, i32), 
 /// layout), zero spatial padding `padding` (x, y) → [OW, OH, T - KD + 1, OC], under the
 /// conditions of [`conv3x3`]; otherwise None.
 pub(crate) fn conv3x3_frames<'g>(g: &'g Graph, x: T<'g>, w: T<'g>, ic: i64, padding: (i32, i32)) -> Option<T<'g>> {
+    conv3x3_frames_after(g, None, x, w, ic, padding)
+}
+
+/// [`conv3x3_frames`] over the frames of `before` (f32 [W, H, T', C], contiguous: a causal
+/// convolution's cached frames) followed by those of `x`, read where they are: the two
+/// joined in time, without the joined copy.
+pub(crate) fn conv3x3_frames_after<'g>(g: &'g Graph, before: Option<T<'g>>, x: T<'g>, w: T<'g>, ic: i64, padding: (i32, i32)) -> Option<T<'g>> {
     if !g.on_cpu || !g.options.cpu_winograd || !super::gemm::vector_kernels_available() || super::eval_callback::is_set() {
         return None;
     }
     let [kw, kh, kd, ocic] = w.ne();
-    let [wi, hi, t, xc] = x.ne();
+    let [wi, hi, tx, xc] = x.ne();
+    let t = tx + before.map_or(0, |b| b.ne()[2]);
     let (p0, p1) = padding;
     if (kw, kh) != (3, 3) || kd < 1 || t < kd || xc != ic || ic < 16 || ocic % ic != 0 || !(0..=2).contains(&p0) || !(0..=2).contains(&p1) {
         return None;
@@ -104,17 +112,24 @@ pub(crate) fn conv3x3_frames<'g>(g: &'g Graph, x: T<'g>, w: T<'g>, ic: i64, padd
     if (w.ty() != F16 && w.ty() != F32) || x.ty() != F32 || !x.is_contiguous() || oc < 16 {
         return None;
     }
+    if let Some(b) = before {
+        let [bw, bh, _, bc] = b.ne();
+        if b.ty() != F32 || !b.is_contiguous() || (bw, bh, bc) != (wi, hi, xc) {
+            return None;
+        }
+    }
     let (ow, oh) = (wi + 2 * p0 as i64 - 2, hi + 2 * p1 as i64 - 2);
     if ow * oh < 256 || usize::BITS < 64 {
         return None;
     }
     let layout = Layout { taps: i32::try_from(kd).ok()?, video: true };
-    build(g, x, w, [p0, p1], layout, kd * ic, oc, [ow, oh, t - kd + 1, oc])
+    build(g, x, before, w, [p0, p1], layout, kd * ic, oc, [ow, oh, t - kd + 1, oc])
 }
 
 /// The two nodes: the kernels transformed (`c` channels, virtual ones for video), then the
-/// convolution into a tensor of `out` elements.
-fn build<'g>(g: &'g Graph, x: T<'g>, w: T<'g>, pad: [i32; 2], layout: Layout, c: i64, oc: i64, out: [i64; 4]) -> Option<T<'g>> {
+/// convolution of `before`'s frames and `x`'s into a tensor of `out` elements.
+#[allow(clippy::too_many_arguments)]
+fn build<'g>(g: &'g Graph, x: T<'g>, before: Option<T<'g>>, w: T<'g>, pad: [i32; 2], layout: Layout, c: i64, oc: i64, out: [i64; 4]) -> Option<T<'g>> {
     let opan = (oc as usize).div_ceil(NO) as i64;
     let kq = store_in_ctx(g.ctx(), KernelData { queue: TaskQueue::new(), layout })?;
     let data = store_in_ctx(g.ctx(), OpData { queue: TaskQueue::new(), pad, layout })?;
@@ -122,9 +137,10 @@ fn build<'g>(g: &'g Graph, x: T<'g>, w: T<'g>, pad: [i32; 2], layout: Layout, c:
     // SAFETY: a live context and sources; each callback reads its sources and writes only its
     // own output; the user data lives in the same context as the nodes.
     let u = unsafe { g::ggml_custom_4d(g.ctx(), F32, NO as i64, c, opan, 16, wargs.as_mut_ptr(), 1, Some(compute_kernels), -1, kq as *mut c_void) };
-    let mut args = [x.raw(), u];
+    let mut args = [x.raw(), u, before.map_or(std::ptr::null_mut(), |b| b.raw())];
+    let n_args = if before.is_some() { 3 } else { 2 };
     let [ow, oh, o2, o3] = out;
-    let y = unsafe { g::ggml_custom_4d(g.ctx(), F32, ow, oh, o2, o3, args.as_mut_ptr(), 2, Some(compute), -1, data as *mut c_void) };
+    let y = unsafe { g::ggml_custom_4d(g.ctx(), F32, ow, oh, o2, o3, args.as_mut_ptr(), n_args, Some(compute), -1, data as *mut c_void) };
     Some(x.wrap(y))
 }
 
@@ -186,6 +202,12 @@ struct Geo {
     x_row: usize,
     x_c: usize,
     x_n: usize,
+    /// The frames read before `x`'s (a causal convolution's cache; `b_frames` 0 without),
+    /// with their channel and frame strides.
+    b: *const u8,
+    b_frames: usize,
+    b_c: usize,
+    b_n: usize,
     /// Real channels per input frame (`c` / taps).
     cr: usize,
     /// Transformed kernels: [16][oc panel][c][NO].
@@ -217,6 +239,7 @@ impl Geo {
     /// A node built by `conv3x3`.
     unsafe fn new(d: &g::ggml_tensor, pad: [i32; 2], layout: Layout) -> Geo {
         let (x, w) = unsafe { (&*d.src[0], &*d.src[1]) };
+        let before = unsafe { d.src[2].as_ref() };
         let us = |v: i64| v as usize;
         let (ow, oh) = (us(d.ne[0]), us(d.ne[1]));
         let (tw, th) = (ow.div_ceil(2), oh.div_ceil(2));
@@ -228,6 +251,10 @@ impl Geo {
             x_row: x.nb[1],
             x_c: x.nb[ca],
             x_n: x.nb[na],
+            b: before.map_or(std::ptr::null(), |b| b.data as *const u8),
+            b_frames: before.map_or(0, |b| us(b.ne[na])),
+            b_c: before.map_or(0, |b| b.nb[ca]),
+            b_n: before.map_or(0, |b| b.nb[na]),
             cr: us(x.ne[ca]),
             u: w.data as *const f32,
             opan: us(w.ne[2]),
@@ -258,7 +285,12 @@ impl Geo {
 
     /// The plane of (virtual) channel `ci` read for output frame (image) `n`.
     fn plane(&self, n: usize, ci: usize) -> *const u8 {
-        self.x.wrapping_add((n + ci / self.cr) * self.x_n + (ci % self.cr) * self.x_c)
+        let (f, c) = (n + ci / self.cr, ci % self.cr);
+        if f < self.b_frames {
+            self.b.wrapping_add(f * self.b_n + c * self.b_c)
+        } else {
+            self.x.wrapping_add((f - self.b_frames) * self.x_n + c * self.x_c)
+        }
     }
 }
 
@@ -726,6 +758,23 @@ mod tests {
             let side = |v: i64| (v + 2 * pad as i64 - 2) as usize;
             assert_eq!(want.shape(), &[side(wi), side(hi), (t + 1 - kd) as usize, oc as usize]);
             assert_close(&want, &got, &format!("case {wi}x{hi}x{t} kd {kd} c {c} oc {oc}"));
+            // The first frames given apart (a causal convolution's cache): the same bits.
+            let plane = (wi * hi) as usize;
+            let split = |range: std::ops::Range<i64>| -> Vec<f32> {
+                (0..c as usize).flat_map(|ch| range.clone().flat_map(move |f| (ch * t as usize + f as usize) * plane..(ch * t as usize + f as usize + 1) * plane)).map(|i| x[i]).collect()
+            };
+            let (lead, rest) = (split(0..1), split(1..t));
+            let mut r = Runner::new(backend.clone(), 3);
+            r.options.cpu_winograd = true;
+            let after = r
+                .compute(|g| {
+                    let bt = g.input_f32(&lead, &[wi, hi, 1, c]);
+                    let xt = g.input_f32(&rest, &[wi, hi, t - 1, c]);
+                    let wt = g.input_bytes(wty, &[3, 3, kd, c * oc], wbytes.clone());
+                    Ok(crate::graph::nn::conv_3d_after(g, bt, xt, wt, Some(g.input_f32(&bias, &[oc])), c, [pad, pad, 0]))
+                })
+                .unwrap();
+            assert!(after.data().iter().map(|v| v.to_bits()).eq(got.data().iter().map(|v| v.to_bits())), "frames given apart differ");
         }
     }
 }

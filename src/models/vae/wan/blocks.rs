@@ -201,6 +201,15 @@ impl CausalConv3d {
     fn forward<'g>(&self, g: &'g Graph, x: T<'g>, cache: Option<T<'g>>) -> T<'g> {
         let [pd, ph, pw] = self.padding;
         let mut front = 2 * pd;
+        let circular = g.options.circular_x || g.options.circular_y;
+        if let (Some(c), false, [1, 1, 1]) = (cache.filter(|_| front > 0), circular, self.stride) {
+            // The cached frames lead, after the zero frames they lack; read where they are.
+            let missing = front - c.ne()[2] as i32;
+            if missing >= 0 {
+                let c = if missing > 0 { c.pad_ext([0, 0, missing, 0], [0; 4]) } else { c };
+                return nn::conv_3d_after(g, c, x, g.param(self.weight), Some(g.param(self.bias)), self.in_ch, [pw, ph, 0]);
+            }
+        }
         let mut x = x;
         if let Some(c) = cache.filter(|_| front > 0) {
             x = c.concat(x, 2);
@@ -208,7 +217,6 @@ impl CausalConv3d {
         }
         // Zero padding in space is the convolution's own (no padded copy); wrapping padding
         // is made here.
-        let circular = g.options.circular_x || g.options.circular_y;
         let (space, padding) = if circular { ([pw, ph], [0; 3]) } else { ([0, 0], [pw, ph, 0]) };
         let x = pad_circular(g, x, [space[0], space[1], front, 0], [space[0], space[1], 0, 0]);
         let [sd, sh, sw] = self.stride;
@@ -285,6 +293,9 @@ impl RmsNorm {
     pub fn forward<'g>(&self, g: &'g Graph, x: T<'g>) -> T<'g> {
         let gamma = g.param(self.gamma);
         let gamma = gamma.reshape(&[gamma.ne().iter().product()]);
+        if let Some(y) = nn::rms_norm_channels(g, x, gamma, 1e-12) {
+            return y;
+        }
         let h = x.permute_axes([3, 0, 1, 2]).contiguous().rms_norm(1e-12).mul(gamma);
         h.permute_axes([1, 2, 3, 0]).contiguous()
     }
@@ -378,11 +389,18 @@ impl Resample {
             let c = c2 / 2;
             x = y.reshape(&[w * h, t, c, 2]).permute_axes([0, 3, 1, 2]).contiguous().reshape(&[w, h, 2 * t, c]);
         }
+        let up = matches!(self.mode, ResampleMode::Up2d | ResampleMode::Up3d);
+        // Upsampled frames convolved where they are (Winograd), or moved behind the channels
+        // for the per-image convolution and back.
+        if let Some(y) = up.then(|| self.conv.forward_frames(g, x.upscale(2))).flatten() {
+            return y;
+        }
         let mut y = x.permute_axes([0, 1, 3, 2]).contiguous();
-        y = match self.mode {
-            ResampleMode::Up2d | ResampleMode::Up3d => y.upscale(2),
+        y = if up {
+            y.upscale(2)
+        } else {
             // torch pads (0, 1, 0, 1): one column right, one row at the bottom.
-            ResampleMode::Down2d | ResampleMode::Down3d => pad_circular(g, y, [0; 4], [1, 1, 0, 0]),
+            pad_circular(g, y, [0; 4], [1, 1, 0, 0])
         };
         let mut x = self.conv.forward(g, y).permute_axes([0, 1, 3, 2]).contiguous();
         if let (ResampleMode::Down3d, Some((tc, slot))) = (self.mode, &self.time_conv) {

@@ -249,7 +249,8 @@ pub fn encode_video<V: VaeNet + ?Sized>(net: &V, runner: &mut Runner, frames: &T
 
 /// VAE-space latents `[w, h, t, z, 1]` → video `[s·w, s·h, T, C, 1]` in [0, 1]. Spatial tiles
 /// (`tiling.enabled`) span all frames; `tiling.temporal_tiling` is passed to the network.
-/// `progress` counts tiles, or latent frames without spatial tiles.
+/// `progress` counts spatial tiles; an untiled decode reports nothing, as the reference's
+/// (a caller counting progress calls sees sampling steps only).
 pub fn decode_video<V: VaeNet + ?Sized>(
     net: &V,
     runner: &mut Runner,
@@ -264,7 +265,7 @@ pub fn decode_video<V: VaeNet + ?Sized>(
         sd_warn!("the {} has no temporal tiling; decoding without it", net.name());
     }
     let spec = decode_tiles(tiling, latents, circular, true);
-    as_video(decode_with(net, runner, latents, spec.as_ref(), progress, |r, z, p| net.decode_video(r, z, temporal, p))?)
+    as_video(decode_with(net, runner, latents, spec.as_ref(), progress, |r, z, _| net.decode_video(r, z, temporal, None))?)
 }
 
 /// A loaded first stage as the pipeline uses it: pictures and videos ↔ diffusion latents,

@@ -137,12 +137,14 @@ impl RmsNorm {
         RmsNorm { weight: s.sub(name).tensor(leaf, F32, &[dim]), eps, inplace }
     }
 
+    /// The scale takes a runtime LoRA's difference like every other weight.
     pub fn forward<'g>(&self, g: &'g Graph, x: T<'g>) -> T<'g> {
         let x = x.rms_norm(self.eps);
+        let w = g.adapted_param(self.weight);
         if self.inplace {
-            x.mul_inplace(g.param(self.weight))
+            x.mul_inplace(w)
         } else {
-            x.mul(g.param(self.weight))
+            x.mul(w)
         }
     }
 }

@@ -193,8 +193,9 @@ pub struct VideoFormat {
 }
 
 impl VideoFormat {
+    /// Latent frames of a request for `frames` (at least one), as the first stage counts them.
     pub fn latent_frames(&self, frames: usize) -> usize {
-        (frames.max(1) - 1) / self.time_scale + 1
+        crate::models::vae::latent_frames(frames.max(1), self.time_scale)
     }
 
     /// The frame count a request for `frames` gets (the reference aligns down to 4k + 1).

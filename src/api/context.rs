@@ -33,6 +33,8 @@ pub struct Context {
     prediction: Prediction,
     /// The family generates video (`generate_video`) rather than pictures.
     video: bool,
+    /// What the context was created with: requests warn about its ignored fields.
+    params: CtxParams,
     sd: Mutex<ModelSet>,
 }
 
@@ -41,7 +43,8 @@ impl Context {
     pub fn new(params: &CtxParams) -> Result<Context> {
         let sd = ModelSet::new(params)?;
         let video = sd.spec.video().is_some();
-        Ok(Context { cancel: Arc::new(CancelFlag::new()), family: sd.family(), prediction: sd.prediction, video, sd: Mutex::new(sd) })
+        let (family, prediction) = (sd.family(), sd.prediction);
+        Ok(Context { cancel: Arc::new(CancelFlag::new()), family, prediction, video, params: params.clone(), sd: Mutex::new(sd) })
     }
 
     /// Like the reference: every family that does not generate video generates pictures.
@@ -86,6 +89,7 @@ impl Context {
         // The reference crashes here (Wan: a division by zero in its 3-D convolution).
         ensure!(!self.video, "this is a video model and cannot be run by generate_image; use generate_video");
         let mut sd = self.sd.lock();
+        crate::pipeline::fields::warn_image(&sd, &self.params, params);
         crate::pipeline::image::generate_image(&mut sd, params, &self.cancel)
     }
 
@@ -93,6 +97,7 @@ impl Context {
     pub fn generate_video(&self, params: &VidGenParams) -> Result<VideoOutput> {
         self.cancel.reset();
         let mut sd = self.sd.lock();
+        crate::pipeline::fields::warn_video(&sd, &self.params, params);
         let frames = crate::pipeline::video::generate_video(&mut sd, params, &self.cancel)?;
         Ok(VideoOutput { frames, audio: None })
     }

@@ -197,7 +197,7 @@ fn prepare(
             ref_latents.push(encode(&format!("reference image {i}"), img)?);
         }
     } else if !p.ref_images.is_empty() {
-        sd_warn!("{} does not use reference images; ignoring them", ms.version.name());
+        sd_warn!("{} does not use reference images; ignoring ref_images", ms.version.name());
     }
 
     let mut concat = None;

@@ -5,6 +5,7 @@ pub mod callbacks;
 pub mod conditioning;
 pub mod control;
 pub mod families;
+pub mod fields;
 pub mod hires;
 pub mod image;
 pub mod imageops;

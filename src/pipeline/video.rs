@@ -82,20 +82,11 @@ fn check_params(p: &VidGenParams) -> Result<()> {
     Ok(())
 }
 
-/// Inputs the Wan models do not read draw a warning each (the reference ignores them).
+/// Reference images draw a warning: the Wan models do not read them (the reference ignores
+/// them). The other ignored fields are warned about by `fields::warn_video`.
 fn warn_unused(ms: &ModelSet, p: &VidGenParams) {
-    let name = ms.version.name();
     if !p.ref_images.is_empty() {
-        sd_warn!("{name} does not use reference images; ignoring {}", p.ref_images.len());
-    }
-    if !p.ref_videos.is_empty() {
-        sd_warn!("{name} does not use reference videos; ignoring {}", p.ref_videos.len());
-    }
-    if !p.ref_audios.is_empty() {
-        sd_warn!("{name} does not use reference audio; ignoring {}", p.ref_audios.len());
-    }
-    if ms.high_noise.is_none() && p.high_noise_sample_params.sample_steps > 0 {
-        sd_warn!("high_noise_sample_params are set but no high noise diffusion model is loaded; ignoring them");
+        sd_warn!("{} does not use reference images; ignoring ref_images ({})", ms.version.name(), p.ref_images.len());
     }
 }
 
@@ -339,7 +330,7 @@ fn video_latents(ms: &mut ModelSet, p: &VidGenParams, r: &mut VideoRequest, form
         }
         VideoCond::Vace => {
             sd_info!("VACE");
-            unused("an end image", end_image.is_some());
+            unused("an end image (end_image)", end_image.is_some());
             // The init image is a reference frame in front of the video.
             let reference = match &start_image {
                 Some(img) => {
@@ -381,12 +372,12 @@ fn video_latents(ms: &mut ModelSet, p: &VidGenParams, r: &mut VideoRequest, form
             sd_info!("encode_first_stage completed, taking {} ms", start.elapsed().as_millis());
         }
         _ => {
-            unused("an init image", start_image.is_some());
-            unused("an end image", end_image.is_some());
+            unused("an init image (init_image)", start_image.is_some());
+            unused("an end image (end_image)", end_image.is_some());
         }
     }
     if !matches!(cond, VideoCond::Vace) && !p.control_frames.is_empty() {
-        sd_warn!("this {name} model does not use control frames; ignoring {}", p.control_frames.len());
+        sd_warn!("this {name} model does not use control frames; ignoring control_frames ({})", p.control_frames.len());
     }
     if out.init_latent.is_empty() {
         out.init_latent = Tensor::zeros(&[lw, lh, format.latent_frames(r.frames), latent.channels, 1]);

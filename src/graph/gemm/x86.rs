@@ -198,7 +198,11 @@ unsafe fn float_body<L: Lanes>(p: &Problem, t: &Task, s: &mut Scratch) {
     let (rows, cols) = (t.m1 - t.m0, t.n1 - t.n0);
     let (pm, pn) = (rows.div_ceil(MR), cols.div_ceil(NR));
     let kc = KC_BLOCKS.min(cs).max(1);
-    let a_len = pm * MR * kc * 8 * g;
+    // The A block is packed whole (every lane group and K chunk: chunk (j, c0) at
+    // `a_at(j, c0)`) and kept for the thread's next tasks over the same rows, the other
+    // token columns of a product (a weight matrix was packed again for every 48 columns).
+    let a_len = pm * MR * cs * 32;
+    let a_at = |j: usize, c0: usize| (j / g) * pm * MR * cs * 8 * g + c0 * pm * MR * 8 * g;
     let b_len = NR * kc * 8 * g;
     grow(&mut s.a, a_len + rows * tail, 0.0);
     grow(&mut s.b, b_len + cols * tail, 0.0);
@@ -207,27 +211,39 @@ unsafe fn float_body<L: Lanes>(p: &Problem, t: &Task, s: &mut Scratch) {
     let arow = arow.wrapping_add(t.m0 * p.a.nb[0]);
     let brow = brow.wrapping_add(t.n0 * p.b.nb[0]);
     let (ap, bp, st) = (s.a.as_mut_ptr(), s.b.as_mut_ptr(), s.st.as_mut_ptr());
+    let ta = ap.add(a_len);
+    if s.a_key != Some((t.batch, t.m0)) {
+        for j in (0..4).step_by(g) {
+            for c0 in (0..cs).step_by(kc) {
+                let c1 = (c0 + kc).min(cs);
+                for q in 0..pm {
+                    let r0 = q * MR;
+                    let dst = ap.add(a_at(j, c0) + q * MR * (c1 - c0) * 8 * g);
+                    pack_chunk::<MR>(a_kind, arow.wrapping_add(r0 * p.a.nb[0]), p.a.nb[0], MR.min(rows - r0), j, g, c0, c1, dst);
+                }
+            }
+        }
+        if tail > 0 {
+            pack_tail(a_kind, arow, p.a.nb[0], rows, k32, tail, ta);
+        }
+        s.a_key = Some((t.batch, t.m0));
+    }
     for j in (0..4).step_by(g) {
         for c0 in (0..cs).step_by(kc) {
             let c1 = (c0 + kc).min(cs);
             let nc = c1 - c0;
-            for q in 0..pm {
-                let r0 = q * MR;
-                let dst = ap.add(q * MR * nc * 8 * g);
-                pack_chunk::<MR>(a_kind, arow.wrapping_add(r0 * p.a.nb[0]), p.a.nb[0], MR.min(rows - r0), j, g, c0, c1, dst);
-            }
+            let achunk = ap.add(a_at(j, c0));
             for n in 0..pn {
                 let n0 = n * NR;
                 pack_chunk::<NR>(b_kind, brow.wrapping_add(n0 * p.b.nb[0]), p.b.nb[0], NR.min(cols - n0), j, g, c0, c1, bp);
                 for q in 0..pm {
-                    tile_pass::<L>(ap.add(q * MR * nc * 8 * g), bp, nc, st.add(((n * pm + q) * 4 + j) * MR * NR), c0 > 0);
+                    tile_pass::<L>(achunk.add(q * MR * nc * 8 * g), bp, nc, st.add(((n * pm + q) * 4 + j) * MR * NR), c0 > 0);
                 }
             }
         }
     }
-    let (ta, tb) = (ap.add(a_len), bp.add(b_len));
+    let tb = bp.add(b_len);
     if tail > 0 {
-        pack_tail(a_kind, arow, p.a.nb[0], rows, k32, tail, ta);
         pack_tail(b_kind, brow, p.b.nb[0], cols, k32, tail, tb);
     }
     for ni in 0..cols {

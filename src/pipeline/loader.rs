@@ -68,14 +68,17 @@ impl Weights {
     /// `tensor_type_rules` text.
     pub fn from_files(files: ModelFiles, version: SdVersion, wtype: Option<SdType>, type_rules: &str) -> Weights {
         let rules = TypeRules::parse(type_rules);
+        let mut quantizing = false;
         let types = files
             .tensors()
             .iter()
             .map(|ts| {
                 let ty = target_type(ts, wtype, &rules).unwrap_or(ts.ty());
+                quantizing |= ty != ts.ty() && crate::io::dtype::is_quantized(ty);
                 (ts.name().to_string(), ty.raw())
             })
             .collect();
+        crate::runtime::imatrix::warn_if_quantizing_without(quantizing, "model load");
         Weights { files, types, version }
     }
 

@@ -41,6 +41,17 @@ pub fn collector() -> &'static Mutex<Collector> {
     &COLLECTOR
 }
 
+/// A loaded (or collected) importance matrix when `quantizing`: the reference feeds it to
+/// its quantizer; ours quantizes without it, which the user is told once per load or
+/// conversion. Whether it warned.
+pub fn warn_if_quantizing_without(quantizing: bool, what: &str) -> bool {
+    let unused = quantizing && !collector().lock().is_empty();
+    if unused {
+        sd_warn!("{what}: the loaded imatrix is not used by this build's quantization; quantizing without it");
+    }
+    unused
+}
+
 /// Routes the backend evaluation callback to the process-wide collector.
 pub fn enable_collection() {
     eval_callback::set(Some(Arc::new(|t: EvalTensor<'_>, ask: bool| {
@@ -390,6 +401,18 @@ fn collect_mul_mat_id(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A loaded imatrix draws the warning only when something is quantized.
+    #[test]
+    fn quantizing_with_a_loaded_imatrix_warns() {
+        // The process-wide collector; no other unit test fills it.
+        collector().lock().clear();
+        assert!(!warn_if_quantizing_without(true, "test"));
+        collector().lock().add_mul_mat("blk.0.w", 2, &[1.0, 2.0]).unwrap();
+        assert!(!warn_if_quantizing_without(false, "test"));
+        assert!(warn_if_quantizing_without(true, "test"));
+        collector().lock().clear();
+    }
 
     #[test]
     fn names_and_filter() {

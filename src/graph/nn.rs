@@ -146,10 +146,7 @@ impl Conv2d {
         let w = g.param(self.weight);
         let [kw, kh, ic, oc] = w.ne();
         let y = super::winograd::conv3x3_frames(g, x, w.reshape(&[kw, kh, 1, ic * oc]), ic, (self.padding.1, self.padding.0))?;
-        Some(match self.bias {
-            Some(b) => y.add_inplace(g.param(b).reshape(&[1, 1, 1, oc])),
-            None => y,
-        })
+        Some(add_channel_bias(y, g.opt_param(self.bias)))
     }
 }
 
@@ -281,10 +278,7 @@ pub fn conv_2d<'g>(
 /// instead of 36.
 #[allow(clippy::too_many_arguments)]
 pub fn conv_3d<'g>(g: &'g Graph, x: T<'g>, w: T<'g>, b: Option<T<'g>>, ic: i64, stride: [i32; 3], padding: [i32; 3], dilation: [i32; 3]) -> T<'g> {
-    let bias = |y: T<'g>| match b {
-        Some(b) => y.add_inplace(b.reshape(&[1, 1, 1, b.ne()[0]])),
-        None => y,
-    };
+    let bias = |y: T<'g>| add_channel_bias(y, b);
     if stride == [1; 3] && dilation == [1; 3] && padding[2] == 0 {
         if let Some(y) = super::winograd::conv3x3_frames(g, x, w, ic, (padding[0], padding[1])) {
             return bias(y);
@@ -344,13 +338,18 @@ pub fn conv_3d<'g>(g: &'g Graph, x: T<'g>, w: T<'g>, b: Option<T<'g>>, ic: i64, 
 pub fn conv_3d_after<'g>(g: &'g Graph, before: T<'g>, x: T<'g>, w: T<'g>, b: Option<T<'g>>, ic: i64, padding: [i32; 3]) -> T<'g> {
     if padding[2] == 0 {
         if let Some(y) = super::winograd::conv3x3_frames_after(g, Some(before), x, w, ic, (padding[0], padding[1])) {
-            return match b {
-                Some(b) => y.add_inplace(b.reshape(&[1, 1, 1, b.ne()[0]])),
-                None => y,
-            };
+            return add_channel_bias(y, b);
         }
     }
     conv_3d(g, before.concat(x, 2), w, b, ic, [1; 3], padding, [1; 3])
+}
+
+/// `y` [W, H, T, C] plus a bias per channel `b` [C] (none: `y`).
+fn add_channel_bias<'g>(y: T<'g>, b: Option<T<'g>>) -> T<'g> {
+    match b {
+        Some(b) => y.add_inplace(b.reshape(&[1, 1, 1, b.ne()[0]])),
+        None => y,
+    }
 }
 
 /// RMS normalisation of `x` [W, H, T, C] over its channels times `gamma` [C], without

@@ -200,27 +200,23 @@ impl CausalConv3d {
     /// x `[W, H, T, IC]`, after the `cache` frames of the previous chunk → `[W', H', T', OC]`.
     fn forward<'g>(&self, g: &'g Graph, x: T<'g>, cache: Option<T<'g>>) -> T<'g> {
         let [pd, ph, pw] = self.padding;
-        let mut front = 2 * pd;
-        let circular = g.options.circular_x || g.options.circular_y;
-        if let (Some(c), false, [1, 1, 1]) = (cache.filter(|_| front > 0), circular, self.stride) {
-            // The cached frames lead, after the zero frames they lack; read where they are.
-            let missing = front - c.ne()[2] as i32;
-            if missing >= 0 {
-                let c = if missing > 0 { c.pad_ext([0, 0, missing, 0], [0; 4]) } else { c };
-                return nn::conv_3d_after(g, c, x, g.param(self.weight), Some(g.param(self.bias)), self.in_ch, [pw, ph, 0]);
-            }
-        }
-        let mut x = x;
-        if let Some(c) = cache.filter(|_| front > 0) {
-            x = c.concat(x, 2);
-            front -= c.ne()[2] as i32;
-        }
+        let front = 2 * pd;
         // Zero padding in space is the convolution's own (no padded copy); wrapping padding
-        // is made here.
+        // is made here, frame by frame.
+        let circular = g.options.circular_x || g.options.circular_y;
         let (space, padding) = if circular { ([pw, ph], [0; 3]) } else { ([0, 0], [pw, ph, 0]) };
-        let x = pad_circular(g, x, [space[0], space[1], front, 0], [space[0], space[1], 0, 0]);
+        let pad = |t: T<'g>, front: i32| pad_circular(g, t, [space[0], space[1], front, 0], [space[0], space[1], 0, 0]);
+        let (w, b) = (g.param(self.weight), Some(g.param(self.bias)));
         let [sd, sh, sw] = self.stride;
-        nn::conv_3d(g, x, g.param(self.weight), Some(g.param(self.bias)), self.in_ch, [sw, sh, sd], padding, [1; 3])
+        match cache.filter(|_| front > 0) {
+            // The cached frames lead, after the zero frames they lack; read where they are.
+            Some(c) if self.stride == [1; 3] => {
+                let missing = (front - c.ne()[2] as i32).max(0);
+                nn::conv_3d_after(g, pad(c, missing), pad(x, 0), w, b, self.in_ch, padding)
+            }
+            Some(c) => nn::conv_3d(g, pad(c.concat(x, 2), (front - c.ne()[2] as i32).max(0)), w, b, self.in_ch, [sw, sh, sd], padding, [1; 3]),
+            None => nn::conv_3d(g, pad(x, front), w, b, self.in_ch, [sw, sh, sd], padding, [1; 3]),
+        }
     }
 }
 

@@ -198,10 +198,16 @@ pub fn crop_to_aspect(img: &Image, w: u32, h: u32) -> Image {
 pub fn load_image(path: &str, size: Option<(u32, u32)>, channels: u32) -> Result<Image, String> {
     let mut bytes = Vec::new();
     File::open(path).and_then(|f| BufReader::new(f).read_to_end(&mut bytes)).map_err(|e| format!("load image from '{path}' failed: {e}"))?;
+    decode_image(&bytes, path, size, channels)
+}
+
+/// `load_image` on the bytes of a file already read (or received: sd-server's requests);
+/// `path` names them in the messages.
+pub fn decode_image(bytes: &[u8], path: &str, size: Option<(u32, u32)>, channels: u32) -> Result<Image, String> {
     let img = if bytes.starts_with(b"\x89PNG\r\n\x1a\n") {
-        decode_png(&bytes)
+        decode_png(bytes)
     } else if bytes.starts_with(&[0xff, 0xd8]) {
-        decode_jpeg(&bytes)
+        decode_jpeg(bytes)
     } else {
         Err("not a PNG or JPEG file".into())
     }

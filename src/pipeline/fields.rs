@@ -128,8 +128,6 @@ pub const FIELDS: &[(&str, &[(&str, Use)])] = &[
     ("sd_audio_t", &[("sample_rate", Covered), ("channels", Covered), ("sample_count", Covered), ("data", Covered)]),
 ];
 
-const APG: Use = Warns("adaptive projected guidance (APG) is not supported yet");
-
 /// The reference's `extra_sample_args` keys (schedulers, samplers, img2img, guidance).
 pub const EXTRA_SAMPLE_ARGS: &[(&str, Use)] = &[
     ("alpha", Acts), ("beta", Acts), ("max_shift", Acts), ("base_shift", Acts), ("terminal", Acts), ("stretch", Acts),
@@ -137,8 +135,8 @@ pub const EXTRA_SAMPLE_ARGS: &[(&str, Use)] = &[
     ("sefi_alpha", Acts), ("sefi_delta_t", Acts), ("noise_clip_std", Acts), ("noise_scale_start", Acts),
     ("noise_scale_end", Acts), ("lms_max_order", Acts), ("lms_shift", Acts), ("lms_divisions", Acts), ("gamma", Acts),
     ("slg_uncond", Acts), ("strength_as_noise_level", Acts), ("force_first_sigma", Acts),
-    ("apg_eta", APG), ("apg_momentum", APG), ("apg_norm_threshold", APG), ("apg_norm_threshold_smoothing", APG),
-    ("guidance_schedule", Warns("guidance schedules are not supported yet")),
+    ("apg_eta", Acts), ("apg_momentum", Acts), ("apg_norm_threshold", Acts), ("apg_norm_threshold_smoothing", Acts),
+    ("guidance_schedule", Acts),
 ];
 
 /// The reference's `model_args` keys (read by the family they name).

@@ -6,6 +6,7 @@ pub mod conditioning;
 pub mod control;
 pub mod families;
 pub mod fields;
+pub mod guidance;
 pub mod hires;
 pub mod image;
 pub mod imageops;

@@ -10,6 +10,7 @@
 
 use super::callbacks::{self, CancelFlag, PreviewConfig};
 use super::control::ControlNetModel;
+use super::guidance::{Guider, SkipLayerGuidance};
 use super::imageops::tensor_to_image;
 use super::request::Request;
 use crate::error::{Error, Result};
@@ -122,6 +123,7 @@ pub(super) fn sample(job: &mut Job<'_>, stage: Stage<'_>, x: &Tensor, rng: &mut 
     let mut last_progress = Instant::now();
 
     let slg = SkipLayerGuidance::new(&guidance.slg, extra, *slg_supported, sigmas.len());
+    let mut guider = Guider::new(guidance, extra, steps.max(0) as usize);
     let ref_latents: &[Tensor] = if r.refs.pass_to_dit { &prepared.ref_latents } else { &[] };
     let img_uncond_refs: &[Tensor] = if *ref_latent_img_cfg { &[] } else { ref_latents };
     let uncond_cond = prepared.uncond.as_ref().filter(|_| use_uncond);
@@ -217,7 +219,7 @@ pub(super) fn sample(job: &mut Job<'_>, stage: Stage<'_>, x: &Tensor, rng: &mut 
                     .as_ref()
                     .map(|c| run(&mut cache, Pass::ImgUncond, c, img_uncond_refs, &[], controls.as_deref()))
                     .transpose()?;
-                let mut guided = guide(guidance, &cond_out, uncond_out.as_ref(), img_out.as_ref());
+                let mut guided = guider.guide(step, &cond_out, uncond_out.as_ref(), img_out.as_ref());
                 // Like the reference, a step whose outputs are reused gets no skip-layer pass.
                 if skip_step && slg.scale != 0.0 && !cache.step_skipped() {
                     sd_debug!("Skipping layers at step {step}");
@@ -265,63 +267,6 @@ fn frame_timesteps(t: f32, mask: &Tensor, x: &Tensor) -> Result<Vec<f32>> {
     ensure!(mask.ne(2) == frames, "the denoise mask has {} frames, the latent {frames}", mask.ne(2));
     let plane = mask.ne(0) * mask.ne(1);
     Ok((0..frames).map(|f| if mask.data()[f * plane] == 0.0 { 0.0 } else { t }).collect())
-}
-
-/// Classifier-free guidance, in the reference's order of float operations.
-pub(super) fn guide(g: &GuidanceParams, cond: &Tensor, uncond: Option<&Tensor>, img_uncond: Option<&Tensor>) -> Tensor {
-    let (cfg, img_cfg) = (g.txt_cfg, g.img_cfg);
-    match (uncond, img_uncond) {
-        (Some(u), Some(i)) => {
-            let d = cond.data().iter().zip(u.data()).zip(i.data());
-            let data = d.map(|((&c, &u), &i)| (i + img_cfg * (u - i)) + cfg * (c - u)).collect();
-            Tensor::from_vec(cond.shape(), data).expect("same shape")
-        }
-        (Some(u), None) => cond.zip(u, |c, u| u + cfg * (c - u)),
-        (None, Some(i)) => cond.zip(i, |c, i| i + cfg * (c - i)),
-        (None, None) => cond.clone(),
-    }
-}
-
-/// Skip-layer guidance: on the steps strictly between `layer_start` and `layer_end` (as
-/// fractions of the schedule's length), the prediction moves away from a pass that skips
-/// `layers` by `scale`; with `slg_uncond` (extra sample arg) the unconditional pass skips
-/// them instead.
-struct SkipLayerGuidance {
-    layers: Vec<i32>,
-    scale: f32,
-    uncond: bool,
-    start_step: i32,
-    stop_step: i32,
-}
-
-impl SkipLayerGuidance {
-    fn new(p: &crate::params::SlgParams, extra: &ExtraArgs, supported: bool, schedule_len: usize) -> SkipLayerGuidance {
-        let mut uncond = false;
-        for (k, v) in extra.pairs() {
-            if k == "slg_uncond" {
-                match crate::runtime::args::parse_strict_bool(v) {
-                    Some(b) => uncond = b,
-                    None => sd_warn!("ignoring invalid SLG extra sample arg '{k}={v}'"),
-                }
-            }
-        }
-        let mut enabled = (p.scale != 0.0 || uncond) && !p.layers.is_empty();
-        if enabled && !supported {
-            sd_warn!("SLG is incompatible with this model type");
-            enabled = false;
-        }
-        SkipLayerGuidance {
-            layers: if enabled { p.layers.clone() } else { Vec::new() },
-            scale: if enabled { p.scale } else { 0.0 },
-            uncond,
-            start_step: (p.layer_start * schedule_len as f32) as i32,
-            stop_step: (p.layer_end * schedule_len as f32) as i32,
-        }
-    }
-
-    fn enabled_for_step(&self, step: i32) -> bool {
-        !self.layers.is_empty() && step > self.start_step && step < self.stop_step
-    }
 }
 
 /// Shows `latents` through the preview callback, decoded as configured: one picture per
@@ -431,17 +376,6 @@ pub(super) fn latent_layer(stack: &Tensor, i: usize) -> Result<Tensor> {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn guidance_formulas() {
-        let t = |v: f32| Tensor::full(&[1, 1, 1, 1], v);
-        let g = GuidanceParams { txt_cfg: 7.0, img_cfg: 1.5, ..Default::default() };
-        assert_eq!(guide(&g, &t(2.0), Some(&t(1.0)), None).data(), &[1.0 + 7.0 * (2.0 - 1.0)]);
-        assert_eq!(guide(&g, &t(2.0), None, Some(&t(0.5))).data(), &[0.5 + 7.0 * (2.0 - 0.5)]);
-        let want = (0.5 + 1.5 * (1.0 - 0.5)) + 7.0 * (2.0 - 1.0);
-        assert_eq!(guide(&g, &t(2.0), Some(&t(1.0)), Some(&t(0.5))).data(), &[want]);
-        assert_eq!(guide(&g, &t(2.0), None, None).data(), &[2.0]);
-    }
 
     #[test]
     fn mask_blending_broadcasts_over_channels() {

@@ -9,8 +9,10 @@
 //!
 //! Our own golden sets, rendered by the exact reference build (tests/fixtures/README.md,
 //! "Wan modes"): `wan-i2v/` (Wan2.1 I2V 1.3B with the CLIP-vision tower), `wan-flf2v/`,
-//! `wan-vace/`, `wan-lora/` (LoRA formats on the Wan transformer) and `wan-moe/` (the expert
-//! switch at `moe_boundary` with high-noise parameters and LoRAs).
+//! `wan-vace/`, `wan-lora/` (LoRA formats on the Wan transformer), `wan-moe/` (the expert
+//! switch at `moe_boundary` with high-noise parameters and LoRAs) and `taehv/` (the tiny video
+//! autoencoder taew2_1 from `taesd_path`: decoding T2V without a VAE file, encoding I2V's
+//! conditioning video too, and `tae_preview_only`, where the VAE still decodes).
 //!
 //! The files are large (the 1.3B transformer alone is 2.8 GB, TI2V 10 GB, UMT5 needs ~16 GB
 //! of memory to write): every case runs only with `SD_PARITY=full` (or the names in
@@ -21,7 +23,7 @@ mod common;
 use common::parity::{full, report, run};
 
 /// Every golden folder of the Wan family.
-const FOLDERS: [&str; 6] = ["wan", "wan-i2v", "wan-flf2v", "wan-vace", "wan-lora", "wan-moe"];
+const FOLDERS: [&str; 7] = ["wan", "wan-i2v", "wan-flf2v", "wan-vace", "wan-lora", "wan-moe", "taehv"];
 
 #[test]
 fn wan_all_cases() {

@@ -106,6 +106,7 @@ def write_inputs():
 
 UMT5 = "{fx}/umt5_tiny.safetensors"
 VAE = "{fx}/wan_vae.safetensors"
+TAEW2_1 = "{fx}/taew2_1.safetensors"
 
 
 def _ctx(dit, **extra):
@@ -204,6 +205,22 @@ SETS = {
             _case("lora_two_96x64", T2V, _params(steps=2, w=96, h=64, seed=123,
                                                   loras=[_lora("lora_wan_comfy.safetensors", 0.5),
                                                          _lora("lora_wan_kohya.safetensors", 1.0)])),
+        ],
+    },
+    "taehv": {
+        "model": "wan21_t2v.safetensors",
+        "fixtures": ["wan21_t2v.safetensors", "wan21_i2v.safetensors", "clip_vision_h.safetensors",
+                     "umt5_tiny.safetensors", "wan_vae.safetensors", "taew2_1.safetensors"],
+        "cases": [
+            _case("taehv_t2v_96x64", {**_ctx("wan21_t2v.safetensors", taesd_path=TAEW2_1), "vae_path": ""},
+                  _params(steps=2, frames=9, w=96, h=64, seed=123),
+                  note="the TAEHV (taesd_path) decodes; no VAE file"),
+            _case("taehv_i2v_init_image", _ctx("wan21_i2v.safetensors", clip_vision_path="{fx}/clip_vision_h.safetensors",
+                                               taesd_path=TAEW2_1),
+                  _params(steps=2, init_image="init_64.png"),
+                  note="the TAEHV encodes the conditioning video and decodes, the VAE file is not used"),
+            _case("taehv_preview_only", _ctx("wan21_t2v.safetensors", taesd_path=TAEW2_1, tae_preview_only=True),
+                  _params(steps=2), note="tae_preview_only: the VAE decodes, the TAEHV would make the previews"),
         ],
     },
     "wan-moe": {

@@ -568,7 +568,7 @@ impl AutoEncoderKL {
 
 /// [W, H, C, N] → [W/p, H/p, C·p·p, N]: each p×p block of a channel becomes p·p channels
 /// (row-major inside the block), channel by channel.
-fn patchify_latent<'g>(z: T<'g>, p: i64) -> T<'g> {
+pub(super) fn patchify_latent<'g>(z: T<'g>, p: i64) -> T<'g> {
     let [w_full, h_full, c, n] = z.ne();
     let (w, h) = (w_full / p, h_full / p);
     let z = z.reshape(&[p, w, p, h * c * n]).permute(0, 2, 1, 3).cont();
@@ -577,7 +577,7 @@ fn patchify_latent<'g>(z: T<'g>, p: i64) -> T<'g> {
 }
 
 /// Inverse of [`patchify_latent`].
-fn unpatchify_latent<'g>(z: T<'g>, p: i64) -> T<'g> {
+pub(super) fn unpatchify_latent<'g>(z: T<'g>, p: i64) -> T<'g> {
     let [w, h, cpp, n] = z.ne();
     let c = cpp / p / p;
     let z = z.reshape(&[w * h, p * p, c, n]).permute(1, 0, 2, 3).cont();

@@ -1,5 +1,5 @@
 //! First-stage autoencoders: AutoencoderKL (SD 1.x/2.x/SDXL, SD3, Flux, Flux.2), TAESD, the
-//! Wan2.1 and Wan2.2 video VAEs, and the identity of pixel-space models ([`PixelSpace`]).
+//! Wan2.1 and Wan2.2 video VAEs, TAEHV (their tiny counterpart), and the identity of pixel-space models ([`PixelSpace`]).
 //!
 //! Each network implements [`VaeNet`]: its graphs and its latent conventions. A loaded one,
 //! `Loaded<V>`, is a [`FirstStage`], which does the host steps around the network that the
@@ -28,6 +28,7 @@
 pub mod autoencoder_kl;
 pub mod pixel;
 pub mod tae;
+pub mod taehv;
 #[cfg(test)]
 pub(crate) mod testutil;
 pub mod wan;
@@ -35,6 +36,7 @@ pub mod wan;
 pub use autoencoder_kl::{AutoEncoderKL, VaeConfig, FLUX2_LATENT_MEAN, FLUX2_LATENT_STD};
 pub use pixel::PixelSpace;
 pub use tae::{TaeConfig, TinyAutoEncoder};
+pub use taehv::{Taehv, TaehvConfig};
 pub use wan::{WanVae, WanVaeConfig, WAN21_LATENT_MEAN, WAN21_LATENT_STD, WAN22_LATENT_MEAN, WAN22_LATENT_STD};
 
 use crate::error::{Error, Result};

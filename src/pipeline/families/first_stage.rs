@@ -2,26 +2,37 @@
 //! (`FamilySpec::first_stage`): an AutoencoderKL shaped by the family's latent format (4, 16
 //! or Flux.2's 32 channels, with or without quant convolutions, scale and shift), or a tiny
 //! autoencoder (TAESD / TAESDXL / TAESD3 / TAEF1) when one is given; the Wan2.1 VAE
-//! (Qwen-Image, Wan 2.1) or the Wan2.2 VAE (Wan2.2 TI2V).
+//! (Qwen-Image, Wan 2.1) or the Wan2.2 VAE (Wan2.2 TI2V), or their tiny video autoencoder
+//! (TAEHV: taew2_1 / taew2_2) when one is given.
 
 use super::{BuildCtx, FirstStageKind};
 use crate::error::Result;
 use crate::graph::{Loaded, Placement};
 use crate::io::SdVersion;
-use crate::models::vae::{self, AutoEncoderKL, FirstStage, TaeConfig, TinyAutoEncoder, VaeConfig, VaeNet, WanVae, WanVaeConfig};
+use crate::models::vae::{self, AutoEncoderKL, FirstStage, TaeConfig, Taehv, TaehvConfig, TinyAutoEncoder, VaeConfig, VaeNet, WanVae, WanVaeConfig};
 
 /// The reference scales every VAE convolution's input by this for SDXL when no separate
 /// VAE is given: the original SDXL VAE overflows f16.
 const SDXL_VAE_CONV_SCALE: f32 = 1.0 / 32.0;
 
-/// The first stage (AutoencoderKL, or the tiny autoencoder when given and not for previews
-/// only, or a Wan VAE) and the preview-only decoder, with the reference's rules.
+/// The first stage (AutoencoderKL or a Wan VAE, or the tiny autoencoder of the family's
+/// latents when given and not for previews only) and the preview-only decoder, with the
+/// reference's rules.
 pub(super) fn build(ctx: &BuildCtx<'_>, place: Placement) -> Result<(Box<dyn FirstStage>, Option<Box<dyn FirstStage>>)> {
     let (params, weights, spec, n_threads) = (ctx.params, ctx.weights, ctx.spec, ctx.n_threads);
     let has_tae = weights.has_prefix(vae::tae::PREFIX);
     ensure!(!spec.tae_first_stage || has_tae, "{} models need their tiny autoencoder (taesd_path)", ctx.version.name());
     let tae_preview_only = params.tae_preview_only && !spec.tae_first_stage;
-    let load_tae = |decode_only: bool, place: Placement| -> Result<Box<dyn FirstStage>> {
+    let wan22 = spec.first_stage == FirstStageKind::Wan22;
+    // The tiny autoencoder of the family's latents: TAESD-like for the KL families, the tiny
+    // video autoencoder (TAEHV: taew2_1 / taew2_2) for the Wan VAEs'.
+    let load_tiny = |decode_only: bool, place: Placement| -> Result<Box<dyn FirstStage>> {
+        if spec.first_stage != FirstStageKind::Kl {
+            ensure!(spec.image_channels == 3, "{} models have no tiny autoencoder (taesd_path): TAEHV makes RGB pictures", ctx.version.name());
+            let cfg = TaehvConfig::for_latents(wan22, decode_only);
+            cfg.check_file(vae::taehv::PREFIX, |n| weights.shape_of(n))?;
+            return Ok(configure(weights.load_model(place, n_threads, vae::taehv::PREFIX, "TAE", |s| Taehv::new(s, &cfg))?, ctx));
+        }
         let cfg = TaeConfig::detect(weights.types(), vae::tae::PREFIX, |n| weights.shape_of(n), decode_only);
         ensure!(
             cfg.z_channels as usize == spec.latent.channels,
@@ -32,14 +43,15 @@ pub(super) fn build(ctx: &BuildCtx<'_>, place: Placement) -> Result<(Box<dyn Fir
         );
         Ok(configure(weights.load_model(place, n_threads, vae::tae::PREFIX, "TAE", |s| TinyAutoEncoder::new(s, &cfg))?, ctx))
     };
-    match spec.first_stage {
+    if has_tae && !tae_preview_only {
+        sd_info!("using TAE for encoding / decoding");
+        return Ok((load_tiny(false, place)?, None));
+    }
+    sd_info!("using VAE for encoding / decoding");
+    let first_stage = match spec.first_stage {
         FirstStageKind::Wan21 | FirstStageKind::Wan22 => {
-            // The reference's tiny decoders for these latents (TAEHV) are another network.
-            ensure!(!has_tae, "{} models have no tiny autoencoder in this build (taesd_path)", ctx.version.name());
-            sd_info!("using VAE for encoding / decoding");
             let prefix = vae::autoencoder_kl::PREFIX;
             ensure!(weights.has_prefix(&format!("{prefix}decoder.")), "{} needs its VAE (vae_path): no '{prefix}decoder.' weights", ctx.version.name());
-            let wan22 = spec.first_stage == FirstStageKind::Wan22;
             let cfg = WanVaeConfig::detect(&|n| weights.shape_of(n), prefix, false, spec.image_channels as i64, wan22);
             ensure!(
                 cfg.z_dim as usize == spec.latent.channels && cfg.scale() == spec.latent.vae_scale,
@@ -50,15 +62,9 @@ pub(super) fn build(ctx: &BuildCtx<'_>, place: Placement) -> Result<(Box<dyn Fir
                 spec.latent.channels,
                 spec.latent.vae_scale
             );
-            let wan = weights.load_model(place, n_threads, prefix, "VAE", |s| WanVae::new(s, &cfg, &|n| weights.shape_of(n)))?;
-            Ok((configure(wan, ctx), None))
-        }
-        FirstStageKind::Kl if has_tae && !tae_preview_only => {
-            sd_info!("using TAE for encoding / decoding");
-            Ok((load_tae(false, place)?, None))
+            configure(weights.load_model(place.clone(), n_threads, prefix, "VAE", |s| WanVae::new(s, &cfg, &|n| weights.shape_of(n)))?, ctx)
         }
         FirstStageKind::Kl => {
-            sd_info!("using VAE for encoding / decoding");
             let prefix = vae::autoencoder_kl::PREFIX;
             let mut cfg = VaeConfig::detect(weights.types(), prefix, |n| weights.shape_of(n), spec.latent.scale_factor, false);
             cfg.shift_factor = spec.latent.shift_factor;
@@ -83,15 +89,16 @@ pub(super) fn build(ctx: &BuildCtx<'_>, place: Placement) -> Result<(Box<dyn Fir
                 }
                 m
             })?;
-            let preview = if has_tae {
-                sd_info!("using TAE for preview");
-                Some(load_tae(true, place)?)
-            } else {
-                None
-            };
-            Ok((configure(kl, ctx), preview))
+            configure(kl, ctx)
         }
-    }
+    };
+    let preview = if has_tae {
+        sd_info!("using TAE for preview");
+        Some(load_tiny(true, place)?)
+    } else {
+        None
+    };
+    Ok((first_stage, preview))
 }
 
 /// The context's graph options on a loaded first stage, boxed for the pipeline.

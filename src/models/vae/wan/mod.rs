@@ -590,7 +590,7 @@ fn cat_frames(parts: &[Tensor]) -> Result<Tensor> {
 
 /// Runs `f` on each batch item of `x` `[W, H, C, N]` as one frame `[W, H, 1, C]` and puts
 /// the outputs (`[W', H', 1, C']`) back as `[W', H', C', N]`.
-fn per_item(x: &Tensor, mut f: impl FnMut(&Tensor) -> Result<Tensor>) -> Result<Tensor> {
+pub(super) fn per_item(x: &Tensor, mut f: impl FnMut(&Tensor) -> Result<Tensor>) -> Result<Tensor> {
     let (w, h, c, n) = (x.ne(0), x.ne(1), x.ne(2), x.ne(3));
     let item = w * h * c;
     let mut out: Vec<f32> = Vec::new();
@@ -606,7 +606,7 @@ fn per_item(x: &Tensor, mut f: impl FnMut(&Tensor) -> Result<Tensor>) -> Result<
 
 /// A video `[W, H, T, C]` or `[W, H, T, C, 1]` with `channels` channels and sides of at
 /// least `min_side` (multiples of `multiple`).
-fn check_video(t: &Tensor, channels: i64, min_side: usize, multiple: usize, what: &str) -> Result<()> {
+pub(super) fn check_video(t: &Tensor, channels: i64, min_side: usize, multiple: usize, what: &str) -> Result<()> {
     let shape = t.shape();
     ensure!(
         (4..=5).contains(&shape.len()) && shape[4..].iter().all(|&d| d == 1),

@@ -1,0 +1,411 @@
+//! TAEHV, the tiny video autoencoder (madebyollin/taehv) the reference uses for Wan's latents
+//! (Wan 2.1's 16 channels: taew2_1; Wan 2.2 TI2V's 48: taew2_2) when `taesd_path` is given.
+//!
+//! Like TAESD it works on diffusion latents and [0, 1] pixels directly, and its convolutions
+//! are 2-D: a video is a batch of frames (`[W, H, C, T]` in the graphs). Time enters through
+//! the memory blocks, which see each frame's predecessor (zeros before the first), and through
+//! reshapes of channels into frames: the decoder's `TGrow` turns `s·C` channels of a frame into
+//! `s` frames, the encoder's `TPool` the reverse. The decoder makes 4 frames of each latent
+//! frame and drops the first 3 (`4t - 3`, Wan's count); the encoder takes the frames padded to a
+//! multiple of 4 with copies of the last one. Weights live under `tae.` like TAESD's, named
+//! like the torch `nn.Sequential` (`decoder.N...`, `encoder.N...`; ReLU, Upsample and Clamp
+//! slots have no weights). The latent width and patch size come from the model's family, as
+//! in the reference; a file made for the other width is an error naming it.
+
+use super::wan::{check_video, per_item};
+use super::Progress;
+use crate::error::{Context as _, Result};
+use crate::graph::nn::{scale, Conv2d};
+use crate::graph::{Graph, Runner, Scope, T};
+use crate::tensor::Tensor;
+
+pub use super::tae::PREFIX;
+
+/// Decoder widths: after the first convolution, then after each of the three stages.
+const DECODER_CHANNELS: [i64; 4] = [256, 128, 64, 64];
+/// Encoder width.
+const HIDDEN: i64 = 64;
+/// Memory blocks per stage.
+const BLOCKS: usize = 3;
+/// Which decoder stages double the frames, and which encoder stages halve them.
+const TIME_UPSCALE: [bool; 3] = [false, true, true];
+const TIME_DOWNSCALE: [bool; 3] = [true, true, false];
+/// Video frames per latent frame (2 × 2 from the stages above).
+const TIME_SCALE: usize = 4;
+
+#[derive(Clone, Debug, PartialEq)]
+pub struct TaehvConfig {
+    /// 16 (Wan 2.1, Qwen-Image) or 48 (Wan 2.2 TI2V).
+    pub z_channels: i64,
+    /// Pixels folded into channels around the network (Wan 2.2: 2×2).
+    pub patch: i64,
+    /// Without the encoder (previews).
+    pub decode_only: bool,
+}
+
+impl TaehvConfig {
+    /// The reference's choice by family: taew2_2's 48 channels and 2×2 patches for the Wan2.2
+    /// VAE's latents, taew2_1's 16 otherwise.
+    pub fn for_latents(wan22: bool, decode_only: bool) -> TaehvConfig {
+        if wan22 {
+            TaehvConfig { z_channels: 48, patch: 2, decode_only }
+        } else {
+            TaehvConfig { z_channels: 16, patch: 1, decode_only }
+        }
+    }
+
+    /// Checks that the file under `prefix` is a narrow TAEHV for these latents (the reference
+    /// would fail to load another one, or take the wide decoder this build lacks).
+    pub fn check_file(&self, prefix: &str, shape_of: impl Fn(&str) -> Option<Vec<i64>>) -> Result<()> {
+        let wide = format!("{prefix}decoder.3.conv.6.weight");
+        ensure!(shape_of(&wide).is_none(), "the tiny video autoencoder (taesd_path) has a wide decoder ('{wide}'): not supported yet");
+        let first = format!("{prefix}decoder.1.weight");
+        let Some(ne) = shape_of(&first) else {
+            bail!("the tiny autoencoder (taesd_path) is not a TAEHV video autoencoder: no '{first}'");
+        };
+        let z = ne.get(2).copied().unwrap_or(0);
+        ensure!(
+            ne.len() == 4 && z == self.z_channels,
+            "the tiny video autoencoder (taesd_path) is for {z}-channel latents ('{first}' {ne:?}); this model's are {} channels (taew2_1: 16, Wan 2.1; taew2_2: 48, Wan 2.2)",
+            self.z_channels
+        );
+        Ok(())
+    }
+
+    /// Pixels per latent pixel.
+    pub fn scale(&self) -> usize {
+        8 * self.patch as usize
+    }
+}
+
+/// Three convolutions over a frame and its predecessor, plus the frame: the network's memory.
+struct MemBlock {
+    conv: [Conv2d; 3],
+}
+
+impl MemBlock {
+    fn new(s: &mut Scope, name: &str, c: i64) -> MemBlock {
+        let mut s = s.sub(name);
+        MemBlock {
+            conv: [
+                Conv2d::square(&mut s, "conv.0", 2 * c, c, 3, 1, 1),
+                Conv2d::square(&mut s, "conv.2", c, c, 3, 1, 1),
+                Conv2d::square(&mut s, "conv.4", c, c, 3, 1, 1),
+            ],
+        }
+    }
+
+    /// `x` [W, H, C, T] → [W, H, C, T].
+    fn forward<'g>(&self, g: &'g Graph, x: T<'g>) -> T<'g> {
+        let [w, h, c, t] = x.ne();
+        let padded = x.pad_ext([0, 0, 0, 1], [0, 0, 0, 0]);
+        let nb = padded.nb();
+        let past = padded.view(&[w, h, c, t], &[nb[1], nb[2], nb[3]], 0);
+        let mut y = self.conv[0].forward(g, x.concat(past, 2)).relu_inplace();
+        y = self.conv[1].forward(g, y).relu_inplace();
+        y = self.conv[2].forward(g, y);
+        y.add_inplace(x).relu_inplace()
+    }
+}
+
+/// A 1×1 convolution without bias named `{name}.conv` (TGrow / TPool).
+fn time_conv(s: &mut Scope, name: &str, cin: i64, cout: i64) -> Conv2d {
+    Conv2d::new(&mut s.sub(name), "conv", cin, cout, (1, 1), (1, 1), (0, 0), false)
+}
+
+/// One decoder stage: memory blocks, nearest 2× upsampling, TGrow (`stride` frames out of
+/// each), then a 3×3 convolution to the next width.
+struct UpStage {
+    blocks: Vec<MemBlock>,
+    grow: Conv2d,
+    stride: i64,
+    conv: Conv2d,
+}
+
+/// One encoder stage: TPool (`stride` frames into one), a strided 3×3 convolution, memory
+/// blocks.
+struct DownStage {
+    pool: Conv2d,
+    stride: i64,
+    conv: Conv2d,
+    blocks: Vec<MemBlock>,
+}
+
+struct Encoder {
+    first: Conv2d,
+    stages: Vec<DownStage>,
+    last: Conv2d,
+}
+
+pub struct Taehv {
+    pub cfg: TaehvConfig,
+    first: Conv2d,
+    stages: Vec<UpStage>,
+    last: Conv2d,
+    encoder: Option<Encoder>,
+}
+
+/// Declares `BLOCKS` memory blocks numbered from `*index`.
+fn mem_blocks(s: &mut Scope, index: &mut usize, c: i64) -> Vec<MemBlock> {
+    (0..BLOCKS)
+        .map(|_| {
+            *index += 1;
+            MemBlock::new(s, &(*index - 1).to_string(), c)
+        })
+        .collect()
+}
+
+impl Taehv {
+    /// Declares the weights under the scope (use a scope with prefix [`PREFIX`]).
+    pub fn new(s: &mut Scope, cfg: &TaehvConfig) -> Taehv {
+        let ch = DECODER_CHANNELS;
+        let pp = cfg.patch * cfg.patch;
+        let mut d = s.sub("decoder");
+        // 0 is the clamp, 2 a ReLU.
+        let first = Conv2d::square(&mut d, "1", cfg.z_channels, ch[0], 3, 1, 1);
+        let mut i = 3;
+        let mut stages = Vec::new();
+        for (k, &up) in TIME_UPSCALE.iter().enumerate() {
+            let blocks = mem_blocks(&mut d, &mut i, ch[k]);
+            i += 1; // upsample
+            let stride = if up { 2 } else { 1 };
+            let grow = time_conv(&mut d, &i.to_string(), ch[k], ch[k] * stride);
+            let conv = Conv2d::new(&mut d, &(i + 1).to_string(), ch[k], ch[k + 1], (3, 3), (1, 1), (1, 1), false);
+            i += 2;
+            stages.push(UpStage { blocks, grow, stride, conv });
+        }
+        // i is a ReLU.
+        let last = Conv2d::square(&mut d, &(i + 1).to_string(), ch[3], 3 * pp, 3, 1, 1);
+
+        let encoder = (!cfg.decode_only).then(|| {
+            let mut e = s.sub("encoder");
+            // 1 is a ReLU.
+            let first = Conv2d::square(&mut e, "0", 3 * pp, HIDDEN, 3, 1, 1);
+            let mut i = 2;
+            let mut stages = Vec::new();
+            for &down in &TIME_DOWNSCALE {
+                let stride = if down { 2 } else { 1 };
+                let pool = time_conv(&mut e, &i.to_string(), HIDDEN * stride, HIDDEN);
+                let conv = Conv2d::new(&mut e, &(i + 1).to_string(), HIDDEN, HIDDEN, (3, 3), (2, 2), (1, 1), false);
+                i += 2;
+                let blocks = mem_blocks(&mut e, &mut i, HIDDEN);
+                stages.push(DownStage { pool, stride, conv, blocks });
+            }
+            let last = Conv2d::square(&mut e, &i.to_string(), HIDDEN, cfg.z_channels, 3, 1, 1);
+            Encoder { first, stages, last }
+        });
+        Taehv { cfg: cfg.clone(), first, stages, last, encoder }
+    }
+
+    /// Latent frames `[w, h, z, t]` → frames `[s·w, s·h, 3, 4t - 3]` in about [0, 1].
+    pub fn decode_graph<'g>(&self, g: &'g Graph, z: T<'g>) -> T<'g> {
+        // Soft clamp of the latents to ±3.
+        let h = scale(z, 1.0 / 3.0, false).tanh_inplace();
+        let mut h = scale(h, 3.0, true);
+        h = self.first.forward(g, h).relu_inplace();
+        for st in &self.stages {
+            for b in &st.blocks {
+                h = b.forward(g, h);
+            }
+            h = st.grow.forward(g, h.upscale(2));
+            if st.stride != 1 {
+                let [w, hh, c, t] = h.ne();
+                h = h.reshape(&[w, hh, c / st.stride, t * st.stride]);
+            }
+            h = st.conv.forward(g, h);
+        }
+        h = self.last.forward(g, h.relu_inplace());
+        if self.cfg.patch > 1 {
+            h = super::autoencoder_kl::unpatchify_latent(h, self.cfg.patch);
+        }
+        let drop = (TIME_SCALE - 1) as i64;
+        let [w, hh, c, t] = h.ne();
+        let nb = h.nb();
+        h.view(&[w, hh, c, t - drop], &[nb[1], nb[2], nb[3]], drop as usize * nb[3])
+    }
+
+    /// Frames `[W, H, 3, T]` in [0, 1] (T a multiple of 4) → latent frames `[W/s, H/s, z, T/4]`.
+    pub fn encode_graph<'g>(&self, g: &'g Graph, x: T<'g>) -> Result<T<'g>> {
+        let enc = self.encoder.as_ref().context("this TAEHV was loaded for decoding only")?;
+        let x = if self.cfg.patch > 1 { super::autoencoder_kl::patchify_latent(x, self.cfg.patch) } else { x };
+        let mut h = enc.first.forward(g, x).relu_inplace();
+        for st in &enc.stages {
+            if st.stride != 1 {
+                let [w, hh, c, t] = h.ne();
+                h = h.reshape(&[w, hh, c * st.stride, t / st.stride]);
+            }
+            h = st.conv.forward(g, st.pool.forward(g, h));
+            for b in &st.blocks {
+                h = b.forward(g, h);
+            }
+        }
+        Ok(enc.last.forward(g, h))
+    }
+
+    /// Latents `[w, h, t, z]` (video layout) → frames `[W, H, 4t - 3, 3]`.
+    fn decode_frames(&self, runner: &mut Runner, latents: &Tensor) -> Result<Tensor> {
+        let z = latents.clone().reshape(&[latents.ne(0), latents.ne(1), latents.ne(2), latents.ne(3)])?;
+        runner.compute(|g| {
+            let frames = g.input(&z).permute(0, 1, 3, 2).cont();
+            Ok(self.decode_graph(g, frames).permute(0, 1, 3, 2).cont())
+        })
+    }
+
+    /// Frames `[W, H, T, 3]` (video layout) → latents `[w, h, ⌈T/4⌉, z]`; the frames are
+    /// padded to a multiple of 4 with copies of the last one. The latents are sampled
+    /// further: ggml's convolution sums, no Winograd (`graph::context::winograd_wanted`).
+    fn encode_frames(&self, runner: &mut Runner, frames: &Tensor) -> Result<Tensor> {
+        let (w, h, t, c) = (frames.ne(0), frames.ne(1), frames.ne(2), frames.ne(3));
+        let padded_t = t.div_ceil(TIME_SCALE) * TIME_SCALE;
+        let mut data = Vec::with_capacity(w * h * padded_t * c);
+        for ch in frames.data().chunks_exact(w * h * t) {
+            data.extend_from_slice(ch);
+            for _ in t..padded_t {
+                data.extend_from_slice(&ch[(t - 1) * w * h..]);
+            }
+        }
+        let x = Tensor::from_vec(&[w, h, padded_t, c], data)?;
+        let winograd = std::mem::replace(&mut runner.options.cpu_winograd, false);
+        let out = runner.compute(|g| {
+            let x = g.input(&x).permute(0, 1, 3, 2).cont();
+            Ok(self.encode_graph(g, x)?.permute(0, 1, 3, 2).cont())
+        });
+        runner.options.cpu_winograd = winograd;
+        out
+    }
+}
+
+/// TAEHV works on diffusion latents and [0, 1] pixels directly: no range mapping, no latent
+/// scaling, no sampling. Pictures (Qwen-Image) are one-frame videos.
+impl super::VaeNet for Taehv {
+    fn name(&self) -> &'static str {
+        "TAEHV"
+    }
+
+    fn scale(&self) -> usize {
+        self.cfg.scale()
+    }
+
+    fn time_scale(&self) -> usize {
+        TIME_SCALE
+    }
+
+    fn unit_range(&self) -> bool {
+        false
+    }
+
+    fn encoder_output_channels(&self) -> i64 {
+        self.cfg.z_channels
+    }
+
+    fn encode(&self, runner: &mut Runner, image: &Tensor) -> Result<Tensor> {
+        super::autoencoder_kl::check_input(image, 3, self.cfg.patch as usize, "taehv encode")?;
+        per_item(image, |frame| self.encode_frames(runner, frame))
+    }
+
+    fn decode(&self, runner: &mut Runner, latent: &Tensor) -> Result<Tensor> {
+        super::autoencoder_kl::check_input(latent, self.cfg.z_channels, 1, "taehv decode")?;
+        per_item(latent, |frame| self.decode_frames(runner, frame))
+    }
+
+    fn vae_to_diffusion(&self, z: &Tensor) -> Tensor {
+        z.clone()
+    }
+
+    fn diffusion_to_vae(&self, z: &Tensor) -> Tensor {
+        z.clone()
+    }
+
+    fn supports_video(&self) -> bool {
+        true
+    }
+
+    fn encode_video(&self, runner: &mut Runner, frames: &Tensor) -> Result<Tensor> {
+        let p = self.cfg.patch as usize;
+        check_video(frames, 3, p, p, "taehv encode")?;
+        self.encode_frames(runner, frames)
+    }
+
+    fn decode_video(&self, runner: &mut Runner, latents: &Tensor, _temporal_tiling: bool, _progress: Progress<'_>) -> Result<Tensor> {
+        check_video(latents, self.cfg.z_channels, 1, 1, "taehv decode")?;
+        self.decode_frames(runner, latents)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::models::vae::testutil::{compare, cpu, load_taehv, pattern};
+    use crate::models::vae::VaeNet;
+
+    /// The first `t` frames of a video `[W, H, T, C, 1]`.
+    fn first_frames(v: &Tensor, t: usize) -> Tensor {
+        let (w, h, all, c) = (v.ne(0), v.ne(1), v.ne(2), v.ne(3));
+        let data = v.data().chunks_exact(w * h * all).flat_map(|ch| ch[..w * h * t].to_vec()).collect();
+        Tensor::from_vec(&[w, h, t, c, 1], data).unwrap()
+    }
+
+    fn assert_close(label: &str, a: &Tensor, b: &Tensor) {
+        let (rel, abs) = compare(a, b);
+        assert!(rel < 1e-5, "{label}: max rel {rel}, abs {abs}");
+    }
+
+    /// Frame counts, sizes and causality (a frame depends only on the frames before it) of
+    /// both widths, decoding and encoding; pictures are one-frame videos.
+    #[test]
+    fn frames_are_causal_and_counted_like_wan() {
+        for (file, wan22) in [("taew2_1.safetensors", false), ("taew2_2.safetensors", true)] {
+            let (store, tae) = load_taehv(file, wan22, false);
+            assert_eq!(store.len(), 128, "{file}");
+            let (z, s) = (tae.cfg.z_channels as usize, tae.cfg.scale());
+            let mut runner = Runner::new(cpu(), 2);
+
+            let latents = pattern(&[4, 3, 3, z, 1], -4.0, 4.0, 5);
+            let video = tae.decode_video(&mut runner, &latents, false, None).unwrap();
+            assert_eq!(video.shape(), &[4 * s, 3 * s, 9, 3], "{file}");
+            let mean = video.data().iter().sum::<f32>() / video.data().len() as f32;
+            assert!(video.data().iter().all(|v| v.is_finite()) && (0.2..0.8).contains(&mean), "{file}: mean {mean}");
+            // Two latent frames make the same first 5 frames; one makes the first frame, as
+            // does the picture decode.
+            let two = tae.decode_video(&mut runner, &first_frames(&latents, 2), false, None).unwrap();
+            assert_close(file, &first_frames(&video.clone().reshape(&[4 * s, 3 * s, 9, 3, 1]).unwrap(), 5), &two.reshape(&[4 * s, 3 * s, 5, 3, 1]).unwrap());
+            let one = first_frames(&latents, 1);
+            let picture = tae.decode(&mut runner, &one.clone().reshape(&[4, 3, z, 1]).unwrap()).unwrap();
+            assert_eq!(picture.shape(), &[4 * s, 3 * s, 3, 1]);
+            let frame0 = first_frames(&video.reshape(&[4 * s, 3 * s, 9, 3, 1]).unwrap(), 1);
+            assert_close(file, &frame0.reshape(&[4 * s, 3 * s, 3, 1]).unwrap(), &picture);
+
+            // Frames 0-3 the same picture, frame 4 another: latent frame 0 is the picture's.
+            let (pic, other) = (pattern(&[4 * s, 3 * s, 1, 3, 1], 0.0, 1.0, 6), pattern(&[4 * s, 3 * s, 1, 3, 1], 0.0, 1.0, 7));
+            let plane = 4 * s * 3 * s;
+            let mut data = Vec::new();
+            for c in 0..3 {
+                for _ in 0..4 {
+                    data.extend_from_slice(&pic.data()[c * plane..(c + 1) * plane]);
+                }
+                data.extend_from_slice(&other.data()[c * plane..(c + 1) * plane]);
+            }
+            let frames = Tensor::from_vec(&[4 * s, 3 * s, 5, 3, 1], data).unwrap();
+            let lat = tae.encode_video(&mut runner, &frames).unwrap();
+            assert_eq!(lat.shape(), &[4, 3, 2, z], "{file}");
+            let lat_pic = tae.encode(&mut runner, &pic.reshape(&[4 * s, 3 * s, 3, 1]).unwrap()).unwrap();
+            assert_eq!(lat_pic.shape(), &[4, 3, z, 1]);
+            let lat0 = first_frames(&lat.reshape(&[4, 3, 2, z, 1]).unwrap(), 1);
+            assert_close(file, &lat0.reshape(&[4, 3, z, 1]).unwrap(), &lat_pic);
+        }
+    }
+
+    #[test]
+    fn files_for_other_latents_are_refused() {
+        let file = |f: &str| crate::models::vae::testutil::SafeFile::new(&crate::models::vae::testutil::fixture(f), PREFIX);
+        let (w21, w22, taesd) = (file("taew2_1.safetensors"), file("taew2_2.safetensors"), file("taesd.safetensors"));
+        let (c21, c22) = (TaehvConfig::for_latents(false, true), TaehvConfig::for_latents(true, true));
+        assert!(c21.check_file(PREFIX, |n| w21.shape_of(n)).is_ok() && c22.check_file(PREFIX, |n| w22.shape_of(n)).is_ok());
+        let e = c21.check_file(PREFIX, |n| w22.shape_of(n)).unwrap_err().to_string();
+        assert!(e.contains("48-channel") && e.contains("16 channels"), "{e}");
+        let e = c22.check_file(PREFIX, |n| taesd.shape_of(n)).unwrap_err().to_string();
+        assert!(e.contains("not a TAEHV") && e.contains("tae.decoder.1.weight"), "{e}");
+        let e = c21.check_file(PREFIX, |n| (n == "tae.decoder.3.conv.6.weight").then(|| vec![3, 3, 256, 256])).unwrap_err().to_string();
+        assert!(e.contains("wide decoder"), "{e}");
+    }
+}

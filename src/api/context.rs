@@ -203,16 +203,13 @@ pub fn convert(params: &ConvertParams) -> Result<()> {
     .filter_map(|(c, p)| p.as_deref().filter(|p| !p.is_empty()).map(|p| ModelSource::for_convert(c, p)))
     .collect();
     let n_threads = if params.n_threads > 0 { params.n_threads as usize } else { crate::graph::backend::physical_cores() as usize };
-    // A rule's type (`pattern=type`) other than a float one quantizes too.
-    let by_rules = params.tensor_type_rules.as_deref().unwrap_or("").split(',').filter_map(|r| r.split_once('=')).any(|(_, t)| !matches!(t.trim(), "f32" | "f16" | "bf16" | ""));
-    let quantizing = params.output_type.is_some_and(crate::io::dtype::is_quantized) || by_rules;
-    crate::runtime::imatrix::warn_if_quantizing_without(quantizing, "convert");
-    crate::io::convert::convert(
+    crate::io::convert::convert_with_importance(
         &inputs,
         std::path::Path::new(&params.output_path),
         params.output_type,
         params.tensor_type_rules.as_deref().unwrap_or(""),
         params.convert_name,
         n_threads,
+        crate::runtime::imatrix::importance(),
     )
 }

@@ -65,16 +65,23 @@ pub fn plan(tensors: &[TensorStorage], output_type: Option<SdType>, rules: &Type
 /// Converts `inputs` into `output` (GGUF, or safetensors if the name ends with
 /// `.safetensors`). `output_type` retypes the tensors the rules allow; `rules` is the
 /// `tensor_type_rules` string; `convert_name` renames tensors to the internal naming.
-pub fn convert(
+pub fn convert(inputs: &[ModelSource], output: &Path, output_type: Option<SdType>, rules: &str, convert_name: bool, n_threads: usize) -> Result<()> {
+    convert_with_importance(inputs, output, output_type, rules, convert_name, n_threads, None)
+}
+
+/// [`convert`], quantizing with an importance matrix when one is given.
+pub fn convert_with_importance(
     inputs: &[ModelSource],
     output: &Path,
     output_type: Option<SdType>,
     rules: &str,
     convert_name: bool,
     n_threads: usize,
+    importance: Option<super::source::Importance>,
 ) -> Result<()> {
     ensure!(!inputs.is_empty(), "no input model path provided for convert");
     let mut files = ModelFiles::new();
+    files.set_importance(importance);
     for s in inputs {
         files
             .add_source(s)

@@ -251,13 +251,21 @@ pub fn check_conversion(src: SdType, dst: SdType, n_per_row: u64) -> Result<()> 
 
 /// Converts `nrows` rows of `n_per_row` elements from `src_ty` to `dst_ty` with ggml's
 /// functions (quantizing with a unit importance matrix, as the reference does).
-pub fn convert_rows(
+pub fn convert_rows(src: &[u8], src_ty: SdType, dst: &mut [u8], dst_ty: SdType, nrows: u64, n_per_row: u64) -> Result<()> {
+    convert_rows_weighted(src, src_ty, dst, dst_ty, nrows, n_per_row, &[])
+}
+
+/// [`convert_rows`] quantizing with the column importances `importance` (an importance
+/// matrix's values): the first `n_per_row` of them, missing ones 1, as the reference passes
+/// them to ggml.
+pub fn convert_rows_weighted(
     src: &[u8],
     src_ty: SdType,
     dst: &mut [u8],
     dst_ty: SdType,
     nrows: u64,
     n_per_row: u64,
+    importance: &[f32],
 ) -> Result<()> {
     let n = nrows.checked_mul(n_per_row).ok_or_else(|| crate::error::Error::new("element count overflows"))?;
     let shape = [n_per_row as i64, nrows as i64];
@@ -302,7 +310,7 @@ pub fn convert_rows(
             to_f32(s, src_ty, &mut tmp, (rows * n_per_row) as i64);
             &tmp
         };
-        from_f32(f32_src, d, dst_ty, rows, n_per_row, (i * band) as u64 * n_per_row)?;
+        from_f32(f32_src, d, dst_ty, rows, n_per_row, (i * band) as u64 * n_per_row, importance)?;
     }
     Ok(())
 }
@@ -328,7 +336,7 @@ fn to_f32(src: &[u8], src_ty: SdType, dst: &mut [u8], n: i64) {
 }
 
 /// `first` is the index of `src`'s first value in the whole tensor (for the error message).
-fn from_f32(src: &[u8], dst: &mut [u8], dst_ty: SdType, nrows: u64, n_per_row: u64, first: u64) -> Result<()> {
+fn from_f32(src: &[u8], dst: &mut [u8], dst_ty: SdType, nrows: u64, n_per_row: u64, first: u64, importance: &[f32]) -> Result<()> {
     let n = (nrows * n_per_row) as usize;
     // ggml wants aligned f32 input; copy when the caller's bytes are not.
     let aligned: Vec<f32>;
@@ -350,7 +358,8 @@ fn from_f32(src: &[u8], dst: &mut [u8], dst_ty: SdType, nrows: u64, n_per_row: u
         unsafe { g::ggml_fp32_to_fp16_row(values.as_ptr(), dst.as_mut_ptr() as *mut g::ggml_fp16_t, n as i64) };
         return Ok(());
     }
-    let imatrix = vec![1.0f32; n_per_row as usize];
+    let mut imatrix: Vec<f32> = importance.iter().copied().take(n_per_row as usize).collect();
+    imatrix.resize(n_per_row as usize, 1.0);
     // SAFETY: `dst_ty` is one of the types ggml_quantize_chunk handles (checked), rows are
     // whole blocks (checked), `values` holds nrows*n_per_row floats, `dst` exactly the
     // quantized size of that, and the importance matrix has n_per_row entries.

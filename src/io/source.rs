@@ -396,6 +396,10 @@ struct Staged {
     metadata: BTreeMap<String, String>,
 }
 
+/// Per-column importances of a weight for quantization (an importance matrix), looked up by
+/// the weight's internal name; empty when it has none.
+pub type Importance = std::sync::Arc<dyn Fn(&str) -> Vec<f32> + Send + Sync>;
+
 /// The tensors of one or more model files, by name, in the order the reference lists
 /// them; a later file's tensor replaces an earlier one of the same name in place.
 #[derive(Default)]
@@ -405,6 +409,9 @@ pub struct ModelFiles {
     index: HashMap<String, usize>,
     metadata: BTreeMap<String, String>,
     mmap: bool,
+    importance: Option<Importance>,
+    /// The version names are converted with to look up importances (detected once).
+    importance_version: OnceCell<Option<SdVersion>>,
 }
 
 impl std::fmt::Debug for ModelFiles {
@@ -537,6 +544,7 @@ impl ModelFiles {
     }
 
     fn insert(&mut self, ts: TensorStorage) {
+        self.importance_version = OnceCell::new();
         match self.index.get(ts.name()) {
             Some(&i) => self.tensors[i] = ts,
             None => {
@@ -676,7 +684,22 @@ impl ModelFiles {
             dst.copy_from_slice(&stored);
             return Ok(());
         }
-        dtype::convert_rows(&stored, ts.ty(), dst, ty, nrows, row)
+        // Like the reference, the importances are looked up under the converted name of the
+        // stored name (whether or not the names were converted already).
+        let importance = match &self.importance {
+            Some(lookup) if dtype::is_quantized(ty) => {
+                let version = *self.importance_version.get_or_init(|| self.detect_version());
+                lookup(&names::convert_tensor_name(ts.name(), version))
+            }
+            _ => Vec::new(),
+        };
+        dtype::convert_rows_weighted(&stored, ts.ty(), dst, ty, nrows, row, &importance)
+    }
+
+    /// Quantizations made by [`read_tensor`](Self::read_tensor) weigh each column by
+    /// `importance` (an importance matrix) instead of equally.
+    pub fn set_importance(&mut self, importance: Option<Importance>) {
+        self.importance = importance;
     }
 
     /// Whether `ts` is stored in its file exactly as `ty` (native dtype, not compressed in

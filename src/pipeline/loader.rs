@@ -66,7 +66,7 @@ impl Weights {
 
     /// Files already listed with internal names, each weight typed by `wtype` and the
     /// `tensor_type_rules` text.
-    pub fn from_files(files: ModelFiles, version: SdVersion, wtype: Option<SdType>, type_rules: &str) -> Weights {
+    pub fn from_files(mut files: ModelFiles, version: SdVersion, wtype: Option<SdType>, type_rules: &str) -> Weights {
         let rules = TypeRules::parse(type_rules);
         let mut quantizing = false;
         let types = files
@@ -78,7 +78,9 @@ impl Weights {
                 (ts.name().to_string(), ty.raw())
             })
             .collect();
-        crate::runtime::imatrix::warn_if_quantizing_without(quantizing, "model load");
+        if quantizing {
+            files.set_importance(crate::runtime::imatrix::importance());
+        }
         Weights { files, types, version }
     }
 

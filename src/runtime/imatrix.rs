@@ -41,15 +41,13 @@ pub fn collector() -> &'static Mutex<Collector> {
     &COLLECTOR
 }
 
-/// A loaded (or collected) importance matrix when `quantizing`: the reference feeds it to
-/// its quantizer; ours quantizes without it, which the user is told once per load or
-/// conversion. Whether it warned.
-pub fn warn_if_quantizing_without(quantizing: bool, what: &str) -> bool {
-    let unused = quantizing && !collector().lock().is_empty();
-    if unused {
-        sd_warn!("{what}: the loaded imatrix is not used by this build's quantization; quantizing without it");
+/// The loaded (or collected) importance matrix as the quantizer's per-weight lookup, when
+/// there is one: model loads and `convert` quantize with it, as the reference does.
+pub fn importance() -> Option<Arc<dyn Fn(&str) -> Vec<f32> + Send + Sync>> {
+    if collector().lock().is_empty() {
+        return None;
     }
-    unused
+    Some(Arc::new(|weight: &str| collector().lock().values(weight)))
 }
 
 /// Routes the backend evaluation callback to the process-wide collector.
@@ -402,15 +400,16 @@ fn collect_mul_mat_id(
 mod tests {
     use super::*;
 
-    /// A loaded imatrix draws the warning only when something is quantized.
+    /// Quantization sees the collected values only while the collector holds some.
     #[test]
-    fn quantizing_with_a_loaded_imatrix_warns() {
+    fn quantization_reads_the_collected_values() {
         // The process-wide collector; no other unit test fills it.
         collector().lock().clear();
-        assert!(!warn_if_quantizing_without(true, "test"));
+        assert!(importance().is_none());
         collector().lock().add_mul_mat("blk.0.w", 2, &[1.0, 2.0]).unwrap();
-        assert!(!warn_if_quantizing_without(false, "test"));
-        assert!(warn_if_quantizing_without(true, "test"));
+        let lookup = importance().expect("values loaded");
+        assert_eq!(lookup("blk.0.w"), vec![1.0, 4.0]);
+        assert!(lookup("blk.1.w").is_empty());
         collector().lock().clear();
     }
 

@@ -46,8 +46,8 @@ fn wan_selected_cases() {
 }
 
 mod behaviour {
-    //! Progress, previews (one picture per frame) and cancel during `generate_video`, on the
-    //! Wan2.1 T2V files without UMT5 (heavy: with `SD_PARITY=full` only).
+    //! Progress, previews (one picture per frame; VAE and TAEHV ones) and cancel during
+    //! `generate_video`, on the Wan2.1 T2V files without UMT5 (heavy: with `SD_PARITY=full` only).
     use super::common::parity::{ctx_params, ensure_fixtures, fixture_dir, full, vid_params, Arena};
     use stable_diffusion::capi::*;
     use std::ffi::{c_int, c_void};
@@ -130,6 +130,24 @@ mod behaviour {
             let (ok, n) = run(ctx, &bad);
             assert!(!ok && n == 0, "{bad}");
         }
+        free_sd_ctx(ctx);
+
+        // tae_preview_only with a TAEHV (taesd_path): the Wan VAE decodes, the tiny video
+        // autoencoder makes every step's preview, the video's 5 frames at full size.
+        let tae = serde_json::json!({ "model_path": "", "diffusion_model_path": "{fx}/wan21_t2v.safetensors",
+            "vae_path": "{fx}/wan_vae.safetensors", "taesd_path": "{fx}/taew2_1.safetensors", "tae_preview_only": true });
+        ensure_fixtures("", &tae);
+        let mut arena = Arena::default();
+        let cp = ctx_params("", &tae, &mut arena);
+        // SAFETY: valid params.
+        let ctx = unsafe { new_sd_ctx(&cp) };
+        assert!(!ctx.is_null());
+        sd_set_preview_callback(Some(on_preview), preview_t(2), 1, CBool::TRUE, CBool::FALSE, std::ptr::null_mut());
+        let (ok, n) = run(ctx, &params);
+        assert!(ok && n == 5);
+        let previews = std::mem::take(&mut *PREVIEWS.lock().unwrap());
+        assert_eq!(previews, vec![(1, 5, 64, 64), (2, 5, 64, 64)]);
+        sd_set_preview_callback(None, preview_t(0), 1, CBool::FALSE, CBool::FALSE, std::ptr::null_mut());
         free_sd_ctx(ctx);
 
         // Contexts the reference cannot use either are clean failures: no VAE, and a

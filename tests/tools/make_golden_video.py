@@ -107,6 +107,7 @@ def write_inputs():
 UMT5 = "{fx}/umt5_tiny.safetensors"
 VAE = "{fx}/wan_vae.safetensors"
 TAEW2_1 = "{fx}/taew2_1.safetensors"
+TAEW2_2 = "{fx}/taew2_2.safetensors"
 
 
 def _ctx(dit, **extra):
@@ -210,7 +211,8 @@ SETS = {
     "taehv": {
         "model": "wan21_t2v.safetensors",
         "fixtures": ["wan21_t2v.safetensors", "wan21_i2v.safetensors", "clip_vision_h.safetensors",
-                     "umt5_tiny.safetensors", "wan_vae.safetensors", "taew2_1.safetensors"],
+                     "umt5_tiny.safetensors", "wan_vae.safetensors", "taew2_1.safetensors",
+                     "wan22_ti2v.safetensors", "taew2_2.safetensors"],
         "cases": [
             _case("taehv_t2v_96x64", {**_ctx("wan21_t2v.safetensors", taesd_path=TAEW2_1), "vae_path": ""},
                   _params(steps=2, frames=9, w=96, h=64, seed=123),
@@ -221,6 +223,11 @@ SETS = {
                   note="the TAEHV encodes the conditioning video and decodes, the VAE file is not used"),
             _case("taehv_preview_only", _ctx("wan21_t2v.safetensors", taesd_path=TAEW2_1, tae_preview_only=True),
                   _params(steps=2), note="tae_preview_only: the VAE decodes, the TAEHV would make the previews"),
+            _case("taehv22_ti2v_t2v", {**_ctx("wan22_ti2v.safetensors", taesd_path=TAEW2_2), "vae_path": "", "t5xxl_path": ""},
+                  _params(steps=2), note="Wan2.2 TI2V 5B with taew2_2 (48 channels, 2x2 patches), no UMT5, no VAE file"),
+            _case("taehv22_ti2v_i2v", {**_ctx("wan22_ti2v.safetensors", taesd_path=TAEW2_2), "vae_path": "", "t5xxl_path": ""},
+                  _params(steps=2, init_image="init_64.png"),
+                  note="TI2V's init image encoded by taew2_2 (its first latent frame kept)"),
         ],
     },
     "wan-moe": {

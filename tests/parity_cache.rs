@@ -1,7 +1,9 @@
 //! Golden parity of the step caches on a UNet (`golden/sd1-cache/`): UCache with its
 //! defaults, a threshold of 0.5 and an absolute threshold without reset, Spectrum, and
-//! DBCache (DiT-only: refused, the run is uncached) against the uncached run. Besides the
-//! pictures, the number of skipped steps the reference logged is checked from our log.
+//! DBCache (DiT-only: refused, the run is uncached) against the uncached run; and of the DiT
+//! caches (`golden/dit-caches/`: DBCache, TaylorSeer and cache-dit on Z-Image and Flux).
+//! Besides the pictures, the number of skipped steps the reference logged is checked from
+//! our log.
 
 mod common;
 
@@ -9,6 +11,9 @@ use common::parity::{report, run};
 use stable_diffusion::capi::{sd_log_level_t, sd_set_log_callback};
 use std::ffi::{c_char, c_void, CStr};
 use std::sync::Mutex;
+
+/// The tests of this file share the log capture: one at a time.
+static SERIAL: Mutex<()> = Mutex::new(());
 
 static LOG: Mutex<Vec<String>> = Mutex::new(Vec::new());
 
@@ -37,23 +42,15 @@ fn per_generation(lines: &[String]) -> Vec<Vec<String>> {
     out
 }
 
-#[test]
-fn sd1_cache_all_cases() {
+/// Runs the cases of `folder` with the log captured: the results, each case's log lines, and
+/// the problems found in the skipped-step counts against `expected` (what the reference
+/// logged for each case: the start of its "... skipped N/M steps" line, or none).
+fn run_logged(folder: &str, expected: &[(&str, Option<&str>)]) -> (Vec<common::parity::CaseResult>, Vec<Vec<String>>, Vec<String>) {
     sd_set_log_callback(Some(capture), std::ptr::null_mut());
-    let results = run("sd1-cache", |_| true);
+    let results = run(folder, |_| true);
     sd_set_log_callback(None, std::ptr::null_mut());
     let lines = std::mem::take(&mut *LOG.lock().unwrap_or_else(|e| e.into_inner()));
     let logs = per_generation(&lines);
-
-    // What the reference logged for each case (tests/fixtures/README.md).
-    let expected: &[(&str, Option<&str>)] = &[
-        ("nocache_10_steps", None),
-        ("ucache_default", Some("UCache skipped 5/10 steps")),
-        ("ucache_thr_0_5", Some("UCache skipped 4/10 steps")),
-        ("ucache_abs_noreset_thr_0_2", Some("UCache skipped 1/10 steps")),
-        ("spectrum_default", Some("Spectrum skipped 3/10 steps")),
-        ("dbcache_on_unet_ignored", None),
-    ];
     let mut problems = Vec::new();
     if logs.len() != results.len() {
         report(&results);
@@ -73,6 +70,22 @@ fn sd1_cache_all_cases() {
         }
         eprintln!("{}: {}", r.name, skipped.first().map_or("no steps skipped", |s| s.as_str()));
     }
+    (results, logs, problems)
+}
+
+#[test]
+fn sd1_cache_all_cases() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    // What the reference logged for each case (tests/fixtures/README.md).
+    let expected: &[(&str, Option<&str>)] = &[
+        ("nocache_10_steps", None),
+        ("ucache_default", Some("UCache skipped 5/10 steps")),
+        ("ucache_thr_0_5", Some("UCache skipped 4/10 steps")),
+        ("ucache_abs_noreset_thr_0_2", Some("UCache skipped 1/10 steps")),
+        ("spectrum_default", Some("Spectrum skipped 3/10 steps")),
+        ("dbcache_on_unet_ignored", None),
+    ];
+    let (results, logs, mut problems) = run_logged("sd1-cache", expected);
     let log_of = |name: &str| results.iter().position(|r| r.name == name).map(|i| &logs[i]);
     if let Some(log) = log_of("dbcache_on_unet_ignored") {
         if !log.iter().any(|l| l.contains("CacheDIT requested but not supported for this model type (only DiT models)")) {
@@ -87,6 +100,34 @@ fn sd1_cache_all_cases() {
     // A cache that skipped steps changes the picture.
     if pixels("nocache_10_steps") == pixels("ucache_default") {
         problems.push("ucache_default is identical to the uncached picture".into());
+    }
+    report(&results);
+    assert!(problems.is_empty(), "{problems:#?}");
+}
+
+/// DBCache, TaylorSeer and cache-dit on DiTs: which steps the reference skipped (its log), and
+/// its pictures.
+#[test]
+fn dit_cache_all_cases() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let expected: &[(&str, Option<&str>)] = &[
+        ("zimage_nocache", None),
+        ("zimage_dbcache_default", None),
+        ("zimage_dbcache_thr_0_3_cfg", Some("CacheDIT skipped 4/12 steps")),
+        ("zimage_taylorseer_thr_0_2", Some("CacheDIT skipped 2/12 steps")),
+        ("zimage_cache_dit_fn4_bn2_dpmpp2m", Some("CacheDIT skipped 1/12 steps")),
+        ("zimage_cache_dit_heun", Some("CacheDIT skipped 1/8 steps")),
+        ("flux_dbcache_thr_0_6", Some("CacheDIT skipped 2/8 steps")),
+    ];
+    let (results, logs, mut problems) = run_logged("dit-caches", expected);
+    for (r, log) in results.iter().zip(&logs) {
+        if r.name != "zimage_nocache" && !log.iter().any(|l| l.starts_with("CacheDIT enabled - mode: ")) {
+            problems.push(format!("{}: no 'CacheDIT enabled' line", r.name));
+        }
+    }
+    let pixels = |name: &str| results.iter().find(|r| r.name == name).map(|r| &r.pixels);
+    if pixels("zimage_nocache") == pixels("zimage_taylorseer_thr_0_2") {
+        problems.push("zimage_taylorseer_thr_0_2 is identical to the uncached picture".into());
     }
     report(&results);
     assert!(problems.is_empty(), "{problems:#?}");

@@ -32,7 +32,9 @@ const LTX: Use = Warns("only LTX video models read it and this build has none");
 const PHOTOMAKER: Use = Warns("PhotoMaker is not supported yet");
 const PULID: Use = Warns("PuLID is not supported yet");
 const IP_ADAPTER: Use = Warns("IP-Adapter is not supported yet");
-const DIT_CACHE: Use = Warns("DBCache, TaylorSeer and cache-dit are not supported yet");
+/// Read by the reference's cache-dit but without effect on its step decision (its limits and
+/// mask checks change nothing; its TaylorSeer terms are never used): no effect here either.
+const DIT_CACHE_UNREAD: Use = Warns("cache-dit decides each step from the input change alone (as the reference does), this option has no effect");
 const EXPERT: Use = NeedsHighNoise("no high noise diffusion model is loaded");
 
 /// Every field of the three request structs and the structs they hold, by C struct.
@@ -108,10 +110,11 @@ pub const FIELDS: &[(&str, &[(&str, Use)])] = &[
         &[
             ("mode", Acts), ("reuse_threshold", Acts), ("start_percent", Acts), ("end_percent", Acts),
             ("error_decay_rate", Acts), ("use_relative_threshold", Acts), ("reset_error_on_compute", Acts),
-            ("Fn_compute_blocks", DIT_CACHE), ("Bn_compute_blocks", DIT_CACHE), ("residual_diff_threshold", DIT_CACHE),
-            ("max_warmup_steps", DIT_CACHE), ("max_cached_steps", DIT_CACHE), ("max_continuous_cached_steps", DIT_CACHE),
-            ("taylorseer_n_derivatives", DIT_CACHE), ("taylorseer_skip_interval", DIT_CACHE), ("scm_mask", DIT_CACHE),
-            ("scm_policy_dynamic", DIT_CACHE), ("spectrum_w", Acts), ("spectrum_m", Acts), ("spectrum_lam", Acts),
+            ("Fn_compute_blocks", Acts), ("Bn_compute_blocks", Acts), ("residual_diff_threshold", Acts),
+            ("max_warmup_steps", DIT_CACHE_UNREAD), ("max_cached_steps", DIT_CACHE_UNREAD),
+            ("max_continuous_cached_steps", DIT_CACHE_UNREAD), ("taylorseer_n_derivatives", DIT_CACHE_UNREAD),
+            ("taylorseer_skip_interval", DIT_CACHE_UNREAD), ("scm_mask", DIT_CACHE_UNREAD),
+            ("scm_policy_dynamic", DIT_CACHE_UNREAD), ("spectrum_w", Acts), ("spectrum_m", Acts), ("spectrum_lam", Acts),
             ("spectrum_window_size", Acts), ("spectrum_flex_window", Acts), ("spectrum_warmup_steps", Acts),
             ("spectrum_stop_percent", Acts),
         ],

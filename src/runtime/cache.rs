@@ -13,9 +13,12 @@
 //!   denoised latents are extrapolated from the last few (a ridge fit on Chebyshev features
 //!   of the step counter, blended with a first-order Taylor step), skipping every pass.
 //!
-//! The block-level caches of DiTs (DBCache, TaylorSeer, cache-dit) need hooks inside the
-//! transformer; they are not implemented yet, so such a run is uncached (with a warning).
-//! They would plug in as another [`Kind`] whose hooks the DiT models consult.
+//! - cache-dit (DBCache, TaylorSeer and their combination, DiTs): the reference decides these
+//!   per step on the model input, not inside the transformer's blocks (its block-level state
+//!   is never consulted), and the three modes decide alike: on the anchor pass of a step
+//!   inside the 15-95 % sigma window, when the input's relative L1 change since that pass
+//!   last ran is under `residual_diff_threshold` (scaled by `Fn`/`Bn`), every pass of the
+//!   step returns `input + remembered difference`.
 //!
 //! How the sampling loop drives a [`StepCache`], once per model evaluation:
 //! 1. [`StepCache::forecast`]: `Some(denoised)` replaces the whole evaluation;
@@ -65,6 +68,7 @@ pub struct StepCache {
 enum Kind {
     Off,
     Reuse(Box<ReuseCache>),
+    CacheDit(Box<CacheDit>),
     Spectrum(Box<Spectrum>),
 }
 
@@ -128,10 +132,21 @@ impl StepCache {
             CacheMode::DbCache | CacheMode::TaylorSeer | CacheMode::CacheDit => {
                 if backbone != Backbone::DiT {
                     sd_warn!("CacheDIT requested but not supported for this model type (only DiT models)");
-                } else {
-                    sd_warn!("{} is not supported yet in this build of libstable-diffusion; sampling without a cache", p.mode.name());
+                    return off;
                 }
-                return off;
+                let mode = match p.mode {
+                    CacheMode::CacheDit => "DBCache+TaylorSeer",
+                    CacheMode::DbCache => "DBCache",
+                    _ => "TaylorSeer",
+                };
+                sd_info!(
+                    "CacheDIT enabled - mode: {mode}, Fn: {}, Bn: {}, threshold: {:.3}, warmup: {}",
+                    p.fn_compute_blocks,
+                    p.bn_compute_blocks,
+                    p.residual_diff_threshold,
+                    p.max_warmup_steps
+                );
+                Kind::CacheDit(Box::new(CacheDit::new(p, sigmas)))
             }
             CacheMode::Spectrum => {
                 if !matches!(backbone, Backbone::UNet | Backbone::DiT) {
@@ -178,8 +193,13 @@ impl StepCache {
     /// Starts the evaluation of the sampler's `step` (its step argument) at `sigma`.
     pub fn begin_step(&mut self, step: i32, sigma: f32) {
         self.step_index = if step > 0 { step - 1 } else { -1 };
-        if let (Kind::Reuse(c), true) = (&mut self.kind, self.step_index >= 0) {
-            c.begin_step(self.step_index, sigma);
+        if self.step_index < 0 {
+            return;
+        }
+        match &mut self.kind {
+            Kind::Reuse(c) => c.begin_step(self.step_index, sigma),
+            Kind::CacheDit(c) => c.begin_step(self.step_index, sigma),
+            _ => {}
         }
     }
 
@@ -187,14 +207,20 @@ impl StepCache {
     pub fn reuse(&mut self, pass: Pass, input: &Tensor) -> Option<Tensor> {
         match &mut self.kind {
             Kind::Reuse(c) if self.step_index >= 0 => c.before(pass, input),
+            Kind::CacheDit(c) if self.step_index >= 0 => c.before(pass, input),
             _ => None,
         }
     }
 
     /// Sees the computed output of `pass`.
     pub fn store(&mut self, pass: Pass, input: &Tensor, output: &Tensor) {
-        if let (Kind::Reuse(c), true) = (&mut self.kind, self.step_index >= 0) {
-            c.after(pass, input, output);
+        if self.step_index < 0 {
+            return;
+        }
+        match &mut self.kind {
+            Kind::Reuse(c) => c.after(pass, input, output),
+            Kind::CacheDit(c) => c.after(pass, input, output),
+            _ => {}
         }
     }
 
@@ -203,6 +229,7 @@ impl StepCache {
     pub fn step_skipped(&self) -> bool {
         match &self.kind {
             Kind::Reuse(c) => c.step_active && c.skip_current_step,
+            Kind::CacheDit(c) => c.step_active && c.skip_current_step,
             _ => false,
         }
     }
@@ -219,6 +246,7 @@ impl StepCache {
         match &self.kind {
             Kind::Off => 0,
             Kind::Reuse(c) => c.skipped,
+            Kind::CacheDit(c) => c.skipped,
             Kind::Spectrum(s) => s.skipped,
         }
     }
@@ -230,6 +258,7 @@ impl StepCache {
             Kind::Off => return,
             Kind::Reuse(c) if c.cfg.flavor == Flavor::Easy => "EasyCache",
             Kind::Reuse(_) => "UCache",
+            Kind::CacheDit(_) => "CacheDIT",
             Kind::Spectrum(_) => "Spectrum",
         };
         if total_steps == 0 {
@@ -512,6 +541,118 @@ impl ReuseCache {
     }
 }
 
+/// What cache-dit remembers of a pass's last computed evaluation.
+struct DitEntry {
+    /// `output - input`.
+    diff: Vec<f32>,
+    input: Vec<f32>,
+}
+
+/// cache-dit's step decision (see the module documentation).
+struct CacheDit {
+    /// `residual_diff_threshold` scaled by the front (`Fn`) and back (`Bn`) block counts.
+    threshold: f32,
+    /// Steps take part while `end_sigma < sigma <= start_sigma`.
+    start_sigma: f32,
+    end_sigma: f32,
+    current_step_index: i32,
+    step_active: bool,
+    skip_current_step: bool,
+    anchor: Option<Pass>,
+    entries: [Option<DitEntry>; 3],
+    skipped: usize,
+}
+
+impl CacheDit {
+    fn new(p: &CacheParams, sigmas: &[f32]) -> CacheDit {
+        let mut threshold = p.residual_diff_threshold;
+        if p.fn_compute_blocks > 0 {
+            threshold *= (1.0 + 0.02 * (p.fn_compute_blocks - 8) as f32).clamp(0.5, 2.0);
+        }
+        if p.bn_compute_blocks > 0 {
+            threshold *= (1.0 - 0.03 * p.bn_compute_blocks as f32).clamp(0.5, 1.0);
+        }
+        let (mut start_sigma, mut end_sigma) = (f32::MAX, 0.0);
+        if sigmas.len() >= 2 {
+            // The steps at 15 % and 95 % of the schedule, fixed (not the start/end percents).
+            let n = sigmas.len() - 1;
+            let step_at = |percent: f32| ((percent * n as f32) as usize).min(n - 1);
+            let (a, b) = (sigmas[step_at(0.15)], sigmas[step_at(0.95)]);
+            start_sigma = a.max(b);
+            end_sigma = a.min(b);
+        }
+        CacheDit {
+            threshold,
+            start_sigma,
+            end_sigma,
+            current_step_index: -1,
+            step_active: false,
+            skip_current_step: false,
+            anchor: None,
+            entries: [None, None, None],
+            skipped: 0,
+        }
+    }
+
+    fn begin_step(&mut self, step_index: i32, sigma: f32) {
+        if step_index == self.current_step_index {
+            return;
+        }
+        self.current_step_index = step_index;
+        self.skip_current_step = false;
+        self.step_active = sigma <= self.start_sigma && sigma > self.end_sigma;
+    }
+
+    /// `input + remembered difference` of `pass`, when it has one of the input's size.
+    fn apply(&self, pass: Pass, input: &Tensor) -> Option<Tensor> {
+        let e = self.entries[pass.index()].as_ref()?;
+        if e.diff.is_empty() || e.diff.len() != input.len() {
+            return None;
+        }
+        let data = input.data().iter().zip(&e.diff).map(|(x, d)| x + d).collect();
+        Tensor::from_vec(input.shape(), data).ok()
+    }
+
+    fn before(&mut self, pass: Pass, input: &Tensor) -> Option<Tensor> {
+        if !self.step_active {
+            return None;
+        }
+        let anchor = *self.anchor.get_or_insert(pass);
+        if self.skip_current_step {
+            return self.apply(pass, input);
+        }
+        if pass != anchor {
+            return None;
+        }
+        let prev = &self.entries[pass.index()].as_ref()?.input;
+        if prev.len() != input.len() {
+            return None;
+        }
+        // Relative L1 change, summed in order in f32 as the reference does.
+        let (mut change, mut size) = (0f32, 0f32);
+        for (p, x) in prev.iter().zip(input.data()) {
+            change += (p - x).abs();
+            size += p.abs();
+        }
+        if change / (size + 1e-6) < self.threshold {
+            self.skip_current_step = true;
+            self.skipped += 1;
+            return self.apply(pass, input);
+        }
+        None
+    }
+
+    fn after(&mut self, pass: Pass, input: &Tensor, output: &Tensor) {
+        if !self.step_active {
+            return;
+        }
+        self.entries[pass.index()] = (!input.is_empty() && input.len() == output.len()).then(|| DitEntry {
+            diff: output.data().iter().zip(input.data()).map(|(o, i)| o - i).collect(),
+            input: input.data().to_vec(),
+        });
+    }
+}
+
 /// Spectrum: forecasts denoised latents from the last `k` computed ones.
 struct Spectrum {
     /// Weight of the Chebyshev fit against the Taylor step.
@@ -728,6 +869,7 @@ mod tests {
         assert!(!on(CacheMode::EasyCache, Backbone::UNet));
         for m in [CacheMode::DbCache, CacheMode::TaylorSeer, CacheMode::CacheDit] {
             assert!(!on(m, Backbone::UNet));
+            assert!(on(m, Backbone::DiT));
         }
         assert!(on(CacheMode::Spectrum, Backbone::UNet) && on(CacheMode::Spectrum, Backbone::DiT));
         assert!(!on(CacheMode::Spectrum, Backbone::Other));
@@ -735,6 +877,38 @@ mod tests {
         assert!(!on(CacheMode::Disabled, Backbone::UNet));
         let bad = CacheParams { start_percent: 0.9, end_percent: 0.5, ..params(CacheMode::UCache) };
         assert!(!StepCache::new(&bad, Backbone::UNet, &sigmas, &d, false).is_enabled());
+    }
+
+    /// cache-dit: a small relative change of the anchor's input reuses every pass of the
+    /// step; the window is the steps at 15 % and 95 % of the schedule.
+    #[test]
+    fn cache_dit_reuses_a_step_whose_input_barely_changed() {
+        let sigmas: Vec<f32> = (0..=10).rev().map(|v| v as f32).collect();
+        let p = CacheParams { residual_diff_threshold: 0.1, ..params(CacheMode::DbCache) };
+        let mut c = StepCache::new(&p, Backbone::DiT, &sigmas, &denoiser(), false);
+        // Step 1 (sigma 10) lies before the window: nothing is remembered.
+        c.begin_step(1, 10.0);
+        assert!(c.reuse(Pass::Cond, &t(&[1.0, 1.0])).is_none());
+        c.store(Pass::Cond, &t(&[1.0, 1.0]), &t(&[2.0, 3.0]));
+        // Step 2 (sigma 9, inside): computed and remembered for both passes.
+        c.begin_step(2, 9.0);
+        assert!(c.reuse(Pass::Cond, &t(&[1.0, 1.0])).is_none());
+        c.store(Pass::Cond, &t(&[1.0, 1.0]), &t(&[2.0, 3.0]));
+        assert!(c.reuse(Pass::Uncond, &t(&[1.0, 1.0])).is_none());
+        c.store(Pass::Uncond, &t(&[1.0, 1.0]), &t(&[0.5, 0.5]));
+        // Step 3: the input moved by 5 % (< 0.1): both passes reuse their differences.
+        c.begin_step(3, 8.0);
+        assert_eq!(c.reuse(Pass::Cond, &t(&[1.05, 1.05])).unwrap().data(), &[1.05 + 1.0, 1.05 + 2.0]);
+        assert!(c.step_skipped());
+        assert_eq!(c.reuse(Pass::Uncond, &t(&[1.05, 1.05])).unwrap().data(), &[1.05 - 0.5, 1.05 - 0.5]);
+        // Step 4: moved by 50 % against the last computed input: computed.
+        c.begin_step(4, 7.0);
+        assert!(c.reuse(Pass::Cond, &t(&[1.5, 1.5])).is_none());
+        assert_eq!(c.steps_skipped(), 1);
+        // Fn and Bn scale the threshold: Fn 18 raises it by 20 %, Bn 10 lowers it by 30 %.
+        let scaled = CacheDit::new(&CacheParams { fn_compute_blocks: 18, bn_compute_blocks: 10, ..p.clone() }, &sigmas);
+        assert!((scaled.threshold - 0.1 * 1.2 * 0.7).abs() < 1e-7);
+        assert_eq!((scaled.start_sigma, scaled.end_sigma), (9.0, 1.0));
     }
 
     #[test]

@@ -3,14 +3,18 @@
 //! Wan2.1 VAE (`vae_path`) as separate files: defaults (cfg 7 with the empty negative prompt),
 //! cfg 1, cfg 2.5 with a negative prompt, dpm++2m + karras, 96×64, img2img, flow shift 6, a
 //! reference-image edit (EDIT mode without a vision tower: the reference latents only) and
-//! q8_0 at load (its own tolerance).
+//! q8_0 at load (its own tolerance). `golden/qwenimage-taehv/`: the tiny video autoencoder
+//! taew2_1 (`taesd_path`) as the first stage instead of the VAE, txt2img and img2img.
 //!
-//! Without `SD_PARITY=full` the cfg 1 case runs; `SD_QWENIMAGE_CASE=name,...` runs the named
+//! Without `SD_PARITY=full` the cfg 1 case and the TAEHV img2img case run; `SD_QWENIMAGE_CASE=name,...` runs the named
 //! cases.
 
 mod common;
 
 use common::parity::{full, report, run};
+
+/// The golden folders of Qwen-Image (the layered and vision variants have their own tests).
+const FOLDERS: [&str; 2] = ["qwenimage", "qwenimage-taehv"];
 
 #[test]
 fn qwenimage_quick_subset() {
@@ -18,7 +22,8 @@ fn qwenimage_quick_subset() {
         eprintln!("skipped: SD_PARITY=full runs every case in qwenimage_all_cases");
         return;
     }
-    report(&run("qwenimage", |c| c.name == "qwen_cfg1"));
+    let pick = ["qwen_cfg1", "qwen_taehv_img2img"];
+    report(&FOLDERS.iter().flat_map(|f| run(f, |c| pick.contains(&c.name.as_str()))).collect::<Vec<_>>());
 }
 
 #[test]
@@ -27,7 +32,7 @@ fn qwenimage_all_cases() {
         eprintln!("skipped: set SD_PARITY=full");
         return;
     }
-    report(&run("qwenimage", |_| true));
+    report(&FOLDERS.iter().flat_map(|f| run(f, |_| true)).collect::<Vec<_>>());
 }
 
 /// The cases `SD_QWENIMAGE_CASE=name[,name…]` names, for debugging.
@@ -38,7 +43,7 @@ fn qwenimage_selected_cases() {
         return;
     };
     let names: Vec<&str> = names.split(',').collect();
-    report(&run("qwenimage", |c| names.contains(&c.name.as_str())));
+    report(&FOLDERS.iter().flat_map(|f| run(f, |c| names.contains(&c.name.as_str()))).collect::<Vec<_>>());
 }
 
 /// Missing components are clean `new_sd_ctx` failures, like the reference's ("model metadata

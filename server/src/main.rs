@@ -1,0 +1,7 @@
+//! sd-server: serves one loaded model over HTTP (see the README).
+
+fn main() -> std::process::ExitCode {
+    let program = std::env::args_os().next().map(|p| p.to_string_lossy().into_owned()).unwrap_or_else(|| "sd-server".into());
+    let argv: Vec<String> = std::env::args_os().skip(1).map(|a| a.to_string_lossy().into_owned()).collect();
+    sd_server::main_with_args(&program, &argv)
+}

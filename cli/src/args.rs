@@ -62,6 +62,15 @@ pub struct CliOpts {
     pub color: bool,
     pub imatrix_out: String,
     pub imatrix_in: Vec<String>,
+    /// `--image`: the file `-M metadata` inspects.
+    pub image_path: String,
+    /// `--metadata-format`: `text` or `json`.
+    pub metadata_format: String,
+    pub metadata_raw: bool,
+    pub metadata_brief: bool,
+    pub metadata_all: bool,
+    /// Every option given, by its long name, in order (metadata mode names those it does not use).
+    pub given: Vec<String>,
 }
 
 impl Default for CliOpts {
@@ -81,6 +90,12 @@ impl Default for CliOpts {
             color: false,
             imatrix_out: String::new(),
             imatrix_in: Vec::new(),
+            image_path: String::new(),
+            metadata_format: "text".into(),
+            metadata_raw: false,
+            metadata_brief: false,
+            metadata_all: false,
+            given: Vec::new(),
         }
     }
 }
@@ -528,6 +543,11 @@ pub fn options() -> Vec<Opt> {
     vec![
         // -- program --
         opt("-o", "--output", Cli, "where to write the result; a printf-style %d (e.g. output_%03d.png) numbers the images (default: ./output.png, ./output.gguf in convert mode)", string!(cli.output)),
+        opt("", "--image", Cli, "path to the image to inspect (metadata mode)", string!(cli.image_path)),
+        opt("", "--metadata-format", Cli, "metadata output format, one of [text, json] (default: text)", string!(cli.metadata_format)),
+        opt("", "--metadata-raw", Cli, "include raw hex previews for unparsed metadata payloads", flag!(cli.metadata_raw = true)),
+        opt("", "--metadata-brief", Cli, "truncate long metadata text values in text output", flag!(cli.metadata_brief = true)),
+        opt("", "--metadata-all", Cli, "include structural/container entries such as IHDR, IDAT, and non-metadata JPEG segments", flag!(cli.metadata_all = true)),
         opt("", "--preview-path", Cli, "where to write preview images (default: ./preview.png)", string!(cli.preview_path)),
         opt("", "--imat-out", Cli, "collect an importance matrix during this run and write it to this file", string!(cli.imatrix_out)),
         opt("", "--preview-interval", Cli, "denoising steps between preview updates (default: 1, every step)", int!(cli.preview_interval)),
@@ -793,15 +813,8 @@ pub fn options() -> Vec<Opt> {
     ]
 }
 
-/// Reference options for what this sd-cli cannot do yet (metadata inspection): recognised
-/// so that the error says so, with whether they take a value.
-pub const NOT_YET: &[(&str, bool)] = &[
-    ("--image", true),
-    ("--metadata-format", true),
-    ("--metadata-raw", false),
-    ("--metadata-brief", false),
-    ("--metadata-all", false),
-];
+/// The options metadata mode uses; it warns about any other.
+const METADATA_OPTIONS: &[&str] = &["--mode", "--image", "--metadata-format", "--metadata-raw", "--metadata-brief", "--metadata-all", "--verbose", "--color"];
 
 /// Reads the command line (without the program name).
 pub fn parse<S: AsRef<str>>(args: &[S]) -> Result<Parsed, ArgError> {
@@ -811,6 +824,9 @@ pub fn parse<S: AsRef<str>>(args: &[S]) -> Result<Parsed, ArgError> {
     while i < args.len() {
         let arg = args[i].as_ref();
         let found = table.iter().find(|o| (!o.short.is_empty() && o.short == arg) || (!o.long.is_empty() && o.long == arg));
+        if let Some(o) = found {
+            opts.cli.given.push(if o.long.is_empty() { o.short } else { o.long }.to_string());
+        }
         match found.map(|o| o.apply) {
             Some(Apply::Flag(set)) => set(&mut opts),
             Some(Apply::Action(action)) => return Ok(action()),
@@ -819,9 +835,6 @@ pub fn parse<S: AsRef<str>>(args: &[S]) -> Result<Parsed, ArgError> {
                 let Some(value) = args.get(i + 1) else { return Err(ArgError(invalid)) };
                 set(&mut opts, value.as_ref()).map_err(|why| ArgError(format!("error: {why}\n{invalid}")))?;
                 i += 1;
-            }
-            None if NOT_YET.iter().any(|(name, _)| *name == arg) => {
-                return Err(ArgError(format!("error: {arg} (metadata mode) is not supported by this sd-cli yet")));
             }
             None => return Err(ArgError(format!("error: unknown argument: {arg}"))),
         }
@@ -1199,11 +1212,40 @@ fn random_seed() -> i64 {
     (x & 0x7fff_ffff) as i64
 }
 
+impl CliOpts {
+    /// Metadata mode needs only the image and the report options, as in the reference
+    /// (no model, no output); other options draw a warning.
+    fn resolve_metadata(&self) -> Result<(), String> {
+        if self.image_path.is_empty() {
+            return Err("metadata mode needs an image path (--image)".into());
+        }
+        if !matches!(self.metadata_format.as_str(), "text" | "json") {
+            return Err(format!("invalid metadata format {}, must be one of [text, json]", self.metadata_format));
+        }
+        let mut unused: Vec<&str> = Vec::new();
+        for g in self.given.iter().map(String::as_str).filter(|g| !METADATA_OPTIONS.contains(g)) {
+            if !unused.contains(&g) {
+                unused.push(g);
+            }
+        }
+        for name in unused {
+            stable_diffusion::sd_warn!("{name} is not used in metadata mode: ignored");
+        }
+        Ok(())
+    }
+}
+
 impl Opts {
     /// Fills in defaults that depend on several options and checks the request, like the
     /// reference does before loading anything. `env` reads environment variables.
     pub fn resolve(&mut self, env: &dyn Fn(&str) -> Option<String>) -> Result<(), String> {
         let mode = self.cli.mode;
+        if mode == Mode::Metadata {
+            return self.cli.resolve_metadata();
+        }
+        for name in self.cli.given.iter().filter(|g| g.starts_with("--metadata-") || *g == "--image") {
+            stable_diffusion::sd_warn!("{name} is only used in metadata mode: ignored");
+        }
         if mode == Mode::Convert && self.cli.output == "output.png" {
             self.cli.output = "output.gguf".into();
         }

@@ -1,10 +1,11 @@
-//! Reading input images (PNG, JPEG) and writing PNG or JPEG results.
+//! Reading input images (PNG, JPEG, WebP) and writing PNG, JPEG or WebP results.
 //!
 //! Inputs are converted to the channel count the request needs and, when a target size is
 //! given, centre-cropped to its aspect ratio and resampled with a box filter in linear light,
 //! as the reference program does. PNG outputs carry the generation parameters in a `tEXt`
-//! chunk with the key `parameters`, right after the header (JPEG outputs in a COM segment);
-//! every output is written to a temporary file that is renamed into place.
+//! chunk with the key `parameters`, right after the header (JPEG outputs in a COM segment,
+//! WebP outputs in the reference's XMP packet); every output is written to a temporary file
+//! that is renamed into place.
 
 use std::fs::File;
 use std::io::{BufReader, BufWriter, Read, Write};
@@ -74,6 +75,21 @@ fn decode_jpeg(bytes: &[u8]) -> Result<Image, String> {
         ),
     };
     Ok(Image::new(w, h, channels, data).ok_or("inconsistent JPEG size")?)
+}
+
+/// Decodes a still WebP (the first frame of an animated one) to RGB or RGBA.
+fn decode_webp(bytes: &[u8]) -> Result<Image, String> {
+    let mut dec = image_webp::WebPDecoder::new(std::io::Cursor::new(bytes)).map_err(|e| e.to_string())?;
+    dec.set_memory_limit(MAX_DECODED_BYTES);
+    let size = dec.output_buffer_size().ok_or("WebP image too large")?;
+    if size > MAX_DECODED_BYTES {
+        return Err("WebP image too large".into());
+    }
+    let mut buf = vec![0; size];
+    dec.read_image(&mut buf).map_err(|e| e.to_string())?;
+    let (w, h) = dec.dimensions();
+    let channels = if dec.has_alpha() { 4 } else { 3 };
+    Ok(Image::new(w, h, channels, buf).ok_or("inconsistent WebP size")?)
 }
 
 /// The luma stb_image uses when it drops colour.
@@ -208,8 +224,10 @@ pub fn decode_image(bytes: &[u8], path: &str, size: Option<(u32, u32)>, channels
         decode_png(bytes)
     } else if bytes.starts_with(&[0xff, 0xd8]) {
         decode_jpeg(bytes)
+    } else if bytes.len() >= 12 && bytes.starts_with(b"RIFF") && &bytes[8..12] == b"WEBP" {
+        decode_webp(bytes)
     } else {
-        Err("not a PNG or JPEG file".into())
+        Err("not a PNG, JPEG or WebP file".into())
     }
     .map_err(|e| format!("load image from '{path}' failed: {e}"))?;
     if img.channels < channels {
@@ -277,13 +295,60 @@ pub fn encode_png(img: &Image, parameters: &str) -> Result<Vec<u8>, String> {
     Ok(out)
 }
 
-/// Writes `img` to `path` with its generation parameters: PNG (a `tEXt` chunk) or JPEG
-/// (quality 90, a COM segment), chosen by the extension as the reference does.
+/// The XMP packet the reference puts in a WebP's `XMP ` chunk: the parameters, XML-escaped,
+/// as `sdcpp:parameters`.
+pub fn webp_xmp_packet(parameters: &str) -> String {
+    let mut escaped = String::with_capacity(parameters.len());
+    for c in parameters.chars() {
+        match c {
+            '&' => escaped.push_str("&amp;"),
+            '<' => escaped.push_str("&lt;"),
+            '>' => escaped.push_str("&gt;"),
+            '"' => escaped.push_str("&quot;"),
+            '\'' => escaped.push_str("&apos;"),
+            c => escaped.push(c),
+        }
+    }
+    format!(
+        "<?xpacket begin=\"\" id=\"W5M0MpCehiHzreSzNTczkc9d\"?>\n<x:xmpmeta xmlns:x=\"adobe:ns:meta/\">\n  \
+         <rdf:RDF xmlns:rdf=\"http://www.w3.org/1999/02/22-rdf-syntax-ns#\">\n    \
+         <rdf:Description xmlns:sdcpp=\"https://github.com/leejet/stable-diffusion.cpp/ns/1.0/\">\n      \
+         <sdcpp:parameters>{escaped}</sdcpp:parameters>\n    </rdf:Description>\n  </rdf:RDF>\n</x:xmpmeta>\n<?xpacket end=\"w\"?>"
+    )
+}
+
+/// Encodes a lossless WebP (the reference writes lossy VP8 at quality 90 with libwebp; no
+/// maintained pure-Rust lossy encoder exists). `parameters`, when not empty, goes into an
+/// `XMP ` chunk after the image (with a VP8X header), as the reference's writer puts it. Grey
+/// images are written as RGB, as the reference does; grey+alpha is refused like there.
+pub fn encode_webp(img: &Image, parameters: &str) -> Result<Vec<u8>, String> {
+    let expected = img.width as usize * img.height as usize * img.channels as usize;
+    if img.data.len() != expected || img.width == 0 || img.height == 0 || img.width > 16384 || img.height > 16384 {
+        return Err(format!("invalid image {}x{}x{} with {} bytes for WebP (at most 16384x16384)", img.width, img.height, img.channels, img.data.len()));
+    }
+    let (pixels, color) = match img.channels {
+        1 => (convert_channels(img, 3).data, image_webp::ColorType::Rgb8),
+        3 => (img.data.clone(), image_webp::ColorType::Rgb8),
+        4 => (img.data.clone(), image_webp::ColorType::Rgba8),
+        n => return Err(format!("cannot write an image with {n} channels as WebP")),
+    };
+    let mut out = Vec::new();
+    let mut enc = image_webp::WebPEncoder::new(&mut out);
+    if !parameters.is_empty() {
+        enc.set_xmp_metadata(webp_xmp_packet(parameters).into_bytes());
+    }
+    enc.encode(&pixels, img.width, img.height, color).map_err(|e| format!("WebP encoding failed: {e}"))?;
+    Ok(out)
+}
+
+/// Writes `img` to `path` with its generation parameters: PNG (a `tEXt` chunk), JPEG
+/// (quality 90, a COM segment) or WebP (lossless, an XMP packet), chosen by the extension as
+/// the reference does.
 pub fn write_image(path: &Path, img: &Image, parameters: &str) -> Result<(), String> {
     let bytes = match format_of(path) {
         Format::Png => encode_png(img, parameters)?,
         Format::Jpeg => crate::jpeg::encode(img, crate::jpeg::REFERENCE_QUALITY, parameters)?,
-        Format::Webp => return Err(format!("{}: WebP output is not supported by this sd-cli (use a .png or .jpg name)", path.display())),
+        Format::Webp => encode_webp(img, parameters)?,
         Format::Unknown => return Err(format!("{}: unknown image format", path.display())),
     };
     write_atomically(path, &bytes).map_err(|e| format!("{}: {e}", path.display()))
@@ -377,7 +442,15 @@ mod tests {
         write_image(&g, &img(2, 2, 1, |_, _, _| 9), "").unwrap();
         assert!(load_image(g.to_str().unwrap(), None, 3).unwrap_err().contains("must be >= 3"));
         assert!(load_image(dir.join("missing.png").to_str().unwrap(), None, 3).unwrap_err().contains("failed"));
-        assert!(write_image(&dir.join("x.webp"), &grey_px(), "").is_err());
+        assert!(write_image(&dir.join("x.bmp"), &grey_px(), "").is_err());
+        // WebP output is lossless: it reads back exactly, grey as RGB.
+        let w = dir.join("x.webp");
+        let rgba = img(7, 5, 4, |x, y, c| (x * 30 + y * 11 + c * 50) as u8);
+        write_image(&w, &rgba, "p").unwrap();
+        assert_eq!(load_image(w.to_str().unwrap(), None, 4).unwrap(), rgba);
+        write_image(&w, &grey_px(), "").unwrap();
+        assert_eq!(load_image(w.to_str().unwrap(), None, 3).unwrap().data, vec![0, 0, 0]);
+        assert!(write_image(&w, &img(2, 2, 2, |_, _, _| 1), "").unwrap_err().contains("2 channels"));
         // JPEG output reads back through the JPEG input path.
         let j = dir.join("x.jpg");
         write_image(&j, &img(16, 8, 3, |_, _, c| 60 + 40 * c as u8), "params").unwrap();

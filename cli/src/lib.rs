@@ -4,6 +4,7 @@
 pub mod args;
 pub mod avi;
 pub mod image_io;
+pub mod inspect;
 pub mod jpeg;
 pub mod metadata;
 pub mod output;

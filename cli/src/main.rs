@@ -60,6 +60,9 @@ fn main() -> ExitCode {
         }
     };
     term::set_verbosity(opts.cli.verbose, opts.cli.color);
+    if opts.cli.mode == args::Mode::Metadata {
+        term::log_to_stderr_only();
+    }
     if let Err(e) = opts.resolve(&|k| std::env::var(k).ok()) {
         report(&format!("error: {e}"));
         print!("{}", args::usage(&program));

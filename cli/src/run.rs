@@ -373,7 +373,9 @@ fn generate_video(o: &mut Opts) -> Result<(Vec<Image>, Option<Audio>), Failure> 
 pub fn run(mut o: Opts) -> Result<(), Failure> {
     let mode = o.cli.mode;
     if mode == Mode::Metadata {
-        return Err(format!("mode {} is not supported by this sd-cli yet", mode.name()));
+        let c = &o.cli;
+        let opts = crate::inspect::Options { json: c.metadata_format == "json", raw: c.metadata_raw, brief: c.metadata_brief, all: c.metadata_all };
+        return crate::inspect::print_report(&c.image_path, opts);
     }
     if let Some(model) = &o.ctx.default_model {
         sd_info!("no --model given: using the default model '{}' (set {} to change it)", model.display(), crate::args::DEFAULT_MODEL_ENV);

@@ -11,6 +11,8 @@ use stable_diffusion::types::LogLevel;
 
 static VERBOSE: AtomicBool = AtomicBool::new(false);
 static COLOR: AtomicBool = AtomicBool::new(false);
+/// Set in metadata mode, whose report owns stdout: every message goes to stderr.
+static ALL_TO_STDERR: AtomicBool = AtomicBool::new(false);
 
 /// The tag printed before a message, padded to five characters.
 pub fn tag(level: LogLevel, color: bool) -> String {
@@ -42,7 +44,7 @@ pub fn format_log(level: LogLevel, text: &str, verbose: bool, color: bool) -> Op
 
 fn print_log(level: LogLevel, text: &str) {
     let Some(line) = format_log(level, text, VERBOSE.load(Ordering::Relaxed), COLOR.load(Ordering::Relaxed)) else { return };
-    if level == LogLevel::Error {
+    if level == LogLevel::Error || ALL_TO_STDERR.load(Ordering::Relaxed) {
         let mut err = std::io::stderr().lock();
         let _ = err.write_all(line.as_bytes());
         let _ = err.flush();
@@ -56,6 +58,11 @@ fn print_log(level: LogLevel, text: &str) {
 /// Routes the library's messages (and sd-cli's own, which use the same macros) to the terminal.
 pub fn install_log_sink() {
     stable_diffusion::log::set_sink(Some(Arc::new(print_log)));
+}
+
+/// Sends every message to stderr, keeping stdout for a report (metadata mode).
+pub fn log_to_stderr_only() {
+    ALL_TO_STDERR.store(true, Ordering::Relaxed);
 }
 
 pub fn set_verbosity(verbose: bool, color: bool) {

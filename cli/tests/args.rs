@@ -1,7 +1,7 @@
 //! Option parsing and resolution: every option, the values the library receives, and the
 //! errors for bad command lines.
 
-use sd_cli::args::{self, options, parse, Mode, Opts, Parsed, NOT_YET};
+use sd_cli::args::{self, options, parse, Mode, Opts, Parsed};
 use stable_diffusion::types::{HiresUpscaler, LoraApplyMode, Prediction, Preview, RngType, SampleMethod, Scheduler, SdType, VaeFormat};
 
 fn run_opts(argv: &[&str]) -> Opts {
@@ -96,7 +96,7 @@ fn every_option_parses_and_changes_something() {
 
 #[test]
 fn every_reference_option_is_known() {
-    // The reference sd-cli's options (97d29908); each is accepted or reported as not supported yet.
+    // The reference sd-cli's options (97d29908); each is accepted and in the usage text.
     let reference = "-o --output --image --metadata-format --preview-path --imat-out --preview-interval --output-begin-idx \
         --canny --convert-name -v --verbose --color --taesd-preview-only --preview-noisy --metadata-raw --metadata-brief \
         --metadata-all -M --mode --preview -h --help --imat-in -m --model --clip_l --clip_g --clip_vision --t5xxl --llm \
@@ -124,14 +124,8 @@ fn every_reference_option_is_known() {
     let table = options();
     let usage = args::usage("sd-cli");
     for flag in reference.split_whitespace() {
-        let known = table.iter().any(|o| o.short == flag || o.long == flag);
-        let not_yet = NOT_YET.iter().any(|(n, _)| *n == flag);
-        assert!(known ^ not_yet, "{flag}: known={known} not_yet={not_yet}");
-        if known {
-            assert!(usage.contains(flag), "{flag} missing from the usage text");
-        } else {
-            assert!(err(&[flag, "x"]).contains("not supported by this sd-cli yet"));
-        }
+        assert!(table.iter().any(|o| o.short == flag || o.long == flag), "{flag} is not an option");
+        assert!(usage.contains(flag), "{flag} missing from the usage text");
     }
 }
 
@@ -408,4 +402,22 @@ fn options_a_mode_does_not_use_are_named() {
         unused(&["-m", "w.gguf", "--end-img", "e.png", "--video-frames", "9", "--fps", "8", "--high-noise-cfg-scale", "2", "--vace-strength", "0.5"]),
         vec!["--end-img", "--video-frames", "--fps", "--vace-strength", "--high-noise-*"]
     );
+}
+
+#[test]
+fn metadata_mode_options() {
+    let Ok(Parsed::Run(mut o)) =
+        parse(&["-M", "metadata", "--image", "x.webp", "--metadata-format", "json", "--metadata-raw", "--metadata-brief", "--metadata-all"])
+    else {
+        panic!()
+    };
+    assert_eq!((o.cli.image_path.as_str(), o.cli.metadata_format.as_str()), ("x.webp", "json"));
+    assert!(o.cli.metadata_raw && o.cli.metadata_brief && o.cli.metadata_all);
+    // No model, output or default model is needed; nothing else is resolved.
+    o.resolve(&|_| Some("/nonexistent/sd1.safetensors".into())).unwrap();
+    assert_eq!(o.ctx.params.model_path, None);
+    let Ok(Parsed::Run(mut o)) = parse(&["-M", "metadata"]) else { panic!() };
+    assert!(o.resolve(&|_| None).unwrap_err().contains("needs an image path (--image)"));
+    let Ok(Parsed::Run(mut o)) = parse(&["-M", "metadata", "--image", "x", "--metadata-format", "yaml"]) else { panic!() };
+    assert!(o.resolve(&|_| None).unwrap_err().contains("invalid metadata format yaml, must be one of [text, json]"));
 }

@@ -1,20 +1,12 @@
 //! Saving results: file names, pixels and the `parameters` text read back from the PNGs.
 
-use sd_cli::args::{parse, Opts, Parsed};
+mod common;
+
+use common::opts;
 use sd_cli::image_io::{decode_png_file, png_text_chunks};
 use sd_cli::run::save_results;
 use stable_diffusion::api::Image;
-use stable_diffusion::types::{SampleMethod, Scheduler};
-
-fn opts(argv: &[&str]) -> Opts {
-    let Ok(Parsed::Run(mut o)) = parse(argv) else { panic!("{argv:?}") };
-    o.resolve(&|_| None).unwrap();
-    // What the program takes from the loaded model when the request leaves them unset.
-    let sp = &mut o.gen.params.sample_params;
-    sp.sample_method.get_or_insert(SampleMethod::EulerA);
-    sp.scheduler.get_or_insert(Scheduler::Discrete);
-    *o
-}
+use stable_diffusion::types::SampleMethod;
 
 fn image(seed: u8) -> Image {
     Image::new(4, 2, 3, (0..24).map(|i| i as u8 * 10 + seed).collect()).unwrap()
@@ -96,7 +88,10 @@ fn numbered_pattern_and_no_metadata() {
 #[test]
 fn failing_writes_are_reported() {
     let dir = tmpdir("fail");
-    let o = opts(&["-m", "m.gguf", "-o", dir.join("x.webp").to_str().unwrap()]);
+    // The output's folder cannot be made: a file stands in its way.
+    std::fs::create_dir_all(&dir).unwrap();
+    std::fs::write(dir.join("file"), b"").unwrap();
+    let o = opts(&["-m", "m.gguf", "-o", dir.join("file/x.png").to_str().unwrap()]);
     assert!(save_results(&o, &[image(0)]).is_err());
     assert!(save_results(&o, &[]).is_err());
     let _ = std::fs::remove_dir_all(&dir);

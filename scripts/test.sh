@@ -6,7 +6,8 @@
 #   3. cargo test --release (the same build: no second compilation of ggml or dependencies)
 #   4. the C API tests under valgrind, shared and static (tests/c/run.sh)
 #   5. the CMake and pkg-config consumers (tests/cmake-consumer/run.sh)
-#   6. the Python bindings' pytest suite, in a virtual environment
+#   6. the Python bindings' pytest suite, in a virtual environment, and the package built as
+#      a wheel with the library inside, installed offline into a fresh one
 #   7. the C# bindings' tests under mono
 #   8. ggml RPC devices (tests/devices.rs, the same build: rpc is a default feature):
 #      golden SD 1.x cases on rpc-server devices on loopback, a
@@ -92,7 +93,28 @@ python_suite() {
     # The installed package is tested (from outside the source folder), against the prefix.
     (cd bindings/python/tests &&
         STABLE_DIFFUSION_CPP_LIB=$prefix/lib SD_ABI_DIR=$root/tests/abi \
-            timeout 900 "$venv/bin/python" -m pytest -q -p no:cacheprovider .)
+            timeout 900 "$venv/bin/python" -m pytest -q -p no:cacheprovider .) || return 1
+    python_package
+}
+
+# The package as a user installs it, offline: a wheel bundling the library
+# (STABLE_DIFFUSION_CPP_BUNDLE_LIB, built with the suite's setuptools and wheel) installed
+# into a fresh virtual environment with --no-index, then imported and called from another
+# folder with no library setting at all.
+python_package() {
+    local pkg=$root/target/test-python-package
+    rm -rf "$pkg"
+    STABLE_DIFFUSION_CPP_BUNDLE_LIB=$prefix/lib "$venv/bin/python" -m pip wheel -q --disable-pip-version-check \
+        --no-build-isolation --no-deps -w "$pkg/wheels" ./bindings/python || return 1
+    python3 -m venv "$pkg/venv" || return 1
+    "$pkg/venv/bin/python" -m pip install -q --disable-pip-version-check --no-index "$pkg"/wheels/*.whl || return 1
+    (cd "$pkg" && env -u STABLE_DIFFUSION_CPP_LIB -u LD_LIBRARY_PATH "$pkg/venv/bin/python" -c '
+import os, stable_diffusion_rs as sd
+here = os.path.dirname(sd.__file__)
+assert sd.raw().path.startswith(here), sd.raw().path
+assert sd.version() and any(name == "CPU" for name, _ in sd.list_devices()), sd.list_devices()
+print("installed package:", sd.version(), "from", sd.raw().path)') || return 1
+    rm -rf "$pkg"
 }
 suite python python_suite
 suite csharp bindings/csharp/run.sh "$prefix"

@@ -1,7 +1,10 @@
 """Finds libstable-diffusion and binds every function of the C API with its prototype.
 
 Lookup order: $STABLE_DIFFUSION_CPP_LIB (a file, or a folder holding the library), the
-package's own folder, then the system's library path.
+package's own folder (a wheel built with STABLE_DIFFUSION_CPP_BUNDLE_LIB carries it there),
+the `lib` folder of the Python prefix (a virtual environment the library was installed
+into with `scripts/install.sh --prefix $VIRTUAL_ENV`), the repository's `prefix/lib` when
+the package is imported from a checkout, then the system's library path.
 """
 
 import ctypes
@@ -37,7 +40,11 @@ def candidates():
             yield env
         return  # an explicit choice is not second-guessed
     here = os.path.dirname(os.path.abspath(__file__))
-    yield from (os.path.join(here, n) for n in _NAMES)
+    folders = [here, os.path.join(sys.prefix, "lib")]
+    if os.path.exists(os.path.join(here, "..", "pyproject.toml")):  # a checkout: bindings/python/
+        folders.append(os.path.normpath(os.path.join(here, "..", "..", "..", "prefix", "lib")))
+    for folder in folders:
+        yield from (os.path.join(folder, n) for n in _NAMES)
     found = ctypes.util.find_library("stable-diffusion")
     if found:
         yield found

@@ -3,22 +3,19 @@
 //! so that the same steps are skipped and the pictures match.
 //!
 //! Two kinds work on the model's outputs and need nothing from the network:
-//! - output reuse (UCache for UNets, EasyCache for DiTs): every pass of a step (cond,
-//!   uncond, img-uncond) remembers `output - input`. On the first pass of a step (the
-//!   anchor) the change of the output since the last computed step is estimated from the
-//!   change of the input; while the accumulated estimate stays under the threshold, every
+//! - output reuse: every pass of a step (cond, uncond, img-uncond) remembers
+//!   `output - input`; when the first pass of a step (the anchor) decides to reuse, every
 //!   pass of the step returns `input + remembered difference` instead of running the model.
-//!   Only steps whose sigma lies inside the start/end window take part.
+//!   Only steps whose sigma lies inside a window take part. UCache (UNets) and EasyCache
+//!   (DiTs) estimate the output's change from the input's and accumulate it against the
+//!   threshold; cache-dit (DBCache, TaylorSeer and their combination, DiTs) compares the
+//!   anchor input's relative L1 change with `residual_diff_threshold` (scaled by `Fn`/`Bn`)
+//!   in the fixed 15-95 % window. The reference decides cache-dit this way, per step and not
+//!   inside the transformer's blocks (its block-level state is never consulted), and its
+//!   three modes decide alike.
 //! - whole-step forecasting (Spectrum, UNets and DiTs): after a warm-up, some evaluations'
 //!   denoised latents are extrapolated from the last few (a ridge fit on Chebyshev features
 //!   of the step counter, blended with a first-order Taylor step), skipping every pass.
-//!
-//! - cache-dit (DBCache, TaylorSeer and their combination, DiTs): the reference decides these
-//!   per step on the model input, not inside the transformer's blocks (its block-level state
-//!   is never consulted), and the three modes decide alike: on the anchor pass of a step
-//!   inside the 15-95 % sigma window, when the input's relative L1 change since that pass
-//!   last ran is under `residual_diff_threshold` (scaled by `Fn`/`Bn`), every pass of the
-//!   step returns `input + remembered difference`.
 //!
 //! How the sampling loop drives a [`StepCache`], once per model evaluation:
 //! 1. [`StepCache::forecast`]: `Some(denoised)` replaces the whole evaluation;
@@ -68,7 +65,6 @@ pub struct StepCache {
 enum Kind {
     Off,
     Reuse(Box<ReuseCache>),
-    CacheDit(Box<CacheDit>),
     Spectrum(Box<Spectrum>),
 }
 
@@ -146,7 +142,7 @@ impl StepCache {
                     p.residual_diff_threshold,
                     p.max_warmup_steps
                 );
-                Kind::CacheDit(Box::new(CacheDit::new(p, sigmas)))
+                Kind::Reuse(Box::new(ReuseCache::dit(p, sigmas)))
             }
             CacheMode::Spectrum => {
                 if !matches!(backbone, Backbone::UNet | Backbone::DiT) {
@@ -196,10 +192,8 @@ impl StepCache {
         if self.step_index < 0 {
             return;
         }
-        match &mut self.kind {
-            Kind::Reuse(c) => c.begin_step(self.step_index, sigma),
-            Kind::CacheDit(c) => c.begin_step(self.step_index, sigma),
-            _ => {}
+        if let Kind::Reuse(c) = &mut self.kind {
+            c.begin_step(self.step_index, sigma);
         }
     }
 
@@ -207,7 +201,6 @@ impl StepCache {
     pub fn reuse(&mut self, pass: Pass, input: &Tensor) -> Option<Tensor> {
         match &mut self.kind {
             Kind::Reuse(c) if self.step_index >= 0 => c.before(pass, input),
-            Kind::CacheDit(c) if self.step_index >= 0 => c.before(pass, input),
             _ => None,
         }
     }
@@ -217,10 +210,8 @@ impl StepCache {
         if self.step_index < 0 {
             return;
         }
-        match &mut self.kind {
-            Kind::Reuse(c) => c.after(pass, input, output),
-            Kind::CacheDit(c) => c.after(pass, input, output),
-            _ => {}
+        if let Kind::Reuse(c) = &mut self.kind {
+            c.after(pass, input, output);
         }
     }
 
@@ -229,7 +220,6 @@ impl StepCache {
     pub fn step_skipped(&self) -> bool {
         match &self.kind {
             Kind::Reuse(c) => c.step_active && c.skip_current_step,
-            Kind::CacheDit(c) => c.step_active && c.skip_current_step,
             _ => false,
         }
     }
@@ -246,7 +236,6 @@ impl StepCache {
         match &self.kind {
             Kind::Off => 0,
             Kind::Reuse(c) => c.skipped,
-            Kind::CacheDit(c) => c.skipped,
             Kind::Spectrum(s) => s.skipped,
         }
     }
@@ -256,9 +245,11 @@ impl StepCache {
         let skipped = self.steps_skipped();
         let name = match &self.kind {
             Kind::Off => return,
-            Kind::Reuse(c) if c.cfg.flavor == Flavor::Easy => "EasyCache",
-            Kind::Reuse(_) => "UCache",
-            Kind::CacheDit(_) => "CacheDIT",
+            Kind::Reuse(c) => match c.cfg.flavor {
+                Flavor::Easy => "EasyCache",
+                Flavor::U => "UCache",
+                Flavor::Dit => "CacheDIT",
+            },
             Kind::Spectrum(_) => "Spectrum",
         };
         if total_steps == 0 {
@@ -298,6 +289,8 @@ enum Flavor {
     Easy,
     /// UCache: the adaptive, decaying, optionally absolute variant.
     U,
+    /// cache-dit: the anchor input's relative L1 change alone.
+    Dit,
 }
 
 #[derive(Clone, Debug)]
@@ -314,7 +307,7 @@ const EARLY_STEP_MULTIPLIER: f32 = 0.5;
 const LATE_STEP_MULTIPLIER: f32 = 1.5;
 const RELATIVE_NORM_GAIN: f32 = 1.6;
 
-/// Output reuse (UCache / EasyCache).
+/// Output reuse (UCache / EasyCache / cache-dit).
 struct ReuseCache {
     cfg: ReuseConfig,
     /// Steps take part while `end_sigma < sigma <= start_sigma`.
@@ -392,12 +385,32 @@ impl ReuseCache {
             relative: p.use_relative_threshold,
             reset: p.reset_error_on_compute,
         };
+        // The percents were checked to lie in [0, 1].
+        ReuseCache::over_steps(cfg, sigmas, p.start_percent, p.end_percent)
+    }
+
+    /// cache-dit: `residual_diff_threshold` scaled by the front (`Fn`) and back (`Bn`) block
+    /// counts; the window is the steps at 15 % and 95 % of the schedule (fixed).
+    fn dit(p: &CacheParams, sigmas: &[f32]) -> ReuseCache {
+        let mut threshold = p.residual_diff_threshold;
+        if p.fn_compute_blocks > 0 {
+            threshold *= (1.0 + 0.02 * (p.fn_compute_blocks - 8) as f32).clamp(0.5, 2.0);
+        }
+        if p.bn_compute_blocks > 0 {
+            threshold *= (1.0 - 0.03 * p.bn_compute_blocks as f32).clamp(0.5, 1.0);
+        }
+        let cfg = ReuseConfig { flavor: Flavor::Dit, threshold, decay: 1.0, relative: true, reset: true };
+        ReuseCache::over_steps(cfg, sigmas, 0.15, 0.95)
+    }
+
+    /// A cache whose window is the sigmas of the steps at the `start` and `end` fractions of
+    /// the schedule.
+    fn over_steps(cfg: ReuseConfig, sigmas: &[f32], start: f32, end: f32) -> ReuseCache {
         let mut c = ReuseCache::with(cfg, f32::MAX, 0.0);
         if sigmas.len() >= 2 {
             let n = sigmas.len() - 1;
-            // The percents were checked to lie in [0, 1].
             let step_at = |percent: f32| ((percent * n as f32) as usize).min(n - 1);
-            let (a, b) = (sigmas[step_at(p.start_percent)], sigmas[step_at(p.end_percent)]);
+            let (a, b) = (sigmas[step_at(start)], sigmas[step_at(end)]);
             c.start_sigma = a.max(b);
             c.end_sigma = a.min(b);
             c.expected_total_steps = n as i32;
@@ -440,6 +453,14 @@ impl ReuseCache {
         Tensor::from_vec(input.shape(), data).ok()
     }
 
+    /// Marks the current step as reused and returns `pass`'s output.
+    fn skip(&mut self, pass: Pass, input: &Tensor) -> Option<Tensor> {
+        self.skip_current_step = true;
+        self.skipped += 1;
+        self.consecutive_skipped += 1;
+        self.apply(pass, input)
+    }
+
     fn before(&mut self, pass: Pass, input: &Tensor) -> Option<Tensor> {
         if !self.step_active {
             return None;
@@ -455,6 +476,15 @@ impl ReuseCache {
         if prev_input.len() != input.len() {
             return None;
         }
+        if self.cfg.flavor == Flavor::Dit {
+            // Relative L1 change, summed in order in f32 as the reference does.
+            let (mut change, mut size) = (0f32, 0f32);
+            for (p, x) in prev_input.iter().zip(input.data()) {
+                change += (p - x).abs();
+                size += p.abs();
+            }
+            return (change / (size + 1e-6) < self.cfg.threshold).then(|| self.skip(pass, input)).flatten();
+        }
         let input_change = mean_abs(input.data(), Some(prev_input));
         self.last_input_change = Some(input_change);
         let norm = self.output_prev_norm;
@@ -467,6 +497,7 @@ impl ReuseCache {
                 self.accumulated += (rate * input_change) / norm;
                 self.accumulated < self.cfg.threshold
             }
+            Flavor::Dit => unreachable!("decided above"),
             Flavor::U => {
                 let approx_change = rate * input_change;
                 let mut change_rate = if self.cfg.relative {
@@ -490,10 +521,7 @@ impl ReuseCache {
             }
         };
         if skip {
-            self.skip_current_step = true;
-            self.skipped += 1;
-            self.consecutive_skipped += 1;
-            return self.apply(pass, input);
+            return self.skip(pass, input);
         }
         if self.cfg.flavor == Flavor::Easy || self.cfg.reset {
             self.accumulated = 0.0;
@@ -538,118 +566,6 @@ impl ReuseCache {
             self.accumulated = 0.0;
         }
         self.last_input_change = None;
-    }
-}
-
-/// What cache-dit remembers of a pass's last computed evaluation.
-struct DitEntry {
-    /// `output - input`.
-    diff: Vec<f32>,
-    input: Vec<f32>,
-}
-
-/// cache-dit's step decision (see the module documentation).
-struct CacheDit {
-    /// `residual_diff_threshold` scaled by the front (`Fn`) and back (`Bn`) block counts.
-    threshold: f32,
-    /// Steps take part while `end_sigma < sigma <= start_sigma`.
-    start_sigma: f32,
-    end_sigma: f32,
-    current_step_index: i32,
-    step_active: bool,
-    skip_current_step: bool,
-    anchor: Option<Pass>,
-    entries: [Option<DitEntry>; 3],
-    skipped: usize,
-}
-
-impl CacheDit {
-    fn new(p: &CacheParams, sigmas: &[f32]) -> CacheDit {
-        let mut threshold = p.residual_diff_threshold;
-        if p.fn_compute_blocks > 0 {
-            threshold *= (1.0 + 0.02 * (p.fn_compute_blocks - 8) as f32).clamp(0.5, 2.0);
-        }
-        if p.bn_compute_blocks > 0 {
-            threshold *= (1.0 - 0.03 * p.bn_compute_blocks as f32).clamp(0.5, 1.0);
-        }
-        let (mut start_sigma, mut end_sigma) = (f32::MAX, 0.0);
-        if sigmas.len() >= 2 {
-            // The steps at 15 % and 95 % of the schedule, fixed (not the start/end percents).
-            let n = sigmas.len() - 1;
-            let step_at = |percent: f32| ((percent * n as f32) as usize).min(n - 1);
-            let (a, b) = (sigmas[step_at(0.15)], sigmas[step_at(0.95)]);
-            start_sigma = a.max(b);
-            end_sigma = a.min(b);
-        }
-        CacheDit {
-            threshold,
-            start_sigma,
-            end_sigma,
-            current_step_index: -1,
-            step_active: false,
-            skip_current_step: false,
-            anchor: None,
-            entries: [None, None, None],
-            skipped: 0,
-        }
-    }
-
-    fn begin_step(&mut self, step_index: i32, sigma: f32) {
-        if step_index == self.current_step_index {
-            return;
-        }
-        self.current_step_index = step_index;
-        self.skip_current_step = false;
-        self.step_active = sigma <= self.start_sigma && sigma > self.end_sigma;
-    }
-
-    /// `input + remembered difference` of `pass`, when it has one of the input's size.
-    fn apply(&self, pass: Pass, input: &Tensor) -> Option<Tensor> {
-        let e = self.entries[pass.index()].as_ref()?;
-        if e.diff.is_empty() || e.diff.len() != input.len() {
-            return None;
-        }
-        let data = input.data().iter().zip(&e.diff).map(|(x, d)| x + d).collect();
-        Tensor::from_vec(input.shape(), data).ok()
-    }
-
-    fn before(&mut self, pass: Pass, input: &Tensor) -> Option<Tensor> {
-        if !self.step_active {
-            return None;
-        }
-        let anchor = *self.anchor.get_or_insert(pass);
-        if self.skip_current_step {
-            return self.apply(pass, input);
-        }
-        if pass != anchor {
-            return None;
-        }
-        let prev = &self.entries[pass.index()].as_ref()?.input;
-        if prev.len() != input.len() {
-            return None;
-        }
-        // Relative L1 change, summed in order in f32 as the reference does.
-        let (mut change, mut size) = (0f32, 0f32);
-        for (p, x) in prev.iter().zip(input.data()) {
-            change += (p - x).abs();
-            size += p.abs();
-        }
-        if change / (size + 1e-6) < self.threshold {
-            self.skip_current_step = true;
-            self.skipped += 1;
-            return self.apply(pass, input);
-        }
-        None
-    }
-
-    fn after(&mut self, pass: Pass, input: &Tensor, output: &Tensor) {
-        if !self.step_active {
-            return;
-        }
-        self.entries[pass.index()] = (!input.is_empty() && input.len() == output.len()).then(|| DitEntry {
-            diff: output.data().iter().zip(input.data()).map(|(o, i)| o - i).collect(),
-            input: input.data().to_vec(),
-        });
     }
 }
 
@@ -906,8 +822,8 @@ mod tests {
         assert!(c.reuse(Pass::Cond, &t(&[1.5, 1.5])).is_none());
         assert_eq!(c.steps_skipped(), 1);
         // Fn and Bn scale the threshold: Fn 18 raises it by 20 %, Bn 10 lowers it by 30 %.
-        let scaled = CacheDit::new(&CacheParams { fn_compute_blocks: 18, bn_compute_blocks: 10, ..p.clone() }, &sigmas);
-        assert!((scaled.threshold - 0.1 * 1.2 * 0.7).abs() < 1e-7);
+        let scaled = ReuseCache::dit(&CacheParams { fn_compute_blocks: 18, bn_compute_blocks: 10, ..p.clone() }, &sigmas);
+        assert!((scaled.cfg.threshold - 0.1 * 1.2 * 0.7).abs() < 1e-7);
         assert_eq!((scaled.start_sigma, scaled.end_sigma), (9.0, 1.0));
     }
 

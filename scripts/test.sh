@@ -71,7 +71,7 @@ scripts/install.sh --prefix "$prefix" --release ${features:+--features "$feature
 # bindings use, are made now.
 export SD_FIXTURE_VENV=$venv
 scripts/fixtures.sh --python >/dev/null || fatal "numpy environment failed"
-scripts/fixtures.sh sd1 sdxl loras/lora_sd1.safetensors flux t5xxl-tiny vae16 z-image qwen3-tiny zimage-vae flux2-klein flux2-vae flux2-dev mistral-small-tiny qwen-image qwen25vl-tiny qwen25vl-vision-tiny wan-vae qwen-image-layered wan-vae-rgba chroma-radiance ovis-image qwen3-ovis-tiny taew2-1 taew2-2 || fatal "synthetic fixtures failed"
+scripts/fixtures.sh sd1 sdxl loras/lora_sd1.safetensors flux t5xxl-tiny vae16 z-image qwen3-tiny zimage-vae flux2-klein flux2-vae flux2-dev mistral-small-tiny qwen-image qwen25vl-tiny qwen25vl-vision-tiny wan-vae qwen-image-layered wan-vae-rgba chroma-radiance ovis-image qwen3-ovis-tiny taew2-1 taew2-2 taew2-1-wide || fatal "synthetic fixtures failed"
 export PATH="$venv/bin:$PATH"
 
 cargo_features=()

@@ -12,8 +12,8 @@
 //! `wan-vace/`, `wan-lora/` (LoRA formats on the Wan transformer), `wan-moe/` (the expert
 //! switch at `moe_boundary` with high-noise parameters and LoRAs) and `taehv/` (the tiny video
 //! autoencoders from `taesd_path`: taew2_1 decoding T2V without a VAE file, encoding I2V's
-//! conditioning video too, and `tae_preview_only`, where the VAE still decodes; taew2_2 on
-//! Wan2.2 TI2V, with and without an init image).
+//! conditioning video too, and `tae_preview_only`, where the VAE still decodes; a wide
+//! decoder; taew2_2 on Wan2.2 TI2V, with and without an init image).
 //!
 //! The files are large (the 1.3B transformer alone is 2.8 GB, TI2V 10 GB, UMT5 needs ~16 GB
 //! of memory to write): every case runs only with `SD_PARITY=full` (or the names in

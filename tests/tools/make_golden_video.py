@@ -212,7 +212,7 @@ SETS = {
         "model": "wan21_t2v.safetensors",
         "fixtures": ["wan21_t2v.safetensors", "wan21_i2v.safetensors", "clip_vision_h.safetensors",
                      "umt5_tiny.safetensors", "wan_vae.safetensors", "taew2_1.safetensors",
-                     "wan22_ti2v.safetensors", "taew2_2.safetensors"],
+                     "wan22_ti2v.safetensors", "taew2_2.safetensors", "taew2_1_wide.safetensors"],
         "cases": [
             _case("taehv_t2v_96x64", {**_ctx("wan21_t2v.safetensors", taesd_path=TAEW2_1), "vae_path": ""},
                   _params(steps=2, frames=9, w=96, h=64, seed=123),
@@ -223,6 +223,8 @@ SETS = {
                   note="the TAEHV encodes the conditioning video and decodes, the VAE file is not used"),
             _case("taehv_preview_only", _ctx("wan21_t2v.safetensors", taesd_path=TAEW2_1, tae_preview_only=True),
                   _params(steps=2), note="tae_preview_only: the VAE decodes, the TAEHV would make the previews"),
+            _case("taehv_wide_t2v", {**_ctx("wan21_t2v.safetensors", taesd_path="{fx}/taew2_1_wide.safetensors"), "vae_path": ""},
+                  _params(steps=2), note="a TAEHV with the wide decoder (decoder.3.conv.6.weight: grouped convolutions)"),
             _case("taehv22_ti2v_t2v", {**_ctx("wan22_ti2v.safetensors", taesd_path=TAEW2_2), "vae_path": "", "t5xxl_path": ""},
                   _params(steps=2), note="Wan2.2 TI2V 5B with taew2_2 (48 channels, 2x2 patches), no UMT5, no VAE file"),
             _case("taehv22_ti2v_i2v", {**_ctx("wan22_ti2v.safetensors", taesd_path=TAEW2_2), "vae_path": "", "t5xxl_path": ""},

@@ -10,18 +10,21 @@
 //! multiple of 4 with copies of the last one. Weights live under `tae.` like TAESD's, named
 //! like the torch `nn.Sequential` (`decoder.N...`, `encoder.N...`; ReLU, Upsample and Clamp
 //! slots have no weights). The latent width and patch size come from the model's family, as
-//! in the reference; a file made for the other width is an error naming it.
+//! in the reference; a file made for the other width is an error naming it. A file with
+//! `decoder.3.conv.6.weight` has the wide decoder (1024 → 512 → 256 → 64 channels, memory
+//! blocks of 1×1 and grouped 3×3 convolutions), as the reference decides.
 
 use super::wan::{check_video, per_item};
 use super::Progress;
 use crate::error::{Context as _, Result};
-use crate::graph::nn::{scale, Conv2d};
+use crate::graph::nn::{conv_2d, scale, Conv2d};
 use crate::graph::{Graph, Runner, Scope, T};
 use crate::tensor::Tensor;
 
 pub use super::tae::PREFIX;
 
-/// Decoder widths: after the first convolution, then after each of the three stages.
+/// Decoder widths (the narrow decoder's): after the first convolution, then after each of
+/// the three stages.
 const DECODER_CHANNELS: [i64; 4] = [256, 128, 64, 64];
 /// Encoder width.
 const HIDDEN: i64 = 64;
@@ -41,6 +44,9 @@ pub struct TaehvConfig {
     pub patch: i64,
     /// Without the encoder (previews).
     pub decode_only: bool,
+    /// The wide decoder (1024 → 512 → 256 → 64 channels, grouped convolutions), which the
+    /// reference takes when the file has `decoder.3.conv.6.weight`.
+    pub wide: bool,
 }
 
 impl TaehvConfig {
@@ -48,17 +54,17 @@ impl TaehvConfig {
     /// VAE's latents, taew2_1's 16 otherwise.
     pub fn for_latents(wan22: bool, decode_only: bool) -> TaehvConfig {
         if wan22 {
-            TaehvConfig { z_channels: 48, patch: 2, decode_only }
+            TaehvConfig { z_channels: 48, patch: 2, decode_only, wide: false }
         } else {
-            TaehvConfig { z_channels: 16, patch: 1, decode_only }
+            TaehvConfig { z_channels: 16, patch: 1, decode_only, wide: false }
         }
     }
 
-    /// Checks that the file under `prefix` is a narrow TAEHV for these latents (the reference
-    /// would fail to load another one, or take the wide decoder this build lacks).
-    pub fn check_file(&self, prefix: &str, shape_of: impl Fn(&str) -> Option<Vec<i64>>) -> Result<()> {
-        let wide = format!("{prefix}decoder.3.conv.6.weight");
-        ensure!(shape_of(&wide).is_none(), "the tiny video autoencoder (taesd_path) has a wide decoder ('{wide}'): not supported yet");
+    /// Reads the decoder's kind from the file under `prefix` (wide when it has the reference's
+    /// marker tensor) and checks the file is a TAEHV for these latents (the reference would
+    /// fail to load another one).
+    pub fn detect(mut self, prefix: &str, shape_of: impl Fn(&str) -> Option<Vec<i64>>) -> Result<TaehvConfig> {
+        self.wide = shape_of(&format!("{prefix}decoder.3.conv.6.weight")).is_some();
         let first = format!("{prefix}decoder.1.weight");
         let Some(ne) = shape_of(&first) else {
             bail!("the tiny autoencoder (taesd_path) is not a TAEHV video autoencoder: no '{first}'");
@@ -69,7 +75,16 @@ impl TaehvConfig {
             "the tiny video autoencoder (taesd_path) is for {z}-channel latents ('{first}' {ne:?}); this model's are {} channels (taew2_1: 16, Wan 2.1; taew2_2: 48, Wan 2.2)",
             self.z_channels
         );
-        Ok(())
+        Ok(self)
+    }
+
+    /// Decoder widths: after the first convolution, then after each of the three stages.
+    fn decoder_channels(&self) -> [i64; 4] {
+        if self.wide {
+            [1024, 512, 256, 64]
+        } else {
+            DECODER_CHANNELS
+        }
     }
 
     /// Pixels per latent pixel.
@@ -95,16 +110,96 @@ impl MemBlock {
         }
     }
 
-    /// `x` [W, H, C, T] → [W, H, C, T].
+    fn forward<'g>(&self, g: &'g Graph, x: T<'g>, past: T<'g>) -> T<'g> {
+        let mut y = self.conv[0].forward(g, x.concat(past, 2)).relu_inplace();
+        y = self.conv[1].forward(g, y).relu_inplace();
+        y = self.conv[2].forward(g, y);
+        y.add_inplace(x).relu_inplace()
+    }
+}
+
+/// A convolution whose input and output channels are cut into `groups` equal groups, each
+/// output group computed from its input group alone: one convolution per group on views of
+/// the input and kernel, joined along the channels pairwise (the reference's order).
+struct GroupedConv {
+    conv: Conv2d,
+    groups: i64,
+}
+
+impl GroupedConv {
+    fn new(s: &mut Scope, name: &str, c: i64, groups: i64) -> GroupedConv {
+        GroupedConv { conv: Conv2d::square(s, name, c / groups, c, 3, 1, 1), groups }
+    }
+
+    fn forward<'g>(&self, g: &'g Graph, x: T<'g>) -> T<'g> {
+        if self.groups == 1 {
+            return self.conv.forward(g, x);
+        }
+        let (w, b) = (g.param(self.conv.weight), g.opt_param(self.conv.bias));
+        let ([xw, xh, c, n], xb) = (x.ne(), x.nb());
+        let ([kw, kh, icg, oc], wb) = (w.ne(), w.nb());
+        let ocg = oc / self.groups;
+        let (stride, padding) = ((self.conv.stride.1, self.conv.stride.0), (self.conv.padding.1, self.conv.padding.0));
+        let mut parts: Vec<T<'g>> = (0..self.groups as usize)
+            .map(|i| {
+                let xi = x.view(&[xw, xh, c / self.groups, n], &[xb[1], xb[2], xb[3]], i * icg as usize * xb[2]).cont();
+                let wi = w.view(&[kw, kh, icg, ocg], &[wb[1], wb[2], wb[3]], i * ocg as usize * wb[3]);
+                let bi = b.map(|b| b.view(&[ocg], &[], i * ocg as usize * b.nb()[0]));
+                conv_2d(g, xi, wi, bi, stride, padding, (1, 1), 1.0)
+            })
+            .collect();
+        while parts.len() > 1 {
+            parts = parts.chunks(2).map(|p| if p.len() == 2 { p[0].concat(p[1], 2) } else { p[0] }).collect();
+        }
+        parts[0]
+    }
+}
+
+/// The wide decoder's memory block: 1×1, grouped 3×3, 1×1, grouped 3×3 (64 channels a group).
+struct WideMemBlock {
+    squeeze: Conv2d,
+    grouped: [GroupedConv; 2],
+    mix: Conv2d,
+}
+
+impl WideMemBlock {
+    fn new(s: &mut Scope, name: &str, c: i64) -> WideMemBlock {
+        let mut s = s.sub(name);
+        let groups = (c / 64).max(1);
+        WideMemBlock {
+            squeeze: Conv2d::square(&mut s, "conv.0", 2 * c, c, 1, 1, 0),
+            grouped: [GroupedConv::new(&mut s, "conv.2", c, groups), GroupedConv::new(&mut s, "conv.6", c, groups)],
+            mix: Conv2d::square(&mut s, "conv.4", c, c, 1, 1, 0),
+        }
+    }
+
+    fn forward<'g>(&self, g: &'g Graph, x: T<'g>, past: T<'g>) -> T<'g> {
+        let mut y = self.squeeze.forward(g, x.concat(past, 2)).relu_inplace();
+        y = self.grouped[0].forward(g, y).relu_inplace();
+        y = self.mix.forward(g, y).relu_inplace();
+        y = self.grouped[1].forward(g, y);
+        y.add_inplace(x).relu_inplace()
+    }
+}
+
+/// A memory block of either kind.
+enum Memory {
+    Narrow(MemBlock),
+    Wide(WideMemBlock),
+}
+
+impl Memory {
+    /// `x` [W, H, C, T] → [W, H, C, T], seeing each frame's predecessor (zeros before the
+    /// first).
     fn forward<'g>(&self, g: &'g Graph, x: T<'g>) -> T<'g> {
         let [w, h, c, t] = x.ne();
         let padded = x.pad_ext([0, 0, 0, 1], [0, 0, 0, 0]);
         let nb = padded.nb();
         let past = padded.view(&[w, h, c, t], &[nb[1], nb[2], nb[3]], 0);
-        let mut y = self.conv[0].forward(g, x.concat(past, 2)).relu_inplace();
-        y = self.conv[1].forward(g, y).relu_inplace();
-        y = self.conv[2].forward(g, y);
-        y.add_inplace(x).relu_inplace()
+        match self {
+            Memory::Narrow(b) => b.forward(g, x, past),
+            Memory::Wide(b) => b.forward(g, x, past),
+        }
     }
 }
 
@@ -116,7 +211,7 @@ fn time_conv(s: &mut Scope, name: &str, cin: i64, cout: i64) -> Conv2d {
 /// One decoder stage: memory blocks, nearest 2× upsampling, TGrow (`stride` frames out of
 /// each), then a 3×3 convolution to the next width.
 struct UpStage {
-    blocks: Vec<MemBlock>,
+    blocks: Vec<Memory>,
     grow: Conv2d,
     stride: i64,
     conv: Conv2d,
@@ -128,7 +223,7 @@ struct DownStage {
     pool: Conv2d,
     stride: i64,
     conv: Conv2d,
-    blocks: Vec<MemBlock>,
+    blocks: Vec<Memory>,
 }
 
 struct Encoder {
@@ -145,12 +240,17 @@ pub struct Taehv {
     encoder: Option<Encoder>,
 }
 
-/// Declares `BLOCKS` memory blocks numbered from `*index`.
-fn mem_blocks(s: &mut Scope, index: &mut usize, c: i64) -> Vec<MemBlock> {
+/// Declares `BLOCKS` memory blocks (wide ones when `wide`) numbered from `*index`.
+fn mem_blocks(s: &mut Scope, index: &mut usize, c: i64, wide: bool) -> Vec<Memory> {
     (0..BLOCKS)
         .map(|_| {
             *index += 1;
-            MemBlock::new(s, &(*index - 1).to_string(), c)
+            let name = (*index - 1).to_string();
+            if wide {
+                Memory::Wide(WideMemBlock::new(s, &name, c))
+            } else {
+                Memory::Narrow(MemBlock::new(s, &name, c))
+            }
         })
         .collect()
 }
@@ -158,7 +258,7 @@ fn mem_blocks(s: &mut Scope, index: &mut usize, c: i64) -> Vec<MemBlock> {
 impl Taehv {
     /// Declares the weights under the scope (use a scope with prefix [`PREFIX`]).
     pub fn new(s: &mut Scope, cfg: &TaehvConfig) -> Taehv {
-        let ch = DECODER_CHANNELS;
+        let ch = cfg.decoder_channels();
         let pp = cfg.patch * cfg.patch;
         let mut d = s.sub("decoder");
         // 0 is the clamp, 2 a ReLU.
@@ -166,7 +266,7 @@ impl Taehv {
         let mut i = 3;
         let mut stages = Vec::new();
         for (k, &up) in TIME_UPSCALE.iter().enumerate() {
-            let blocks = mem_blocks(&mut d, &mut i, ch[k]);
+            let blocks = mem_blocks(&mut d, &mut i, ch[k], cfg.wide);
             i += 1; // upsample
             let stride = if up { 2 } else { 1 };
             let grow = time_conv(&mut d, &i.to_string(), ch[k], ch[k] * stride);
@@ -188,7 +288,7 @@ impl Taehv {
                 let pool = time_conv(&mut e, &i.to_string(), HIDDEN * stride, HIDDEN);
                 let conv = Conv2d::new(&mut e, &(i + 1).to_string(), HIDDEN, HIDDEN, (3, 3), (2, 2), (1, 1), false);
                 i += 2;
-                let blocks = mem_blocks(&mut e, &mut i, HIDDEN);
+                let blocks = mem_blocks(&mut e, &mut i, HIDDEN, false);
                 stages.push(DownStage { pool, stride, conv, blocks });
             }
             let last = Conv2d::square(&mut e, &i.to_string(), HIDDEN, cfg.z_channels, 3, 1, 1);
@@ -354,9 +454,9 @@ mod tests {
     /// both widths, decoding and encoding; pictures are one-frame videos.
     #[test]
     fn frames_are_causal_and_counted_like_wan() {
-        for (file, wan22) in [("taew2_1.safetensors", false), ("taew2_2.safetensors", true)] {
+        for (file, wan22, tensors) in [("taew2_1.safetensors", false, 128), ("taew2_2.safetensors", true, 128), ("taew2_1_wide.safetensors", false, 146)] {
             let (store, tae) = load_taehv(file, wan22, false);
-            assert_eq!(store.len(), 128, "{file}");
+            assert_eq!((store.len(), tae.cfg.wide), (tensors, file.contains("wide")), "{file}");
             let (z, s) = (tae.cfg.z_channels as usize, tae.cfg.scale());
             let mut runner = Runner::new(cpu(), 2);
 
@@ -398,14 +498,13 @@ mod tests {
     #[test]
     fn files_for_other_latents_are_refused() {
         let file = |f: &str| crate::models::vae::testutil::SafeFile::new(&crate::models::vae::testutil::fixture(f), PREFIX);
-        let (w21, w22, taesd) = (file("taew2_1.safetensors"), file("taew2_2.safetensors"), file("taesd.safetensors"));
+        let (w21, w22, wide, taesd) = (file("taew2_1.safetensors"), file("taew2_2.safetensors"), file("taew2_1_wide.safetensors"), file("taesd.safetensors"));
         let (c21, c22) = (TaehvConfig::for_latents(false, true), TaehvConfig::for_latents(true, true));
-        assert!(c21.check_file(PREFIX, |n| w21.shape_of(n)).is_ok() && c22.check_file(PREFIX, |n| w22.shape_of(n)).is_ok());
-        let e = c21.check_file(PREFIX, |n| w22.shape_of(n)).unwrap_err().to_string();
+        assert!(!c21.clone().detect(PREFIX, |n| w21.shape_of(n)).unwrap().wide && !c22.clone().detect(PREFIX, |n| w22.shape_of(n)).unwrap().wide);
+        assert!(c21.clone().detect(PREFIX, |n| wide.shape_of(n)).unwrap().wide);
+        let e = c21.clone().detect(PREFIX, |n| w22.shape_of(n)).unwrap_err().to_string();
         assert!(e.contains("48-channel") && e.contains("16 channels"), "{e}");
-        let e = c22.check_file(PREFIX, |n| taesd.shape_of(n)).unwrap_err().to_string();
+        let e = c22.detect(PREFIX, |n| taesd.shape_of(n)).unwrap_err().to_string();
         assert!(e.contains("not a TAEHV") && e.contains("tae.decoder.1.weight"), "{e}");
-        let e = c21.check_file(PREFIX, |n| (n == "tae.decoder.3.conv.6.weight").then(|| vec![3, 3, 256, 256])).unwrap_err().to_string();
-        assert!(e.contains("wide decoder"), "{e}");
     }
 }

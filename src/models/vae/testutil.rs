@@ -234,10 +234,10 @@ pub fn load_tae(decode_only: bool) -> (ParamStore, super::TinyAutoEncoder, PathB
     (store, tae, path)
 }
 
-/// A synthetic TAEHV (`taew2_1.safetensors` / `taew2_2.safetensors`) for Wan 2.1 or 2.2
-/// latents, loaded on the CPU.
+/// A synthetic TAEHV (`taew2_1.safetensors`, `taew2_1_wide.safetensors` /
+/// `taew2_2.safetensors`) for Wan 2.1 or 2.2 latents, loaded on the CPU.
 pub fn load_taehv(file: &str, wan22: bool, decode_only: bool) -> (ParamStore, super::Taehv) {
     use super::taehv::PREFIX;
-    let cfg = super::TaehvConfig::for_latents(wan22, decode_only);
-    load(&fixture(file), PREFIX, PREFIX, |s, _, _| super::Taehv::new(s, &cfg))
+    let base = super::TaehvConfig::for_latents(wan22, decode_only);
+    load(&fixture(file), PREFIX, PREFIX, |s, _, f| super::Taehv::new(s, &base.detect(PREFIX, |n| f.shape_of(n)).expect("a TAEHV file")))
 }

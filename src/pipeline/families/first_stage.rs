@@ -29,8 +29,7 @@ pub(super) fn build(ctx: &BuildCtx<'_>, place: Placement) -> Result<(Box<dyn Fir
     let load_tiny = |decode_only: bool, place: Placement| -> Result<Box<dyn FirstStage>> {
         if spec.first_stage != FirstStageKind::Kl {
             ensure!(spec.image_channels == 3, "{} models have no tiny autoencoder (taesd_path): TAEHV makes RGB pictures", ctx.version.name());
-            let cfg = TaehvConfig::for_latents(wan22, decode_only);
-            cfg.check_file(vae::taehv::PREFIX, |n| weights.shape_of(n))?;
+            let cfg = TaehvConfig::for_latents(wan22, decode_only).detect(vae::taehv::PREFIX, |n| weights.shape_of(n))?;
             return Ok(configure(weights.load_model(place, n_threads, vae::taehv::PREFIX, "TAE", |s| Taehv::new(s, &cfg))?, ctx));
         }
         let cfg = TaeConfig::detect(weights.types(), vae::tae::PREFIX, |n| weights.shape_of(n), decode_only);

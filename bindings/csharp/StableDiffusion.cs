@@ -298,8 +298,21 @@ namespace StableDiffusion
             return result;
         }
 
-        /// <summary>The library file dlopen loads for the exported arrays.</summary>
-        public static string LibraryPath = "libstable-diffusion.so";
+        /// <summary>The library file dlopen loads for the exported arrays: the one beside this
+        /// assembly when there is one (a packaged application), else the loader's search.</summary>
+        public static string LibraryPath = DefaultLibraryPath();
+
+        static string DefaultLibraryPath()
+        {
+            const string name = "libstable-diffusion.so";
+            try
+            {
+                string dir = System.IO.Path.GetDirectoryName(typeof(Sd).Assembly.Location);
+                string beside = string.IsNullOrEmpty(dir) ? null : System.IO.Path.Combine(dir, name);
+                return beside != null && System.IO.File.Exists(beside) ? beside : name;
+            }
+            catch (Exception) { return name; }
+        }
 
         const int RTLD_NOW = 2;
         [DllImport("libdl.so.2")] static extern IntPtr dlopen(string file, int mode);

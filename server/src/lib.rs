@@ -5,6 +5,7 @@
 pub mod jobs;
 pub mod options;
 pub mod page;
+#[macro_use]
 pub mod request;
 pub mod routes;
 

@@ -20,6 +20,16 @@ use stable_diffusion::sd_warn;
 
 use crate::options::Limits;
 
+/// Sets `target` from the field `key`, read as `kind` (`str`, `i32`, `f32`, ...), when the
+/// request has it.
+macro_rules! read {
+    ($f:expr, $kind:ident $key:literal => $target:expr) => {
+        if let Some(v) = $f.$kind($key)? {
+            $target = v;
+        }
+    };
+}
+
 /// A refused request: the HTTP status and what is wrong.
 #[derive(Debug, Clone, PartialEq)]
 pub struct ApiError {
@@ -381,25 +391,15 @@ pub fn scheduler_names() -> Vec<&'static str> {
 // ---- the native (sdcpp) schema ----
 
 fn sample_params(f: &mut Fields, sp: &mut SampleParams, layers: &mut Vec<i32>, with_sigmas: bool) -> Result<()> {
-    if let Some(n) = f.i32("sample_steps")? {
-        sp.sample_steps = n;
-    }
-    if let Some(x) = f.f32("eta")? {
-        sp.eta = x;
-    }
-    if let Some(n) = f.i32("shifted_timestep")? {
-        sp.shifted_timestep = n;
-    }
-    if let Some(x) = f.f32("flow_shift")? {
-        sp.flow_shift = x;
-    }
+    read!(f, i32 "sample_steps" => sp.sample_steps);
+    read!(f, f32 "eta" => sp.eta);
+    read!(f, i32 "shifted_timestep" => sp.shifted_timestep);
+    read!(f, f32 "flow_shift" => sp.flow_shift);
     if let Some(s) = f.str("extra_sample_args")? {
         sp.extra_sample_args = (!s.is_empty()).then_some(s);
     }
     if with_sigmas {
-        if let Some(s) = f.f32s("custom_sigmas")? {
-            sp.custom_sigmas = s;
-        }
+        read!(f, f32s "custom_sigmas" => sp.custom_sigmas);
     }
     if let Some(name) = f.str("sample_method")? {
         sp.sample_method = sample_method(&name, false)?;
@@ -409,28 +409,16 @@ fn sample_params(f: &mut Fields, sp: &mut SampleParams, layers: &mut Vec<i32>, w
     }
     if let Some(mut g) = f.object("guidance")? {
         let gp = &mut sp.guidance;
-        if let Some(x) = g.f32("txt_cfg")? {
-            gp.txt_cfg = x;
-        }
-        if let Some(x) = g.f32("img_cfg")? {
-            gp.img_cfg = x;
-        }
-        if let Some(x) = g.f32("distilled_guidance")? {
-            gp.distilled_guidance = x;
-        }
+        read!(g, f32 "txt_cfg" => gp.txt_cfg);
+        read!(g, f32 "img_cfg" => gp.img_cfg);
+        read!(g, f32 "distilled_guidance" => gp.distilled_guidance);
         if let Some(mut slg) = g.object("slg")? {
             if let Some(l) = slg.i32s("layers")? {
                 *layers = l;
             }
-            if let Some(x) = slg.f32("layer_start")? {
-                gp.slg.layer_start = x;
-            }
-            if let Some(x) = slg.f32("layer_end")? {
-                gp.slg.layer_end = x;
-            }
-            if let Some(x) = slg.f32("scale")? {
-                gp.slg.scale = x;
-            }
+            read!(slg, f32 "layer_start" => gp.slg.layer_start);
+            read!(slg, f32 "layer_end" => gp.slg.layer_end);
+            read!(slg, f32 "scale" => gp.slg.scale);
             slg.warn_unused("request");
         }
         g.warn_unused("request");
@@ -460,27 +448,13 @@ pub fn lora_field(f: &mut Fields, out: &mut Vec<LoraRequest>) -> Result<()> {
 pub fn apply_native(d: &mut Draft, f: &mut Fields) -> Result<()> {
     let video = d.kind == Kind::VidGen;
     let g = &mut d.opts.gen;
-    if let Some(s) = f.str("prompt")? {
-        g.params.prompt = s;
-    }
-    if let Some(s) = f.str("negative_prompt")? {
-        g.params.negative_prompt = s;
-    }
-    if let Some(n) = f.i32("clip_skip")? {
-        g.params.clip_skip = n;
-    }
-    if let Some(n) = f.i32("width")? {
-        g.width = n;
-    }
-    if let Some(n) = f.i32("height")? {
-        g.height = n;
-    }
-    if let Some(x) = f.f32("strength")? {
-        g.params.strength = x;
-    }
-    if let Some(n) = f.i64("seed")? {
-        g.params.seed = n;
-    }
+    read!(f, str "prompt" => g.params.prompt);
+    read!(f, str "negative_prompt" => g.params.negative_prompt);
+    read!(f, i32 "clip_skip" => g.params.clip_skip);
+    read!(f, i32 "width" => g.width);
+    read!(f, i32 "height" => g.height);
+    read!(f, f32 "strength" => g.params.strength);
+    read!(f, i64 "seed" => g.params.seed);
     let mut layers = g.skip_layers.clone();
     if let Some(mut sp) = f.object("sample_params")? {
         sample_params(&mut sp, &mut g.params.sample_params, &mut layers, true)?;
@@ -488,27 +462,13 @@ pub fn apply_native(d: &mut Draft, f: &mut Fields) -> Result<()> {
     g.skip_layers = layers;
     if let Some(mut vt) = f.object("vae_tiling_params")? {
         let t = &mut g.params.vae_tiling_params;
-        if let Some(b) = vt.bool("enabled")? {
-            t.enabled = b;
-        }
-        if let Some(b) = vt.bool("temporal_tiling")? {
-            t.temporal_tiling = b;
-        }
-        if let Some(n) = vt.i32("tile_size_x")? {
-            t.tile_size_x = n;
-        }
-        if let Some(n) = vt.i32("tile_size_y")? {
-            t.tile_size_y = n;
-        }
-        if let Some(x) = vt.f32("target_overlap")? {
-            t.target_overlap = x;
-        }
-        if let Some(x) = vt.f32("rel_size_x")? {
-            t.rel_size_x = x;
-        }
-        if let Some(x) = vt.f32("rel_size_y")? {
-            t.rel_size_y = x;
-        }
+        read!(vt, bool "enabled" => t.enabled);
+        read!(vt, bool "temporal_tiling" => t.temporal_tiling);
+        read!(vt, i32 "tile_size_x" => t.tile_size_x);
+        read!(vt, i32 "tile_size_y" => t.tile_size_y);
+        read!(vt, f32 "target_overlap" => t.target_overlap);
+        read!(vt, f32 "rel_size_x" => t.rel_size_x);
+        read!(vt, f32 "rel_size_y" => t.rel_size_y);
         if let Some(s) = vt.str("extra_tiling_args")? {
             t.extra_tiling_args = (!s.is_empty()).then_some(s);
         }
@@ -520,15 +480,11 @@ pub fn apply_native(d: &mut Draft, f: &mut Fields) -> Result<()> {
         }
         g.cache_mode = if s == "disabled" { String::new() } else { s };
     }
-    if let Some(s) = f.str("cache_option")? {
-        g.cache_option = s;
-    }
+    read!(f, str "cache_option" => g.cache_option);
     if let Some(s) = f.str("scm_mask")? {
         g.params.cache.scm_mask = (!s.is_empty()).then_some(s);
     }
-    if let Some(b) = f.bool("scm_policy_dynamic")? {
-        g.scm_policy_dynamic = b;
-    }
+    read!(f, bool "scm_policy_dynamic" => g.scm_policy_dynamic);
     lora_field(f, &mut d.loras)?;
     let im = &mut d.images;
     if let Some(b) = f.image("init_image")? {
@@ -536,18 +492,10 @@ pub fn apply_native(d: &mut Draft, f: &mut Fields) -> Result<()> {
     }
     if video {
         let v = &mut g.video;
-        if let Some(n) = f.i32("video_frames")? {
-            v.video_frames = n;
-        }
-        if let Some(n) = f.i32("fps")? {
-            v.fps = n;
-        }
-        if let Some(x) = f.f32("moe_boundary")? {
-            v.moe_boundary = x;
-        }
-        if let Some(x) = f.f32("vace_strength")? {
-            v.vace_strength = x;
-        }
+        read!(f, i32 "video_frames" => v.video_frames);
+        read!(f, i32 "fps" => v.fps);
+        read!(f, f32 "moe_boundary" => v.moe_boundary);
+        read!(f, f32 "vace_strength" => v.vace_strength);
         let mut layers = v.high_noise_skip_layers.clone();
         if let Some(mut sp) = f.object("high_noise_sample_params")? {
             sample_params(&mut sp, &mut v.high_noise, &mut layers, false)?;
@@ -556,65 +504,29 @@ pub fn apply_native(d: &mut Draft, f: &mut Fields) -> Result<()> {
         if let Some(b) = f.image("end_image")? {
             im.end = Some(b);
         }
-        if let Some(frames) = f.images("control_frames")? {
-            im.control_frames = frames;
-        }
+        read!(f, images "control_frames" => im.control_frames);
     } else {
-        if let Some(n) = f.i32("batch_count")? {
-            g.params.batch_count = n;
-        }
-        if let Some(n) = f.i32("qwen_image_layers")? {
-            g.params.qwen_image_layers = n;
-        }
-        if let Some(b) = f.bool("auto_resize_ref_image")? {
-            g.auto_resize_ref_image = b;
-        }
-        if let Some(b) = f.bool("increase_ref_index")? {
-            g.increase_ref_index = b;
-        }
-        if let Some(x) = f.f32("control_strength")? {
-            g.params.control_strength = x;
-        }
-        if let Some(x) = f.f32("ip_adapter_strength")? {
-            g.params.ip_adapter_strength = x;
-        }
-        if let Some(b) = f.bool("embed_image_metadata")? {
-            g.embed_metadata = b;
-        }
+        read!(f, i32 "batch_count" => g.params.batch_count);
+        read!(f, i32 "qwen_image_layers" => g.params.qwen_image_layers);
+        read!(f, bool "auto_resize_ref_image" => g.auto_resize_ref_image);
+        read!(f, bool "increase_ref_index" => g.increase_ref_index);
+        read!(f, f32 "control_strength" => g.params.control_strength);
+        read!(f, f32 "ip_adapter_strength" => g.params.ip_adapter_strength);
+        read!(f, bool "embed_image_metadata" => g.embed_metadata);
         if let Some(mut h) = f.object("hires")? {
             let hp = &mut g.params.hires;
-            if let Some(b) = h.bool("enabled")? {
-                hp.enabled = b;
-            }
-            if let Some(s) = h.str("upscaler")? {
-                g.hires_upscaler = s;
-            }
-            if let Some(x) = h.f32("scale")? {
-                hp.scale = x;
-            }
-            if let Some(n) = h.i32("target_width")? {
-                hp.target_width = n;
-            }
-            if let Some(n) = h.i32("target_height")? {
-                hp.target_height = n;
-            }
-            if let Some(n) = h.i32("steps")? {
-                hp.steps = n;
-            }
-            if let Some(x) = h.f32("denoising_strength")? {
-                hp.denoising_strength = x;
-            }
-            if let Some(s) = h.f32s("custom_sigmas")? {
-                hp.custom_sigmas = s;
-            }
-            if let Some(n) = h.i32("upscale_tile_size")? {
-                hp.upscale_tile_size = n;
-            }
+            read!(h, bool "enabled" => hp.enabled);
+            read!(h, str "upscaler" => g.hires_upscaler);
+            read!(h, f32 "scale" => hp.scale);
+            read!(h, i32 "target_width" => hp.target_width);
+            read!(h, i32 "target_height" => hp.target_height);
+            read!(h, i32 "steps" => hp.steps);
+            read!(h, f32 "denoising_strength" => hp.denoising_strength);
+            read!(h, f32s "custom_sigmas" => hp.custom_sigmas);
+            read!(h, i32 "upscale_tile_size" => hp.upscale_tile_size);
             h.warn_unused("request");
         }
-        if let Some(refs) = f.images("ref_images")? {
-            im.refs = refs;
-        }
+        read!(f, images "ref_images" => im.refs);
         if let Some(b) = f.image("mask_image")? {
             im.mask = Some(b);
         }

@@ -317,26 +317,14 @@ fn sdapi_request(app: &App, obj: &Map<String, Value>, img2img: bool) -> Result<P
     }
     let g = &mut d.opts.gen;
     g.params.prompt = prompt;
-    if let Some(s) = f.str("negative_prompt")? {
-        g.params.negative_prompt = s;
-    }
-    if let Some(n) = f.i32("width")? {
-        g.width = n;
-    }
-    if let Some(n) = f.i32("height")? {
-        g.height = n;
-    }
-    if let Some(n) = f.i32("steps")? {
-        g.params.sample_params.sample_steps = n;
-    }
-    if let Some(x) = f.f32("cfg_scale")? {
-        g.params.sample_params.guidance.txt_cfg = x;
-    }
+    read!(f, str "negative_prompt" => g.params.negative_prompt);
+    read!(f, i32 "width" => g.width);
+    read!(f, i32 "height" => g.height);
+    read!(f, i32 "steps" => g.params.sample_params.sample_steps);
+    read!(f, f32 "cfg_scale" => g.params.sample_params.guidance.txt_cfg);
     // The WebUI's default seed is -1: a new one each request.
     g.params.seed = f.i64("seed")?.unwrap_or(-1);
-    if let Some(n) = f.i32("batch_size")? {
-        g.params.batch_count = n;
-    }
+    read!(f, i32 "batch_size" => g.params.batch_count);
     if let Some(n) = f.i32("clip_skip")?.filter(|&n| n > 0) {
         g.params.clip_skip = n;
     }
@@ -349,24 +337,12 @@ fn sdapi_request(app: &App, obj: &Map<String, Value>, img2img: bool) -> Result<P
     if !img2img && f.bool("enable_hr")?.unwrap_or(false) {
         let h = &mut g.params.hires;
         h.enabled = true;
-        if let Some(x) = f.f32("hr_scale")? {
-            h.scale = x;
-        }
-        if let Some(n) = f.i32("hr_resize_x")? {
-            h.target_width = n;
-        }
-        if let Some(n) = f.i32("hr_resize_y")? {
-            h.target_height = n;
-        }
-        if let Some(n) = f.i32("hr_steps")? {
-            h.steps = n;
-        }
-        if let Some(x) = f.f32("denoising_strength")? {
-            h.denoising_strength = x;
-        }
-        if let Some(s) = f.str("hr_upscaler")? {
-            g.hires_upscaler = s;
-        }
+        read!(f, f32 "hr_scale" => h.scale);
+        read!(f, i32 "hr_resize_x" => h.target_width);
+        read!(f, i32 "hr_resize_y" => h.target_height);
+        read!(f, i32 "hr_steps" => h.steps);
+        read!(f, f32 "denoising_strength" => h.denoising_strength);
+        read!(f, str "hr_upscaler" => g.hires_upscaler);
     }
     if img2img {
         let init = f.images("init_images")?.unwrap_or_default();
@@ -376,13 +352,9 @@ fn sdapi_request(app: &App, obj: &Map<String, Value>, img2img: bool) -> Result<P
         d.images.init = Some(init.into_iter().next().ok_or_else(|| ApiError::bad("img2img needs init_images (one base64 picture)"))?);
         d.images.mask = f.image("mask")?;
         d.images.invert_mask = f.flag("inpainting_mask_invert")?.unwrap_or(false);
-        if let Some(x) = f.f32("denoising_strength")? {
-            d.opts.gen.params.strength = x;
-        }
+        read!(f, f32 "denoising_strength" => d.opts.gen.params.strength);
     }
-    if let Some(refs) = f.images("extra_images")? {
-        d.images.refs = refs;
-    }
+    read!(f, images "extra_images" => d.images.refs);
     // The structured LoRA list, as in the native API.
     request::lora_field(&mut f, &mut d.loras)?;
     f.warn_unused(if img2img { "/sdapi/v1/img2img" } else { "/sdapi/v1/txt2img" });

@@ -313,6 +313,7 @@ fn worker(s: &Server) {
 pub fn encode_image(img: &Image, format: &str, compression: i32, parameters: &str) -> Result<Vec<u8>, String> {
     match format {
         "jpeg" => sd_cli::jpeg::encode(img, compression, parameters),
+        "webp" => sd_cli::image_io::encode_webp(img, parameters),
         _ => sd_cli::image_io::encode_png(img, parameters),
     }
 }

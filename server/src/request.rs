@@ -88,9 +88,9 @@ impl Kind {
     }
 }
 
-/// The encoded outputs this server writes: pictures as PNG or JPEG (no WebP encoder here),
-/// videos as MJPEG AVI (no WebM / animated WebP encoder here).
-pub const IMAGE_FORMATS: [&str; 2] = ["png", "jpeg"];
+/// The encoded outputs this server writes: pictures as PNG, JPEG or (lossless) WebP, videos
+/// as MJPEG AVI (no WebM / animated WebP encoder here).
+pub const IMAGE_FORMATS: [&str; 3] = ["png", "jpeg", "webp"];
 pub const VIDEO_FORMATS: [&str; 1] = ["avi"];
 
 /// How results are encoded.

@@ -19,7 +19,9 @@ use serde_json::{json, Map, Value};
 use sd_cli::args::Opts;
 use sd_cli::metadata::basename;
 use stable_diffusion::api::{HiresUpscaler, SampleMethod, SampleParams};
-use stable_diffusion::sd_warn;
+use futures_util::FutureExt;
+use stable_diffusion::{sd_error, sd_warn};
+use std::panic::AssertUnwindSafe;
 
 use crate::jobs::{job_json, now, Job, Outcome, Server, Status};
 use crate::request::{
@@ -115,10 +117,22 @@ pub fn router(app: Arc<App>) -> Router {
 }
 
 /// Lets pages served elsewhere call the API, as the reference does: the caller's origin is
-/// allowed, and a preflight `OPTIONS` is answered with 204.
+/// allowed, and a preflight `OPTIONS` is answered with 204. A handler that panics answers 500
+/// (the server goes on).
 async fn cors(req: Request, next: Next) -> Response {
     let origin = req.headers().get(header::ORIGIN).cloned().unwrap_or(HeaderValue::from_static("*"));
-    let mut res = if req.method() == Method::OPTIONS { StatusCode::NO_CONTENT.into_response() } else { next.run(req).await };
+    let mut res = if req.method() == Method::OPTIONS {
+        StatusCode::NO_CONTENT.into_response()
+    } else {
+        let path = req.uri().path().to_string();
+        match AssertUnwindSafe(next.run(req)).catch_unwind().await {
+            Ok(res) => res,
+            Err(_) => {
+                sd_error!("the handler of {path} panicked");
+                ApiError::new(500, format!("internal error while handling {path}")).into_response()
+            }
+        }
+    };
     let h = res.headers_mut();
     h.insert(header::ACCESS_CONTROL_ALLOW_ORIGIN, origin);
     h.insert(header::ACCESS_CONTROL_ALLOW_CREDENTIALS, HeaderValue::from_static("true"));

@@ -125,9 +125,11 @@ fn serves_every_api_on_one_model() {
     assert_eq!((w, h), (64, 64));
     assert!(params.starts_with("a cat") && params.contains("Steps: 1,") && params.contains("Seed: 5,"), "{params}");
     let edit_prompt = b"a dog <sd_cpp_extra_args>{\"sample_params\":{\"sample_steps\":1}}</sd_cpp_extra_args>";
-    let (ct, body) = multipart(&[("prompt", None, edit_prompt), ("size", None, b"64x64"), ("image[]", Some("in.png"), &png)]);
+    let (ct, body) = multipart(&[("prompt", None, edit_prompt), ("size", None, b"64x64"), ("output_format", None, b"webp"), ("image[]", Some("in.png"), &png)]);
     let edited = ok(post_raw(b, "/v1/images/edits", &ct, &body));
-    assert_eq!(picture(edited["data"][0]["b64_json"].as_str().unwrap()).0, 64);
+    assert_eq!(edited["output_format"], "webp");
+    let webp = edited["data"][0]["b64_json"].as_str().unwrap();
+    assert!(b64(webp).starts_with(b"RIFF") && picture(webp).0 == 64);
 
     eprintln!("[{:.1}s] sdapi --", t0.elapsed().as_secs_f32());
     // -- sdapi --
@@ -242,7 +244,7 @@ fn serves_every_api_on_one_model() {
     refused(post(b, "/sdapi/v1/txt2img", &json!({"width": 64})), 400, "prompt required");
     refused(post(b, "/v1/images/generations", &json!({"prompt": "x", "size": "big"})), 400, "invalid size 'big'");
     refused(post(b, "/v1/images/generations", &json!({"prompt": "x", "response_format": "url"})), 400, "b64_json only");
-    refused(post(b, "/v1/images/generations", &json!({"prompt": "x", "output_format": "webp"})), 400, "invalid output_format 'webp'");
+    refused(post(b, "/v1/images/generations", &json!({"prompt": "x", "output_format": "gif"})), 400, "invalid output_format 'gif'");
     refused(post(b, "/v1/images/generations", &json!({"prompt": "x", "n": 0})), 400, "batch_count must be greater than 0");
     refused(post(b, "/v1/images/edits", &json!({"prompt": "x"})), 400, "multipart/form-data");
     let (ct, body) = multipart(&[("prompt", None, b"x")]);

@@ -213,6 +213,27 @@ pub fn parse<S: AsRef<str>>(argv: &[S]) -> Result<Command, String> {
 /// defaults that depend on several options) in image mode. A seed below 0 stays -1: each
 /// request then draws its own, as in the reference's server.
 pub fn resolve_defaults(o: &mut Opts, env: &dyn Fn(&str) -> Option<String>) -> Result<(), String> {
+    let g = &o.gen;
+    let v = &g.video;
+    let per_request = [
+        (!g.init_img.is_empty(), "--init-img"),
+        (!g.mask.is_empty(), "--mask"),
+        (!g.control_image.is_empty(), "--control-image"),
+        (!g.ip_adapter_image.is_empty(), "--ip-adapter-image"),
+        (!g.ref_images.is_empty(), "--ref-image"),
+        (!g.pm_id_images_dir.is_empty(), "--pm-id-images-dir"),
+        (!v.end_img.is_empty(), "--end-img"),
+        (!v.control_video.is_empty(), "--control-video"),
+        (!v.ref_videos.is_empty() || !v.ref_audios.is_empty() || !v.ref_video_audios.is_empty(), "--ref-video/--ref-audio"),
+    ];
+    if let Some((_, name)) = per_request.iter().find(|(given, _)| *given) {
+        return Err(format!("{name}: input pictures are given by each request to sd-server, not on its command line"));
+    }
+    for (given, name) in [(!g.ad_model.is_empty(), "--ad-model"), (!o.ctx.upscale_model.is_empty(), "--upscale-model")] {
+        if given {
+            stable_diffusion::sd_warn!("{name} is not used by sd-server (no ADetailer / ESRGAN pass on its results): ignored");
+        }
+    }
     let random_seed = o.gen.params.seed < 0;
     o.resolve(env)?;
     if random_seed {
@@ -286,6 +307,8 @@ mod tests {
             let e = parse(argv).unwrap_err();
             assert!(e.contains(msg), "{argv:?}: {e}");
         }
+        let Ok(Command::Serve(_, mut o)) = parse(&["-m", "m.gguf", "-i", "cat.png"]) else { panic!() };
+        assert!(resolve_defaults(&mut o, &|_| None).unwrap_err().contains("--init-img: input pictures are given by each request"));
         assert!(matches!(parse(&["--help"]), Ok(Command::Help)));
         assert!(matches!(parse(&["--list-devices"]), Ok(Command::ListDevices)));
     }

@@ -3,11 +3,11 @@
 # cmake, make, g++ (ggml), libclang-dev (bindgen), pkg-config, valgrind (C tests),
 # mono-mcs + mono-runtime (C# tests), python3-venv (Python tests), and for the Vulkan
 # build and its tests: glslc (shader compiler), libvulkan-dev (loader and headers),
-# spirv-headers, mesa-vulkan-drivers (lavapipe, a software Vulkan device). Uses sudo when
-# not root.
+# spirv-headers, mesa-vulkan-drivers (lavapipe, a software Vulkan device), and chromium
+# (sd-server's page test renders its page headless). Uses sudo when not root.
 set -euo pipefail
 want=(cmake make g++ libclang-dev pkg-config valgrind mono-mcs mono-runtime
-      glslc libvulkan-dev spirv-headers mesa-vulkan-drivers)
+      glslc libvulkan-dev spirv-headers mesa-vulkan-drivers chromium)
 # python3 -m venv needs ensurepip, which Debian ships separately.
 if ! python3 -c 'import ensurepip, venv' 2>/dev/null; then
     want+=(python3-venv)

@@ -130,3 +130,32 @@ fn chroma_lora() {
     }
     check(&CHROMA, ("chroma", "chroma_cfg1_0.png"), &["lora_chroma.safetensors"]);
 }
+
+/// LoRAs on Z-Image, Qwen-Image and Flux.2 klein against the reference's own LoRA pictures
+/// (`golden/{zimage,qwenimage,flux2}-lora/`: each naming scheme of `synth_lora_dit.py`, the
+/// three apply modes, negative and fractional multipliers, two LoRAs at once). Without
+/// `SD_PARITY=full` only the Z-Image diffusers LoRA runs.
+#[test]
+fn zimage_loras_golden() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    common::parity::report(&common::parity::run("zimage-lora", |c| full() || c.name == "zimage_lora_diffusers"));
+}
+
+#[test]
+fn qwen_image_loras_golden() {
+    golden_folder_if_full("qwenimage-lora");
+}
+
+#[test]
+fn flux2_loras_golden() {
+    golden_folder_if_full("flux2-lora");
+}
+
+fn golden_folder_if_full(folder: &str) {
+    if !full() {
+        eprintln!("skipped: set SD_PARITY=full");
+        return;
+    }
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    common::parity::report(&common::parity::run(folder, |_| true));
+}

@@ -252,10 +252,12 @@ pub fn pad_to_multiple(len: usize, multiple: usize) -> usize {
 
 /// Z-Image's rotation table: `context_len` text tokens padded to a multiple of
 /// `seq_multiple` (ids `[i + 1, 0, 0]`), then the image's patches at index
-/// `padded_context_len + 1`, then the image padding (ids 0). On circular axes the image
-/// tokens wrap around.
+/// `padded_context_len + 1`, then `ref_tokens` reference-image tokens and the padding of
+/// both, all with id 0: the reference gives reference images no positions of their own
+/// (their tokens take the image padding's ids; where they outgrow it, it asserts and this
+/// goes on with id 0). On circular axes the image tokens wrap around.
 #[allow(clippy::too_many_arguments)]
-pub fn zimage_pe(h: usize, w: usize, p: usize, context_len: usize, seq_multiple: usize, theta: f32, axes_dim: &[usize], circular: (bool, bool)) -> Vec<f32> {
+pub fn zimage_pe(h: usize, w: usize, p: usize, context_len: usize, ref_tokens: usize, seq_multiple: usize, theta: f32, axes_dim: &[usize], circular: (bool, bool)) -> Vec<f32> {
     let n_axes = axes_dim.len();
     let padded_context = context_len + pad_to_multiple(context_len, seq_multiple);
     let mut ids = Ids::new(n_axes);
@@ -263,9 +265,9 @@ pub fn zimage_pe(h: usize, w: usize, p: usize, context_len: usize, seq_multiple:
         ids.push(&[(i + 1) as f32]);
     }
     let img = image_ids(n_axes, h, w, p, (padded_context + 1) as f32, 0, 0);
-    let img_tokens = img.len();
+    let img_tokens = img.len() + ref_tokens;
     ids.extend(&img);
-    for _ in 0..pad_to_multiple(img_tokens, seq_multiple) {
+    for _ in 0..ref_tokens + pad_to_multiple(img_tokens, seq_multiple) {
         ids.push(&[]);
     }
     let wrap = image_wraps(ids.len(), n_axes, p, padded_context, &[(h, w, 1)], circular);

@@ -9,6 +9,10 @@
 //!   separately, then attend jointly with 3-axis RoPE (θ 256; text ids count from 1, image
 //!   rows/cols after them); blocks are sandwich-normed, modulated by `tanh` gates of the
 //!   timestep embedding.
+//! - Reference-image latents (the `z_image_omni` preset) are patchified and appended to the
+//!   image's tokens before the embedding; they are padded together, refined and attended
+//!   with the image, and only the image's tokens are read back. Like the reference, they
+//!   get no positions of their own (id 0, as padding; see [`rope::zimage_pe`]).
 //! - The model timestep is `1000 - t` and the output is negated (its velocity points the
 //!   other way), both inside [`ZImage`], so the sampling loop sees a plain flow model.
 //! - The reference needs the hidden size to be at least 256 (its timestep embedding is 256
@@ -366,12 +370,16 @@ impl ZImageModel {
     }
 
     /// One evaluation: the latent `x` `[W, H, C, 1]`, model timestep `t` `[1]`, LLM hidden
-    /// states `context` `[cap_feat_dim, L, 1]` and the rotation table `pe` → `[W, H, C, 1]`.
-    pub fn forward<'g>(&self, g: &'g Graph, x: T<'g>, t: T<'g>, context: T<'g>, pe: T<'g>) -> T<'g> {
+    /// states `context` `[cap_feat_dim, L, 1]`, the rotation table `pe` and the reference
+    /// latents `refs` (`[W', H', C, 1]` each, appended as tokens) → `[W, H, C, 1]`.
+    pub fn forward<'g>(&self, g: &'g Graph, x: T<'g>, t: T<'g>, context: T<'g>, pe: T<'g>, refs: &[T<'g>]) -> T<'g> {
         let p = self.config.patch_size;
         let [w, h, _, _] = x.ne();
-        let img = pad_and_patchify(g, x, p, false);
+        let mut img = pad_and_patchify(g, x, p, false);
         let n_img = img.ne()[1];
+        for r in refs {
+            img = img.concat(pad_and_patchify(g, *r, p, false), 1);
+        }
         let t_emb = self.t_embedder.forward(g, timestep_embedding(t, 256, 10000, 1.0));
         let txt = self.cap_embedder.forward(g, self.cap_norm.forward(g, context));
         let img = self.x_embedder.forward(g, img);
@@ -402,7 +410,7 @@ impl ZImageModel {
     }
 
     /// Checks host inputs against the configuration before a graph is built.
-    fn check_inputs(&self, x: &Tensor, context: &Tensor) -> Result<()> {
+    fn check_inputs(&self, x: &Tensor, context: &Tensor, refs: &[Tensor]) -> Result<()> {
         let cfg = &self.config;
         let c = cfg.in_channels as usize;
         ensure!(x.shape().len() <= 4 && x.ne(3) == 1 && x.ne(2) == c && x.ne(0) > 0 && x.ne(1) > 0, "Z-Image takes one latent [W, H, {c}, 1], got {:?}", x.shape());
@@ -413,6 +421,13 @@ impl ZImageModel {
             context.shape()
         );
         ensure!(cfg.out_channels == cfg.in_channels, "Z-Image with {} input and {} output channels", cfg.in_channels, cfg.out_channels);
+        for r in refs {
+            ensure!(
+                r.shape().len() <= 4 && r.ne(2) == c && r.ne(3) == 1 && r.ne(0) > 0 && r.ne(1) > 0,
+                "Z-Image reference latent must be [W, H, {c}, 1], got {:?}",
+                r.shape()
+            );
+        }
         Ok(())
     }
 }
@@ -424,12 +439,14 @@ impl DiffusionModel for Loaded<ZImageModel> {
     fn compute(&mut self, input: &DiffusionInput<'_>) -> Result<Tensor> {
         let context = input.cond.crossattn.as_ref().context("Z-Image needs a text context (no LLM produced one)")?;
         let (model, runner) = self.parts();
-        model.check_inputs(input.x, context)?;
+        model.check_inputs(input.x, context, input.ref_latents)?;
         ensure!(input.timesteps.len() == 1, "Z-Image takes one timestep, got {}", input.timesteps.len());
         let cfg = &model.config;
         let (w, h) = (input.x.ne(0), input.x.ne(1));
         let circular = (runner.options.circular_x, runner.options.circular_y);
-        let pe = rope::zimage_pe(h, w, cfg.patch_size as usize, context.ne(1), SEQ_MULTIPLE, cfg.theta, &cfg.axes_dim, circular);
+        let p = cfg.patch_size as usize;
+        let ref_tokens = input.ref_latents.iter().map(|r| r.ne(0).div_ceil(p) * r.ne(1).div_ceil(p)).sum();
+        let pe = rope::zimage_pe(h, w, p, context.ne(1), ref_tokens, SEQ_MULTIPLE, cfg.theta, &cfg.axes_dim, circular);
         let axes_sum: usize = cfg.axes_dim.iter().sum();
         let pos_len = pe.len() / axes_sum / 2;
         let t = [1000.0 - input.timesteps[0]];
@@ -438,7 +455,8 @@ impl DiffusionModel for Loaded<ZImageModel> {
             let t = g.input_f32(&t, &[1]);
             let ctx = g.input(context);
             let pe = g.input_f32(&pe, &[2, 2, axes_sum as i64 / 2, pos_len as i64]);
-            Ok(model.forward(g, x, t, ctx, pe))
+            let refs: Vec<T> = input.ref_latents.iter().map(|r| g.input(r)).collect();
+            Ok(model.forward(g, x, t, ctx, pe, &refs))
         })
     }
 }
@@ -492,7 +510,7 @@ mod tests {
     fn rotation_table_pads_text_and_image() {
         // 5 text tokens → 32, a 6×4 latent → 3×2 = 6 patches → 32.
         let axes = [32usize, 48, 48];
-        let pe = rope::zimage_pe(4, 6, 2, 5, SEQ_MULTIPLE, 256.0, &axes, (false, false));
+        let pe = rope::zimage_pe(4, 6, 2, 5, 0, SEQ_MULTIPLE, 256.0, &axes, (false, false));
         assert_eq!(pe.len(), 64 * 128 * 2);
         let row = |t: usize| &pe[t * 256..(t + 1) * 256];
         // Text token 0 has id (1, 0, 0): its first frequency of axis 0 rotates by 1 rad.
@@ -500,9 +518,16 @@ mod tests {
         // Image padding tokens have id 0: identity rotations.
         assert_eq!(&row(63)[..4], &[1.0, -0.0, 0.0, 1.0]);
         // Seamless tiling changes the image tokens' rows and columns only (tokens 32..38).
-        let circ = rope::zimage_pe(4, 6, 2, 5, SEQ_MULTIPLE, 256.0, &axes, (true, true));
+        let circ = rope::zimage_pe(4, 6, 2, 5, 0, SEQ_MULTIPLE, 256.0, &axes, (true, true));
         assert_eq!(&circ[..32 * 256], &pe[..32 * 256]);
         assert_eq!(&circ[38 * 256..], &pe[38 * 256..]);
         assert_ne!(&circ[37 * 256..38 * 256], &pe[37 * 256..38 * 256]);
+        // Reference tokens take the padding's ids: while image and references fit in the
+        // image's padded length the table is the same, beyond it more id-0 rows follow.
+        assert_eq!(rope::zimage_pe(4, 6, 2, 5, 26, SEQ_MULTIPLE, 256.0, &axes, (false, false)), pe);
+        let long = rope::zimage_pe(4, 6, 2, 5, 30, SEQ_MULTIPLE, 256.0, &axes, (false, false));
+        assert_eq!(long.len(), 96 * 128 * 2);
+        assert_eq!(&long[..64 * 256], &pe[..]);
+        assert_eq!(&long[95 * 256..95 * 256 + 4], &[1.0, -0.0, 0.0, 1.0]);
     }
 }

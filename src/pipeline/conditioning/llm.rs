@@ -55,6 +55,22 @@ pub const ZIMAGE_TEMPLATE: LlmTemplate = LlmTemplate {
     zero_pad_to: 0,
 };
 
+/// What an LLM without a vision tower reads instead of the prompt in its template when
+/// reference images come along (`pass_to_vlm`).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct RefImageTemplate {
+    /// Logged when it is used (the reference's pipeline name).
+    pub pipeline: &'static str,
+    /// The whole text encoded (weight 1, no attention syntax).
+    pub text: &'static str,
+}
+
+/// Z-Image with reference images (the reference's omni pipeline): the user turn up to its
+/// first picture. The reference encodes the rest (the pictures' separators, then the prompt
+/// and the assistant turn) as further pieces that the Z-Image transformer never reads, and
+/// the LLM sees no image embeddings: the context does not depend on the prompt.
+pub const ZIMAGE_OMNI_TEMPLATE: RefImageTemplate = RefImageTemplate { pipeline: "ZImageOmniPipeline", text: "<|im_start|>user\n<|vision_start|>" };
+
 /// A prompt as LLM tokens: ids, per-token weights and which tokens are real (not padding).
 #[derive(Clone, Debug, Default, PartialEq)]
 pub struct LlmTokens {
@@ -173,12 +189,20 @@ pub struct LlmConditioner {
     template: LlmTemplate,
     /// Qwen-Image-Edit: reference images through the LLM's vision tower.
     vision: Option<VisionTower>,
+    /// Z-Image: what the LLM reads when reference images come along (no vision tower).
+    ref_image_template: Option<RefImageTemplate>,
 }
 
 impl LlmConditioner {
     pub fn new(weights: &Arc<Weights>, template: LlmTemplate, place: &Placement, n_threads: i32, resident: bool) -> Result<LlmConditioner> {
         let llm = LlmText::open(weights, template.arch, place, n_threads, resident)?;
-        Ok(LlmConditioner { llm, template, vision: None })
+        Ok(LlmConditioner { llm, template, vision: None, ref_image_template: None })
+    }
+
+    /// Reference images for the LLM (`pass_to_vlm`) make it read `template` instead of the
+    /// prompt (when it has no vision tower).
+    pub fn with_ref_image_template(self, template: RefImageTemplate) -> LlmConditioner {
+        LlmConditioner { ref_image_template: Some(template), ..self }
     }
 
     /// Adds the vision tower of the context's files, if they hold one (Qwen-Image-Edit's
@@ -207,11 +231,16 @@ impl Components for LlmConditioner {
 impl Conditioner for LlmConditioner {
     fn encode(&mut self, req: &CondRequest<'_>) -> Result<Condition> {
         let start = Instant::now();
-        let (h, drop) = match &mut self.vision {
-            Some(vision) if !req.ref_images.is_empty() => {
+        let (h, drop) = match (&mut self.vision, self.ref_image_template) {
+            (Some(vision), _) if !req.ref_images.is_empty() => {
                 let images = qwen_edit::image_prompt(vision, req.ref_images, &req.refs)?;
                 let text = format!("{}{}", self.template.lead, req.text);
                 (qwen_edit::encode(&mut self.llm, images, &text, self.template.suffix, self.template.out_layers)?, qwen_edit::DROP_FIRST)
+            }
+            (None, Some(t)) if !req.ref_images.is_empty() => {
+                sd_info!("{}", t.pipeline);
+                let tokens = tokenize_parts(self.llm.tokenizer(), t.text, "", "", self.template.min_length);
+                (self.llm.encode(&tokens, self.template.out_layers)?, self.template.drop_first)
             }
             _ => {
                 let tokens = tokenize(self.llm.tokenizer(), &self.template, req.text);
@@ -254,6 +283,9 @@ mod tests {
         let t = tokenize(tok, &padded, "a lovely cat");
         assert_eq!(t.ids.len(), 16);
         assert_eq!((t.ids[11], t.keep[10], t.keep[11]), (PAD_TOKEN, true, false));
+        // With reference images: the omni template's text alone, <|vision_start|> last.
+        let t = tokenize_parts(tok, ZIMAGE_OMNI_TEMPLATE.text, "", "", 0);
+        assert_eq!(t.ids, [IM_START, 872, 198, 151652]);
     }
 
     fn llm_weights(file: &str) -> Arc<Weights> {

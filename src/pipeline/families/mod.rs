@@ -137,7 +137,8 @@ pub struct FamilySpec {
     pub tae_first_stage: bool,
     /// The AutoencoderKL has `quant_conv` / `post_quant_conv` (not the SD3 / Flux one).
     pub vae_quant_convs: bool,
-    /// Reference images become extra tokens of the diffusion model (Flux Kontext).
+    /// Reference images become extra tokens of the diffusion model (Flux Kontext, Flux.2,
+    /// Qwen-Image, Z-Image).
     pub ref_latents: bool,
     /// With reference images, an unconditional pass without them gives 3-way guidance.
     pub ref_latent_img_cfg: bool,
@@ -306,6 +307,17 @@ const fn flux_family(variant: FluxVariant, concat: Concat) -> FamilySpec {
     }
 }
 
+/// Z-Image: reference images (the `z_image_omni` preset) as extra tokens, with 3-way
+/// guidance; its LLM takes them as a template of their own (`conditioning::llm`).
+const fn zimage_family() -> FamilySpec {
+    FamilySpec {
+        ref_latents: true,
+        ref_latent_img_cfg: true,
+        ref_image_preset: Some("z_image_omni"),
+        ..dit_family(ModelFamily::OtherDit, Arch::ZImage, FLUX_LATENT, &preview::FLUX, Concat::None, Prediction::Flow)
+    }
+}
+
 /// Flux.2's 128 channels: 32 VAE channels × 2×2 patches, at 1/16 of the image.
 const FLUX2_LATENT: LatentFormat = LatentFormat { channels: 128, vae_scale: 16, down_factor: 1, scale_factor: 1.0, shift_factor: 0.0 };
 
@@ -393,7 +405,7 @@ static FLEX_2: FamilySpec = flux_family(FluxVariant::Flex2, Concat::Flex2);
 static CHROMA_RADIANCE: FamilySpec = chroma_radiance_family();
 static OVIS_IMAGE: FamilySpec = flux_family(FluxVariant::Ovis, Concat::None);
 static FLUX2: FamilySpec = flux2_family();
-static Z_IMAGE: FamilySpec = dit_family(F::OtherDit, Arch::ZImage, FLUX_LATENT, &preview::FLUX, Concat::None, Prediction::Flow);
+static Z_IMAGE: FamilySpec = zimage_family();
 static QWEN_IMAGE: FamilySpec = qwen_image_family();
 static QWEN_IMAGE_LAYERED: FamilySpec = qwen_image_layered_family();
 static WAN: FamilySpec = wan_family(WAN_LATENT, &preview::WAN21, FirstStageKind::Wan21, TimestepRule::Scalar);
@@ -722,7 +734,9 @@ mod tests {
                     assert!(v.is_flux() || matches!(*v, SdVersion::Sd3 | SdVersion::ZImage), "{v}");
                     assert_eq!((s.latent.size_multiple(), s.latent.channels), (8, 16));
                     assert!(!s.vae_quant_convs && s.skip_layer_guidance);
-                    assert_eq!(s.supports_img_cfg(true), v.is_flux() && *v != SdVersion::OvisImage, "{v}");
+                    let ref_cfg = (v.is_flux() && *v != SdVersion::OvisImage) || *v == SdVersion::ZImage;
+                    assert_eq!(s.supports_img_cfg(true), ref_cfg, "{v}");
+                    assert_eq!(s.ref_image_preset == Some("z_image_omni"), *v == SdVersion::ZImage, "{v}");
                 }
                 None => assert!(!v.is_unet() || *v == SdVersion::Svd, "{v}"),
             }

@@ -6,6 +6,12 @@
 //! fail cleanly.
 //!
 //! Without `SD_PARITY=full` the cfg 1 case and the narrow DiT run.
+//!
+//! Reference images (`golden/zimage-ref/`, the `z_image_omni` preset): one, two, one of
+//! another size than the output, cfg 3 with a negative prompt and 3-way guidance, one the
+//! transformer is not given (`pass_to_dit=false`); the two configurations that crash the
+//! reference (the preset's own `pass_to_vlm`, references outgrowing its rotation table) must
+//! render or fail cleanly. Without `SD_PARITY=full` the 96x64 reference with cfg 3 runs.
 
 mod common;
 
@@ -45,4 +51,9 @@ fn zimage_llm_variants() {
     let (max, mean) = diff_bytes(&eight[0].pixels[0], &golden_image("zimage", "zimage_cfg1_0.png"));
     eprintln!("zimage_cfg1 with the 8-layer LLM vs golden: max {max} mean {mean:.3}");
     assert!(mean > 0.5, "another LLM state should change the picture (mean {mean})");
+}
+
+#[test]
+fn zimage_ref_images() {
+    report(&run("zimage-ref", |c| full() || c.name == "zimage_ref_96x64"));
 }

@@ -212,6 +212,9 @@ pub struct CrossAttention {
     to_v: Linear,
     to_out: Linear,
     n_head: i64,
+    /// Key/value input width when the context is read as overlapping windows
+    /// (`self_attention_windows`).
+    kv_window: Option<i64>,
 }
 
 impl CrossAttention {
@@ -223,17 +226,44 @@ impl CrossAttention {
             to_v: Linear::new(s, "to_v", context_dim, inner, false),
             to_out: Linear::new(s, "to_out.0", inner, query_dim, true),
             n_head,
+            kv_window: None,
         }
+    }
+
+    /// Self-attention whose key/value projections take `kv_width` inputs while the tokens
+    /// have `dim` values (SDXS-512-0.9's single-head 320-wide level: 1024-input `to_k` /
+    /// `to_v`). The reference feeds those projections the tokens' memory read as rows of
+    /// `kv_width` values `dim` apart, i.e. each token followed by the next tokens' values;
+    /// see `self_attention_windows`.
+    pub fn windowed_self(s: &mut Scope, dim: i64, n_head: i64, d_head: i64, kv_width: i64) -> CrossAttention {
+        CrossAttention { kv_window: Some(kv_width), ..CrossAttention::new(s, dim, kv_width, n_head, d_head) }
     }
 
     /// x: [query_dim, L, N], context: [context_dim, L_ctx, N] → [query_dim, L, N].
     pub fn forward<'g>(&self, g: &'g Graph, x: T<'g>, context: T<'g>) -> T<'g> {
+        let context = match self.kv_window {
+            Some(width) => self_attention_windows(context, width),
+            None => context,
+        };
         let q = self.to_q.forward(g, x);
         let k = self.to_k.forward(g, context);
         let v = self.to_v.forward(g, context);
         let h = nn::attention(g, q, k, v, self.n_head, None, false, g.options.flash_attn, 1.0);
         self.to_out.forward(g, h)
     }
+}
+
+/// The tokens `x` [C, L, N] as `width`-wide rows starting `C` values apart: row t holds the
+/// values from token t onwards, running into the next tokens. That is what the reference's
+/// SDXS-0.9 self-attention projects: it relabels the token tensor's row width to 1024 while
+/// keeping its strides (it runs one item at a time). Past the last token the reference reads
+/// stale scratch memory; here those values are zeros.
+fn self_attention_windows<'g>(x: T<'g>, width: i64) -> T<'g> {
+    let [c, l, n, _] = x.ne();
+    let size = x.nb()[0];
+    // Padded to width × L values per item, the size ggml requires of a view's source.
+    let padded = x.contiguous().reshape(&[c * l, n]).pad(((width - c) * l) as i32, 0, 0, 0);
+    padded.view(&[width, l, n], &[c as usize * size, padded.nb()[1]], 0).cont()
 }
 
 /// Pre-norm transformer layer: self-attention, cross-attention, GEGLU feed-forward.
@@ -250,9 +280,14 @@ pub struct BasicTransformerBlock {
 const LAYER_NORM_EPS: f32 = 1e-5;
 
 impl BasicTransformerBlock {
-    pub fn new(s: &mut Scope, dim: i64, n_head: i64, d_head: i64, context_dim: i64) -> BasicTransformerBlock {
+    /// `self_kv_width`: see `CrossAttention::windowed_self` (None: plain self-attention).
+    pub fn new(s: &mut Scope, dim: i64, n_head: i64, d_head: i64, context_dim: i64, self_kv_width: Option<i64>) -> BasicTransformerBlock {
+        let attn1 = match self_kv_width {
+            Some(width) => CrossAttention::windowed_self(&mut s.sub("attn1"), dim, n_head, d_head, width),
+            None => CrossAttention::new(&mut s.sub("attn1"), dim, dim, n_head, d_head),
+        };
         BasicTransformerBlock {
-            attn1: CrossAttention::new(&mut s.sub("attn1"), dim, dim, n_head, d_head),
+            attn1,
             attn2: CrossAttention::new(&mut s.sub("attn2"), dim, context_dim, n_head, d_head),
             ff: FeedForward::new(&mut s.sub("ff"), dim, dim, 4),
             norm1: LayerNorm::new(s, "norm1", dim, LAYER_NORM_EPS, true, true),
@@ -297,6 +332,7 @@ impl SpatialTransformer {
         depth: i64,
         context_dim: i64,
         use_linear: bool,
+        self_kv_width: Option<i64>,
     ) -> SpatialTransformer {
         let inner = n_head * d_head;
         let projection = |s: &mut Scope, name: &str, i: i64, o: i64| {
@@ -309,7 +345,7 @@ impl SpatialTransformer {
         let norm = GroupNorm::gn32(s, "norm", in_channels);
         let proj_in = projection(s, "proj_in", in_channels, inner);
         let blocks = (0..depth)
-            .map(|i| BasicTransformerBlock::new(&mut s.sub(&format!("transformer_blocks.{i}")), inner, n_head, d_head, context_dim))
+            .map(|i| BasicTransformerBlock::new(&mut s.sub(&format!("transformer_blocks.{i}")), inner, n_head, d_head, context_dim, self_kv_width))
             .collect();
         let proj_out = projection(s, "proj_out", inner, in_channels);
         SpatialTransformer { norm, proj_in, blocks, proj_out }
@@ -340,5 +376,26 @@ impl SpatialTransformer {
             Projection::Conv(c) => c.forward(g, to_map(t)),
         };
         t.add(x)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::graph::{Backend, Runner};
+    use std::sync::Arc;
+
+    #[test]
+    fn self_attention_windows_run_into_the_next_tokens_then_zeros() {
+        // Two items of 4 tokens × 3 values, read as 5-wide rows 3 values apart.
+        let data: Vec<f32> = (1..=24).map(|v| v as f32).collect();
+        let mut runner = Runner::new(Arc::new(Backend::cpu().unwrap()), 1);
+        let out = runner.compute(|g| Ok(self_attention_windows(g.input_f32(&data, &[3, 4, 2]), 5))).unwrap();
+        assert_eq!(out.shape(), [5, 4, 2, 1]);
+        let item = |o: f32| {
+            let row = |t: f32| (0..5).map(move |i| t * 3. + i as f32 + 1. + o).map(move |v| if v > o + 12. { 0. } else { v });
+            (0..4).flat_map(move |t| row(t as f32)).collect::<Vec<f32>>()
+        };
+        assert_eq!(out.data(), [item(0.), item(12.)].concat());
     }
 }

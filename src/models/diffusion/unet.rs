@@ -262,7 +262,9 @@ impl UNetConfig {
     /// Declares the spatial transformer `name` over `ch` channels.
     pub fn transformer(&self, s: &mut Scope, name: &str, ch: i64, depth: i64) -> SpatialTransformer {
         let (n_head, d_head) = self.heads(ch);
-        SpatialTransformer::new(&mut s.sub(name), ch, n_head, d_head, depth, self.context_dim, self.use_linear_projection)
+        // SDXS-512-0.9's single 320-wide head: 1024-input self-attention keys and values.
+        let self_kv_width = (self.version == UNetVersion::Sdxs09 && d_head == 320).then_some(1024);
+        SpatialTransformer::new(&mut s.sub(name), ch, n_head, d_head, depth, self.context_dim, self.use_linear_projection, self_kv_width)
     }
 
     /// Latent sides must divide by this (one halving per level below the top).

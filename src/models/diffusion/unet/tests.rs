@@ -490,5 +490,25 @@ fn detects_variants_and_checks_inputs() {
     let unet = UNetModel::new(&mut Scope::new(&mut store, &types, PREFIX), &cfg);
     assert!(unet.check_inputs(&x, 1, &ctx, Some(&Tensor::zeros(&[12, 8, 5, 1])), None, &[]).is_ok());
     assert!(unet.check_inputs(&x, 1, &ctx, None, None, &[]).is_err());
+
+    // SDXS-512-0.9: a tiny SD 2.x whose 320-wide level has one 320-wide head with 1024-input
+    // self-attention keys/values (output_blocks.7.1's tells it from the SD 2.x tiny UNet).
+    let attn1_k = "output_blocks.7.1.transformer_blocks.0.attn1.to_k.weight";
+    let mut sdxs09 = shapes.clone();
+    sdxs09.insert(format!("{PREFIX}input_blocks.1.1.transformer_blocks.0.attn2.to_k.weight"), vec![1024, 320]);
+    sdxs09.insert(format!("{PREFIX}input_blocks.1.1.proj_out.weight"), vec![320, 320]);
+    sdxs09.insert(format!("{PREFIX}{attn1_k}"), vec![1024, 320]);
+    let cfg = UNetConfig::detect(&|n| sdxs09.get(n).cloned(), PREFIX, None).unwrap();
+    assert_eq!((cfg.version, cfg.context_dim, cfg.heads(320), cfg.heads(640)), (UNetVersion::Sdxs09, 1024, (1, 320), (10, 64)));
+    let mut store = ParamStore::new(4096).unwrap();
+    UNetModel::new(&mut Scope::new(&mut store, &types, PREFIX), &cfg);
+    let ne = |name: &str| ParamStore::spec(store.get(&format!("{PREFIX}{name}")).expect(name)).ne;
+    assert_eq!(ne(attn1_k), [1024, 320]);
+    assert_eq!(ne("input_blocks.1.1.transformer_blocks.0.attn1.to_v.weight"), [1024, 320]);
+    assert_eq!(ne("input_blocks.1.1.transformer_blocks.0.attn1.to_q.weight"), [320, 320]);
+    assert_eq!(ne("input_blocks.4.1.transformer_blocks.0.attn1.to_k.weight"), [640, 640]);
+    sdxs09.insert(format!("{PREFIX}{attn1_k}"), vec![320, 320]);
+    let cfg = UNetConfig::detect(&|n| sdxs09.get(n).cloned(), PREFIX, None).unwrap();
+    assert_eq!((cfg.version, cfg.heads(320)), (UNetVersion::Sd2Tiny, (5, 64)));
 }
 

@@ -18,7 +18,7 @@ use crate::models::Condition;
 use crate::params::ImgGenParams;
 use crate::runtime::defaults::unset_if_infinite;
 use crate::runtime::rng::{randn_like, GenerationRngs, Rng};
-use crate::runtime::tiling::{retry_tiling, TilingParams};
+use crate::runtime::tiling::{retry_tiling, vae_circular, TilingParams};
 use crate::tensor::Tensor;
 use crate::types::Prediction;
 use std::cell::RefCell;
@@ -458,11 +458,16 @@ pub fn generate_image(ms: &mut ModelSet, p: &ImgGenParams, cancel: &CancelFlag) 
     ensure!(hires.is_none() || !ms.spec.is_layered(), "the hires fix is not supported for {} models in this build", ms.version.name());
     sd_info!("generate_image {}x{}", r.width, r.height);
     let tiling = runtime_tiling(&p.vae_tiling_params);
-    let circular = (p.circular_x, p.circular_y);
+    let vae_scale = ms.spec.latent.vae_scale as i64;
+    let vae_axes = vae_circular(&tiling, (p.circular_x, p.circular_y), r.width as i64 / vae_scale, r.height as i64 / vae_scale);
     for runner in ms.runners() {
         runner.options.circular_x = p.circular_x;
         runner.options.circular_y = p.circular_y;
     }
+    for runner in ms.first_stage_runners() {
+        (runner.options.circular_x, runner.options.circular_y) = vae_axes.conv;
+    }
+    let circular = vae_axes.tiles;
 
     let mut rngs = GenerationRngs::new(ms.rng_type, ms.sampler_rng_type);
     rngs.manual_seed(r.seed as u64);

@@ -96,6 +96,30 @@ pub fn retry_tiling(params: &TilingParams, latent_w: i64, latent_h: i64) -> Opti
     })
 }
 
+/// How circular padding reaches an image autoencoder, per axis: by its convolutions
+/// padding (`conv`) or by tiles that wrap around the edges (`tiles`), never both. Untiled,
+/// the convolutions wrap; tiled, an axis that one decode tile covers wraps in the
+/// convolutions, and an axis cut into several tiles wraps by its tiles alone (the tiles then
+/// pad as usual), as the reference decides it from the decode tile size of the request.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct VaeCircular {
+    pub conv: (bool, bool),
+    pub tiles: (bool, bool),
+}
+
+pub fn vae_circular(params: &TilingParams, circular: (bool, bool), latent_w: i64, latent_h: i64) -> VaeCircular {
+    if !params.enabled {
+        return VaeCircular { conv: circular, tiles: circular };
+    }
+    let (tx, ty, _) = tile_sizes(params, latent_w, latent_h, 1.0);
+    let one_x = i64::from(tx) >= latent_w;
+    let one_y = i64::from(ty) >= latent_h;
+    VaeCircular {
+        conv: (circular.0 && one_x, circular.1 && one_y),
+        tiles: (circular.0 && !one_x, circular.1 && !one_y),
+    }
+}
+
 /// Number of tiles along one axis and the overlap factor actually used
 /// (`sd_tiling_calc_tiles`). `small` is the latent-side size of the axis.
 pub fn calc_tiles(small: i32, tile_size: i32, overlap_factor: f32, circular: bool) -> (i32, f32) {
@@ -406,6 +430,19 @@ mod tests {
             .lines()
             .filter(move |l| l.split_whitespace().next() == Some(kind))
             .map(|l| l.split_whitespace().skip(1).filter(|t| *t != "->" && *t != ":").collect())
+    }
+
+    #[test]
+    fn circular_goes_to_the_convolutions_or_to_the_tiles() {
+        let off = TilingParams::default();
+        assert_eq!(vae_circular(&off, (true, false), 16, 16), VaeCircular { conv: (true, false), tiles: (true, false) });
+        // Tiles of 8 on a 16 x 8 latent: x is cut (the tiles wrap), y is one tile (the convolutions wrap).
+        let tiled = TilingParams { enabled: true, tile_size_x: 8, tile_size_y: 8, ..off };
+        assert_eq!(vae_circular(&tiled, (true, true), 16, 8), VaeCircular { conv: (false, true), tiles: (true, false) });
+        assert_eq!(vae_circular(&tiled, (false, false), 16, 8), VaeCircular { conv: (false, false), tiles: (false, false) });
+        // The default tile (32) covers a 16² latent.
+        let default_tiles = TilingParams { enabled: true, ..off };
+        assert_eq!(vae_circular(&default_tiles, (true, true), 16, 16), VaeCircular { conv: (true, true), tiles: (false, false) });
     }
 
     #[test]

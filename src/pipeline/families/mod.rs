@@ -651,6 +651,15 @@ impl ModelSet {
         self.spec.defaults
     }
 
+    /// The runners of the first stage and of the preview decoder.
+    pub fn first_stage_runners(&mut self) -> Vec<&mut Runner> {
+        let mut v = self.first_stage.runners();
+        if let Some(p) = self.preview.as_mut() {
+            v.extend(p.runners());
+        }
+        v
+    }
+
     /// Every graph runner of the set.
     pub fn runners(&mut self) -> Vec<&mut Runner> {
         let mut v = self.cond.runners();

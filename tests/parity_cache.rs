@@ -132,3 +132,29 @@ fn dit_cache_all_cases() {
     report(&results);
     assert!(problems.is_empty(), "{problems:#?}");
 }
+
+/// EasyCache on the DiTs (`golden/dit-easycache/`: Z-Image with its default and four other
+/// thresholds, one with CFG and one with a narrower window; Flux and Flux.2 klein): the
+/// reference's skipped-step counts (none below a threshold of about 1 on these small
+/// models) and pictures.
+#[test]
+fn dit_easycache_all_cases() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    if !common::parity::full() {
+        eprintln!("skipped: set SD_PARITY=full");
+        return;
+    }
+    let expected: &[(&str, Option<&str>)] = &[
+        ("zimage_easycache_default", None),
+        ("zimage_easycache_thr_0_5", None),
+        ("zimage_easycache_thr_2", Some("EasyCache skipped 5/12 steps")),
+        ("zimage_easycache_thr_0_4_cfg", None),
+        ("zimage_easycache_window_thr_1", Some("EasyCache skipped 1/12 steps")),
+        ("flux_easycache_thr_0_5", Some("EasyCache skipped 3/8 steps")),
+        ("klein_easycache_thr_0_5", None),
+        ("klein_easycache_thr_2", Some("EasyCache skipped 2/8 steps")),
+    ];
+    let (results, _, problems) = run_logged("dit-easycache", expected);
+    report(&results);
+    assert!(problems.is_empty(), "{problems:#?}");
+}

@@ -239,6 +239,8 @@ pub fn ctx_params(model: &str, ctx: &Value, arena: &mut Arena) -> sd_ctx_params_
             "lora_apply_mode" => p.lora_apply_mode = lora_apply_mode_t(enum_value(v)),
             "model_args" => p.model_args = arena.str(v.as_str().unwrap()),
             "eager_load" => p.eager_load = CBool(v.as_bool().unwrap() as u8),
+            "diffusion_conv_direct" => p.diffusion_conv_direct = CBool(v.as_bool().unwrap() as u8),
+            "vae_conv_direct" => p.vae_conv_direct = CBool(v.as_bool().unwrap() as u8),
             "embeddings" => {
                 let list: Vec<sd_embedding_t> = v
                     .as_array()
@@ -321,6 +323,8 @@ pub fn gen_params(params: &Value, arena: &mut Arena) -> sd_img_gen_params_t {
                 p.lora_count = list.len() as u32;
                 arena.loras.push(list);
             }
+            "circular_x" => p.circular_x = CBool(v.as_bool().unwrap() as u8),
+            "circular_y" => p.circular_y = CBool(v.as_bool().unwrap() as u8),
             "hires.enabled" => p.hires.enabled = CBool(v.as_bool().unwrap() as u8),
             "hires.upscaler" => p.hires.upscaler = sd_hires_upscaler_t(enum_value(v)),
             "hires.model_path" => {

@@ -239,6 +239,14 @@ impl Conditioner for LlmConditioner {
             }
             (None, Some(t)) if !req.ref_images.is_empty() => {
                 sd_info!("{}", t.pipeline);
+                if !req.text.trim().is_empty() {
+                    // The reference reads no prompt here either; say so rather than drop it quietly.
+                    sd_warn!(
+                        "{}: with reference images passed to the text encoder (pass_to_vlm) the prompt \"{}\" is not read, as in stable-diffusion.cpp; ref_image_args \"pass_to_vlm=false\" conditions on it",
+                        t.pipeline,
+                        req.text
+                    );
+                }
                 let tokens = tokenize_parts(self.llm.tokenizer(), t.text, "", "", self.template.min_length);
                 (self.llm.encode(&tokens, self.template.out_layers)?, self.template.drop_first)
             }

@@ -412,6 +412,13 @@ fn every_warned_field_and_key_warns_on_sd1() {
         checked.push(key.to_string());
     }
     assert!(MODEL_ARGS.iter().all(|(_, u)| *u == Use::Acts), "a warned model_args key needs a case here");
+    // A key no option reads (a misspelling) warns too, where the reference is silent.
+    let misspelt = CString::new("shedule_shift=2").unwrap();
+    expect_warning("shedule_shift", "sample_params.extra_sample_args key shedule_shift", || {
+        let mut p = img_params(&prompt);
+        p.sample_params.extra_sample_args = misspelt.as_ptr();
+        generate_img(ctx, &p, false);
+    });
 
     // The reference's own PhotoMaker warnings.
     let mut cp = ctx_params(&model);

@@ -205,11 +205,14 @@ fn sample_warnings(sp: &SampleParams, path: &str) -> Vec<String> {
 fn key_warnings<'a>(table: &[(&str, Use)], keys: impl Iterator<Item = &'a str>, what: &str) -> Vec<String> {
     let mut out: Vec<String> = Vec::new();
     for key in keys {
-        if let Some((_, Warns(why))) = table.iter().find(|(k, _)| *k == key) {
-            let w = format!("{why}; ignoring {what} key {key}");
-            if !out.contains(&w) {
-                out.push(w);
-            }
+        let w = match table.iter().find(|(k, _)| *k == key) {
+            Some((_, Warns(why))) => format!("{why}; ignoring {what} key {key}"),
+            Some(_) => continue,
+            // The reference skips keys nobody reads without a word; a misspelt key deserves one.
+            None => format!("no option is named '{key}'; ignoring {what} key {key}"),
+        };
+        if !out.contains(&w) {
+            out.push(w);
         }
     }
     out

@@ -2,8 +2,10 @@
 //! schedulers (`extra_sample_args`), with its strict number and boolean parsing.
 //!
 //! Entries are separated by `,` or `;`, surrounding whitespace is ignored, an entry without
-//! `=` is skipped with a warning. Keys nobody reads are ignored silently (the same string is
-//! shared by schedulers, samplers, guidance and img2img options), as in the reference.
+//! `=` is skipped with a warning. The same string is shared by schedulers, samplers, guidance
+//! and img2img options, so each reads its own keys and passes over the rest; a key that none
+//! of them reads draws one warning per request (`pipeline::fields`), where the reference is
+//! silent.
 
 /// A request's `extra_sample_args`, parsed once where the request enters the pipeline:
 /// schedulers, samplers, img2img and guidance each read their typed options from these pairs

@@ -274,6 +274,31 @@ pub fn zimage_pe(h: usize, w: usize, p: usize, context_len: usize, ref_tokens: u
     embed_nd(&ids, theta, axes_dim, wrap.as_deref())
 }
 
+/// ERNIE-Image's rotation table for an `h`×`w` latent (patch `p`) and `context_len` text
+/// tokens: the image's patches first (ids `[context_len, row, col]`), then the text
+/// (`[i, 0, 0]`); on circular axes the image tokens wrap around. Laid out as two planes,
+/// all cosines then all sines, `sum(axes_dim)` per token, each frequency filling two
+/// neighbouring positions.
+#[allow(clippy::too_many_arguments)]
+pub fn ernie_pe(h: usize, w: usize, p: usize, context_len: usize, theta: f32, axes_dim: &[usize], circular: (bool, bool)) -> Vec<f32> {
+    let n_axes = axes_dim.len();
+    let mut ids = image_ids(n_axes, h, w, p, context_len as f32, 0, 0);
+    for i in 0..context_len {
+        ids.push(&[i as f32]);
+    }
+    let wrap = image_wraps(ids.len(), n_axes, p, 0, &[(h, w, 1)], circular);
+    let table = embed_nd(&ids, theta, axes_dim, wrap.as_deref());
+    let freqs: usize = axes_dim.iter().sum::<usize>() / 2;
+    let (mut cos, mut sin) = (Vec::with_capacity(ids.len() * freqs * 2), Vec::with_capacity(ids.len() * freqs * 2));
+    for rotations in table.chunks(4) {
+        // [[cos, -sin], [sin, cos]] per frequency.
+        cos.extend([rotations[0]; 2]);
+        sin.extend([rotations[2]; 2]);
+    }
+    cos.extend(sin);
+    cos
+}
+
 /// Qwen-Image's ids: the `context_len` text tokens count up from `max(h_len, w_len) / 2` on
 /// every axis, then the image's patches frame by frame (`[frame, row, col]`, rows and
 /// columns centred on 0), then the reference latents (centred too, indexed from 1, or

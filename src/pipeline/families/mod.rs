@@ -7,6 +7,7 @@
 //! conditioner under `conditioning/` when it needs a new one, an [`Arch`] variant with a
 //! builder file here, and its rows in [`spec`].
 
+mod ernie;
 mod first_stage;
 mod flux;
 mod flux2;
@@ -82,6 +83,8 @@ pub enum Arch {
 /// Extra latent channels the diffusion model takes next to the noisy latent.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Concat {
+    /// ERNIE-Image: a Ministral 3B LLM, the ERNIE-Image transformer and Flux.2's VAE.
+    ErnieImage,
     None,
     /// Inpainting: the latent mask and the masked image's latent.
     Inpaint,
@@ -337,6 +340,11 @@ const PIXEL_LATENT: LatentFormat = LatentFormat { channels: 3, vae_scale: 1, dow
 
 /// Reference images are not passed to Chroma1-Radiance: its pixel decoder has no place for
 /// their tokens (the reference would fail in the attention).
+/// ERNIE-Image: Flux.2's latents, no reference images.
+const fn ernie_image_family() -> FamilySpec {
+    FamilySpec { vae_quant_convs: true, ..dit_family(ModelFamily::OtherDit, Arch::ErnieImage, FLUX2_LATENT, &preview::FLUX2, Concat::None, Prediction::Flow) }
+}
+
 const fn chroma_radiance_family() -> FamilySpec {
     FamilySpec { latent: PIXEL_LATENT, preview: None, ref_latents: false, ..flux_family(FluxVariant::ChromaRadiance, Concat::None) }
 }
@@ -443,6 +451,7 @@ pub fn spec(version: SdVersion) -> Option<&'static FamilySpec> {
         V::Wan2 | V::Wan2_2I2v => &WAN,
         V::Wan2_2Ti2v => &WAN22_TI2V,
         _ => return None,
+static ERNIE_IMAGE: FamilySpec = ernie_image_family();
     })
 }
 
@@ -476,6 +485,7 @@ pub fn flow_parts(
     cond: Box<dyn Conditioner>,
     diffusion: Box<dyn DiffusionModel>,
     (first_stage, preview): (Box<dyn FirstStage>, Option<Box<dyn FirstStage>>),
+        V::ErnieImage => &ERNIE_IMAGE,
     default_prediction: Prediction,
     default_shift: f32,
 ) -> Parts {
@@ -607,6 +617,7 @@ impl ModelSet {
             clip_vision: parts.clip_vision,
             first_stage: parts.first_stage,
             preview: parts.preview,
+            Arch::ErnieImage => ernie::build(&mut ctx)?,
             control_net: None,
             ctx_params: params.clone(),
         };
@@ -755,3 +766,8 @@ mod tests {
         assert!(spec(SdVersion::Sdxs512Ds).unwrap().tae_first_stage);
     }
 }
+                Some(s) if *v == SdVersion::ErnieImage => {
+                    assert_eq!((s.latent.size_multiple(), s.latent.channels), (16, 128));
+                    assert!(s.vae_quant_convs && !s.ref_latents && !s.supports_img_cfg(true));
+                    assert_eq!((s.defaults, s.arch), (ModelFamily::OtherDit, Arch::ErnieImage));
+                }

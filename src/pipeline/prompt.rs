@@ -560,6 +560,72 @@ impl CustomWords for EmbeddingSet {
     }
 }
 
+/// Quoted text spelled out (LongCat's `spell_quotes`): within each weighted piece, text in
+/// matching quotes (`'…'`, `"…"`, `‘…’`, `“…”`, quotes included) becomes one piece per
+/// character, so the tokenizer sees every letter of the words to be drawn; the rest stays
+/// whole. An apostrophe between two ASCII letters is not a quote; an opening curly quote
+/// seen again before its closing one, or a quote never closed, leaves the text as it is.
+pub fn spell_quoted(pieces: Vec<(String, f32)>) -> Vec<(String, f32)> {
+    let mut out = Vec::new();
+    for (text, weight) in pieces {
+        for (part, quoted) in quoted_spans(&text) {
+            if quoted {
+                out.extend(part.chars().map(|c| (c.to_string(), weight)));
+            } else {
+                out.push((part.to_string(), weight));
+            }
+        }
+    }
+    out
+}
+
+/// `text` cut into unquoted and quoted spans (`true`), in order, none empty.
+fn quoted_spans<'t>(text: &'t str) -> Vec<(&'t str, bool)> {
+    const PAIRS: [(&str, &str); 4] = [("'", "'"), ("\"", "\""), ("\u{2018}", "\u{2019}"), ("\u{201C}", "\u{201D}")];
+    let bytes = text.as_bytes();
+    let inner_apostrophe = |i: usize| i > 0 && i + 1 < bytes.len() && bytes[i - 1].is_ascii_alphabetic() && bytes[i + 1].is_ascii_alphabetic();
+    let mut spans = Vec::new();
+    let push = |spans: &mut Vec<(&'t str, bool)>, from: usize, to: usize, quoted: bool| {
+        if to > from {
+            spans.push((&text[from..to], quoted));
+        }
+    };
+    let (mut start, mut i) = (0, 0);
+    while i < text.len() {
+        let found = PAIRS.iter().find_map(|&(open, close)| {
+            if !text[i..].starts_with(open) || (open == "'" && inner_apostrophe(i)) {
+                return None;
+            }
+            let mut j = i + open.len();
+            while j < text.len() {
+                if open != close && text[j..].starts_with(open) {
+                    return None;
+                }
+                if text[j..].starts_with(close) {
+                    if close == "'" && inner_apostrophe(j) {
+                        j += close.len();
+                        continue;
+                    }
+                    return Some(j + close.len());
+                }
+                j += text[j..].chars().next().map_or(1, char::len_utf8);
+            }
+            None
+        });
+        match found {
+            Some(end) => {
+                push(&mut spans, start, i, false);
+                push(&mut spans, i, end, true);
+                start = end;
+                i = end;
+            }
+            None => i += text[i..].chars().next().map_or(1, char::len_utf8),
+        }
+    }
+    push(&mut spans, start, text.len(), false);
+    spans
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -789,5 +855,18 @@ mod tests {
         assert_eq!(&set.custom_rows(0).unwrap().data()[..4], &[2.0; 4]);
         assert_eq!(set.custom_rows(1).unwrap().shape(), &[6, 2]);
         assert!(set.register_tensors("nothing", &[Tensor::zeros(&[3, 1])]).is_err());
+    }
+
+    #[test]
+    fn quoted_text_is_spelled_out() {
+        let spelled = |t: &str| spell_quoted(vec![(t.to_string(), 1.5)]).into_iter().map(|(p, _)| p).collect::<Vec<_>>();
+        assert_eq!(spelled("a sign 'OK' here"), ["a sign ", "'", "O", "K", "'", " here"]);
+        assert_eq!(spelled("say \u{201C}hé\u{201D}"), ["say ", "\u{201C}", "h", "é", "\u{201D}"]);
+        // Apostrophes inside words are not quotes; an unclosed quote stays text.
+        assert_eq!(spelled("don't \"stop"), ["don't \"stop"]);
+        assert_eq!(spelled("it's 'x'"), ["it's ", "'", "x", "'"]);
+        // A second opening curly quote before the closing one: not a quotation.
+        assert_eq!(spelled("\u{2018}a \u{2018}b\u{2019}"), ["\u{2018}a ", "\u{2018}", "b", "\u{2019}"]);
+        assert!(spell_quoted(vec![("'ab'".into(), 1.5)]).iter().all(|(_, w)| *w == 1.5));
     }
 }

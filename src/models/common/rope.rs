@@ -79,13 +79,13 @@ fn centred_image_ids(n_axes: usize, h: usize, w: usize, p: usize, index: f32, h_
 /// by `mode`, scaled by `index_scale`); with `Fixed` each image is placed after the previous
 /// ones, down or to the right, whichever keeps the layout squarer.
 pub fn reference_ids(n_axes: usize, p: usize, start_index: i32, refs: &[(usize, usize)], mode: RefIndexMode, index_scale: f32) -> Ids {
-    placed_reference_ids(n_axes, p, start_index, refs, mode, index_scale, false)
+    placed_reference_ids(n_axes, p, start_index, refs, mode, index_scale, false, 0)
 }
 
 /// [`reference_ids`], each image's rows and columns centred on 0 when `centred` (Qwen-Image;
-/// never with `Fixed`, whose placement needs the offsets).
+/// never with `Fixed`, whose placement needs the offsets) and moved by `base` (LongCat).
 #[allow(clippy::too_many_arguments)]
-fn placed_reference_ids(n_axes: usize, p: usize, start_index: i32, refs: &[(usize, usize)], mode: RefIndexMode, index_scale: f32, centred: bool) -> Ids {
+fn placed_reference_ids(n_axes: usize, p: usize, start_index: i32, refs: &[(usize, usize)], mode: RefIndexMode, index_scale: f32, centred: bool, base: i64) -> Ids {
     let mut ids = Ids::new(n_axes);
     let (mut cur_h, mut cur_w) = (0i64, 0i64);
     let mut index = start_index;
@@ -105,7 +105,7 @@ fn placed_reference_ids(n_axes: usize, p: usize, start_index: i32, refs: &[(usiz
         }
         let idx = (index as f32 * index_scale) as i32 as f32;
         let place = if centred { centred_image_ids } else { image_ids };
-        ids.extend(&place(n_axes, h, w, p, idx, h_off, w_off));
+        ids.extend(&place(n_axes, h, w, p, idx, h_off + base, w_off + base));
         if mode == RefIndexMode::Increase {
             index += 1;
         }
@@ -121,12 +121,15 @@ fn placed_reference_ids(n_axes: usize, p: usize, start_index: i32, refs: &[(usiz
 pub struct TextIds<'a> {
     pub len: usize,
     pub arange_axes: &'a [usize],
+    /// The images are numbered after the text (LongCat): the image at index 1 and the
+    /// references from 2, their rows and columns starting at `len`.
+    pub images_after: bool,
 }
 
 impl TextIds<'_> {
     /// `len` tokens with all-zero ids.
     pub fn zeros(len: usize) -> TextIds<'static> {
-        TextIds { len, arange_axes: &[] }
+        TextIds { len, arange_axes: &[], images_after: false }
     }
 }
 
@@ -140,9 +143,10 @@ pub fn flux_ids(n_axes: usize, h: usize, w: usize, p: usize, text: TextIds<'_>, 
         }
         ids.push(&row);
     }
-    ids.extend(&image_ids(n_axes, h, w, p, 0.0, 0, 0));
+    let (index, offset) = if text.images_after { (1, text.len as i64) } else { (0, 0) };
+    ids.extend(&image_ids(n_axes, h, w, p, index as f32, offset, offset));
     if !refs.is_empty() {
-        ids.extend(&reference_ids(n_axes, p, 1, refs, mode, index_scale));
+        ids.extend(&placed_reference_ids(n_axes, p, index + 1, refs, mode, index_scale, false, offset));
     }
     ids
 }
@@ -316,7 +320,7 @@ pub fn qwen_image_ids(frames: usize, h: usize, w: usize, p: usize, context_len: 
     }
     if !refs.is_empty() {
         let start = if mode == RefIndexMode::Decrease { 0 } else { 1 };
-        ids.extend(&placed_reference_ids(n_axes, p, start, refs, mode, 1.0, true));
+        ids.extend(&placed_reference_ids(n_axes, p, start, refs, mode, 1.0, true, 0));
     }
     ids
 }
@@ -422,13 +426,26 @@ mod tests {
     /// the first (index × 10, increasing), images sit at 0 there.
     #[test]
     fn flux2_ids_number_text_on_the_last_axis() {
-        let ids = flux_ids(4, 2, 2, 1, TextIds { len: 3, arange_axes: &[3] }, &[(1, 1), (1, 1)], RefIndexMode::Increase, 10.0);
+        let ids = flux_ids(4, 2, 2, 1, TextIds { len: 3, arange_axes: &[3], images_after: false }, &[(1, 1), (1, 1)], RefIndexMode::Increase, 10.0);
         assert_eq!(ids.len(), 3 + 4 + 2);
         let row = |t: usize| ids.data[t * 4..t * 4 + 4].to_vec();
         assert_eq!(row(2), vec![0., 0., 0., 2.]);
         assert_eq!(row(6), vec![0., 1., 1., 0.]);
         assert_eq!(row(7), vec![10., 0., 0., 0.]);
         assert_eq!(row(8), vec![20., 0., 0., 0.]);
+    }
+
+    /// LongCat: text tokens count up on axes 1 and 2; the image sits at index 1 with its rows
+    /// and columns after the text's, a reference at index 2 likewise.
+    #[test]
+    fn longcat_ids_put_images_after_the_text() {
+        let text = TextIds { len: 3, arange_axes: &[1, 2], images_after: true };
+        let ids = flux_ids(3, 4, 4, 2, text, &[(2, 2)], RefIndexMode::Fixed, 1.0);
+        assert_eq!(ids.len(), 3 + 4 + 1);
+        let row = |t: usize| ids.data[t * 3..t * 3 + 3].to_vec();
+        assert_eq!(row(2), vec![0., 2., 2.]);
+        assert_eq!((row(3), row(6)), (vec![1., 3., 3.], vec![1., 4., 4.]));
+        assert_eq!(row(7), vec![2., 3., 3.]);
     }
 
     /// Qwen-Image: text on the diagonal from max(h_len, w_len) / 2, image rows and columns

@@ -46,6 +46,9 @@ pub enum FluxVariant {
     /// Ovis-Image: LLM text RMS-normalised before `txt_in`, gate/up/down MLPs, no pooled
     /// vector, text tokens numbered on rotary axes 1 and 2.
     Ovis,
+    /// LongCat-Image: Flux.1 reading Qwen2.5-VL's 3584-wide hidden states, no pooled vector;
+    /// text tokens numbered on rotary axes 1 and 2 and the images after them.
+    LongCat,
 }
 
 /// Chroma1-Radiance's pixel decoder. Its sizes are fixed (the reference does not read them
@@ -142,7 +145,7 @@ impl FluxConfig {
                 FluxVariant::Flex2 => 196,
                 FluxVariant::Flux2 => 128,
                 FluxVariant::ChromaRadiance => 3,
-                FluxVariant::Ovis => 64,
+                FluxVariant::Ovis | FluxVariant::LongCat => 64,
             },
             out_channels: 64,
             vec_in_dim: 768,
@@ -186,6 +189,11 @@ impl FluxConfig {
         if variant == FluxVariant::Ovis {
             cfg.semantic_txt_norm = true;
             cfg.yak_mlp = true;
+            cfg.vec_in_dim = 0;
+            cfg.txt_arange_axes = vec![1, 2];
+        }
+        if variant == FluxVariant::LongCat {
+            cfg.context_in_dim = 3584;
             cfg.vec_in_dim = 0;
             cfg.txt_arange_axes = vec![1, 2];
         }
@@ -296,7 +304,7 @@ impl FluxConfig {
     pub fn concat_channels(&self) -> i64 {
         let c = self.latent_channels();
         match self.variant {
-            FluxVariant::Flux | FluxVariant::Flux2 | FluxVariant::ChromaRadiance | FluxVariant::Ovis => 0,
+            FluxVariant::Flux | FluxVariant::Flux2 | FluxVariant::ChromaRadiance | FluxVariant::Ovis | FluxVariant::LongCat => 0,
             FluxVariant::Fill => c + 64,
             FluxVariant::Controls => c,
             FluxVariant::Flex2 => 2 * c + 1,
@@ -1068,7 +1076,7 @@ impl FluxModel {
             let [cw, ch, _, _] = cc.ne();
             let slice = |from: i64, len: i64| pad_and_patchify(g, cc.view(&[cw, ch, len, 1], &[nb[1], nb[2], nb[3]], nb[2] * from as usize), p, true);
             let extra = match cfg.variant {
-                FluxVariant::Flux | FluxVariant::Flux2 | FluxVariant::ChromaRadiance | FluxVariant::Ovis => None,
+                FluxVariant::Flux | FluxVariant::Flux2 | FluxVariant::ChromaRadiance | FluxVariant::Ovis | FluxVariant::LongCat => None,
                 FluxVariant::Fill => Some(slice(0, c).concat(slice(c, 64), 0)),
                 FluxVariant::Flex2 => Some(slice(0, c).concat(slice(c, 1), 0).concat(slice(c + 1, c), 0)),
                 FluxVariant::Controls => Some(pad_and_patchify(g, cc, p, true)),
@@ -1164,7 +1172,8 @@ impl DiffusionModel for Flux {
         let circular = (runner.options.circular_x, runner.options.circular_y);
         // Flux.2 numbers its references one after the other whatever the request says.
         let ref_index_mode = if cfg.variant == FluxVariant::Flux2 { RefIndexMode::Increase } else { input.ref_index_mode };
-        let text = rope::TextIds { len: context.ne(1), arange_axes: &cfg.txt_arange_axes };
+        let images_after = cfg.variant == FluxVariant::LongCat;
+        let text = rope::TextIds { len: context.ne(1), arange_axes: &cfg.txt_arange_axes, images_after };
         let pe = rope::flux_pe(h, w, p, text, &refs, ref_index_mode, cfg.ref_index_scale, cfg.theta, &cfg.axes_dim, circular);
         let axes_sum: usize = cfg.axes_dim.iter().sum();
         let pos_len = pe.len() / axes_sum / 2;

@@ -18,7 +18,7 @@ use crate::models::te::llm::{self, causal_mask, LlmArch, LlmConfig, LlmModel, LL
 use crate::models::te::{mistral_tokenizer, qwen_tokenizer};
 use crate::models::Condition;
 use crate::pipeline::loader::Weights;
-use crate::pipeline::prompt::{apply_token_weights, parse_prompt_attention};
+use crate::pipeline::prompt::{apply_token_weights, parse_prompt_attention, spell_quoted};
 use crate::tensor::Tensor;
 use std::sync::Arc;
 use std::time::Instant;
@@ -94,14 +94,25 @@ pub fn tokenize(tokenizer: &BpeTokenizer, template: &LlmTemplate, text: &str) ->
     tokenize_parts(tokenizer, template.prefix, &format!("{}{text}", template.lead), template.suffix, template.min_length)
 }
 
+/// [`tokenize`] with the prompt's quoted text spelled out character by character
+/// (`spell_quoted`, LongCat).
+pub fn tokenize_spelled(tokenizer: &BpeTokenizer, template: &LlmTemplate, text: &str) -> LlmTokens {
+    tokenize_pieces(tokenizer, template.prefix, &format!("{}{text}", template.lead), template.suffix, template.min_length, true)
+}
+
 /// [`tokenize`] with an explicit prefix and suffix (weight 1) around `text`.
 pub fn tokenize_parts(tokenizer: &BpeTokenizer, prefix: &str, text: &str, suffix: &str, min_length: usize) -> LlmTokens {
+    tokenize_pieces(tokenizer, prefix, text, suffix, min_length, false)
+}
+
+fn tokenize_pieces(tokenizer: &BpeTokenizer, prefix: &str, text: &str, suffix: &str, min_length: usize, spell_quotes: bool) -> LlmTokens {
     let mut pieces: Vec<(String, f32)> = Vec::new();
     if !prefix.is_empty() {
         pieces.push((prefix.to_string(), 1.0));
     }
     if !text.is_empty() {
-        pieces.extend(parse_prompt_attention(text));
+        let parsed = parse_prompt_attention(text);
+        pieces.extend(if spell_quotes { spell_quoted(parsed) } else { parsed });
     }
     if !suffix.is_empty() {
         pieces.push((suffix.to_string(), 1.0));
@@ -191,12 +202,19 @@ pub struct LlmConditioner {
     vision: Option<VisionTower>,
     /// Z-Image: what the LLM reads when reference images come along (no vision tower).
     ref_image_template: Option<RefImageTemplate>,
+    /// LongCat: quoted text in the prompt is tokenized character by character.
+    spell_quotes: bool,
 }
 
 impl LlmConditioner {
     pub fn new(weights: &Arc<Weights>, template: LlmTemplate, place: &Placement, n_threads: i32, resident: bool) -> Result<LlmConditioner> {
         let llm = LlmText::open(weights, template.arch, place, n_threads, resident)?;
-        Ok(LlmConditioner { llm, template, vision: None, ref_image_template: None })
+        Ok(LlmConditioner { llm, template, vision: None, ref_image_template: None, spell_quotes: false })
+    }
+
+    /// Quoted text in prompts is spelled out ([`tokenize_spelled`]).
+    pub fn with_spelled_quotes(self) -> LlmConditioner {
+        LlmConditioner { spell_quotes: true, ..self }
     }
 
     /// Reference images for the LLM (`pass_to_vlm`) make it read `template` instead of the
@@ -251,7 +269,8 @@ impl Conditioner for LlmConditioner {
                 (self.llm.encode(&tokens, self.template.out_layers)?, self.template.drop_first)
             }
             _ => {
-                let tokens = tokenize(self.llm.tokenizer(), &self.template, req.text);
+                let spell = if self.spell_quotes { tokenize_spelled } else { tokenize };
+                let tokens = spell(self.llm.tokenizer(), &self.template, req.text);
                 (self.llm.encode(&tokens, self.template.out_layers)?, self.template.drop_first)
             }
         };

@@ -1,10 +1,11 @@
 //! The Flux family (Flux.1 dev / schnell / Fill / Controls, Flex.2, Kontext through
-//! reference images, Chroma, Chroma1-Radiance, Ovis-Image): `FluxConditioner` (CLIP-L + T5),
-//! for Chroma and Chroma1-Radiance `T5Conditioner` (T5 only), for Ovis-Image the Qwen3
-//! `LlmConditioner` ([`OVIS_TEMPLATE`]); the Flux transformer; the 16-channel AutoencoderKL,
-//! or for Chroma1-Radiance no autoencoder (`PixelSpace`). Flux flow prediction with the
-//! default shift 1.15 when the model embeds guidance (dev), 1.0 otherwise (schnell, Chroma),
-//! like the reference.
+//! reference images, Chroma, Chroma1-Radiance, Ovis-Image, LongCat-Image): `FluxConditioner`
+//! (CLIP-L + T5), for Chroma and Chroma1-Radiance `T5Conditioner` (T5 only), for Ovis-Image
+//! the Qwen3 `LlmConditioner` ([`OVIS_TEMPLATE`]), for LongCat Qwen2.5-VL
+//! ([`LONGCAT_TEMPLATE`]); the Flux transformer; the 16-channel AutoencoderKL, or for
+//! Chroma1-Radiance no autoencoder (`PixelSpace`). Flux flow prediction with the default
+//! shift 1.15 when the model embeds guidance (dev), 1.0 otherwise (schnell, Chroma), 3 for
+//! LongCat, like the reference.
 
 use super::{first_stage, flow_parts, BuildCtx, Parts};
 use crate::error::Result;
@@ -35,6 +36,23 @@ pub const OVIS_TEMPLATE: LlmTemplate = LlmTemplate {
     zero_pad_to: 0,
 };
 
+/// LongCat-Image asks Qwen2.5-VL for a caption in its chat template (quoted text spelled
+/// out), pads to 548 tokens and drops the 36 of the system turn; the context is the LLM's
+/// normed final state.
+pub const LONGCAT_TEMPLATE: LlmTemplate = LlmTemplate {
+    arch: LlmArch::Qwen25Vl,
+    prefix: "<|im_start|>system\nAs an image captioning expert, generate a descriptive text prompt based on an image content, suitable for input to a text-to-image model.<|im_end|>\n<|im_start|>user\n",
+    suffix: "<|im_end|>\n<|im_start|>assistant\n",
+    lead: "",
+    out_layers: &[],
+    min_length: 36 + 512,
+    drop_first: 36,
+    zero_pad_to: 0,
+};
+
+/// LongCat's default flow shift (it has no guidance embedding rule).
+const LONGCAT_FLOW_SHIFT: f32 = 3.0;
+
 /// `chroma_use_dit_mask` of the context's `model_args` (default true).
 fn chroma_use_dit_mask(model_args: Option<&str>) -> bool {
     let mut use_mask = true;
@@ -63,12 +81,21 @@ pub(super) fn build(ctx: &mut BuildCtx<'_>, variant: FluxVariant) -> Result<Part
         sd_info!("Using pruned modulation (Chroma)");
         let options = T5TextOptions::parse(params.model_args.as_deref());
         Box::new(T5Conditioner::new(weights, &te_place, n_threads, t5_resident, options)?)
-    } else if variant == FluxVariant::Ovis {
-        let cond = LlmConditioner::new(weights, OVIS_TEMPLATE, &te_place, n_threads, params.eager_load)?;
+    } else if matches!(variant, FluxVariant::Ovis | FluxVariant::LongCat) {
+        let longcat = variant == FluxVariant::LongCat;
+        let template = if longcat { LONGCAT_TEMPLATE } else { OVIS_TEMPLATE };
+        let mut cond = LlmConditioner::new(weights, template, &te_place, n_threads, params.eager_load)?;
+        if longcat {
+            cond = cond.with_spelled_quotes();
+            if weights.has_prefix(crate::models::te::qwen_vision::VISION_PREFIX) {
+                sd_warn!("LongCat-Image's edit prompt (reference images read by the LLM's vision tower) is not supported yet: the vision tower is not loaded and reference images condition the transformer only");
+            }
+        }
         let width = cond.context_width() as i64;
         ensure!(
             width == cfg.context_in_dim,
-            "the LLM's hidden states are {width} wide, the Ovis-Image transformer's txt_in takes {}",
+            "the LLM's hidden states are {width} wide, the {} transformer's txt_in takes {}",
+            ctx.version.name(),
             cfg.context_in_dim
         );
         Box::new(cond)
@@ -85,7 +112,8 @@ pub(super) fn build(ctx: &mut BuildCtx<'_>, variant: FluxVariant) -> Result<Part
     } else {
         first_stage::build(ctx, vae_place)?
     };
-    Ok(flow_parts(params, cond, Box::new(diffusion), first, Prediction::FluxFlow, flux_default_shift(&cfg)))
+    let shift = if variant == FluxVariant::LongCat { LONGCAT_FLOW_SHIFT } else { flux_default_shift(&cfg) };
+    Ok(flow_parts(params, cond, Box::new(diffusion), first, Prediction::FluxFlow, shift))
 }
 
 /// Flux's default flow shift: 1.15 with a guidance embedding (dev), else 1.

@@ -338,6 +338,18 @@ const fn flux2_family() -> FamilySpec {
 /// the transformer pads to its patches).
 const PIXEL_LATENT: LatentFormat = LatentFormat { channels: 3, vae_scale: 1, down_factor: 1, scale_factor: 1.0, shift_factor: 0.0 };
 
+/// LongCat-Image: not a Flux version to the reference's sampler defaults (euler, discrete
+/// schedule); reference images as tokens after the image (the `longcat` preset), with 3-way
+/// guidance.
+const fn longcat_family() -> FamilySpec {
+    FamilySpec {
+        defaults: ModelFamily::OtherDit,
+        ref_latent_img_cfg: true,
+        ref_image_preset: Some("longcat"),
+        ..flux_family(FluxVariant::LongCat, Concat::None)
+    }
+}
+
 /// Reference images are not passed to Chroma1-Radiance: its pixel decoder has no place for
 /// their tokens (the reference would fail in the attention).
 /// ERNIE-Image: Flux.2's latents, no reference images.
@@ -412,6 +424,7 @@ static FLUX_CONTROLS: FamilySpec = flux_family(FluxVariant::Controls, Concat::Fl
 static FLEX_2: FamilySpec = flux_family(FluxVariant::Flex2, Concat::Flex2);
 static CHROMA_RADIANCE: FamilySpec = chroma_radiance_family();
 static OVIS_IMAGE: FamilySpec = flux_family(FluxVariant::Ovis, Concat::None);
+static LONGCAT: FamilySpec = longcat_family();
 static FLUX2: FamilySpec = flux2_family();
 static Z_IMAGE: FamilySpec = zimage_family();
 static QWEN_IMAGE: FamilySpec = qwen_image_family();
@@ -444,6 +457,7 @@ pub fn spec(version: SdVersion) -> Option<&'static FamilySpec> {
         V::Flex2 => &FLEX_2,
         V::ChromaRadiance => &CHROMA_RADIANCE,
         V::OvisImage => &OVIS_IMAGE,
+        V::Longcat => &LONGCAT,
         V::Flux2 | V::Flux2Klein => &FLUX2,
         V::ZImage => &Z_IMAGE,
         V::QwenImage => &QWEN_IMAGE,
@@ -766,6 +780,11 @@ mod tests {
         assert!(spec(SdVersion::Sdxs512Ds).unwrap().tae_first_stage);
     }
 }
+                Some(s) if *v == SdVersion::Longcat => {
+                    assert_eq!((s.latent.size_multiple(), s.latent.channels), (8, 16));
+                    assert!(!s.vae_quant_convs && s.skip_layer_guidance && s.supports_img_cfg(true) && !s.supports_img_cfg(false));
+                    assert_eq!((s.defaults, s.ref_image_preset), (ModelFamily::OtherDit, Some("longcat")));
+                }
                 Some(s) if *v == SdVersion::ErnieImage => {
                     assert_eq!((s.latent.size_multiple(), s.latent.channels), (16, 128));
                     assert!(s.vae_quant_convs && !s.ref_latents && !s.supports_img_cfg(true));

@@ -4,9 +4,12 @@
 //! rotary axes 1 and 2 and the images after them) and the 16-channel VAE: defaults (euler,
 //! discrete, flow shift 3, cfg 7), cfg 1, quoted text spelled out, dpm++2m at 96×64 with a
 //! negative prompt, img2img, a reference image as transformer tokens (the `longcat` preset)
-//! with and without 3-way guidance.
+//! with and without 3-way guidance; the edit prompt (`LongCatEditPipeline`: the reference
+//! image also read by the LLM's vision tower, `llm_vision_path`) at cfg 1, cfg 3 with a
+//! negative prompt, and with a reference of another size.
 //!
-//! Without `SD_PARITY=full` the quoted text and the reference image run.
+//! Without `SD_PARITY=full` the quoted text, the reference image and the edit prompt at cfg 1
+//! run.
 
 mod common;
 
@@ -18,7 +21,7 @@ fn longcat_quick_subset() {
         eprintln!("skipped: SD_PARITY=full runs every case in longcat_all_cases");
         return;
     }
-    report(&run("longcat", |c| c.name == "longcat_quoted_text" || c.name == "longcat_ref_image"));
+    report(&run("longcat", |c| matches!(c.name.as_str(), "longcat_quoted_text" | "longcat_ref_image" | "longcat_edit_cfg1")));
 }
 
 #[test]

@@ -9,7 +9,7 @@
 //! them on disk, so the conditioner's phase reads them and its end frees them again (the
 //! 4B Qwen3 is 8 GB in f16).
 
-use super::qwen_edit::{self, VisionTower};
+use super::qwen_edit::{self, EditTemplate, VisionTower};
 use super::{CondRequest, Conditioner};
 use crate::error::{Context as _, Result};
 use crate::graph::{Component, Components, Loaded, Placement};
@@ -105,6 +105,12 @@ pub fn tokenize_parts(tokenizer: &BpeTokenizer, prefix: &str, text: &str, suffix
     tokenize_pieces(tokenizer, prefix, text, suffix, min_length, false)
 }
 
+/// The edit prompt's tokens: `prefix` (the system turn and the images), `text` (spelled
+/// out when `spell_quotes`), `suffix`, padded to `min_length`.
+pub fn tokenize_edit(tokenizer: &BpeTokenizer, prefix: &str, text: &str, suffix: &str, min_length: usize, spell_quotes: bool) -> LlmTokens {
+    tokenize_pieces(tokenizer, prefix, text, suffix, min_length, spell_quotes)
+}
+
 fn tokenize_pieces(tokenizer: &BpeTokenizer, prefix: &str, text: &str, suffix: &str, min_length: usize, spell_quotes: bool) -> LlmTokens {
     let mut pieces: Vec<(String, f32)> = Vec::new();
     if !prefix.is_empty() {
@@ -198,8 +204,10 @@ impl LlmText {
 pub struct LlmConditioner {
     llm: LlmText,
     template: LlmTemplate,
-    /// Qwen-Image-Edit: reference images through the LLM's vision tower.
+    /// Qwen-Image-Edit, LongCat-Image-Edit: reference images through the LLM's vision tower,
+    /// in the family's edit prompt.
     vision: Option<VisionTower>,
+    edit: EditTemplate,
     /// Z-Image: what the LLM reads when reference images come along (no vision tower).
     ref_image_template: Option<RefImageTemplate>,
     /// LongCat: quoted text in the prompt is tokenized character by character.
@@ -209,7 +217,7 @@ pub struct LlmConditioner {
 impl LlmConditioner {
     pub fn new(weights: &Arc<Weights>, template: LlmTemplate, place: &Placement, n_threads: i32, resident: bool) -> Result<LlmConditioner> {
         let llm = LlmText::open(weights, template.arch, place, n_threads, resident)?;
-        Ok(LlmConditioner { llm, template, vision: None, ref_image_template: None, spell_quotes: false })
+        Ok(LlmConditioner { llm, template, vision: None, edit: qwen_edit::QWEN_EDIT, ref_image_template: None, spell_quotes: false })
     }
 
     /// Quoted text in prompts is spelled out ([`tokenize_spelled`]).
@@ -223,9 +231,10 @@ impl LlmConditioner {
         LlmConditioner { ref_image_template: Some(template), ..self }
     }
 
-    /// Adds the vision tower of the context's files, if they hold one (Qwen-Image-Edit's
-    /// image prompt); whether one was found.
-    pub fn open_vision(&mut self, weights: &Arc<Weights>, place: &Placement, n_threads: i32, resident: bool) -> Result<bool> {
+    /// Adds the vision tower of the context's files, if they hold one, for the edit prompt
+    /// `edit`; whether one was found.
+    pub fn open_vision(&mut self, weights: &Arc<Weights>, edit: EditTemplate, place: &Placement, n_threads: i32, resident: bool) -> Result<bool> {
+        self.edit = edit;
         self.vision = VisionTower::open(weights, self.llm.config().hidden_size, place, n_threads, resident)?;
         Ok(self.vision.is_some())
     }
@@ -251,9 +260,10 @@ impl Conditioner for LlmConditioner {
         let start = Instant::now();
         let (h, drop) = match (&mut self.vision, self.ref_image_template) {
             (Some(vision), _) if !req.ref_images.is_empty() => {
-                let images = qwen_edit::image_prompt(vision, req.ref_images, &req.refs)?;
+                let images = qwen_edit::image_prompt(vision, req.ref_images, &req.refs, &self.edit)?;
                 let text = format!("{}{}", self.template.lead, req.text);
-                (qwen_edit::encode(&mut self.llm, images, &text, self.template.suffix, self.template.out_layers)?, qwen_edit::DROP_FIRST)
+                let h = qwen_edit::encode(&mut self.llm, &self.edit, images, &text, self.template.suffix, self.template.out_layers, self.spell_quotes)?;
+                (h, self.edit.drop_first)
             }
             (None, Some(t)) if !req.ref_images.is_empty() => {
                 sd_info!("{}", t.pipeline);

@@ -1,8 +1,10 @@
-//! Qwen-Image-Edit's image prompt (the reference's `QwenImageEditPlusPipeline` branch of
-//! its LLM conditioner): with a vision tower, each reference image is resized for it,
-//! encoded, and announced in the user turn as `Picture N: <|vision_start|>` followed by one
-//! `<|image_pad|>` per embedding and `<|vision_end|>`; the LLM reads the embeddings in place
-//! of the pad tokens. The edit system prompt (64 tokens) is dropped from the hidden states.
+//! The edit prompts of the Qwen2.5-VL families (the reference's `QwenImageEditPlusPipeline`
+//! and `LongCatEditPipeline` branches of its LLM conditioner): with a vision tower, each
+//! reference image is resized for it, encoded, and put in the user turn as
+//! `<|vision_start|>`, one `<|image_pad|>` per embedding and `<|vision_end|>` (Qwen-Image
+//! labels each `Picture N: `); the LLM reads the embeddings at token positions the
+//! reference hard-codes per family ([`EditTemplate`]), and the front of the hidden states
+//! is dropped.
 
 use super::llm::LlmText;
 use crate::error::Result;
@@ -13,13 +15,51 @@ use crate::pipeline::ref_images::{RefImageParams, VlmResizeMode};
 use crate::tensor::Tensor;
 use std::sync::Arc;
 
-/// The edit template: its system prompt and the token arithmetic the reference hard-codes
-/// for it (the first image's embeddings start at token 70, after the 64 system tokens and
-/// `Picture 1: <|vision_start|>`; each further image 7 tokens after the previous one's end).
-pub const SYSTEM: &str = "<|im_start|>system\nDescribe the key features of the input image (color, shape, size, texture, objects, background), then explain how the user's text instruction should alter or modify the image. Generate a new image that meets the user's requirements while maintaining consistency with the original input where appropriate.<|im_end|>\n<|im_start|>user\n";
-pub const DROP_FIRST: usize = 64;
-const FIRST_IMAGE_TOKEN: usize = 64 + 6;
-const LABEL_TOKENS: usize = 6;
+/// A family's edit prompt: its system turn and the token arithmetic the reference
+/// hard-codes for it.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct EditTemplate {
+    /// Logged when the edit prompt is used (the reference's pipeline name).
+    pub pipeline: &'static str,
+    pub system: &'static str,
+    /// Each image is announced as `Picture N: ` before its `<|vision_start|>`.
+    pub labels: bool,
+    /// Where the first image's embeddings go, and how far each next one starts after the
+    /// previous one's embeddings end.
+    pub first_image_token: usize,
+    pub image_gap: usize,
+    /// Tokens dropped from the front of the hidden states.
+    pub drop_first: usize,
+    /// Token sequences shorter than this are padded (masked).
+    pub min_length: usize,
+}
+
+/// Qwen-Image-Edit: the first image's embeddings start at token 70, after the 64 system
+/// tokens and `Picture 1: <|vision_start|>`; each further image 7 tokens after the previous
+/// one's end.
+pub const QWEN_EDIT: EditTemplate = EditTemplate {
+    pipeline: "QwenImageEditPlusPipeline",
+    system: "<|im_start|>system\nDescribe the key features of the input image (color, shape, size, texture, objects, background), then explain how the user's text instruction should alter or modify the image. Generate a new image that meets the user's requirements while maintaining consistency with the original input where appropriate.<|im_end|>\n<|im_start|>user\n",
+    labels: true,
+    first_image_token: 64 + 6,
+    image_gap: 1 + 6,
+    drop_first: 64,
+    min_length: 0,
+};
+
+/// LongCat-Image-Edit: the reference drops the 67 tokens of the system turn and pads to 579,
+/// but puts the embeddings at token 42 (each next image 7 tokens after the previous one's
+/// end), inside the system turn: they replace system tokens rather than the pad tokens (the
+/// reference's arithmetic, kept; a warning says so).
+pub const LONGCAT_EDIT: EditTemplate = EditTemplate {
+    pipeline: "LongCatEditPipeline",
+    system: "<|im_start|>system\nAs an image editing expert, first analyze the content and attributes of the input image(s). Then, based on the user's editing instructions, clearly and precisely determine how to modify the given image(s), ensuring that only the specified parts are altered and all other aspects remain consistent with the original(s).<|im_end|>\n<|im_start|>user\n",
+    labels: false,
+    first_image_token: 36 + 6,
+    image_gap: 1 + 6,
+    drop_first: 67,
+    min_length: 512 + 67,
+};
 /// The vision input's default pixel bounds (squared in area mode).
 const MIN_SIZE: i32 = 384;
 const MAX_SIZE: i32 = 560;
@@ -135,13 +175,14 @@ pub struct ImagePrompt {
     pub images: Vec<(usize, Tensor)>,
 }
 
-/// Encodes `ref_images` (`[W, H, 3, 1]` in [0, 1]) with `tower` into an [`ImagePrompt`].
-pub fn image_prompt(tower: &mut VisionTower, ref_images: &[Tensor], refs: &RefImageParams) -> Result<ImagePrompt> {
-    sd_info!("QwenImageEditPlusPipeline");
+/// Encodes `ref_images` (`[W, H, 3, 1]` in [0, 1]) with `tower` into an [`ImagePrompt`] of
+/// `template`.
+pub fn image_prompt(tower: &mut VisionTower, ref_images: &[Tensor], refs: &RefImageParams, template: &EditTemplate) -> Result<ImagePrompt> {
+    sd_info!("{}", template.pipeline);
     let (min, max) = bounds(refs);
     let factor = tower.config().factor() as i32;
     let mut prompt = ImagePrompt { text: String::new(), images: Vec::new() };
-    let mut index = FIRST_IMAGE_TOKEN;
+    let mut index = template.first_image_token;
     for (i, image) in ref_images.iter().enumerate() {
         let (width, height) = (image.ne(0) as i32, image.ne(1) as i32);
         let (w, h) = vision_size(width, height, factor, min, max, refs.vlm_resize_mode);
@@ -150,19 +191,22 @@ pub fn image_prompt(tower: &mut VisionTower, ref_images: &[Tensor], refs: &RefIm
         let embeds = tower.encode(&qwen_vision::preprocess(image, w as usize, h as usize)?)?;
         let n = embeds.ne(1);
         prompt.images.push((index, embeds));
-        index += 1 + n + LABEL_TOKENS;
-        prompt.text.push_str(&format!("Picture {}: <|vision_start|>", i + 1));
+        index += n + template.image_gap;
+        if template.labels {
+            prompt.text.push_str(&format!("Picture {}: ", i + 1));
+        }
+        prompt.text.push_str("<|vision_start|>");
         prompt.text.push_str(&"<|image_pad|>".repeat(n));
         prompt.text.push_str("<|vision_end|>");
     }
     Ok(prompt)
 }
 
-/// Runs `llm` on the edit template around `text` with the image prompt spliced in: hidden
-/// states `[width, L, 1]` of the whole sequence (the caller drops [`DROP_FIRST`]).
-pub fn encode(llm: &mut LlmText, images: ImagePrompt, text: &str, suffix: &str, out_layers: &[i32]) -> Result<Tensor> {
-    let prefix = format!("{SYSTEM}{}", images.text);
-    let tokens = super::llm::tokenize_parts(llm.tokenizer(), &prefix, text, suffix, 0);
+/// Runs `llm` on `template` around `text` with the image prompt spliced in: hidden states
+/// `[width, L, 1]` of the whole sequence (the caller drops `template.drop_first`).
+pub fn encode(llm: &mut LlmText, template: &EditTemplate, images: ImagePrompt, text: &str, suffix: &str, out_layers: &[i32], spell_quotes: bool) -> Result<Tensor> {
+    let prefix = format!("{}{}", template.system, images.text);
+    let tokens = super::llm::tokenize_edit(llm.tokenizer(), &prefix, text, suffix, template.min_length, spell_quotes);
     for (index, rows) in &images.images {
         let pads = tokens.ids.get(*index..index + rows.ne(1)).unwrap_or_default();
         if pads.iter().any(|&t| t != IMAGE_PAD) {
@@ -199,19 +243,30 @@ mod tests {
     #[test]
     fn image_tokens_land_on_the_pads() {
         let tok = qwen_tokenizer::shared().unwrap();
-        assert_eq!(tok.encode(SYSTEM).len(), DROP_FIRST);
+        let t = QWEN_EDIT;
+        assert_eq!(tok.encode(t.system).len(), t.drop_first);
         let mut text = String::new();
-        let mut index = FIRST_IMAGE_TOKEN;
+        let mut index = t.first_image_token;
         let mut starts = Vec::new();
         for (i, n) in [3usize, 2].iter().enumerate() {
             starts.push(index);
-            index += 1 + n + LABEL_TOKENS;
+            index += n + t.image_gap;
             text.push_str(&format!("Picture {}: <|vision_start|>{}<|vision_end|>", i + 1, "<|image_pad|>".repeat(*n)));
         }
-        let ids = tok.encode(&format!("{SYSTEM}{text}make it blue"));
+        let ids = tok.encode(&format!("{}{text}make it blue", t.system));
         assert_eq!(&ids[starts[0]..starts[0] + 3], &[IMAGE_PAD; 3]);
         assert_eq!(ids[starts[0] - 1], IMAGE_PAD - 3, "<|vision_start|> before the pads");
         assert_eq!(&ids[starts[1]..starts[1] + 2], &[IMAGE_PAD; 2]);
         assert_eq!(ids[starts[1] + 2], IMAGE_PAD - 2, "<|vision_end|> after them");
+    }
+
+    /// LongCat drops its 67-token system turn, but its hard-coded first image position lies
+    /// inside that turn, so the embeddings replace system tokens (the reference's arithmetic).
+    #[test]
+    fn longcat_edit_positions_are_the_references() {
+        let tok = qwen_tokenizer::shared().unwrap();
+        let system = tok.encode(LONGCAT_EDIT.system).len();
+        assert_eq!(system, LONGCAT_EDIT.drop_first);
+        assert!(LONGCAT_EDIT.first_image_token < system);
     }
 }

@@ -15,6 +15,7 @@ use crate::models::te::llm::LlmArch;
 use crate::models::vae::{FirstStage, PixelSpace};
 use crate::pipeline::conditioning::flux::{T5Conditioner, T5TextOptions, FluxConditioner};
 use crate::pipeline::conditioning::llm::{LlmConditioner, LlmTemplate};
+use crate::pipeline::conditioning::qwen_edit;
 use crate::pipeline::conditioning::Conditioner;
 use crate::runtime::args::{parse_key_value_args, parse_strict_bool};
 use crate::types::Prediction;
@@ -87,9 +88,7 @@ pub(super) fn build(ctx: &mut BuildCtx<'_>, variant: FluxVariant) -> Result<Part
         let mut cond = LlmConditioner::new(weights, template, &te_place, n_threads, params.eager_load)?;
         if longcat {
             cond = cond.with_spelled_quotes();
-            if weights.has_prefix(crate::models::te::qwen_vision::VISION_PREFIX) {
-                sd_warn!("LongCat-Image's edit prompt (reference images read by the LLM's vision tower) is not supported yet: the vision tower is not loaded and reference images condition the transformer only");
-            }
+            cond.open_vision(weights, qwen_edit::LONGCAT_EDIT, &te_place, n_threads, params.eager_load)?;
         }
         let width = cond.context_width() as i64;
         ensure!(

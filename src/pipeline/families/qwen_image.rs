@@ -18,6 +18,7 @@ use crate::graph::Module;
 use crate::models::diffusion::qwen_image::{QwenImageConfig, QwenImageModel};
 use crate::models::te::llm::LlmArch;
 use crate::pipeline::conditioning::llm::{LlmConditioner, LlmTemplate};
+use crate::pipeline::conditioning::qwen_edit;
 use crate::runtime::args::{parse_key_value_args, parse_strict_bool};
 use crate::types::Prediction;
 
@@ -64,7 +65,7 @@ pub(super) fn build(ctx: &mut BuildCtx<'_>) -> Result<Parts> {
     let mut cond = LlmConditioner::new(weights, QWEN_IMAGE_TEMPLATE, &te_place, n_threads, params.eager_load)?;
     // Like the reference, Layered never describes its input image to the LLM.
     if !ctx.spec.is_layered() {
-        cond.open_vision(weights, &te_place, n_threads, params.eager_load)?;
+        cond.open_vision(weights, qwen_edit::QWEN_EDIT, &te_place, n_threads, params.eager_load)?;
     }
     let width = cond.context_width();
     ensure!(

@@ -33,6 +33,8 @@ pub struct Context {
     prediction: Prediction,
     /// The family generates video (`generate_video`) rather than pictures.
     video: bool,
+    /// An SD 1.x model with AnimateDiff motion modules: pictures, and video frames too.
+    animated: bool,
     /// What the context was created with: requests warn about its ignored fields.
     params: CtxParams,
     sd: Mutex<ModelSet>,
@@ -43,8 +45,9 @@ impl Context {
     pub fn new(params: &CtxParams) -> Result<Context> {
         let sd = ModelSet::new(params)?;
         let video = sd.spec.video().is_some();
+        let animated = sd.animates_frames();
         let (family, prediction) = (sd.family(), sd.prediction);
-        Ok(Context { cancel: Arc::new(CancelFlag::new()), family, prediction, video, params: params.clone(), sd: Mutex::new(sd) })
+        Ok(Context { cancel: Arc::new(CancelFlag::new()), family, prediction, video, animated, params: params.clone(), sd: Mutex::new(sd) })
     }
 
     /// Like the reference: every family that does not generate video generates pictures.
@@ -53,7 +56,7 @@ impl Context {
     }
 
     pub fn supports_video_generation(&self) -> bool {
-        self.video
+        self.video || self.animated
     }
 
     /// Loads (or replaces) the ControlNet without reloading anything else. Not safe while a

@@ -21,6 +21,8 @@ pub enum Use {
     NeedsHighNoise(&'static str),
     /// Acts only on Wan VACE models; warns like `Warns` otherwise.
     NeedsVace(&'static str),
+    /// Acts only with AnimateDiff motion modules loaded; warns like `Warns` otherwise.
+    NeedsMotionModules(&'static str),
     /// Warned about where the context is built (`families::ModelSet::new`) when the loaded
     /// family has no use for it.
     AtLoad,
@@ -36,6 +38,8 @@ const IP_ADAPTER: Use = Warns("IP-Adapter is not supported yet");
 /// mask checks change nothing; its TaylorSeer terms are never used): no effect here either.
 const DIT_CACHE_UNREAD: Use = Warns("cache-dit decides each step from the input change alone (as the reference does), this option has no effect");
 const EXPERT: Use = NeedsHighNoise("no high noise diffusion model is loaded");
+/// Read by AnimateDiff's picture job; otherwise only by LTX.
+const LTX_OR_ANIMATEDIFF: Use = NeedsMotionModules("only LTX video models and AnimateDiff read it and this build has no LTX");
 
 /// Every field of the three request structs and the structs they hold, by C struct.
 pub const FIELDS: &[(&str, &[(&str, Use)])] = &[
@@ -48,7 +52,7 @@ pub const FIELDS: &[(&str, &[(&str, Use)])] = &[
             ("uncond_diffusion_model_path", Warns("unconditional diffusion models are not supported yet")),
             ("embeddings_connectors_path", LTX), ("vae_path", Acts), ("audio_vae_path", LTX), ("taesd_path", Acts),
             ("control_net_path", Acts), ("ip_adapter_path", IP_ADAPTER),
-            ("motion_module_path", Warns("AnimateDiff motion modules are not supported yet")),
+            ("motion_module_path", AtLoad),
             ("embeddings", Acts), ("embedding_count", Acts), ("photo_maker_path", PHOTOMAKER), ("pulid_weights_path", PULID),
             ("tensor_type_rules", Acts), ("n_threads", Acts), ("wtype", Acts), ("rng_type", Acts),
             ("sampler_rng_type", Acts), ("prediction", Acts), ("lora_apply_mode", Acts), ("enable_mmap", Acts),
@@ -80,9 +84,9 @@ pub const FIELDS: &[(&str, &[(&str, Use)])] = &[
             ("ref_videos", LTX), ("ref_videos_count", Covered), ("ref_audios", LTX), ("ref_audios_count", Covered),
             ("control_frames", Acts), ("control_frames_size", Acts), ("width", Acts), ("height", Acts),
             ("sample_params", Acts), ("high_noise_sample_params", EXPERT), ("moe_boundary", EXPERT),
-            ("strength", LTX), ("seed", Acts), ("video_frames", Acts), ("fps", LTX),
+            ("strength", LTX_OR_ANIMATEDIFF), ("seed", Acts), ("video_frames", Acts), ("fps", LTX),
             ("vace_strength", NeedsVace("only Wan VACE models read it")), ("vae_tiling_params", Acts),
-            ("cache", Acts), ("hires", LTX), ("circular_x", Acts), ("circular_y", Acts),
+            ("cache", Acts), ("hires", LTX_OR_ANIMATEDIFF), ("circular_x", Acts), ("circular_y", Acts),
         ],
     ),
     ("sd_lora_t", &[("is_high_noise", Acts), ("multiplier", Acts), ("path", Acts)]),
@@ -156,11 +160,13 @@ pub fn rule(strukt: &str, field: &str) -> Option<Use> {
 pub struct ModelFacts {
     pub high_noise: bool,
     pub vace: bool,
+    /// AnimateDiff motion modules are loaded.
+    pub motion_modules: bool,
 }
 
 impl ModelFacts {
     pub fn of(ms: &ModelSet) -> ModelFacts {
-        ModelFacts { high_noise: ms.high_noise.is_some(), vace: matches!(ms.video_cond, VideoCond::Vace) }
+        ModelFacts { high_noise: ms.high_noise.is_some(), vace: matches!(ms.video_cond, VideoCond::Vace), motion_modules: ms.animates_frames() }
     }
 }
 
@@ -170,6 +176,7 @@ fn warning(strukt: &str, field: &str, path: &str, set: bool, facts: ModelFacts) 
         Warns(why) => why,
         NeedsHighNoise(why) if !facts.high_noise => why,
         NeedsVace(why) if !facts.vace => why,
+        NeedsMotionModules(why) if !facts.motion_modules => why,
         _ => return None,
     };
     set.then(|| format!("{why}; ignoring {path}"))
@@ -187,7 +194,6 @@ fn ctx_warnings(c: &CtxParams, facts: ModelFacts) -> Vec<String> {
         ("embeddings_connectors_path", given(&c.embeddings_connectors_path)),
         ("audio_vae_path", given(&c.audio_vae_path)),
         ("ip_adapter_path", given(&c.ip_adapter_path)),
-        ("motion_module_path", given(&c.motion_module_path)),
         ("photo_maker_path", given(&c.photo_maker_path)),
         ("pulid_weights_path", given(&c.pulid_weights_path)),
         ("vae_format", c.vae_format != d.vae_format),

@@ -21,6 +21,7 @@ use crate::runtime::rng::{randn_like, GenerationRngs, Rng};
 use crate::runtime::tiling::{retry_tiling, vae_circular, TilingParams};
 use crate::tensor::Tensor;
 use crate::types::Prediction;
+use std::borrow::Cow;
 use std::cell::RefCell;
 use std::time::Instant;
 
@@ -114,6 +115,26 @@ fn ref_image_for_vae(img: &Image, r: &Request, multiple: usize, channels: usize)
     resize_nearest(&t, &[tw, th, channels, 1])
 }
 
+/// The batch of `frames` latents `[W, H, C, frames]` that each start as `latent` `[W, H, C, 1]`.
+fn repeat_frames(latent: Tensor, frames: usize) -> Result<Tensor> {
+    if frames == 1 {
+        return Ok(latent);
+    }
+    let shape = [latent.ne(0), latent.ne(1), latent.ne(2), frames];
+    Tensor::from_vec(&shape, latent.data().repeat(frames))
+}
+
+/// Frame `f` `[W, H, C, 1]` of a batch of frames `[W, H, C, N]`.
+fn batch_frame(latents: &Tensor, f: usize) -> Result<Tensor> {
+    let size = latents.ne(0) * latents.ne(1) * latents.ne(2);
+    ensure!(latents.shape().len() <= 4 && f < latents.ne(3), "no frame {f} in latents of shape {:?}", latents.shape());
+    Tensor::from_vec(&[latents.ne(0), latents.ne(1), latents.ne(2), 1], latents.data()[f * size..(f + 1) * size].to_vec())
+}
+
+/// `frames` > 1: AnimateDiff's batch of video frames, each starting from the init latent
+/// (the encoded init image, or zeros); the other latents stay single frames the diffusion
+/// model broadcasts.
+#[allow(clippy::too_many_arguments)]
 fn prepare(
     ms: &mut ModelSet,
     p: &ImgGenParams,
@@ -148,6 +169,7 @@ fn prepare(
         None => None,
     };
     let inpaint = matches!(concat_kind, Concat::Inpaint | Concat::FluxFill | Concat::Flex2);
+    frames: usize,
     if inpaint && (init_image.is_none() || mask.is_none()) {
         sd_warn!("inpainting model requires both an init image and a mask image.");
     }
@@ -289,6 +311,7 @@ fn encode_conditions(
         let mut u = ms.cond.encode(&negative)?;
         if u.concat.is_none() && pass_concat {
             u.concat = concat.clone();
+    let init_latent = repeat_frames(init_latent, frames)?;
         }
         Some(u)
     } else {
@@ -380,14 +403,23 @@ pub(super) fn sample_image(
     sampling::sample(&mut job, stage, &prepared.init_latent, rng)
 }
 
-/// Decodes final latents to images (`layers` pictures from each stack of a layered family);
-/// fewer when cancelled meanwhile (none is an error).
-fn decode_all(ms: &mut ModelSet, latents: &[Tensor], layers: Option<usize>, tiling: &TilingParams, circular: (bool, bool), cancel: &CancelFlag) -> Result<Vec<Image>> {
+/// How the pictures of one final latent are laid out.
+#[derive(Clone, Copy)]
+enum Pictures {
+    One,
+    /// The first `n` layers of a stack (layered families).
+    Layers(usize),
+    /// Each of a batch of `n` video frames (AnimateDiff).
+    Frames(usize),
+}
+
+/// Decodes final latents to images; fewer when cancelled meanwhile (none is an error).
+fn decode_all(ms: &mut ModelSet, latents: &[Tensor], pictures: Pictures, tiling: &TilingParams, circular: (bool, bool), cancel: &CancelFlag) -> Result<Vec<Image>> {
     sd_info!("decoding {} latents", latents.len());
     let start = Instant::now();
     let fs = ms.first_stage.as_mut();
     fs.begin()?;
-    let images = decode_each(fs, latents, layers, tiling, circular, cancel);
+    let images = decode_each(fs, latents, pictures, tiling, circular, cancel);
     fs.end();
     let images = images?;
     sd_info!("decode_first_stage completed, taking {:.2}s", start.elapsed().as_secs_f32());
@@ -415,7 +447,7 @@ pub(super) fn decode_latent(fs: &mut dyn FirstStage, lat: &Tensor, tiling: &Tili
 fn decode_each(
     fs: &mut dyn FirstStage,
     latents: &[Tensor],
-    layers: Option<usize>,
+    pictures: Pictures,
     tiling: &TilingParams,
     circular: (bool, bool),
     cancel: &CancelFlag,
@@ -427,14 +459,22 @@ fn decode_each(
             break;
         }
         let t = Instant::now();
-        let pieces = picture_latents(lat, layers)?;
+        let pieces = match pictures {
+            Pictures::Frames(n) => (0..n).map(|f| batch_frame(lat, f).map(Cow::Owned)).collect::<Result<Vec<_>>>()?,
+            Pictures::Layers(n) => picture_latents(lat, Some(n))?,
+            Pictures::One => picture_latents(lat, None)?,
+        };
         for (layer, piece) in pieces.iter().enumerate() {
-            // Between the layers of a stack too.
+            // Between the layers of a stack (the frames of a video) too.
             if layer > 0 && cancel.stop_now() {
                 sd_error!("cancelling latent decodings");
                 break 'latents;
             }
-            let what = if layers.is_some() { format!("latent {} layer {}", i + 1, layer + 1) } else { format!("latent {}", i + 1) };
+            let what = match pictures {
+                Pictures::One => format!("latent {}", i + 1),
+                Pictures::Layers(_) => format!("latent {} layer {}", i + 1, layer + 1),
+                Pictures::Frames(n) => format!("AnimateDiff frame {}/{n}", layer + 1),
+            };
             let decoded = decode_latent(fs, piece, tiling, circular).map_err(|e| Error::new(format!("decode_first_stage failed for {what}: {e}")))?;
             images.push(tensor_to_image(&decoded, 0)?);
         }
@@ -471,10 +511,20 @@ pub fn generate_image(ms: &mut ModelSet, p: &ImgGenParams, cancel: &CancelFlag) 
 
     let mut rngs = GenerationRngs::new(ms.rng_type, ms.sampler_rng_type);
     rngs.manual_seed(r.seed as u64);
+    generate(ms, p, 1, cancel)
+}
+
+/// AnimateDiff's video: the request's one latent as a batch of `frames` frames that the
+/// UNet's motion modules relate, each decoded to its picture (`p.batch_count` is 1).
+pub(super) fn generate_frames(ms: &mut ModelSet, p: &ImgGenParams, frames: usize, cancel: &CancelFlag) -> Result<Vec<Image>> {
+    generate(ms, p, frames, cancel)
+}
+
+fn generate(ms: &mut ModelSet, p: &ImgGenParams, frames: usize, cancel: &CancelFlag) -> Result<Vec<Image>> {
     let default_shift = ms.default_flow_shift;
     ms.denoiser.set_flow_shift(unset_if_infinite(p.sample_params.flow_shift), default_shift);
     let mut plan = resolve_plan(ms, p, &r)?;
-    let mut prepared = prepare(ms, p, &mut r, &mut plan, &tiling, circular, &mut rngs)?;
+    let mut prepared = prepare(ms, p, &mut r, &mut plan, &tiling, circular, &mut rngs, frames)?;
 
     let mut finals = Vec::new();
     let start = Instant::now();
@@ -506,8 +556,14 @@ pub fn generate_image(ms: &mut ModelSet, p: &ImgGenParams, cancel: &CancelFlag) 
         finals = super::hires::run(ms, h, p, &r, &plan, &mut prepared, finals, &tiling, circular, &mut rngs, cancel)?;
     }
     finals.iter().for_each(record_final_latent);
-    let layers = ms.spec.is_layered().then_some(r.layers + 1);
-    let images = decode_all(ms, &finals, layers, &tiling, circular, cancel)?;
+    let pictures = if frames > 1 {
+        Pictures::Frames(frames)
+    } else if ms.spec.is_layered() {
+        Pictures::Layers(r.layers + 1)
+    } else {
+        Pictures::One
+    };
+    let images = decode_all(ms, &finals, pictures, &tiling, circular, cancel)?;
     sd_info!("generate_image completed in {:.2}s", t0.elapsed().as_secs_f32());
     Ok(images)
 }

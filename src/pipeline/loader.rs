@@ -34,6 +34,7 @@ fn sources(params: &CtxParams) -> Vec<(Component, &str, &'static str)> {
         (Component::LlmVision, &params.llm_vision_path, "llm vision"),
         (Component::Vae, &params.vae_path, "vae"),
         (Component::Taesd, &params.taesd_path, "tae"),
+        (Component::MotionModule, &params.motion_module_path, "motion module (AnimateDiff)"),
     ];
     named
         .into_iter()

@@ -1,4 +1,5 @@
-//! `generate_video` for the video families (Wan 2.x): the request resolved like the
+//! `generate_video` for the video families (Wan 2.x; SD 1.x with AnimateDiff motion modules
+//! goes to `animatediff`): the request resolved like the
 //! reference (sizes aligned up, frames aligned down to whole latent frames), the latents and
 //! conditions of the model's mode (text-to-video; TI2V's first and last frames fixed in the
 //! latent; I2V's and FLF2V's encoded frames and CLIP-vision tokens; VACE's control video),
@@ -462,6 +463,10 @@ fn decode(ms: &mut ModelSet, latent: &Tensor, frames: usize, tiling: &TilingPara
 
 /// Text (and image) to video: the frames, as many as the request after alignment.
 pub fn generate_video(ms: &mut ModelSet, p: &VidGenParams, cancel: &CancelFlag) -> Result<Vec<Image>> {
+    if ms.animates_frames() {
+        check_params(p)?;
+        return super::animatediff::generate_video(ms, p, cancel);
+    }
     ms.weights.validate()?;
     let format = *ms
         .spec

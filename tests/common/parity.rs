@@ -232,6 +232,7 @@ pub fn ctx_params(model: &str, ctx: &Value, arena: &mut Arena) -> sd_ctx_params_
             "llm_path" => p.llm_path = arena.str(v.as_str().unwrap()),
             "llm_vision_path" => p.llm_vision_path = arena.str(v.as_str().unwrap()),
             "control_net_path" => p.control_net_path = arena.str(v.as_str().unwrap()),
+            "motion_module_path" => p.motion_module_path = arena.str(v.as_str().unwrap()),
             "wtype" => p.wtype = sd_type_t(enum_value(v)),
             "force_sdxl_vae_conv_scale" => p.force_sdxl_vae_conv_scale = CBool(v.as_bool().unwrap() as u8),
             "tae_preview_only" => p.tae_preview_only = CBool(v.as_bool().unwrap() as u8),
@@ -456,6 +457,8 @@ pub fn vid_params(params: &Value, arena: &mut Arena) -> sd_vid_gen_params_t {
                 arena.loras.push(list);
             }
             "hires.enabled" => p.hires.enabled = CBool(v.as_bool().unwrap() as u8),
+            "hires.scale" => p.hires.scale = num(v) as f32,
+            "hires.steps" => p.hires.steps = num(v) as c_int,
             "vae_tiling_params.enabled" => p.vae_tiling_params.enabled = CBool(v.as_bool().unwrap() as u8),
             "vae_tiling_params.temporal_tiling" => p.vae_tiling_params.temporal_tiling = CBool(v.as_bool().unwrap() as u8),
             "vae_tiling_params.tile_size_x" => p.vae_tiling_params.tile_size_x = num(v) as c_int,

@@ -145,7 +145,35 @@ def _lora(file, multiplier, high_noise=False):
     return {"path": "{fx}/loras/" + file, "multiplier": multiplier, "is_high_noise": high_noise}
 
 
+AD = {"model_path": "{fx}/sd1.safetensors", "motion_module_path": "{fx}/animatediff_sd15.safetensors"}
+AD_NOTE_64 = ("at 64x64 the lowest UNet level is 1x1: the reference's motion module takes the permuted "
+              "[1, 1, C, F] view for contiguous and ggml_add aborts (nb00 == sizeof(src0_t)). Ours renders")
+
 SETS = {
+    "animatediff": {
+        # SD 1.x + an AnimateDiff motion module (mm_sd_v15_v2 layout): generate_video renders the
+        # frames as one batch through generate_image (default sampler euler_a)
+        "model": "sd1.safetensors",
+        "fixtures": ["sd1.safetensors", "animatediff_sd15.safetensors"],
+        "cases": [
+            _case("ad_4frames_128x64", AD, _params(steps=2, frames=4, w=128)),
+            _case("ad_8frames_cfg5_negative", AD, _params(steps=3, frames=8, w=64, h=128, seed=7, cfg=5.0,
+                                                          negative_prompt="blurry, static")),
+            _case("ad_16frames_dpmpp2m_karras", AD, _params(steps=3, frames=16, w=128, seed=123,
+                                                            **{"sample_params.sample_method": "DPMPP2M_SAMPLE_METHOD",
+                                                               "sample_params.scheduler": "KARRAS_SCHEDULER"})),
+            _case("ad_img2img_8frames", AD, _params(steps=4, frames=8, w=128, seed=5, strength=0.6,
+                                                    init_image="init_96x64.png")),
+            _case("ad_40frames_capped_32", AD, _params(steps=1, frames=40, w=128, seed=9),
+                  note="more than 32 frames are capped to the positional table's 32 (a warning)"),
+            _case("ad_hires_latent_3frames", AD, _params(steps=1, frames=3, h=128, **{"hires.enabled": True, "hires.steps": 1,
+                                                                                 "hires.scale": 1.5}),
+                  note="the hires fix (latent upscaler) on the batch of frames: 64x128 -> 128x192 (aligned up)"),
+            _case("ad_1frame", AD, _params(steps=2, frames=1, w=128, seed=3),
+                  note="one frame: a plain picture, the motion modules do not run"),
+            _case("ad_64x64", AD, _params(steps=2, frames=4), note=AD_NOTE_64),
+        ],
+    },
     "wan-vace": {
         "model": "wan21_vace.safetensors",
         "fixtures": ["wan21_vace.safetensors", "umt5_tiny.safetensors", "wan_vae.safetensors"],

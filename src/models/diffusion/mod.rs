@@ -75,3 +75,8 @@ pub trait DiffusionModel: Components + Send {
     /// `[W, H, C_out, N]`.
     fn compute(&mut self, input: &DiffusionInput<'_>) -> Result<Tensor>;
 }
+
+    /// Whether a batch is the frames of one video (a UNet with AnimateDiff motion modules).
+    fn has_motion_modules(&self) -> bool {
+        false
+    }

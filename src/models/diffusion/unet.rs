@@ -12,6 +12,7 @@
 //!
 //! The reference evaluates the conditional and unconditional branches in separate calls
 //! (batch N = the latent's N); any N ≥ 1 works, with context/c_concat/y of batch 1 broadcast.
+//! With AnimateDiff motion modules (`motion`) a batch of N > 1 is the frames of one video.
 
 use crate::models::common::blocks::{expand_batch, Downsample, EncoderBlock, ResBlock, SpatialTransformer, TimestepEmbed, Upsample};
 use crate::error::{Context as _, Result};
@@ -19,6 +20,9 @@ use crate::graph::nn::{self, Conv2d, GroupNorm};
 use super::{DiffusionInput, DiffusionModel};
 use crate::graph::{Graph, Loaded, Runner, Scope, T};
 use crate::tensor::Tensor;
+use motion::{MotionConfig, MotionModule, MotionModules};
+
+pub mod motion;
 
 /// The UNet variants whose architecture differs (inpaint / pix2pix models only change the
 /// input channel count, which is read from the weights).
@@ -131,6 +135,8 @@ pub struct UNetConfig {
     pub model_channels: i64,
     /// Width of the SDXL size/aesthetic vector `y` (label embedding), None without one.
     pub adm_in_channels: Option<i64>,
+    /// AnimateDiff motion modules to declare (`motion_module.*`), set by the family builder.
+    pub motion: Option<MotionConfig>,
 }
 
 impl UNetConfig {
@@ -152,6 +158,7 @@ impl UNetConfig {
             tiny_unet: false,
             model_channels: 320,
             adm_in_channels: None,
+            motion: None,
         };
         if version.is_sd2() {
             c.context_dim = 1024;
@@ -288,6 +295,14 @@ struct OutputBlock {
     up: Option<Upsample>,
 }
 
+/// A motion module applied to a batch of frames (none for a single picture).
+fn animate<'g>(g: &'g Graph, module: Option<&MotionModule>, h: T<'g>) -> T<'g> {
+    match module {
+        Some(m) if h.ne()[3] > 1 => m.forward(g, h),
+        _ => h,
+    }
+}
+
 #[derive(Clone, Debug)]
 struct MiddleBlock {
     res0: ResBlock,
@@ -306,12 +321,14 @@ impl MiddleBlock {
 }
 
 impl OutputBlock {
-    /// `h` continues the decoder path, `skip` is the matching encoder output.
-    fn forward<'g>(&self, g: &'g Graph, h: T<'g>, skip: T<'g>, emb: T<'g>, context: T<'g>) -> T<'g> {
+    /// `h` continues the decoder path, `skip` is the matching encoder output; `motion`
+    /// runs before the upsampler.
+    fn forward<'g>(&self, g: &'g Graph, h: T<'g>, skip: T<'g>, emb: T<'g>, context: T<'g>, motion: Option<&MotionModule>) -> T<'g> {
         let mut h = self.res.forward(g, h.concat(skip, 2), Some(emb));
         if let Some(a) = &self.attn {
             h = a.forward(g, h, context);
         }
+        h = animate(g, motion, h);
         match &self.up {
             Some(u) => u.forward(g, h),
             None => h,
@@ -330,6 +347,7 @@ pub struct UNetModel {
     output_blocks: Vec<OutputBlock>,
     out_norm: GroupNorm,
     out_conv: Conv2d,
+    motion: Option<MotionModules>,
 }
 
 impl UNetModel {
@@ -421,6 +439,7 @@ impl UNetModel {
 
         let out_norm = GroupNorm::gn32(s, "out.0", ch);
         let out_conv = Conv2d::square(s, "out.2", mc, cfg.out_channels, 3, 1, 1);
+        let motion = cfg.motion.map(|m| MotionModules::new(&mut s.sub("motion_module"), m));
         UNetModel {
             config: cfg.clone(),
             embed,
@@ -430,7 +449,13 @@ impl UNetModel {
             output_blocks,
             out_norm,
             out_conv,
+            motion,
         }
+    }
+
+    /// Whether AnimateDiff motion modules relate the items of a batch as frames.
+    pub fn has_motion_modules(&self) -> bool {
+        self.motion.is_some()
     }
 
     /// Number of ControlNet residuals `forward` takes: one per skip connection, then the middle.
@@ -467,6 +492,8 @@ impl UNetModel {
     /// - y: [adm_in_channels, N or 1] (SDXL);
     /// - controls: empty or `num_controls()` residuals, each added × `control_strength`.
     ///
+    /// With motion modules, a batch of N > 1 is N frames of one video.
+    ///
     /// Returns [W, H, out_channels, N]. Shapes must have been checked (`check_inputs`).
     #[allow(clippy::too_many_arguments)]
     pub fn forward<'g>(
@@ -494,15 +521,20 @@ impl UNetModel {
         // block and each output block.
         let mut h = g.mark_cut(self.input_conv.forward(g, x), "unet.input_blocks.0");
         let mut skips = vec![h];
+        let motion = self.motion.as_ref();
         for (i, block) in self.input_blocks.iter().enumerate() {
             h = block.forward(g, h, emb, context);
             if matches!(block, EncoderBlock::Res { .. }) {
+                // Motion modules exist only for the full SD 1.x layout, where input block
+                // i + 1 is `input_blocks.{i + 1}`.
+                h = animate(g, motion.and_then(|m| m.after_input(i + 1)), h);
                 h = g.mark_cut(h, &format!("unet.input_blocks.{}", i + 1));
             }
             skips.push(h);
         }
         if let Some(m) = &self.middle {
-            h = g.mark_cut(m.forward(g, h, emb, context), "unet.middle_block");
+            let mid = m.forward(g, h, emb, context);
+            h = g.mark_cut(animate(g, motion.and_then(MotionModules::after_middle), mid), "unet.middle_block");
         }
         let mut controls = controls.iter().rev();
         if let Some(&c) = controls.next() {
@@ -513,7 +545,7 @@ impl UNetModel {
             if let Some(&c) = controls.next() {
                 skip = skip.add(nn::scale(c, control_strength, true));
             }
-            h = block.forward(g, h, skip, emb, context);
+            h = block.forward(g, h, skip, emb, context, motion.and_then(|m| m.after_output(k)));
             h = g.mark_cut(h, &format!("unet.output_blocks.{k}"));
         }
         self.head(g, h)
@@ -540,6 +572,11 @@ impl UNetModel {
         let m = c.size_multiple();
         ensure!(w % m == 0 && h % m == 0, "UNet latent size {w}x{h} must be a multiple of {m}");
         ensure!(n_timesteps == n, "UNet got {n_timesteps} timesteps for a batch of {n}");
+        ensure!(
+            self.motion.is_none() || n as i64 <= motion::MAX_FRAMES,
+            "AnimateDiff motion modules relate at most {} frames, got {n}",
+            motion::MAX_FRAMES
+        );
         let mut channels = x.ne(2) as i64;
         if let Some(cc) = c_concat {
             ensure!(
@@ -595,6 +632,10 @@ impl DiffusionModel for Loaded<UNetModel> {
         let context = c.crossattn.as_ref().context("the UNet needs a cross-attention context")?;
         let (model, runner) = self.parts();
         compute(runner, model, input.x, input.timesteps, context, c.concat.as_ref(), c.vector.as_ref(), input.controls, input.control_strength)
+    }
+
+    fn has_motion_modules(&self) -> bool {
+        self.model.has_motion_modules()
     }
 }
 

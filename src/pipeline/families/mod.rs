@@ -165,6 +165,9 @@ pub enum VideoCond {
     /// Text only (T2V): init and end images are ignored with a warning.
     Text,
     /// Wan2.2 TI2V: the first (and last) latent frame is the encoded picture, kept fixed.
+    /// Takes AnimateDiff motion modules (`motion_module_path`: SD 1.x, its inpaint and
+    /// instruct-pix2pix UNets); `generate_video` then renders frames as one batch.
+    pub motion_modules: bool,
     FixedFrames,
     /// Wan I2V / FLF2V: a video of the start (and end) picture over grey is encoded and
     /// concatenated with a 4-channel frame mask; `clip`: CLIP-vision tokens of the start
@@ -277,6 +280,7 @@ const fn dit16_latent(scale_factor: f32, shift_factor: f32) -> LatentFormat {
 
 const fn dit_family(defaults: ModelFamily, arch: Arch, latent: LatentFormat, preview: &'static Projection, concat: Concat, prediction: Prediction) -> FamilySpec {
     FamilySpec {
+        motion_modules: false,
         defaults,
         arch,
         latent,
@@ -306,6 +310,7 @@ const fn flux_family(variant: FluxVariant, concat: Concat) -> FamilySpec {
         ref_latents: true,
         ref_latent_img_cfg: plain,
         ref_image_preset: Some("flux_kontext"),
+        motion_modules: false,
         ..dit_family(ModelFamily::Flux, Arch::Flux { variant }, FLUX_LATENT, &preview::FLUX, concat, Prediction::FluxFlow)
     }
 }
@@ -403,9 +408,9 @@ use Concat::{Edit, Inpaint};
 use ModelFamily as F;
 use UNetVersion as U;
 
-static SD1: FamilySpec = unet_family(F::Sd1, U::Sd1, Concat::None);
-static SD1_INPAINT: FamilySpec = unet_family(F::Sd1, U::Sd1, Inpaint);
-static SD1_PIX2PIX: FamilySpec = unet_family(F::Sd1, U::Sd1, Edit);
+static SD1: FamilySpec = with_motion_modules(unet_family(F::Sd1, U::Sd1, Concat::None));
+static SD1_INPAINT: FamilySpec = with_motion_modules(unet_family(F::Sd1, U::Sd1, Inpaint));
+static SD1_PIX2PIX: FamilySpec = with_motion_modules(unet_family(F::Sd1, U::Sd1, Edit));
 static SD1_TINY: FamilySpec = unet_family(F::Sd1, U::Sd1Tiny, Concat::None);
 static SDXS_512: FamilySpec = with_tae(unet_family(F::Sd1, U::Sdxs512Ds, Concat::None));
 static SD2: FamilySpec = unet_family(F::Sd2, U::Sd2, Concat::None);
@@ -426,6 +431,10 @@ static CHROMA_RADIANCE: FamilySpec = chroma_radiance_family();
 static OVIS_IMAGE: FamilySpec = flux_family(FluxVariant::Ovis, Concat::None);
 static LONGCAT: FamilySpec = longcat_family();
 static FLUX2: FamilySpec = flux2_family();
+const fn with_motion_modules(spec: FamilySpec) -> FamilySpec {
+    FamilySpec { motion_modules: true, ..spec }
+}
+
 static Z_IMAGE: FamilySpec = zimage_family();
 static QWEN_IMAGE: FamilySpec = qwen_image_family();
 static QWEN_IMAGE_LAYERED: FamilySpec = qwen_image_layered_family();
@@ -631,6 +640,9 @@ impl ModelSet {
             clip_vision: parts.clip_vision,
             first_stage: parts.first_stage,
             preview: parts.preview,
+        if given(&params.motion_module_path) && !spec.motion_modules {
+            sd_warn!("AnimateDiff motion modules apply to SD 1.x models only, not {}; ignoring motion_module_path", version.name());
+        }
             Arch::ErnieImage => ernie::build(&mut ctx)?,
             control_net: None,
             ctx_params: params.clone(),
@@ -706,6 +718,11 @@ impl ModelSet {
     }
 }
 
+    /// `generate_video` renders frames with AnimateDiff (a motion module is loaded).
+    pub fn animates_frames(&self) -> bool {
+        self.diffusion.has_motion_modules()
+    }
+
 /// The weights LoRAs apply to, like the reference: the conditioner's, the diffusion model's
 /// (and the high-noise expert's: `is_high_noise` LoRAs name its tensors) and the first
 /// stage's components (not a preview-only decoder).
@@ -764,6 +781,8 @@ mod tests {
                     assert!(s.image_channels == 3 && !s.is_layered() && !s.supports_img_cfg(true));
                 }
                 Some(s) => {
+                    // The reference's AnimateDiff versions.
+                    assert_eq!(s.motion_modules, matches!(*v, SdVersion::Sd1 | SdVersion::Sd1Inpaint | SdVersion::Sd1Pix2Pix), "{v}");
                     assert!(s.image_channels == 3 && !s.is_layered() && s.video().is_none());
                     assert!(v.is_flux() || matches!(*v, SdVersion::Sd3 | SdVersion::ZImage), "{v}");
                     assert_eq!((s.latent.size_multiple(), s.latent.channels), (8, 16));

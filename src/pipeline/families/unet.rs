@@ -7,6 +7,7 @@ use super::{first_stage, BuildCtx, Concat, Parts, PredictionRule};
 use crate::error::Result;
 use crate::graph::{Component, Loaded, Module};
 use crate::models::condition::Condition;
+use crate::models::diffusion::unet::motion::MotionConfig;
 use crate::models::diffusion::unet::{UNetConfig, UNetModel, UNetVersion};
 use crate::models::diffusion::{DiffusionInput, DiffusionModel};
 use crate::pipeline::conditioning::clip::{ClipConditioner, ClipSet};
@@ -28,7 +29,22 @@ pub(super) fn build(ctx: &mut BuildCtx<'_>, unet_version: UNetVersion, text: Cli
     let cond = ClipConditioner::new(weights, text, &params.embeddings, &te_place, n_threads)?;
 
     let shape_of = |n: &str| weights.shape_of(n);
-    let unet_cfg = UNetConfig::detect(&shape_of, UNET_PREFIX, Some(unet_version))?;
+    let mut unet_cfg = UNetConfig::detect(&shape_of, UNET_PREFIX, Some(unet_version))?;
+    // Like the reference, the motion module's file joins the checkpoint under
+    // `model.diffusion_model.motion_module.` (other families warn and leave it unread).
+    let motion_path = params.motion_module_path.as_deref().filter(|p| !p.is_empty());
+    if let (Some(path), true) = (motion_path, spec.motion_modules) {
+        match MotionConfig::detect(&shape_of, &format!("{UNET_PREFIX}motion_module.")) {
+            Some(motion) => {
+                MotionConfig::check_unet(unet_cfg.model_channels, &unet_cfg.channel_mult, unet_cfg.num_res_blocks)?;
+                sd_debug!("AnimateDiff motion modules, middle block module: {}", motion.mid_block);
+                unet_cfg.motion = Some(motion);
+            }
+            None => sd_warn!(
+                "'{path}' holds no AnimateDiff motion module (no 'down_blocks.0.motion_modules.0.temporal_transformer.proj_in.weight'); ignoring motion_module_path"
+            ),
+        }
+    }
     ensure!(
         unet_cfg.context_dim as usize == cond.context_dim(),
         "the UNet's cross-attention width {} does not match the text encoders' {}",

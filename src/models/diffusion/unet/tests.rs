@@ -271,7 +271,7 @@ fn blockwise_errors(runner: &mut Runner, unet: &UNetModel, case: &Case, dir: &Pa
             .compute(|g| {
                 let e = g.input(&emb);
                 let ctx = if block.attn.is_some() { g.input(&case.context) } else { e };
-                Ok(block.forward(g, g.input(&h), g.input(&skip), e, ctx))
+                Ok(block.forward(g, g.input(&h), g.input(&skip), e, ctx, None))
             })
             .unwrap();
         check(format!("output_blocks.{k}"), got, read(&format!("out{k}")).data());

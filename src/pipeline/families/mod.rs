@@ -78,13 +78,13 @@ pub enum Arch {
     QwenImage,
     /// Wan 2.x video: UMT5, one or two (high/low-noise) Wan transformers, the Wan VAE.
     Wan,
+    /// ERNIE-Image: a Ministral 3B LLM, the ERNIE-Image transformer and Flux.2's VAE.
+    ErnieImage,
 }
 
 /// Extra latent channels the diffusion model takes next to the noisy latent.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Concat {
-    /// ERNIE-Image: a Ministral 3B LLM, the ERNIE-Image transformer and Flux.2's VAE.
-    ErnieImage,
     None,
     /// Inpainting: the latent mask and the masked image's latent.
     Inpaint,

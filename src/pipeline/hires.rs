@@ -41,6 +41,14 @@ pub struct Hires {
     pub custom_sigmas: Vec<f32>,
 }
 
+impl Hires {
+    /// The upscaler works on the latents (no decoding and encoding again).
+    pub fn in_latent_space(&self) -> bool {
+        use HiresUpscaler as U;
+        matches!(self.upscaler, U::Latent | U::LatentNearest | U::LatentNearestExact | U::LatentAntialiased | U::LatentBicubic | U::LatentBicubicAntialiased)
+    }
+}
+
 /// The hires fix `h` asks for on a request of `width`×`height` (already aligned), or None
 /// when it is off. Like the reference, unusable settings turn it off with a warning
 /// (model upscaler without a model, no scale and no target, a target below one pixel);

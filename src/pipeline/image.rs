@@ -115,6 +115,32 @@ fn ref_image_for_vae(img: &Image, r: &Request, multiple: usize, channels: usize)
     resize_nearest(&t, &[tw, th, channels, 1])
 }
 
+/// Families whose latents have channels in front that the first stage does not make
+/// (SeFi-Image) cannot sample from encoded pictures: the reference's transformer then meets
+/// latents short of those channels and crashes. Refused before any work; reference images
+/// that stay out of the transformer (`pass_to_dit=false`) are harmless.
+fn check_encodable_inputs(ms: &ModelSet, p: &ImgGenParams, r: &Request, hires: Option<&super::hires::Hires>) -> Result<()> {
+    let n = ms.spec.unencoded_channels;
+    if n == 0 {
+        return Ok(());
+    }
+    let why = format!(
+        "the VAE makes the last {} of the model's {} latent channels, not the {n} in front (stable-diffusion.cpp crashes here)",
+        ms.spec.latent.channels - n,
+        ms.spec.latent.channels
+    );
+    let name = ms.version.name();
+    ensure!(p.init_image.is_none(), "{name} cannot start from an init image: {why}");
+    ensure!(
+        p.ref_images.is_empty() || !r.refs.pass_to_dit,
+        "{name} cannot take reference images into its transformer: {why} (ref_image_args \"pass_to_dit=false\" leaves them out)"
+    );
+    if let Some(h) = hires.filter(|h| !h.in_latent_space()) {
+        bail!("{name} cannot use the hires fix's {} upscaler, which encodes the upscaled picture again: {why} (the latent upscalers work)", h.upscaler.name());
+    }
+    Ok(())
+}
+
 /// The batch of `frames` latents `[W, H, C, frames]` that each start as `latent` `[W, H, C, 1]`.
 fn repeat_frames(latent: Tensor, frames: usize) -> Result<Tensor> {
     if frames == 1 {
@@ -143,6 +169,7 @@ fn prepare(
     tiling: &TilingParams,
     circular: (bool, bool),
     rngs: &mut GenerationRngs,
+    frames: usize,
 ) -> Result<Prepared> {
     let (w, h) = (r.width, r.height);
     let latent = ms.spec.latent;
@@ -169,7 +196,6 @@ fn prepare(
         None => None,
     };
     let inpaint = matches!(concat_kind, Concat::Inpaint | Concat::FluxFill | Concat::Flex2);
-    frames: usize,
     if inpaint && (init_image.is_none() || mask.is_none()) {
         sd_warn!("inpainting model requires both an init image and a mask image.");
     }
@@ -285,6 +311,7 @@ fn prepare(
     ms.cond.end();
     let (cond, uncond, img_uncond) = conds?;
     sd_info!("get_learned_condition completed, taking {:.2}s", start.elapsed().as_secs_f32());
+    let init_latent = repeat_frames(init_latent, frames)?;
     Ok(Prepared { init_latent, denoise_mask: Some(denoise_mask), ref_latents, cond, uncond, img_uncond, control_hint })
 }
 
@@ -311,7 +338,6 @@ fn encode_conditions(
         let mut u = ms.cond.encode(&negative)?;
         if u.concat.is_none() && pass_concat {
             u.concat = concat.clone();
-    let init_latent = repeat_frames(init_latent, frames)?;
         }
         Some(u)
     } else {
@@ -485,6 +511,16 @@ fn decode_each(
 
 /// Text/image to image: `batch_count` RGB images, fewer when new latents were cancelled.
 pub fn generate_image(ms: &mut ModelSet, p: &ImgGenParams, cancel: &CancelFlag) -> Result<Vec<Image>> {
+    generate(ms, p, 1, cancel)
+}
+
+/// AnimateDiff's video: the request's one latent as a batch of `frames` frames that the
+/// UNet's motion modules relate, each decoded to its picture (`p.batch_count` is 1).
+pub(super) fn generate_frames(ms: &mut ModelSet, p: &ImgGenParams, frames: usize, cancel: &CancelFlag) -> Result<Vec<Image>> {
+    generate(ms, p, frames, cancel)
+}
+
+fn generate(ms: &mut ModelSet, p: &ImgGenParams, frames: usize, cancel: &CancelFlag) -> Result<Vec<Image>> {
     ms.weights.validate()?;
     if let Some(cn) = &ms.control_net {
         cn.validate()?;
@@ -496,6 +532,7 @@ pub fn generate_image(ms: &mut ModelSet, p: &ImgGenParams, cancel: &CancelFlag) 
     let multiple = ms.spec.latent.size_multiple() as i32;
     let hires = super::hires::resolve(&p.hires, r.width as i32, r.height as i32, multiple)?;
     ensure!(hires.is_none() || !ms.spec.is_layered(), "the hires fix is not supported for {} models in this build", ms.version.name());
+    check_encodable_inputs(ms, p, &r, hires.as_ref())?;
     sd_info!("generate_image {}x{}", r.width, r.height);
     let tiling = runtime_tiling(&p.vae_tiling_params);
     let vae_scale = ms.spec.latent.vae_scale as i64;
@@ -511,16 +548,6 @@ pub fn generate_image(ms: &mut ModelSet, p: &ImgGenParams, cancel: &CancelFlag) 
 
     let mut rngs = GenerationRngs::new(ms.rng_type, ms.sampler_rng_type);
     rngs.manual_seed(r.seed as u64);
-    generate(ms, p, 1, cancel)
-}
-
-/// AnimateDiff's video: the request's one latent as a batch of `frames` frames that the
-/// UNet's motion modules relate, each decoded to its picture (`p.batch_count` is 1).
-pub(super) fn generate_frames(ms: &mut ModelSet, p: &ImgGenParams, frames: usize, cancel: &CancelFlag) -> Result<Vec<Image>> {
-    generate(ms, p, frames, cancel)
-}
-
-fn generate(ms: &mut ModelSet, p: &ImgGenParams, frames: usize, cancel: &CancelFlag) -> Result<Vec<Image>> {
     let default_shift = ms.default_flow_shift;
     ms.denoiser.set_flow_shift(unset_if_infinite(p.sample_params.flow_shift), default_shift);
     let mut plan = resolve_plan(ms, p, &r)?;

@@ -169,7 +169,7 @@ pub(super) fn sample(job: &mut Job<'_>, stage: Stage<'_>, x: &Tensor, rng: &mut 
                 frame_timesteps(t, m, x)?
             }
             (TimestepRule::PerFrameMasked, None) => vec![t; x.ne(2)],
-            (TimestepRule::Scalar, _) => vec![t],
+            (TimestepRule::Scalar, _) => denoiser.step_timesteps(t, step),
         };
         // A forecast step skips the model (and the noisy preview) altogether.
         let forecast = cache.forecast();

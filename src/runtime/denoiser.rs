@@ -298,6 +298,19 @@ impl Denoiser {
         t
     }
 
+    /// The timesteps the model sees at `step` (1-based, as the samplers number their
+    /// evaluations) when the sigma's timestep is `t`: `[t]`, except for SeFi, whose model
+    /// takes the semantic and the texture timestep of that step of its dual schedule (the
+    /// last one past its end), whatever the sigma.
+    pub fn step_timesteps(&self, t: f32, step: i32) -> Vec<f32> {
+        let s = &self.sefi;
+        if self.kind != DenoiserKind::SefiFlow || s.tex_timesteps.is_empty() {
+            return vec![t];
+        }
+        let i = ((step.max(1) - 1) as usize).min(s.tex_timesteps.len() - 1);
+        vec![s.sem_timesteps[i], s.tex_timesteps[i]]
+    }
+
     /// With a shifted timestep, the output scalings are those of the shifted timestep's
     /// sigma (c_skip corrected for the input scaling actually used).
     pub fn shifted_scalings(&self, shifted_timestep: i32, timestep: f32, s: Scalings) -> Scalings {
@@ -539,6 +552,11 @@ mod tests {
         let s = d.sefi_schedule();
         assert_eq!(s.tex_sigmas, tex);
         assert!(s.sem_sigmas.iter().zip(&s.tex_sigmas).all(|(a, b)| a <= b));
+        // The model sees the step's pair of timesteps, not the sigma's; the last past the end.
+        assert_eq!(d.step_timesteps(0.5, 1), vec![s.sem_timesteps[0], s.tex_timesteps[0]]);
+        assert_eq!(d.step_timesteps(0.5, 2), vec![s.sem_timesteps[1], s.tex_timesteps[1]]);
+        assert_eq!(d.step_timesteps(0.5, 9), vec![s.sem_timesteps[4], s.tex_timesteps[4]]);
+        assert_eq!(Denoiser::new(Prediction::FluxFlow, None).step_timesteps(0.5, 2), vec![0.5]);
         let mut m = Denoiser::new(Prediction::Minit2iFlow, None);
         assert_eq!(
             m.get_sigmas(4, 0, Scheduler::Karras, ModelFamily::OtherDit, &ExtraArgs::default()).unwrap(),

@@ -217,8 +217,9 @@ pub fn for_sd_family(sdxl: bool) -> &'static Projection {
     }
 }
 
-/// An RGB preview of the first latent of `latents` ([W, H, C, N]). `None` takes the
-/// first three channels as RGB (3-channel "latents" of pixel-space models).
+/// An RGB preview of the first latent of `latents` ([W, H, C, N]). `None`: the latent is
+/// RGB (the 3-channel "latents" of pixel-space models); with more channels there is no
+/// projection to show them (SeFi-Image's 144), as in the reference.
 pub fn project(latents: &Tensor, proj: Option<&Projection>) -> Result<Image> {
     let (w, h, c) = (latents.ne(0), latents.ne(1), latents.ne(2));
     let patch = proj.map_or(1, |p| p.patch_size.max(1));
@@ -228,7 +229,7 @@ pub fn project(latents: &Tensor, proj: Option<&Projection>) -> Result<Image> {
             "latent preview: {c} channels do not fit a projection of {} channels with patch {patch}",
             p.weights.len()
         ),
-        None => ensure!(c >= 3, "latent preview: {c} channels cannot be shown as RGB"),
+        None => ensure!(c == 3, "No latent to RGB projection known for this model (dim = {c})"),
     }
     let (out_w, out_h) = (w * patch, h * patch);
     let plane = w * h;
@@ -294,5 +295,7 @@ mod tests {
         assert!(project(&Tensor::zeros(&[2, 2, 2, 1]), Some(&SD)).is_err());
         let rgb = project(&Tensor::full(&[1, 1, 3, 1], 5.0), None).unwrap();
         assert_eq!(rgb.data, vec![255, 255, 255]);
+        // More channels than RGB and no projection (SeFi-Image): nothing to show.
+        assert!(project(&Tensor::zeros(&[1, 1, 144, 1]), None).is_err());
     }
 }

@@ -1,6 +1,6 @@
 //! Flux.1 (dev, schnell, Fill, Controls, Flex.2, Kontext through reference latents),
-//! Chroma, Chroma1-Radiance, Ovis-Image and Flux.2: the rectified-flow transformer of Black
-//! Forest Labs and its relatives, like the reference's `flux.hpp`.
+//! Chroma, Chroma1-Radiance, Ovis-Image, Flux.2 and SeFi-Image: the rectified-flow
+//! transformer of Black Forest Labs and its relatives, like the reference's `flux.hpp`.
 //!
 //! - Weights under `model.diffusion_model.` with the original names (`img_in`, `txt_in`,
 //!   `time_in`, `vector_in`, `guidance_in`, `double_blocks.N.{img,txt}_{mod,attn,mlp}`,
@@ -26,6 +26,7 @@ use crate::models::common::dit::{
     chunk, modulate, pad_and_patchify, pad_to_patch, patchify, timestep_embedding, unpatchify, unpatchify_and_crop, RmsNorm,
 };
 use crate::models::common::rope::{self, RefIndexMode};
+use super::sefi_image::{DualTimeEmbed, SEMANTIC_CHANNELS};
 use crate::tensor::Tensor;
 
 /// Which Flux-family network (they differ in the input channels they concatenate).
@@ -49,6 +50,9 @@ pub enum FluxVariant {
     /// LongCat-Image: Flux.1 reading Qwen2.5-VL's 3584-wide hidden states, no pooled vector;
     /// text tokens numbered on rotary axes 1 and 2 and the images after them.
     LongCat,
+    /// SeFi-Image: Flux.2 on 144 channels (16 semantic + 128 texture) with two timesteps
+    /// (`dual_time_embed`, see [`super::sefi_image`]) instead of `time_in`.
+    Sefi,
 }
 
 /// Chroma1-Radiance's pixel decoder. Its sizes are fixed (the reference does not read them
@@ -144,6 +148,7 @@ impl FluxConfig {
                 FluxVariant::Controls => 128,
                 FluxVariant::Flex2 => 196,
                 FluxVariant::Flux2 => 128,
+                FluxVariant::Sefi => 128 + SEMANTIC_CHANNELS,
                 FluxVariant::ChromaRadiance => 3,
                 FluxVariant::Ovis | FluxVariant::LongCat => 64,
             },
@@ -169,9 +174,9 @@ impl FluxConfig {
             yak_mlp: false,
             radiance: None,
         };
-        if variant == FluxVariant::Flux2 {
+        if matches!(variant, FluxVariant::Flux2 | FluxVariant::Sefi) {
             cfg.patch_size = 1;
-            cfg.out_channels = 128;
+            cfg.out_channels = cfg.in_channels;
             cfg.mlp_ratio = 3.0;
             cfg.theta = 2000.0;
             cfg.axes_dim = vec![32, 32, 32, 32];
@@ -277,6 +282,9 @@ impl FluxConfig {
             self.hidden_size,
             self.num_heads
         );
+        if self.variant == FluxVariant::Sefi {
+            ensure!(self.hidden_size % 2 == 0, "SeFi-Image's hidden size {} does not split into its two timestep embeddings", self.hidden_size);
+        }
         if let Some(r) = &self.radiance {
             ensure!(
                 r.in_kernel == self.patch_size || 2 * r.in_kernel == self.patch_size,
@@ -304,7 +312,7 @@ impl FluxConfig {
     pub fn concat_channels(&self) -> i64 {
         let c = self.latent_channels();
         match self.variant {
-            FluxVariant::Flux | FluxVariant::Flux2 | FluxVariant::ChromaRadiance | FluxVariant::Ovis | FluxVariant::LongCat => 0,
+            FluxVariant::Flux | FluxVariant::Flux2 | FluxVariant::Sefi | FluxVariant::ChromaRadiance | FluxVariant::Ovis | FluxVariant::LongCat => 0,
             FluxVariant::Fill => c + 64,
             FluxVariant::Controls => c,
             FluxVariant::Flex2 => 2 * c + 1,
@@ -858,6 +866,8 @@ pub struct FluxModel {
     txt_norm: Option<RmsNorm>,
     txt_in: Linear,
     time_in: Option<MlpEmbedder>,
+    /// SeFi: the semantic and texture timesteps' embeddings instead of `time_in`.
+    dual_time_embed: Option<DualTimeEmbed>,
     vector_in: Option<MlpEmbedder>,
     guidance_in: Option<MlpEmbedder>,
     approximator: Option<ChromaApproximator>,
@@ -873,7 +883,7 @@ pub struct FluxModel {
 pub struct FluxInputs<'g, 'a> {
     /// Latent `[W, H, C, 1]`.
     pub x: T<'g>,
-    /// `[N]`, in [0, 1].
+    /// `[N]`, in [0, 1]; SeFi: `[2]`, the semantic and the texture timestep in 0..1000.
     pub timesteps: T<'g>,
     /// `[context_in_dim, L, N]`.
     pub context: T<'g>,
@@ -897,8 +907,12 @@ impl FluxModel {
     pub fn new(s: &mut Scope, cfg: &FluxConfig) -> FluxModel {
         let h = cfg.hidden_size;
         let bias = !cfg.disable_bias;
+        let sefi = cfg.variant == FluxVariant::Sefi;
+        let dual_time_embed = sefi.then(|| DualTimeEmbed::new(s, h));
         let (time_in, vector_in, guidance_in, approximator) = if cfg.is_chroma {
             (None, None, None, Some(ChromaApproximator::new(s, cfg.approximator_in_dim, h)))
+        } else if sefi {
+            (None, None, None, None)
         } else {
             (
                 Some(MlpEmbedder::new(s, "time_in", 256, h, bias)),
@@ -940,6 +954,7 @@ impl FluxModel {
             txt_norm,
             txt_in,
             time_in,
+            dual_time_embed,
             vector_in,
             guidance_in,
             approximator,
@@ -972,8 +987,8 @@ impl FluxModel {
             None => img,
         };
         let mut mask = None;
-        let vec = match &self.approximator {
-            Some(approx) => {
+        let vec = match (&self.approximator, &self.dual_time_embed) {
+            (Some(approx), _) => {
                 let t = timestep_embedding(timesteps, 16, 10000, 1000.0);
                 let gd = timestep_embedding(guidance.expect("Chroma needs a guidance input"), 16, 10000, 1000.0);
                 let mi = timestep_embedding(mod_index.expect("Chroma needs the modulation index"), 32, 10000, 1000.0);
@@ -986,7 +1001,8 @@ impl FluxModel {
                 }
                 approx.forward(g, v)
             }
-            None => {
+            (None, Some(dual)) => dual.forward(g, timesteps),
+            (None, None) => {
                 let time_in = self.time_in.as_ref().expect("time_in");
                 let mut v = time_in.forward(g, timestep_embedding(timesteps, 256, 10000, 1000.0));
                 if let Some(gi) = &self.guidance_in {
@@ -1076,7 +1092,7 @@ impl FluxModel {
             let [cw, ch, _, _] = cc.ne();
             let slice = |from: i64, len: i64| pad_and_patchify(g, cc.view(&[cw, ch, len, 1], &[nb[1], nb[2], nb[3]], nb[2] * from as usize), p, true);
             let extra = match cfg.variant {
-                FluxVariant::Flux | FluxVariant::Flux2 | FluxVariant::ChromaRadiance | FluxVariant::Ovis | FluxVariant::LongCat => None,
+                FluxVariant::Flux | FluxVariant::Flux2 | FluxVariant::Sefi | FluxVariant::ChromaRadiance | FluxVariant::Ovis | FluxVariant::LongCat => None,
                 FluxVariant::Fill => Some(slice(0, c).concat(slice(c, 64), 0)),
                 FluxVariant::Flex2 => Some(slice(0, c).concat(slice(c, 1), 0).concat(slice(c + 1, c), 0)),
                 FluxVariant::Controls => Some(pad_and_patchify(g, cc, p, true)),
@@ -1170,8 +1186,8 @@ impl DiffusionModel for Flux {
         let refs: Vec<(usize, usize)> = input.ref_latents.iter().map(|r| (r.ne(1), r.ne(0))).collect();
         let (w, h) = (input.x.ne(0), input.x.ne(1));
         let circular = (runner.options.circular_x, runner.options.circular_y);
-        // Flux.2 numbers its references one after the other whatever the request says.
-        let ref_index_mode = if cfg.variant == FluxVariant::Flux2 { RefIndexMode::Increase } else { input.ref_index_mode };
+        // Flux.2 (and SeFi) number references one after the other whatever the request says.
+        let ref_index_mode = if matches!(cfg.variant, FluxVariant::Flux2 | FluxVariant::Sefi) { RefIndexMode::Increase } else { input.ref_index_mode };
         let images_after = cfg.variant == FluxVariant::LongCat;
         let text = rope::TextIds { len: context.ne(1), arange_axes: &cfg.txt_arange_axes, images_after };
         let pe = rope::flux_pe(h, w, p, text, &refs, ref_index_mode, cfg.ref_index_scale, cfg.theta, &cfg.axes_dim, circular);
@@ -1179,6 +1195,9 @@ impl DiffusionModel for Flux {
         let pos_len = pe.len() / axes_sum / 2;
         let guidance = if cfg.is_chroma { Some(0.0) } else if cfg.guidance_embed { Some(input.guidance) } else { None };
         let timesteps = input.timesteps.to_vec();
+        if cfg.variant == FluxVariant::Sefi {
+            ensure!(timesteps.len() == 2, "SeFi-Image takes a semantic and a texture timestep, got {} timesteps", timesteps.len());
+        }
         let mod_index: Vec<f32> = (0..CHROMA_MOD_INDEX_LEN).map(|i| i as f32).collect();
         let dct = cfg.radiance.map(|r| (dct_positions(p, r.nerf_max_freqs as usize), r.nerf_max_freqs * r.nerf_max_freqs));
         runner.compute(|g| {
@@ -1246,6 +1265,25 @@ mod tests {
         assert!(bad.validate().unwrap_err().to_string().contains("img_in_patch"));
         // The markers mean nothing to other variants.
         assert_eq!(detect_with(FluxVariant::Flux, &[("__32x32__", &[1])]).patch_size, 2);
+    }
+
+    /// SeFi: Flux.2's layout on 144 channels, with `dual_time_embed` declared instead of
+    /// `time_in` (half the width each).
+    #[test]
+    fn sefi_configuration() {
+        let cfg = detect_with(FluxVariant::Sefi, &[]);
+        assert_eq!((cfg.in_channels, cfg.out_channels, cfg.patch_size, cfg.latent_channels(), cfg.concat_channels()), (144, 144, 1, 144, 0));
+        assert!(cfg.share_modulation && cfg.disable_bias && cfg.mlp_silu_act && !cfg.qkv_bias && cfg.vec_in_dim == 0);
+        assert_eq!((cfg.txt_arange_axes.as_slice(), cfg.theta, cfg.ref_index_scale), (&[3usize][..], 2000.0, 10.0));
+        cfg.validate().unwrap();
+        let types: TypeMap = TypeMap::new();
+        let mut store = crate::graph::ParamStore::new(4096).unwrap();
+        FluxModel::new(&mut Scope::new(&mut store, &types, "model.diffusion_model."), &cfg);
+        let names: Vec<&str> = store.entries().map(|e| e.0).collect();
+        assert!(names.contains(&"model.diffusion_model.dual_time_embed.texture_embedder.linear_2.weight"));
+        assert!(!names.iter().any(|n| n.contains("time_in.") && !n.contains("dual_time_embed")));
+        let odd = FluxConfig { hidden_size: 129, num_heads: 1, ..cfg };
+        assert!(odd.validate().is_err());
     }
 
     #[test]

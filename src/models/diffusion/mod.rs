@@ -5,6 +5,7 @@ pub mod ernie_image;
 pub mod flux;
 pub mod mmdit;
 pub mod qwen_image;
+pub mod sefi_image;
 pub mod unet;
 pub mod wan;
 pub mod zimage;
@@ -74,9 +75,9 @@ pub trait DiffusionModel: Components + Send {
     /// The model output for `input` (noise, v or velocity as the family predicts):
     /// `[W, H, C_out, N]`.
     fn compute(&mut self, input: &DiffusionInput<'_>) -> Result<Tensor>;
-}
 
     /// Whether a batch is the frames of one video (a UNet with AnimateDiff motion modules).
     fn has_motion_modules(&self) -> bool {
         false
     }
+}

@@ -1,6 +1,6 @@
 //! Decoder-only LLMs used as text encoders (the text model of the reference's `llm.hpp`):
-//! Qwen3 (Z-Image, Flux.2 klein), Qwen2.5-VL's text part (Qwen-Image), Mistral Small 3.2
-//! and Ministral 3B (Flux.2) are one network with different configurations ([`LlmConfig`]):
+//! Qwen3 (Z-Image, Flux.2 klein), Qwen3-VL's and Qwen2.5-VL's text parts (SeFi-Image,
+//! Qwen-Image), Mistral Small 3.2 and Ministral 3B (Flux.2) are one network with different configurations ([`LlmConfig`]):
 //! pre-norm blocks with RMS norms (f32 weights), grouped-query attention (q/k/v biases and
 //! per-head q/k RMS norms by arch) rotated by RoPE (NeoX, normal or multi-section, by arch),
 //! under a causal (and padding) mask, and a SiLU-gated MLP.
@@ -36,6 +36,10 @@ pub enum LlmArch {
     Qwen25Vl,
     /// Qwen3: per-head q/k norms, NeoX RoPE.
     Qwen3,
+    /// Qwen3-VL's text model: Qwen3's layers with interleaved multi-section RoPE (base 5e6;
+    /// text tokens get positions (i, i, i, 0), so the pairs of the empty fourth section and
+    /// the leftovers past each section's count are not rotated).
+    Qwen3Vl,
     /// Mistral Small 3.2: normal RoPE with base 1e9.
     MistralSmall32,
     /// Ministral 3B: NeoX RoPE.
@@ -117,6 +121,10 @@ impl LlmConfig {
                 rope: LlmRope::Ext(rope(gs::GGML_ROPE_TYPE_NEOX, 40960, 1_000_000.0)),
                 ..base
             },
+            LlmArch::Qwen3Vl => LlmConfig {
+                rope: LlmRope::Multi { sections: [24, 20, 20, 0], params: rope(gs::GGML_ROPE_TYPE_IMROPE, 262144, 5_000_000.0) },
+                ..LlmConfig::for_arch(LlmArch::Qwen3)
+            },
             LlmArch::MistralSmall32 => LlmConfig {
                 num_heads: 32,
                 num_kv_heads: 8,
@@ -138,8 +146,8 @@ impl LlmConfig {
 
     /// The configuration of the LLM under `prefix` (ending in '.'): layers from the highest
     /// block index, width and vocabulary from `embed_tokens`, MLP width from the first
-    /// `gate_proj`; heads and RoPE from the arch (Qwen3 with 28 layers has 16 heads, like the
-    /// reference). `shape_of` gives ggml-order shapes. Vision weights are ignored.
+    /// `gate_proj`; heads and RoPE from the arch (Qwen3 and Qwen3-VL with 28 layers have 16
+    /// heads, like the reference). `shape_of` gives ggml-order shapes. Vision weights are ignored.
     pub fn detect(types: &TypeMap, shape_of: &dyn Fn(&str) -> Option<Vec<i64>>, prefix: &str, arch: LlmArch) -> LlmConfig {
         let mut cfg = LlmConfig::for_arch(arch);
         cfg.num_layers = 0;
@@ -160,8 +168,14 @@ impl LlmConfig {
                 }
             }
         }
-        if arch == LlmArch::Qwen3 && cfg.num_layers == 28 {
+        let qwen3 = matches!(arch, LlmArch::Qwen3 | LlmArch::Qwen3Vl);
+        if qwen3 && cfg.num_layers == 28 {
             cfg.num_heads = 16;
+        }
+        // Qwen3-VL-32B's text model, which the reference reads without a final norm.
+        if arch == LlmArch::Qwen3Vl && cfg.num_layers == 50 && cfg.hidden_size == 5120 {
+            cfg.num_heads = 64;
+            cfg.final_norm = false;
         }
         sd_debug!(
             "llm: num_layers = {}, vocab_size = {}, hidden_size = {}, intermediate_size = {}",
@@ -449,6 +463,15 @@ mod tests {
         assert_eq!((cfg.num_heads, cfg.num_kv_heads, cfg.head_dim, cfg.qk_norm, cfg.qkv_bias), (32, 8, 128, true, false));
         let (types, shapes) = qwen3_types(28, 64);
         assert_eq!(LlmConfig::detect(&types, &|n| shapes.get(n).cloned(), LLM_PREFIX, LlmArch::Qwen3).num_heads, 16);
+        // Qwen3-VL's text model: Qwen3's layers, heads and widths, interleaved multi-section RoPE.
+        let vl3 = LlmConfig::detect(&types, &|n| shapes.get(n).cloned(), LLM_PREFIX, LlmArch::Qwen3Vl);
+        assert_eq!((vl3.num_heads, vl3.num_kv_heads, vl3.qk_norm, vl3.qkv_bias, vl3.final_norm), (16, 8, true, false, true));
+        match vl3.rope {
+            LlmRope::Multi { sections, params } => {
+                assert_eq!((sections, params.mode, params.n_ctx_orig, params.freq_base), ([24, 20, 20, 0], gs::GGML_ROPE_TYPE_IMROPE as i32, 262144, 5e6));
+            }
+            LlmRope::Ext(_) => panic!("Qwen3-VL rotates by sections"),
+        }
         let vl = LlmConfig::for_arch(LlmArch::Qwen25Vl);
         assert!(vl.qkv_bias && !vl.qk_norm && matches!(vl.rope, LlmRope::Multi { .. }));
 

@@ -48,6 +48,9 @@ pub struct VaeConfig {
     /// half the size), the decoder takes such patches, and diffusion latents are these
     /// normalised per channel with the fixed [`FLUX2_LATENT_MEAN`] / [`FLUX2_LATENT_STD`].
     pub flux2: bool,
+    /// Channels the diffusion latents carry in front of the VAE's own (SeFi-Image's 16
+    /// semantic channels): dropped before decoding; encoding does not make them.
+    pub leading_channels: usize,
 }
 
 /// Per-channel mean of Flux.2's patchified latents (the reference's table).
@@ -117,6 +120,7 @@ impl VaeConfig {
             shift_factor: 0.0,
             raw_encoder_latents: false,
             flux2: false,
+            leading_channels: 0,
         }
     }
 
@@ -680,9 +684,17 @@ impl super::VaeNet for AutoEncoderKL {
         }
     }
 
-    /// `z / scale_factor + shift`; Flux.2 per channel.
+    /// `z / scale_factor + shift`; Flux.2 per channel (after the leading channels the VAE
+    /// does not read).
     fn diffusion_to_vae(&self, z: &Tensor) -> Tensor {
         let (scale, shift) = (self.cfg.scale_factor, self.cfg.shift_factor);
+        let dropped;
+        let z = if self.cfg.leading_channels > 0 {
+            dropped = super::drop_leading_channels(z, self.cfg.leading_channels);
+            &dropped
+        } else {
+            z
+        };
         if self.cfg.flux2 {
             super::per_channel(z, FLUX2_LATENT_MEAN.len(), |v, c| (v * FLUX2_LATENT_STD[c]) / scale + FLUX2_LATENT_MEAN[c])
         } else {

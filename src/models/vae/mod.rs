@@ -423,6 +423,19 @@ pub(crate) fn per_channel(z: &Tensor, table: usize, f: impl Fn(f32, usize) -> f3
     out
 }
 
+/// Picture latents `[W, H, C, N]` without their first `n` channels.
+pub(crate) fn drop_leading_channels(z: &Tensor, n: usize) -> Tensor {
+    let (plane, c) = (z.ne(0) * z.ne(1), z.ne(2));
+    if z.shape().len() < 3 || z.is_empty() || n == 0 {
+        return z.clone();
+    }
+    let n = n.min(c);
+    let data: Vec<f32> = z.data().chunks(plane * c).flat_map(|item| item[n * plane..].iter().copied()).collect();
+    let mut shape = z.shape().to_vec();
+    shape[2] = c - n;
+    Tensor::from_vec(&shape, data).unwrap_or_else(|_| z.clone())
+}
+
 /// Splits KL moments [w, h, 2c, N] into (mean, logvar), each [w, h, c, N].
 pub fn split_moments(moments: &Tensor) -> Result<(Tensor, Tensor)> {
     let (w, h, c2, n) = (moments.ne(0), moments.ne(1), moments.ne(2), moments.ne(3));

@@ -132,6 +132,21 @@ fn flux2_latent_normalisation() {
     assert_eq!(d.data()[2 * c + 1], (z.data()[2 * c + 1] - FLUX2_LATENT_MEAN[c]) / FLUX2_LATENT_STD[c]);
     let back = vae.diffusion_to_vae(&d);
     assert!(back.data().iter().zip(z.data()).all(|(a, b)| (a - b).abs() < 1e-5));
+
+    // SeFi-Image: 16 semantic channels in front, which the decoder never sees.
+    let sefi = AutoEncoderKL::new(&mut Scope::new(&mut ParamStore::new(1024).unwrap(), &types, autoencoder_kl::PREFIX), &VaeConfig { leading_channels: 16, ..cfg });
+    let semantic = Tensor::full(&[2, 1, 16, 1], 7.0);
+    let with_semantic = Tensor::from_vec(&[2, 1, 144, 1], [semantic.data(), d.data()].concat()).unwrap();
+    assert_eq!(sefi.diffusion_to_vae(&with_semantic), back);
+}
+
+#[test]
+fn leading_channels_are_dropped_per_batch_item() {
+    // [W=1, H=2, C=3, N=2]: value = 10·n + c.
+    let z = Tensor::from_vec(&[1, 2, 3, 2], vec![0., 0., 1., 1., 2., 2., 10., 10., 11., 11., 12., 12.]).unwrap();
+    let out = drop_leading_channels(&z, 2);
+    assert_eq!((out.shape(), out.data()), (&[1, 2, 1, 2][..], &[2., 2., 12., 12.][..]));
+    assert_eq!(drop_leading_channels(&z, 0), z);
 }
 
 #[test]

@@ -83,7 +83,7 @@ pub struct LlmTokens {
 pub fn tokenizer_for(arch: LlmArch) -> Result<&'static BpeTokenizer> {
     match arch {
         LlmArch::MistralSmall32 | LlmArch::Ministral3b => mistral_tokenizer::shared(),
-        LlmArch::Qwen3 | LlmArch::Qwen25Vl => qwen_tokenizer::shared(),
+        LlmArch::Qwen3 | LlmArch::Qwen3Vl | LlmArch::Qwen25Vl => qwen_tokenizer::shared(),
     }
 }
 

@@ -74,6 +74,7 @@ pub(super) fn build(ctx: &BuildCtx<'_>, place: Placement) -> Result<(Box<dyn Fir
             if ctx.version.uses_flux2_vae() {
                 cfg = cfg.into_flux2();
             }
+            cfg.leading_channels = spec.unencoded_channels;
             cfg.raw_encoder_latents = ctx.version == SdVersion::Sd1Pix2Pix;
             let conv_scale = (spec.defaults == crate::runtime::defaults::ModelFamily::Sdxl)
                 && (params.vae_path.as_deref().unwrap_or("").is_empty() || params.force_sdxl_vae_conv_scale);

@@ -43,22 +43,36 @@ pub const DEV_TEMPLATE: LlmTemplate = LlmTemplate {
 };
 
 pub(super) fn build(ctx: &mut BuildCtx<'_>) -> Result<Parts> {
+    let template = if ctx.version == SdVersion::Flux2 { DEV_TEMPLATE } else { KLEIN_TEMPLATE };
+    llm_transformer_parts(ctx, FluxVariant::Flux2, template, Prediction::FluxFlow, flux_default_shift)
+}
+
+/// The parts of a family built on the Flux.2 transformer (Flux.2, SeFi-Image): the LLM
+/// conditioner asking in `template`, the transformer configured as `variant`, the first
+/// stage, and `prediction` with the default shift the transformer's configuration gives.
+pub(super) fn llm_transformer_parts(
+    ctx: &mut BuildCtx<'_>,
+    variant: FluxVariant,
+    template: LlmTemplate,
+    prediction: Prediction,
+    default_shift: fn(&FluxConfig) -> f32,
+) -> Result<Parts> {
     let (params, weights, n_threads) = (ctx.params, ctx.weights, ctx.n_threads);
     let te_place = ctx.devices.placement(Module::Te)?;
     let vae_place = ctx.devices.placement(Module::Vae)?;
+    let name = ctx.version.name();
 
     let shape_of = |n: &str| weights.shape_of(n);
-    let cfg = FluxConfig::detect(weights.types(), &shape_of, DIT_PREFIX, FluxVariant::Flux2);
-    ensure!(cfg.depth + cfg.depth_single_blocks > 0, "no Flux.2 transformer blocks found under '{DIT_PREFIX}'");
-    let template = if ctx.version == SdVersion::Flux2 { DEV_TEMPLATE } else { KLEIN_TEMPLATE };
+    let cfg = FluxConfig::detect(weights.types(), &shape_of, DIT_PREFIX, variant);
+    ensure!(cfg.depth + cfg.depth_single_blocks > 0, "no {name} transformer blocks found under '{DIT_PREFIX}'");
+    cfg.validate()?;
     let cond = LlmConditioner::new(weights, template, &te_place, n_threads, params.eager_load)?;
     // An LLM without the layers the family reads gives its final state instead (the
     // reference then fails an assertion in the transformer's first product).
     let width = cond.context_width() as i64;
     ensure!(
         width == cfg.context_in_dim,
-        "{}'s transformer takes {} wide text (LLM layers {:?} side by side), this LLM gives {width} wide (too few layers or another width)",
-        ctx.version.name(),
+        "{name}'s transformer takes {} wide text (LLM layers {:?} side by side), this LLM gives {width} wide (too few layers or another width)",
         cfg.context_in_dim,
         template.out_layers
     );
@@ -66,7 +80,7 @@ pub(super) fn build(ctx: &mut BuildCtx<'_>) -> Result<Parts> {
     let model = ctx.load_transformer(DIT_PREFIX, |s| FluxModel::new(s, &cfg))?;
     let diffusion = Flux { model, options: FluxOptions { use_mask: false } };
     let first = first_stage::build(ctx, vae_place)?;
-    Ok(flow_parts(params, Box::new(cond), Box::new(diffusion), first, Prediction::FluxFlow, flux_default_shift(&cfg)))
+    Ok(flow_parts(params, Box::new(cond), Box::new(diffusion), first, prediction, default_shift(&cfg)))
 }
 
 #[cfg(test)]

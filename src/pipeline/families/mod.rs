@@ -13,6 +13,7 @@ mod flux;
 mod flux2;
 mod mmdit;
 mod qwen_image;
+mod sefi;
 mod unet;
 mod wan;
 mod zimage;
@@ -27,6 +28,7 @@ use crate::error::Result;
 use crate::graph::{Components, DeviceMap, DeviceOptions, Loaded, Module, Runner, Scope, WeightsMut};
 use crate::io::SdVersion;
 use crate::models::diffusion::flux::FluxVariant;
+use crate::models::diffusion::sefi_image::SEMANTIC_CHANNELS as SEFI_SEMANTIC_CHANNELS;
 use crate::models::diffusion::unet::UNetVersion;
 use crate::models::diffusion::DiffusionModel;
 use crate::models::vae::FirstStage;
@@ -72,6 +74,9 @@ pub enum Arch {
     /// Flux.2 (dev: Mistral Small 3.2, klein: Qwen3), the Flux.2 transformer and the
     /// 32-channel AutoencoderKL with 2×2-patchified, normalised latents.
     Flux2,
+    /// SeFi-Image: a Qwen3-VL LLM, the Flux.2 transformer with two timesteps and Flux.2's
+    /// AutoencoderKL for the texture part of its latents.
+    Sefi,
     /// Z-Image: a Qwen3 LLM and Flux.1's 16-channel AutoencoderKL.
     ZImage,
     /// Qwen-Image: the Qwen2.5-VL LLM and the Wan2.1 VAE (single frames).
@@ -140,6 +145,10 @@ pub struct FamilySpec {
     pub tae_first_stage: bool,
     /// The AutoencoderKL has `quant_conv` / `post_quant_conv` (not the SD3 / Flux one).
     pub vae_quant_convs: bool,
+    /// Latent channels in front that the first stage neither makes nor decodes (SeFi's
+    /// semantic channels): pictures cannot become the diffusion model's latents (init
+    /// images, reference latents, the hires fix's pixel upscalers).
+    pub unencoded_channels: usize,
     /// Reference images become extra tokens of the diffusion model (Flux Kontext, Flux.2,
     /// Qwen-Image, Z-Image).
     pub ref_latents: bool,
@@ -156,6 +165,9 @@ pub struct FamilySpec {
     /// Pictures, a stack of layers or video: what the latent's third axis means.
     pub media: Media,
     pub first_stage: FirstStageKind,
+    /// Takes AnimateDiff motion modules (`motion_module_path`: SD 1.x, its inpaint and
+    /// instruct-pix2pix UNets); `generate_video` then renders frames as one batch.
+    pub motion_modules: bool,
 }
 
 /// How a loaded video model takes pictures (decided by its file, like the reference's
@@ -165,9 +177,6 @@ pub enum VideoCond {
     /// Text only (T2V): init and end images are ignored with a warning.
     Text,
     /// Wan2.2 TI2V: the first (and last) latent frame is the encoded picture, kept fixed.
-    /// Takes AnimateDiff motion modules (`motion_module_path`: SD 1.x, its inpaint and
-    /// instruct-pix2pix UNets); `generate_video` then renders frames as one batch.
-    pub motion_modules: bool,
     FixedFrames,
     /// Wan I2V / FLF2V: a video of the start (and end) picture over grey is encoded and
     /// concatenated with a 4-channel frame mask; `clip`: CLIP-vision tokens of the start
@@ -262,6 +271,7 @@ const fn unet_family(defaults: ModelFamily, unet: UNetVersion, concat: Concat) -
         zero_empty_negative: sdxl,
         tae_first_stage: false,
         vae_quant_convs: true,
+        unencoded_channels: 0,
         ref_latents: false,
         ref_latent_img_cfg: false,
         ref_image_preset: None,
@@ -270,6 +280,7 @@ const fn unet_family(defaults: ModelFamily, unet: UNetVersion, concat: Concat) -
         image_channels: 3,
         media: Media::Image,
         first_stage: FirstStageKind::Kl,
+        motion_modules: false,
     }
 }
 
@@ -280,7 +291,6 @@ const fn dit16_latent(scale_factor: f32, shift_factor: f32) -> LatentFormat {
 
 const fn dit_family(defaults: ModelFamily, arch: Arch, latent: LatentFormat, preview: &'static Projection, concat: Concat, prediction: Prediction) -> FamilySpec {
     FamilySpec {
-        motion_modules: false,
         defaults,
         arch,
         latent,
@@ -291,6 +301,7 @@ const fn dit_family(defaults: ModelFamily, arch: Arch, latent: LatentFormat, pre
         zero_empty_negative: false,
         tae_first_stage: false,
         vae_quant_convs: false,
+        unencoded_channels: 0,
         ref_latents: false,
         ref_latent_img_cfg: false,
         ref_image_preset: None,
@@ -299,6 +310,7 @@ const fn dit_family(defaults: ModelFamily, arch: Arch, latent: LatentFormat, pre
         image_channels: 3,
         media: Media::Image,
         first_stage: FirstStageKind::Kl,
+        motion_modules: false,
     }
 }
 
@@ -310,7 +322,6 @@ const fn flux_family(variant: FluxVariant, concat: Concat) -> FamilySpec {
         ref_latents: true,
         ref_latent_img_cfg: plain,
         ref_image_preset: Some("flux_kontext"),
-        motion_modules: false,
         ..dit_family(ModelFamily::Flux, Arch::Flux { variant }, FLUX_LATENT, &preview::FLUX, concat, Prediction::FluxFlow)
     }
 }
@@ -329,6 +340,11 @@ const fn zimage_family() -> FamilySpec {
 /// Flux.2's 128 channels: 32 VAE channels × 2×2 patches, at 1/16 of the image.
 const FLUX2_LATENT: LatentFormat = LatentFormat { channels: 128, vae_scale: 16, down_factor: 1, scale_factor: 1.0, shift_factor: 0.0 };
 
+/// ERNIE-Image: Flux.2's latents, no reference images.
+const fn ernie_image_family() -> FamilySpec {
+    FamilySpec { vae_quant_convs: true, ..dit_family(ModelFamily::OtherDit, Arch::ErnieImage, FLUX2_LATENT, &preview::FLUX2, Concat::None, Prediction::Flow) }
+}
+
 const fn flux2_family() -> FamilySpec {
     FamilySpec {
         vae_quant_convs: true,
@@ -336,6 +352,22 @@ const fn flux2_family() -> FamilySpec {
         ref_latent_img_cfg: true,
         ref_image_preset: Some("flux2"),
         ..dit_family(ModelFamily::Flux2, Arch::Flux2, FLUX2_LATENT, &preview::FLUX2, Concat::None, Prediction::FluxFlow)
+    }
+}
+
+/// SeFi-Image's 144 channels: 16 semantic ones in front of Flux.2's 128 (the VAE's).
+const SEFI_LATENT: LatentFormat = LatentFormat { channels: FLUX2_LATENT.channels + SEFI_SEMANTIC_CHANNELS as usize, ..FLUX2_LATENT };
+
+/// SeFi-Image: no projection for previews (the reference knows none for 144 channels) and
+/// no 3-way guidance with reference images.
+const fn sefi_family() -> FamilySpec {
+    FamilySpec {
+        vae_quant_convs: true,
+        unencoded_channels: SEFI_SEMANTIC_CHANNELS as usize,
+        ref_latents: true,
+        ref_image_preset: Some("flux2"),
+        preview: None,
+        ..dit_family(ModelFamily::OtherDit, Arch::Sefi, SEFI_LATENT, &preview::FLUX2, Concat::None, Prediction::SefiFlow)
     }
 }
 
@@ -357,11 +389,6 @@ const fn longcat_family() -> FamilySpec {
 
 /// Reference images are not passed to Chroma1-Radiance: its pixel decoder has no place for
 /// their tokens (the reference would fail in the attention).
-/// ERNIE-Image: Flux.2's latents, no reference images.
-const fn ernie_image_family() -> FamilySpec {
-    FamilySpec { vae_quant_convs: true, ..dit_family(ModelFamily::OtherDit, Arch::ErnieImage, FLUX2_LATENT, &preview::FLUX2, Concat::None, Prediction::Flow) }
-}
-
 const fn chroma_radiance_family() -> FamilySpec {
     FamilySpec { latent: PIXEL_LATENT, preview: None, ref_latents: false, ..flux_family(FluxVariant::ChromaRadiance, Concat::None) }
 }
@@ -404,6 +431,10 @@ const fn with_tae(spec: FamilySpec) -> FamilySpec {
     FamilySpec { tae_first_stage: true, ..spec }
 }
 
+const fn with_motion_modules(spec: FamilySpec) -> FamilySpec {
+    FamilySpec { motion_modules: true, ..spec }
+}
+
 use Concat::{Edit, Inpaint};
 use ModelFamily as F;
 use UNetVersion as U;
@@ -431,11 +462,9 @@ static CHROMA_RADIANCE: FamilySpec = chroma_radiance_family();
 static OVIS_IMAGE: FamilySpec = flux_family(FluxVariant::Ovis, Concat::None);
 static LONGCAT: FamilySpec = longcat_family();
 static FLUX2: FamilySpec = flux2_family();
-const fn with_motion_modules(spec: FamilySpec) -> FamilySpec {
-    FamilySpec { motion_modules: true, ..spec }
-}
-
+static SEFI_IMAGE: FamilySpec = sefi_family();
 static Z_IMAGE: FamilySpec = zimage_family();
+static ERNIE_IMAGE: FamilySpec = ernie_image_family();
 static QWEN_IMAGE: FamilySpec = qwen_image_family();
 static QWEN_IMAGE_LAYERED: FamilySpec = qwen_image_layered_family();
 static WAN: FamilySpec = wan_family(WAN_LATENT, &preview::WAN21, FirstStageKind::Wan21, TimestepRule::Scalar);
@@ -468,13 +497,14 @@ pub fn spec(version: SdVersion) -> Option<&'static FamilySpec> {
         V::OvisImage => &OVIS_IMAGE,
         V::Longcat => &LONGCAT,
         V::Flux2 | V::Flux2Klein => &FLUX2,
+        V::SefiImage => &SEFI_IMAGE,
         V::ZImage => &Z_IMAGE,
+        V::ErnieImage => &ERNIE_IMAGE,
         V::QwenImage => &QWEN_IMAGE,
         V::QwenImageLayered => &QWEN_IMAGE_LAYERED,
         V::Wan2 | V::Wan2_2I2v => &WAN,
         V::Wan2_2Ti2v => &WAN22_TI2V,
         _ => return None,
-static ERNIE_IMAGE: FamilySpec = ernie_image_family();
     })
 }
 
@@ -508,7 +538,6 @@ pub fn flow_parts(
     cond: Box<dyn Conditioner>,
     diffusion: Box<dyn DiffusionModel>,
     (first_stage, preview): (Box<dyn FirstStage>, Option<Box<dyn FirstStage>>),
-        V::ErnieImage => &ERNIE_IMAGE,
     default_prediction: Prediction,
     default_shift: f32,
 ) -> Parts {
@@ -598,9 +627,11 @@ impl ModelSet {
             Arch::Flux { variant } => flux::build(&mut ctx, variant)?,
             Arch::Mmdit => mmdit::build(&mut ctx)?,
             Arch::Flux2 => flux2::build(&mut ctx)?,
+            Arch::Sefi => sefi::build(&mut ctx)?,
             Arch::ZImage => zimage::build(&mut ctx)?,
             Arch::QwenImage => qwen_image::build(&mut ctx)?,
             Arch::Wan => wan::build(&mut ctx)?,
+            Arch::ErnieImage => ernie::build(&mut ctx)?,
         };
         let given = |p: &Option<String>| p.as_deref().is_some_and(|p| !p.is_empty());
         if given(&params.clip_vision_path) && parts.clip_vision.is_none() {
@@ -608,6 +639,9 @@ impl ModelSet {
         }
         if given(&params.high_noise_diffusion_model_path) && parts.high_noise.is_none() {
             sd_warn!("{} models have no high noise expert; ignoring high_noise_diffusion_model_path", version.name());
+        }
+        if given(&params.motion_module_path) && !spec.motion_modules {
+            sd_warn!("AnimateDiff motion modules apply to SD 1.x models only, not {}; ignoring motion_module_path", version.name());
         }
         if params.flash_attn {
             sd_info!("Using flash attention");
@@ -640,10 +674,6 @@ impl ModelSet {
             clip_vision: parts.clip_vision,
             first_stage: parts.first_stage,
             preview: parts.preview,
-        if given(&params.motion_module_path) && !spec.motion_modules {
-            sd_warn!("AnimateDiff motion modules apply to SD 1.x models only, not {}; ignoring motion_module_path", version.name());
-        }
-            Arch::ErnieImage => ernie::build(&mut ctx)?,
             control_net: None,
             ctx_params: params.clone(),
         };
@@ -688,6 +718,11 @@ impl ModelSet {
         self.spec.defaults
     }
 
+    /// `generate_video` renders frames with AnimateDiff (a motion module is loaded).
+    pub fn animates_frames(&self) -> bool {
+        self.diffusion.has_motion_modules()
+    }
+
     /// The runners of the first stage and of the preview decoder.
     pub fn first_stage_runners(&mut self) -> Vec<&mut Runner> {
         let mut v = self.first_stage.runners();
@@ -718,11 +753,6 @@ impl ModelSet {
     }
 }
 
-    /// `generate_video` renders frames with AnimateDiff (a motion module is loaded).
-    pub fn animates_frames(&self) -> bool {
-        self.diffusion.has_motion_modules()
-    }
-
 /// The weights LoRAs apply to, like the reference: the conditioner's, the diffusion model's
 /// (and the high-noise expert's: `is_high_noise` LoRAs name its tensors) and the first
 /// stage's components (not a preview-only decoder).
@@ -751,6 +781,8 @@ mod tests {
             match spec(*v) {
                 Some(s) if v.is_unet() => {
                     assert_eq!(s.latent.size_multiple(), 64);
+                    // The reference's AnimateDiff versions.
+                    assert_eq!(s.motion_modules, matches!(*v, SdVersion::Sd1 | SdVersion::Sd1Inpaint | SdVersion::Sd1Pix2Pix), "{v}");
                     assert_eq!(s.supports_img_cfg(false), v.is_inpaint() || matches!(v, SdVersion::Sd1Pix2Pix | SdVersion::SdxlPix2Pix));
                     assert!(s.vae_quant_convs && !s.skip_layer_guidance);
                 }
@@ -762,6 +794,11 @@ mod tests {
                     assert_eq!((s.latent.size_multiple(), s.latent.channels), (16, 128));
                     assert!(s.vae_quant_convs && s.skip_layer_guidance && s.supports_img_cfg(true) && !s.supports_img_cfg(false));
                     assert_eq!((s.defaults, s.ref_image_preset), (ModelFamily::Flux2, Some("flux2")));
+                }
+                Some(s) if *v == SdVersion::SefiImage => {
+                    assert_eq!((s.latent.size_multiple(), s.latent.channels, s.unencoded_channels), (16, 144, 16));
+                    assert!(s.vae_quant_convs && s.preview.is_none() && s.ref_latents && !s.supports_img_cfg(true));
+                    assert_eq!((s.arch, s.ref_image_preset, s.prediction), (Arch::Sefi, Some("flux2"), PredictionRule::Fixed(Prediction::SefiFlow)));
                 }
                 Some(s) if v.is_qwen_image() => {
                     let layered = *v == SdVersion::QwenImageLayered;
@@ -780,9 +817,17 @@ mod tests {
                     assert_eq!(s.first_stage, if ti2v { FirstStageKind::Wan22 } else { FirstStageKind::Wan21 });
                     assert!(s.image_channels == 3 && !s.is_layered() && !s.supports_img_cfg(true));
                 }
+                Some(s) if *v == SdVersion::Longcat => {
+                    assert_eq!((s.latent.size_multiple(), s.latent.channels), (8, 16));
+                    assert!(!s.vae_quant_convs && s.skip_layer_guidance && s.supports_img_cfg(true) && !s.supports_img_cfg(false));
+                    assert_eq!((s.defaults, s.ref_image_preset), (ModelFamily::OtherDit, Some("longcat")));
+                }
+                Some(s) if *v == SdVersion::ErnieImage => {
+                    assert_eq!((s.latent.size_multiple(), s.latent.channels), (16, 128));
+                    assert!(s.vae_quant_convs && !s.ref_latents && !s.supports_img_cfg(true));
+                    assert_eq!((s.defaults, s.arch), (ModelFamily::OtherDit, Arch::ErnieImage));
+                }
                 Some(s) => {
-                    // The reference's AnimateDiff versions.
-                    assert_eq!(s.motion_modules, matches!(*v, SdVersion::Sd1 | SdVersion::Sd1Inpaint | SdVersion::Sd1Pix2Pix), "{v}");
                     assert!(s.image_channels == 3 && !s.is_layered() && s.video().is_none());
                     assert!(v.is_flux() || matches!(*v, SdVersion::Sd3 | SdVersion::ZImage), "{v}");
                     assert_eq!((s.latent.size_multiple(), s.latent.channels), (8, 16));
@@ -799,13 +844,3 @@ mod tests {
         assert!(spec(SdVersion::Sdxs512Ds).unwrap().tae_first_stage);
     }
 }
-                Some(s) if *v == SdVersion::Longcat => {
-                    assert_eq!((s.latent.size_multiple(), s.latent.channels), (8, 16));
-                    assert!(!s.vae_quant_convs && s.skip_layer_guidance && s.supports_img_cfg(true) && !s.supports_img_cfg(false));
-                    assert_eq!((s.defaults, s.ref_image_preset), (ModelFamily::OtherDit, Some("longcat")));
-                }
-                Some(s) if *v == SdVersion::ErnieImage => {
-                    assert_eq!((s.latent.size_multiple(), s.latent.channels), (16, 128));
-                    assert!(s.vae_quant_convs && !s.ref_latents && !s.supports_img_cfg(true));
-                    assert_eq!((s.defaults, s.arch), (ModelFamily::OtherDit, Arch::ErnieImage));
-                }

@@ -2,7 +2,8 @@
 //! (`llm_path`, layer 25 read), the ERNIE-Image transformer (`diffusion_model_path`) and
 //! Flux.2's VAE (`vae_path`) as separate files: defaults (cfg 7 with the empty negative prompt,
 //! flow shift 4), cfg 1, cfg 3 with a negative prompt and attention weights, dpm++2m + karras
-//! at 96×64, img2img, flow shift 2 with seamless tiling.
+//! at 96×64, img2img, flow shift 2 with seamless tiling; a DiT whose heads cannot hold its
+//! RoPE (the reference aborts) must fail cleanly.
 
 mod common;
 

@@ -283,7 +283,6 @@ pub fn zimage_pe(h: usize, w: usize, p: usize, context_len: usize, ref_tokens: u
 /// (`[i, 0, 0]`); on circular axes the image tokens wrap around. Laid out as two planes,
 /// all cosines then all sines, `sum(axes_dim)` per token, each frequency filling two
 /// neighbouring positions.
-#[allow(clippy::too_many_arguments)]
 pub fn ernie_pe(h: usize, w: usize, p: usize, context_len: usize, theta: f32, axes_dim: &[usize], circular: (bool, bool)) -> Vec<f32> {
     let n_axes = axes_dim.len();
     let mut ids = image_ids(n_axes, h, w, p, context_len as f32, 0, 0);

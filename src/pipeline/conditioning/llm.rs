@@ -91,13 +91,13 @@ pub fn tokenizer_for(arch: LlmArch) -> Result<&'static BpeTokenizer> {
 /// and each piece of the prompt's attention syntax are tokenized separately, then the
 /// tokenizer's BOS (if it has one) goes in front and padding up to `min_length` behind.
 pub fn tokenize(tokenizer: &BpeTokenizer, template: &LlmTemplate, text: &str) -> LlmTokens {
-    tokenize_parts(tokenizer, template.prefix, &format!("{}{text}", template.lead), template.suffix, template.min_length)
+    tokenize_in(tokenizer, template, text, false)
 }
 
-/// [`tokenize`] with the prompt's quoted text spelled out character by character
-/// (`spell_quoted`, LongCat).
-pub fn tokenize_spelled(tokenizer: &BpeTokenizer, template: &LlmTemplate, text: &str) -> LlmTokens {
-    tokenize_pieces(tokenizer, template.prefix, &format!("{}{text}", template.lead), template.suffix, template.min_length, true)
+/// [`tokenize`], with the prompt's quoted text spelled out character by character when
+/// `spell_quotes` (`spell_quoted`, LongCat).
+fn tokenize_in(tokenizer: &BpeTokenizer, template: &LlmTemplate, text: &str, spell_quotes: bool) -> LlmTokens {
+    tokenize_pieces(tokenizer, template.prefix, &format!("{}{text}", template.lead), template.suffix, template.min_length, spell_quotes)
 }
 
 /// [`tokenize`] with an explicit prefix and suffix (weight 1) around `text`.
@@ -105,13 +105,8 @@ pub fn tokenize_parts(tokenizer: &BpeTokenizer, prefix: &str, text: &str, suffix
     tokenize_pieces(tokenizer, prefix, text, suffix, min_length, false)
 }
 
-/// The edit prompt's tokens: `prefix` (the system turn and the images), `text` (spelled
-/// out when `spell_quotes`), `suffix`, padded to `min_length`.
-pub fn tokenize_edit(tokenizer: &BpeTokenizer, prefix: &str, text: &str, suffix: &str, min_length: usize, spell_quotes: bool) -> LlmTokens {
-    tokenize_pieces(tokenizer, prefix, text, suffix, min_length, spell_quotes)
-}
-
-fn tokenize_pieces(tokenizer: &BpeTokenizer, prefix: &str, text: &str, suffix: &str, min_length: usize, spell_quotes: bool) -> LlmTokens {
+/// [`tokenize_parts`], with `text`'s quoted text spelled out when `spell_quotes`.
+pub(super) fn tokenize_pieces(tokenizer: &BpeTokenizer, prefix: &str, text: &str, suffix: &str, min_length: usize, spell_quotes: bool) -> LlmTokens {
     let mut pieces: Vec<(String, f32)> = Vec::new();
     if !prefix.is_empty() {
         pieces.push((prefix.to_string(), 1.0));
@@ -220,7 +215,7 @@ impl LlmConditioner {
         Ok(LlmConditioner { llm, template, vision: None, edit: qwen_edit::QWEN_EDIT, ref_image_template: None, spell_quotes: false })
     }
 
-    /// Quoted text in prompts is spelled out ([`tokenize_spelled`]).
+    /// Quoted text in prompts is spelled out ([`spell_quoted`]).
     pub fn with_spelled_quotes(self) -> LlmConditioner {
         LlmConditioner { spell_quotes: true, ..self }
     }
@@ -279,8 +274,7 @@ impl Conditioner for LlmConditioner {
                 (self.llm.encode(&tokens, self.template.out_layers)?, self.template.drop_first)
             }
             _ => {
-                let spell = if self.spell_quotes { tokenize_spelled } else { tokenize };
-                let tokens = spell(self.llm.tokenizer(), &self.template, req.text);
+                let tokens = tokenize_in(self.llm.tokenizer(), &self.template, req.text, self.spell_quotes);
                 (self.llm.encode(&tokens, self.template.out_layers)?, self.template.drop_first)
             }
         };

@@ -206,7 +206,7 @@ pub fn image_prompt(tower: &mut VisionTower, ref_images: &[Tensor], refs: &RefIm
 /// `[width, L, 1]` of the whole sequence (the caller drops `template.drop_first`).
 pub fn encode(llm: &mut LlmText, template: &EditTemplate, images: ImagePrompt, text: &str, suffix: &str, out_layers: &[i32], spell_quotes: bool) -> Result<Tensor> {
     let prefix = format!("{}{}", template.system, images.text);
-    let tokens = super::llm::tokenize_edit(llm.tokenizer(), &prefix, text, suffix, template.min_length, spell_quotes);
+    let tokens = super::llm::tokenize_pieces(llm.tokenizer(), &prefix, text, suffix, template.min_length, spell_quotes);
     for (index, rows) in &images.images {
         let pads = tokens.ids.get(*index..index + rows.ne(1)).unwrap_or_default();
         if pads.iter().any(|&t| t != IMAGE_PAD) {

@@ -154,7 +154,8 @@ impl RefImageParams {
                 None => sd_warn!("ignoring invalid reference image arg '{k}={v}'"),
             }
         }
-        if p.force_ref_timestep_zero {
+        // The reference warns for every other family (Krea2's presets are its own).
+        if p.force_ref_timestep_zero && !default_preset.is_some_and(|n| n.starts_with("krea2")) {
             sd_warn!("force_ref_timestep_zero is only supported by Krea2 architecture for now");
         }
         p

@@ -189,6 +189,7 @@ pub(super) fn sample(job: &mut Job<'_>, stage: Stage<'_>, x: &Tensor, rng: &mut 
                         guidance: guidance.distilled_guidance,
                         ref_latents: refs,
                         ref_index_mode: r.refs.ref_index_mode,
+                        ref_timestep_zero: r.refs.force_ref_timestep_zero,
                         skip_layers,
                         controls,
                         control_strength: r.control_strength,

@@ -3,6 +3,7 @@
 
 pub mod ernie_image;
 pub mod flux;
+pub mod krea2;
 pub mod mmdit;
 pub mod qwen_image;
 pub mod sefi_image;
@@ -33,6 +34,8 @@ pub struct DiffusionInput<'a> {
     /// their positions are numbered.
     pub ref_latents: &'a [Tensor],
     pub ref_index_mode: RefIndexMode,
+    /// The reference tokens are modulated for timestep 0 (`force_ref_timestep_zero`, Krea2).
+    pub ref_timestep_zero: bool,
     /// Transformer blocks to skip (skip-layer guidance).
     pub skip_layers: &'a [i32],
     /// What only video models read (`None` for images).
@@ -63,6 +66,7 @@ impl<'a> DiffusionInput<'a> {
             guidance: 0.0,
             ref_latents: &[],
             ref_index_mode: RefIndexMode::Fixed,
+            ref_timestep_zero: false,
             skip_layers: &[],
             video: None,
         }

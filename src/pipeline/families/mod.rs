@@ -11,6 +11,7 @@ mod ernie;
 mod first_stage;
 mod flux;
 mod flux2;
+mod krea2;
 mod mmdit;
 mod qwen_image;
 mod sefi;
@@ -81,6 +82,8 @@ pub enum Arch {
     ZImage,
     /// Qwen-Image: the Qwen2.5-VL LLM and the Wan2.1 VAE (single frames).
     QwenImage,
+    /// Krea2: twelve layers of a Qwen3-VL LLM, the Krea2 transformer and the Wan2.1 VAE.
+    Krea2,
     /// Wan 2.x video: UMT5, one or two (high/low-noise) Wan transformers, the Wan VAE.
     Wan,
     /// ERNIE-Image: a Ministral 3B LLM, the ERNIE-Image transformer and Flux.2's VAE.
@@ -407,6 +410,17 @@ const fn qwen_image_family() -> FamilySpec {
     }
 }
 
+/// Krea2: the Wan2.1 VAE's latents, reference images as tokens (`krea2_ostris_edit`), no
+/// 3-way guidance with them.
+const fn krea2_family() -> FamilySpec {
+    FamilySpec {
+        ref_latents: true,
+        ref_image_preset: Some("krea2_ostris_edit"),
+        first_stage: FirstStageKind::Wan21,
+        ..dit_family(ModelFamily::OtherDit, Arch::Krea2, WAN21_LATENT, &preview::WAN21, Concat::None, Prediction::FluxFlow)
+    }
+}
+
 /// Qwen-Image-Layered: Qwen-Image decomposing a picture (a reference image, numbered
 /// downwards) into RGBA layers.
 const fn qwen_image_layered_family() -> FamilySpec {
@@ -467,6 +481,7 @@ static Z_IMAGE: FamilySpec = zimage_family();
 static ERNIE_IMAGE: FamilySpec = ernie_image_family();
 static QWEN_IMAGE: FamilySpec = qwen_image_family();
 static QWEN_IMAGE_LAYERED: FamilySpec = qwen_image_layered_family();
+static KREA2: FamilySpec = krea2_family();
 static WAN: FamilySpec = wan_family(WAN_LATENT, &preview::WAN21, FirstStageKind::Wan21, TimestepRule::Scalar);
 static WAN22_TI2V: FamilySpec = wan_family(WAN22_LATENT, &preview::WAN22, FirstStageKind::Wan22, TimestepRule::PerFrameMasked);
 
@@ -502,6 +517,7 @@ pub fn spec(version: SdVersion) -> Option<&'static FamilySpec> {
         V::ErnieImage => &ERNIE_IMAGE,
         V::QwenImage => &QWEN_IMAGE,
         V::QwenImageLayered => &QWEN_IMAGE_LAYERED,
+        V::Krea2 => &KREA2,
         V::Wan2 | V::Wan2_2I2v => &WAN,
         V::Wan2_2Ti2v => &WAN22_TI2V,
         _ => return None,
@@ -631,6 +647,7 @@ impl ModelSet {
             Arch::ZImage => zimage::build(&mut ctx)?,
             Arch::QwenImage => qwen_image::build(&mut ctx)?,
             Arch::Wan => wan::build(&mut ctx)?,
+            Arch::Krea2 => krea2::build(&mut ctx)?,
             Arch::ErnieImage => ernie::build(&mut ctx)?,
         };
         let given = |p: &Option<String>| p.as_deref().is_some_and(|p| !p.is_empty());
@@ -807,6 +824,11 @@ mod tests {
                     let preset = if layered { "qwen_layered" } else { "qwen" };
                     assert_eq!((s.defaults, s.ref_image_preset), (ModelFamily::OtherDit, Some(preset)));
                     assert_eq!((s.image_channels, s.is_layered()), (if layered { 4 } else { 3 }, layered));
+                }
+                Some(s) if *v == SdVersion::Krea2 => {
+                    assert_eq!((s.latent.size_multiple(), s.latent.channels, s.ref_image_multiple), (8, 16, 16));
+                    assert!(s.ref_latents && !s.supports_img_cfg(true) && s.first_stage == FirstStageKind::Wan21);
+                    assert_eq!((s.arch, s.ref_image_preset, s.defaults), (Arch::Krea2, Some("krea2_ostris_edit"), ModelFamily::OtherDit));
                 }
                 Some(s) if v.is_wan() => {
                     let ti2v = *v == SdVersion::Wan2_2Ti2v;

@@ -1,0 +1,106 @@
+//! Krea2: the LLM conditioner with Qwen3-VL's text model ([`KREA2_TEMPLATE`]: twelve of its
+//! layers side by side), the Krea2 transformer and the Wan2.1 VAE on single frames. Flux's
+//! flow prediction with the default shift 1.15, like the reference. Reference images become
+//! latent tokens after the image's (the `krea2_ostris_edit` preset: numbered from 1, modulated
+//! for timestep 0; `krea2_edit` keeps the step's timestep).
+//!
+//! The reference also shows reference images to Qwen3-VL's vision tower when the LLM file
+//! holds one; that tower is not built here, so such a request is refused (without one, as
+//! in the reference, reference images reach only the transformer).
+
+use super::flux::DIT_PREFIX;
+use super::qwen_image::QWEN_IMAGE_TEMPLATE;
+use super::{first_stage, flow_parts, BuildCtx, Parts};
+use crate::error::Result;
+use crate::graph::{Component, Components, Module};
+use crate::models::diffusion::krea2::{Krea2Config, Krea2Model};
+use crate::models::te::llm::LlmArch;
+use crate::models::te::qwen_vision::VISION_PREFIX;
+use crate::models::Condition;
+use crate::pipeline::conditioning::llm::{LlmConditioner, LlmTemplate};
+use crate::pipeline::conditioning::{CondRequest, Conditioner};
+use crate::types::Prediction;
+
+/// The flow shift of a request that sets none.
+const DEFAULT_FLOW_SHIFT: f32 = 1.15;
+
+/// Qwen-Image's system prompt and turns around the prompt, without the system prompt's 34
+/// tokens; the outputs of layers 2, 5, …, 35 side by side.
+pub const KREA2_TEMPLATE: LlmTemplate = LlmTemplate {
+    arch: LlmArch::Qwen3Vl,
+    prefix: QWEN_IMAGE_TEMPLATE.prefix,
+    suffix: "<|im_end|>\n<|im_start|>assistant\n",
+    lead: "",
+    out_layers: &[2, 5, 8, 11, 14, 17, 20, 23, 26, 29, 32, 35],
+    min_length: 0,
+    drop_first: 34,
+    zero_pad_to: 0,
+};
+
+/// The LLM conditioner, refusing reference images for a vision tower it does not have.
+struct Krea2Conditioner {
+    llm: LlmConditioner,
+    /// The LLM file holds Qwen3-VL's vision tower (`visual.` weights).
+    vision_weights: bool,
+}
+
+impl Components for Krea2Conditioner {
+    fn components(&mut self) -> Vec<&mut dyn Component> {
+        self.llm.components()
+    }
+}
+
+impl Conditioner for Krea2Conditioner {
+    fn encode(&mut self, req: &CondRequest<'_>) -> Result<Condition> {
+        ensure!(
+            !self.vision_weights || req.ref_images.is_empty(),
+            "Krea2: reference images for the Qwen3-VL vision tower of the LLM file are not supported yet (ref_image_args \"pass_to_vlm=false\" passes them to the transformer only)"
+        );
+        self.llm.encode(req)
+    }
+}
+
+pub(super) fn build(ctx: &mut BuildCtx<'_>) -> Result<Parts> {
+    let (params, weights, n_threads) = (ctx.params, ctx.weights, ctx.n_threads);
+    let te_place = ctx.devices.placement(Module::Te)?;
+    let vae_place = ctx.devices.placement(Module::Vae)?;
+
+    let cfg = Krea2Config::detect(weights.types(), &|n| weights.shape_of(n), DIT_PREFIX);
+    cfg.validate()?;
+    let llm = LlmConditioner::new(weights, KREA2_TEMPLATE, &te_place, n_threads, params.eager_load)?;
+    let width = llm.context_width() as i64;
+    ensure!(
+        width == cfg.context_width(),
+        "the LLM's hidden states are {width} wide, the Krea2 transformer takes {} LLM layers of {} ({}; its Qwen3-VL needs at least 35 layers)",
+        cfg.text_layers,
+        cfg.text_dim,
+        cfg.context_width()
+    );
+    let vision_weights = weights.types().keys().any(|n| n.starts_with(VISION_PREFIX));
+    if vision_weights {
+        sd_warn!("Krea2: the Qwen3-VL vision tower in the LLM file is not used here; reference images go to the transformer only when ref_image_args says \"pass_to_vlm=false\"");
+    }
+
+    let model = ctx.load_transformer(DIT_PREFIX, |s| Krea2Model::new(s, &cfg))?;
+    let first = first_stage::build(ctx, vae_place)?;
+    let cond = Krea2Conditioner { llm, vision_weights };
+    Ok(flow_parts(params, Box::new(cond), Box::new(model), first, Prediction::FluxFlow, DEFAULT_FLOW_SHIFT))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::models::te::qwen_tokenizer::{self, IM_END, IM_START};
+    use crate::pipeline::conditioning::llm::tokenize;
+
+    /// The system prompt is the 34 tokens dropped; the prompt and the assistant turn remain.
+    #[test]
+    fn prompt_tokens() {
+        let tok = qwen_tokenizer::shared().unwrap();
+        let empty = tokenize(tok, &KREA2_TEMPLATE, "");
+        assert_eq!(empty.ids.len(), 34 + 5);
+        assert_eq!(&empty.ids[34..], &[IM_END, 198, IM_START, 77091, 198]);
+        let t = tokenize(tok, &KREA2_TEMPLATE, "a lovely cat");
+        assert_eq!(&t.ids[34..37], &[64, 16690, 8251]);
+    }
+}

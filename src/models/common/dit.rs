@@ -64,6 +64,20 @@ pub fn unpatchify_and_crop<'g>(x: T<'g>, h_full: i64, w_full: i64, p: i64, patch
     x.view(&[w_full, h_full, c, n], &[nb[1], nb[2], nb[3]], 0).cont()
 }
 
+/// `x + x · scale`, `scale` `[C, N]` broadcast over the tokens of `x` `[C, L, N]` (the
+/// Lumina-style blocks' modulation without a shift).
+pub fn scale_tokens<'g>(x: T<'g>, scale: T<'g>) -> T<'g> {
+    let ne = scale.ne();
+    x.add(x.mul(scale.reshape(&[ne[0], 1, ne[1]])))
+}
+
+/// Index of the block in a weight name like `…double_blocks.12.img_attn…` (the number after
+/// `marker`).
+pub fn block_index(name: &str, marker: &str) -> Option<usize> {
+    let rest = &name[name.find(marker)? + marker.len()..];
+    rest.split('.').next()?.parse().ok()
+}
+
 /// `x + x·scale + shift` with `shift`, `scale` of shape `[C, N]` broadcast over the tokens
 /// of `x` `[C, L, N]` (adaLN).
 pub fn modulate<'g>(x: T<'g>, shift: T<'g>, scale: T<'g>) -> T<'g> {

@@ -23,7 +23,7 @@ use crate::graph::matmul::mul_mat;
 use crate::graph::nn::{Conv2d, LayerNorm, Linear};
 use crate::graph::{Component, Components, Graph, Loaded, Scope, TypeMap, F32, T};
 use crate::models::common::dit::{
-    chunk, modulate, pad_and_patchify, pad_to_patch, patchify, timestep_embedding, unpatchify, unpatchify_and_crop, RmsNorm,
+    block_index, chunk, modulate, pad_and_patchify, pad_to_patch, patchify, timestep_embedding, unpatchify, unpatchify_and_crop, RmsNorm,
 };
 use crate::models::common::rope::{self, RefIndexMode};
 use super::sefi_image::{DualTimeEmbed, SEMANTIC_CHANNELS};
@@ -127,12 +127,6 @@ const CHROMA_DOUBLE_BLOCKS: i64 = 19;
 /// Width of Chroma's approximator.
 const CHROMA_INNER: i64 = 5120;
 const CHROMA_LAYERS: usize = 5;
-
-/// Index of the block in a name like `…double_blocks.12.img_attn…` (after `marker`).
-fn block_index(name: &str, marker: &str) -> Option<usize> {
-    let rest = &name[name.find(marker)? + marker.len()..];
-    rest.split('.').next()?.parse().ok()
-}
 
 impl FluxConfig {
     /// The configuration of the network under `prefix`, read from the weights like the

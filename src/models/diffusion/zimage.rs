@@ -22,7 +22,7 @@ use super::{DiffusionInput, DiffusionModel};
 use crate::error::{Context as _, Result};
 use crate::graph::nn::{LayerNorm, Linear};
 use crate::graph::{Graph, Loaded, Scope, TypeMap, F32, T, W};
-use crate::models::common::dit::{chunk, pad_and_patchify, timestep_embedding, unpatchify_and_crop, MlpEmbedder, RmsNorm};
+use crate::models::common::dit::{block_index, chunk, pad_and_patchify, scale_tokens, timestep_embedding, unpatchify_and_crop, MlpEmbedder, RmsNorm};
 use crate::models::common::rope::{self, pad_to_multiple};
 use crate::tensor::Tensor;
 
@@ -51,12 +51,6 @@ pub struct ZImageConfig {
     pub cap_feat_dim: i64,
     pub theta: f32,
     pub axes_dim: Vec<usize>,
-}
-
-/// Index of the block in a name like `…noise_refiner.1.attention…` (after `marker`).
-fn block_index(name: &str, marker: &str) -> Option<usize> {
-    let rest = &name[name.find(marker)? + marker.len()..];
-    rest.split('.').next()?.parse().ok()
 }
 
 impl ZImageConfig {
@@ -164,12 +158,6 @@ impl ZImageConfig {
         ensure!(axes as i64 == self.head_dim, "Z-Image DiT: RoPE axes cover {axes} of the head's {} dimensions", self.head_dim);
         Ok(())
     }
-}
-
-/// `x + x · scale`, `scale` `[C, N]` broadcast over the tokens of `x` `[C, L, N]`.
-fn scale_tokens<'g>(x: T<'g>, scale: T<'g>) -> T<'g> {
-    let ne = scale.ne();
-    x.add(x.mul(scale.reshape(&[ne[0], 1, ne[1]])))
 }
 
 fn rms_norm(s: &mut Scope, name: &str, dim: i64, eps: f32) -> RmsNorm {

@@ -15,6 +15,7 @@ use crate::error::{Context as _, Result};
 use crate::graph::{Component, Components, Loaded, Placement};
 use crate::models::te::bpe::BpeTokenizer;
 use crate::models::te::llm::{self, causal_mask, LlmArch, LlmConfig, LlmModel, LLM_PREFIX};
+use crate::models::te::qwen_vision::VISION_PREFIX;
 use crate::models::te::{mistral_tokenizer, qwen_tokenizer};
 use crate::models::Condition;
 use crate::pipeline::loader::Weights;
@@ -207,17 +208,38 @@ pub struct LlmConditioner {
     ref_image_template: Option<RefImageTemplate>,
     /// LongCat: quoted text in the prompt is tokenized character by character.
     spell_quotes: bool,
+    /// Boogu: the prefix a blank prompt is put after instead of the template's.
+    blank_prefix: Option<&'static str>,
+    /// The family whose LLM file holds a vision tower this build does not run (Qwen3-VL's):
+    /// reference images for it are refused.
+    unbuilt_vision: Option<&'static str>,
 }
 
 impl LlmConditioner {
     pub fn new(weights: &Arc<Weights>, template: LlmTemplate, place: &Placement, n_threads: i32, resident: bool) -> Result<LlmConditioner> {
         let llm = LlmText::open(weights, template.arch, place, n_threads, resident)?;
-        Ok(LlmConditioner { llm, template, vision: None, edit: qwen_edit::QWEN_EDIT, ref_image_template: None, spell_quotes: false })
+        Ok(LlmConditioner { llm, template, vision: None, edit: qwen_edit::QWEN_EDIT, ref_image_template: None, spell_quotes: false, blank_prefix: None, unbuilt_vision: None })
     }
 
     /// Quoted text in prompts is spelled out ([`spell_quoted`]).
     pub fn with_spelled_quotes(self) -> LlmConditioner {
         LlmConditioner { spell_quotes: true, ..self }
+    }
+
+    /// A prompt of nothing but spaces, tabs and line breaks is put after `prefix` instead of
+    /// the template's prefix.
+    pub fn with_blank_prompt_prefix(self, prefix: &'static str) -> LlmConditioner {
+        LlmConditioner { blank_prefix: Some(prefix), ..self }
+    }
+
+    /// Reference images for the LLM (`pass_to_vlm`) are refused, naming `family`, when the
+    /// context's files hold a vision tower ([`VISION_PREFIX`]) that this build does not run
+    /// (the reference would describe them with it); without one they reach only the
+    /// diffusion model, as in the reference. Whether the files hold one.
+    pub fn refusing_unbuilt_vision(&mut self, weights: &Weights, family: &'static str) -> bool {
+        let found = weights.has_prefix(VISION_PREFIX);
+        self.unbuilt_vision = found.then_some(family);
+        found
     }
 
     /// Reference images for the LLM (`pass_to_vlm`) make it read `template` instead of the
@@ -253,6 +275,12 @@ impl Components for LlmConditioner {
 impl Conditioner for LlmConditioner {
     fn encode(&mut self, req: &CondRequest<'_>) -> Result<Condition> {
         let start = Instant::now();
+        if let Some(family) = self.unbuilt_vision {
+            ensure!(
+                req.ref_images.is_empty(),
+                "{family}: reference images for the Qwen3-VL vision tower of the LLM file are not supported yet (ref_image_args \"pass_to_vlm=false\" passes them to the transformer only)"
+            );
+        }
         let (h, drop) = match (&mut self.vision, self.ref_image_template) {
             (Some(vision), _) if !req.ref_images.is_empty() => {
                 let images = qwen_edit::image_prompt(vision, req.ref_images, &req.refs, &self.edit)?;
@@ -274,7 +302,12 @@ impl Conditioner for LlmConditioner {
                 (self.llm.encode(&tokens, self.template.out_layers)?, self.template.drop_first)
             }
             _ => {
-                let tokens = tokenize_in(self.llm.tokenizer(), &self.template, req.text, self.spell_quotes);
+                let blank = req.text.chars().all(|c| matches!(c, ' ' | '\t' | '\r' | '\n'));
+                let template = match self.blank_prefix {
+                    Some(prefix) if blank => LlmTemplate { prefix, ..self.template },
+                    _ => self.template,
+                };
+                let tokens = tokenize_in(self.llm.tokenizer(), &template, req.text, self.spell_quotes);
                 (self.llm.encode(&tokens, self.template.out_layers)?, self.template.drop_first)
             }
         };

@@ -12,13 +12,10 @@ use super::flux::DIT_PREFIX;
 use super::qwen_image::QWEN_IMAGE_TEMPLATE;
 use super::{first_stage, flow_parts, BuildCtx, Parts};
 use crate::error::Result;
-use crate::graph::{Component, Components, Module};
+use crate::graph::Module;
 use crate::models::diffusion::krea2::{Krea2Config, Krea2Model};
 use crate::models::te::llm::LlmArch;
-use crate::models::te::qwen_vision::VISION_PREFIX;
-use crate::models::Condition;
 use crate::pipeline::conditioning::llm::{LlmConditioner, LlmTemplate};
-use crate::pipeline::conditioning::{CondRequest, Conditioner};
 use crate::types::Prediction;
 
 /// The flow shift of a request that sets none.
@@ -37,29 +34,6 @@ pub const KREA2_TEMPLATE: LlmTemplate = LlmTemplate {
     zero_pad_to: 0,
 };
 
-/// The LLM conditioner, refusing reference images for a vision tower it does not have.
-struct Krea2Conditioner {
-    llm: LlmConditioner,
-    /// The LLM file holds Qwen3-VL's vision tower (`visual.` weights).
-    vision_weights: bool,
-}
-
-impl Components for Krea2Conditioner {
-    fn components(&mut self) -> Vec<&mut dyn Component> {
-        self.llm.components()
-    }
-}
-
-impl Conditioner for Krea2Conditioner {
-    fn encode(&mut self, req: &CondRequest<'_>) -> Result<Condition> {
-        ensure!(
-            !self.vision_weights || req.ref_images.is_empty(),
-            "Krea2: reference images for the Qwen3-VL vision tower of the LLM file are not supported yet (ref_image_args \"pass_to_vlm=false\" passes them to the transformer only)"
-        );
-        self.llm.encode(req)
-    }
-}
-
 pub(super) fn build(ctx: &mut BuildCtx<'_>) -> Result<Parts> {
     let (params, weights, n_threads) = (ctx.params, ctx.weights, ctx.n_threads);
     let te_place = ctx.devices.placement(Module::Te)?;
@@ -67,8 +41,8 @@ pub(super) fn build(ctx: &mut BuildCtx<'_>) -> Result<Parts> {
 
     let cfg = Krea2Config::detect(weights.types(), &|n| weights.shape_of(n), DIT_PREFIX);
     cfg.validate()?;
-    let llm = LlmConditioner::new(weights, KREA2_TEMPLATE, &te_place, n_threads, params.eager_load)?;
-    let width = llm.context_width() as i64;
+    let mut cond = LlmConditioner::new(weights, KREA2_TEMPLATE, &te_place, n_threads, params.eager_load)?;
+    let width = cond.context_width() as i64;
     ensure!(
         width == cfg.context_width(),
         "the LLM's hidden states are {width} wide, the Krea2 transformer takes {} LLM layers of {} ({}; its Qwen3-VL needs at least 35 layers)",
@@ -76,14 +50,12 @@ pub(super) fn build(ctx: &mut BuildCtx<'_>) -> Result<Parts> {
         cfg.text_dim,
         cfg.context_width()
     );
-    let vision_weights = weights.types().keys().any(|n| n.starts_with(VISION_PREFIX));
-    if vision_weights {
+    if cond.refusing_unbuilt_vision(weights, "Krea2") {
         sd_warn!("Krea2: the Qwen3-VL vision tower in the LLM file is not used here; reference images go to the transformer only when ref_image_args says \"pass_to_vlm=false\"");
     }
 
     let model = ctx.load_transformer(DIT_PREFIX, |s| Krea2Model::new(s, &cfg))?;
     let first = first_stage::build(ctx, vae_place)?;
-    let cond = Krea2Conditioner { llm, vision_weights };
     Ok(flow_parts(params, Box::new(cond), Box::new(model), first, Prediction::FluxFlow, DEFAULT_FLOW_SHIFT))
 }
 

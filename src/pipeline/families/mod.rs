@@ -7,6 +7,7 @@
 //! conditioner under `conditioning/` when it needs a new one, an [`Arch`] variant with a
 //! builder file here, and its rows in [`spec`].
 
+mod boogu;
 mod ernie;
 mod first_stage;
 mod flux;
@@ -88,6 +89,8 @@ pub enum Arch {
     Wan,
     /// ERNIE-Image: a Ministral 3B LLM, the ERNIE-Image transformer and Flux.2's VAE.
     ErnieImage,
+    /// Boogu Image: a Qwen3-VL LLM, the Boogu Image transformer and Flux.1's VAE.
+    Boogu,
 }
 
 /// Extra latent channels the diffusion model takes next to the noisy latent.
@@ -340,6 +343,11 @@ const fn zimage_family() -> FamilySpec {
     }
 }
 
+/// Boogu Image: Z-Image's latents, reference images and 3-way guidance with them.
+const fn boogu_family() -> FamilySpec {
+    FamilySpec { arch: Arch::Boogu, ..zimage_family() }
+}
+
 /// Flux.2's 128 channels: 32 VAE channels × 2×2 patches, at 1/16 of the image.
 const FLUX2_LATENT: LatentFormat = LatentFormat { channels: 128, vae_scale: 16, down_factor: 1, scale_factor: 1.0, shift_factor: 0.0 };
 
@@ -479,6 +487,7 @@ static FLUX2: FamilySpec = flux2_family();
 static SEFI_IMAGE: FamilySpec = sefi_family();
 static Z_IMAGE: FamilySpec = zimage_family();
 static ERNIE_IMAGE: FamilySpec = ernie_image_family();
+static BOOGU_IMAGE: FamilySpec = boogu_family();
 static QWEN_IMAGE: FamilySpec = qwen_image_family();
 static QWEN_IMAGE_LAYERED: FamilySpec = qwen_image_layered_family();
 static KREA2: FamilySpec = krea2_family();
@@ -515,6 +524,7 @@ pub fn spec(version: SdVersion) -> Option<&'static FamilySpec> {
         V::SefiImage => &SEFI_IMAGE,
         V::ZImage => &Z_IMAGE,
         V::ErnieImage => &ERNIE_IMAGE,
+        V::BooguImage => &BOOGU_IMAGE,
         V::QwenImage => &QWEN_IMAGE,
         V::QwenImageLayered => &QWEN_IMAGE_LAYERED,
         V::Krea2 => &KREA2,
@@ -649,6 +659,7 @@ impl ModelSet {
             Arch::Wan => wan::build(&mut ctx)?,
             Arch::Krea2 => krea2::build(&mut ctx)?,
             Arch::ErnieImage => ernie::build(&mut ctx)?,
+            Arch::Boogu => boogu::build(&mut ctx)?,
         };
         let given = |p: &Option<String>| p.as_deref().is_some_and(|p| !p.is_empty());
         if given(&params.clip_vision_path) && parts.clip_vision.is_none() {
@@ -848,6 +859,11 @@ mod tests {
                     assert_eq!((s.latent.size_multiple(), s.latent.channels), (16, 128));
                     assert!(s.vae_quant_convs && !s.ref_latents && !s.supports_img_cfg(true));
                     assert_eq!((s.defaults, s.arch), (ModelFamily::OtherDit, Arch::ErnieImage));
+                }
+                Some(s) if *v == SdVersion::BooguImage => {
+                    assert_eq!((s.latent.size_multiple(), s.latent.channels, s.latent.scale_factor), (8, 16, 0.3611));
+                    assert!(!s.vae_quant_convs && s.skip_layer_guidance && s.supports_img_cfg(true) && !s.supports_img_cfg(false));
+                    assert_eq!((s.arch, s.ref_image_preset, s.prediction), (Arch::Boogu, Some("z_image_omni"), PredictionRule::Fixed(Prediction::Flow)));
                 }
                 Some(s) => {
                     assert!(s.image_channels == 3 && !s.is_layered() && s.video().is_none());

@@ -1,0 +1,83 @@
+//! Boogu Image: the LLM conditioner with Qwen3-VL's text model ([`BOOGU_TEMPLATE`], its
+//! final normed hidden states), the Boogu Image transformer and Flux.1's 16-channel
+//! AutoencoderKL. Flow prediction with the default shift 3.16, like the reference.
+//! Reference images (the `z_image_omni` preset) become tokens of the transformer, with
+//! 3-way guidance; its LLM reads them only through a Qwen3-VL vision tower, which this build
+//! does not have: with one in the LLM file, reference images for it are refused.
+
+use super::flux::DIT_PREFIX;
+use super::{first_stage, flow_parts, BuildCtx, Parts};
+use crate::error::Result;
+use crate::graph::Module;
+use crate::models::diffusion::boogu_image::{BooguConfig, BooguModel};
+use crate::models::te::llm::LlmArch;
+use crate::pipeline::conditioning::llm::{LlmConditioner, LlmTemplate};
+use crate::types::Prediction;
+
+/// The flow shift of a request that sets none.
+const DEFAULT_FLOW_SHIFT: f32 = 3.16;
+
+/// Qwen3-VL's chat template with Boogu's text-to-image system prompt, the user turn closed
+/// and no assistant turn; the normed output of the last layer.
+pub const BOOGU_TEMPLATE: LlmTemplate = LlmTemplate {
+    arch: LlmArch::Qwen3Vl,
+    prefix: "<|im_start|>system\nYou are a helpful assistant that generates high-quality images based on user instructions. The instructions are as follows.<|im_end|>\n<|im_start|>user\n",
+    suffix: "<|im_end|>\n",
+    lead: "",
+    out_layers: &[],
+    min_length: 0,
+    drop_first: 0,
+    zero_pad_to: 0,
+};
+
+/// What a blank prompt (an empty negative one, say) is put after instead: the reference
+/// asks with its edit system prompt then.
+pub const BOOGU_BLANK_PREFIX: &str = "<|im_start|>system\nDescribe the key features of the input image (color, shape, size, texture, objects, background), then explain how the user's text instruction should alter or modify the image. Generate a new image that meets the user's requirements while maintaining consistency with the original input where appropriate.<|im_end|>\n<|im_start|>user\n";
+
+pub(super) fn build(ctx: &mut BuildCtx<'_>) -> Result<Parts> {
+    let (params, weights, n_threads) = (ctx.params, ctx.weights, ctx.n_threads);
+    let te_place = ctx.devices.placement(Module::Te)?;
+    let vae_place = ctx.devices.placement(Module::Vae)?;
+
+    let cfg = BooguConfig::detect(weights.types(), &|n| weights.shape_of(n), DIT_PREFIX);
+    cfg.validate()?;
+    ensure!(
+        cfg.in_channels as usize == ctx.spec.latent.channels,
+        "the Boogu Image transformer takes {} latent channels, Flux.1's VAE makes {}",
+        cfg.in_channels,
+        ctx.spec.latent.channels
+    );
+    let mut cond = LlmConditioner::new(weights, BOOGU_TEMPLATE, &te_place, n_threads, params.eager_load)?.with_blank_prompt_prefix(BOOGU_BLANK_PREFIX);
+    if cond.refusing_unbuilt_vision(weights, "Boogu Image") {
+        sd_warn!("Boogu Image: the Qwen3-VL vision tower in the LLM file is not used here; reference images go to the transformer only when ref_image_args says \"pass_to_vlm=false\"");
+    }
+    let width = cond.context_width() as i64;
+    ensure!(
+        width == cfg.caption_dim,
+        "the LLM's hidden states are {width} wide, the Boogu Image transformer's caption_embedder takes {}",
+        cfg.caption_dim
+    );
+
+    let model = ctx.load_transformer(DIT_PREFIX, |s| BooguModel::new(s, &cfg))?;
+    let first = first_stage::build(ctx, vae_place)?;
+    Ok(flow_parts(params, Box::new(cond), Box::new(model), first, Prediction::Flow, DEFAULT_FLOW_SHIFT))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::models::te::qwen_tokenizer::{self, IM_END, IM_START};
+    use crate::pipeline::conditioning::llm::{tokenize, tokenize_parts};
+
+    /// The system turn, the user turn with the prompt, closed, and nothing after it.
+    #[test]
+    fn prompt_tokens() {
+        let tok = qwen_tokenizer::shared().unwrap();
+        let t = tokenize(tok, &BOOGU_TEMPLATE, "a lovely cat");
+        assert_eq!(t.ids[0], IM_START);
+        assert_eq!(&t.ids[t.ids.len() - 8..], &[IM_START, 872, 198, 64, 16690, 8251, IM_END, 198]);
+        let blank = tokenize_parts(tok, BOOGU_BLANK_PREFIX, "", BOOGU_TEMPLATE.suffix, 0);
+        assert_eq!(&blank.ids[blank.ids.len() - 5..], &[IM_START, 872, 198, IM_END, 198]);
+        assert!(t.keep.iter().all(|&k| k) && t.weights.iter().all(|&w| w == 1.0));
+    }
+}

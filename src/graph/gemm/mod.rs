@@ -94,7 +94,7 @@ impl Problem {
     fn rows_per_block(&self) -> usize {
         match self.dot {
             Dot::Q8_0 => ((192 << 10) / (self.k / 32 * 36).max(1)).clamp(4, 128) / 4 * 4,
-            _ => 64,
+            _ => 128,
         }
     }
 
@@ -320,6 +320,33 @@ mod tests {
         ts.tv_sec as f64 + ts.tv_nsec as f64 * 1e-9
     }
 
+    /// One thread's f32 FMA rate with independent chains in 16-lane registers (what no
+    /// product can beat on this CPU; 0 without AVX-512).
+    fn fma_peak() -> f64 {
+        #[cfg(target_arch = "x86_64")]
+        #[target_feature(enable = "avx512f")]
+        unsafe fn chains(reps: usize) -> f32 {
+            use std::arch::x86_64::*;
+            let (m, c) = (_mm512_set1_ps(0.999_999), _mm512_set1_ps(1e-7));
+            let mut acc = [_mm512_set1_ps(1.0); 12];
+            for _ in 0..reps {
+                for v in acc.iter_mut() {
+                    *v = _mm512_fmadd_ps(*v, m, c);
+                }
+            }
+            acc.iter().map(|v| _mm512_reduce_add_ps(*v)).sum()
+        }
+        #[cfg(target_arch = "x86_64")]
+        if is_x86_feature_detected!("avx512f") {
+            let reps = 50_000_000usize;
+            let t = thread_cpu_s();
+            // SAFETY: AVX-512F checked.
+            std::hint::black_box(unsafe { chains(reps) });
+            return 2.0 * 16.0 * 12.0 * reps as f64 / (thread_cpu_s() - t) / 1e9;
+        }
+        0.0
+    }
+
     /// One thread's GFLOP per CPU second on SD 1.x product shapes (kernels only; the CPU
     /// time, so other load on the machine does not count):
     /// `cargo test --release --lib kernel_throughput -- --ignored --nocapture`.
@@ -334,8 +361,14 @@ mod tests {
             ("attn v.s d40", Dot::F32, Elem::F32, Elem::F32, 4096, 40, 1024),
             ("attn q.k d40", Dot::F32, Elem::F32, Elem::F32, 40, 4096, 512),
             ("q8_0 linear 320->2560", Dot::Q8_0, Elem::Q8_0, Elem::F32, 320, 2560, 1024),
+            ("wan linear 1536->1536, 1280 tokens", Dot::F16, Elem::F16, Elem::F32, 1536, 1536, 1280),
+            ("wan ffn 1536->8960", Dot::F16, Elem::F16, Elem::F32, 1536, 8960, 1280),
+            ("wan ffn 8960->1536", Dot::F16, Elem::F16, Elem::F32, 8960, 1536, 1280),
         ];
-        for (what, dot, ea, eb, k, m, n) in shapes {
+        println!("this CPU's f32 FMA peak: {:.1} GFLOP per CPU s", fma_peak());
+        // `SD_KERNEL_SHAPES=wan` keeps the shapes whose name contains it.
+        let only = std::env::var("SD_KERNEL_SHAPES").unwrap_or_default();
+        for (what, dot, ea, eb, k, m, n) in shapes.into_iter().filter(|s| s.0.contains(only.as_str())) {
             let bytes = |e: Elem, rows: usize| match e {
                 Elem::F16 => (0..rows * k).flat_map(|i| scalar::f32_to_f16(((i * 7 % 13) as f32 - 6.0) * 0.01).to_le_bytes()).collect::<Vec<u8>>(),
                 Elem::F32 => (0..rows * k).flat_map(|i| (((i * 5 % 11) as f32 - 5.0) * 0.01).to_le_bytes()).collect(),
@@ -368,7 +401,7 @@ mod tests {
                 out_nb: [4 * m, 4 * m * n, 4 * m * n],
             };
             let mut best = f64::MAX;
-            for _ in 0..3 {
+            for _ in 0..5 {
                 let t = thread_cpu_s();
                 // SAFETY: buffers outlive the call; one thread.
                 unsafe { run(&p, 0, 1, Imp::Auto, None) };

@@ -13,8 +13,10 @@
 use super::{Dot, Elem, Problem, Task};
 use std::arch::x86_64::*;
 
+/// Rows of a float register tile; its columns are the entry point's `NR` (3 with 16 AVX2
+/// registers, 6 with AVX-512's 32: each block then loads 10 vectors for 24 products, and the
+/// weight panel streamed from L2 serves twice the columns).
 pub(crate) const MR: usize = 4;
-pub(crate) const NR: usize = 3;
 
 /// Whether this CPU runs the vector kernels.
 pub(crate) fn available() -> bool {
@@ -88,8 +90,7 @@ unsafe fn pack_tail(kind: Load, src: *const u8, stride: usize, rows: usize, k32:
 /// stored back to `st`. Every accumulator sees its fused multiply-adds in block order, as in
 /// ggml; 16 lanes take half the instructions and loads.
 #[inline(always)]
-unsafe fn tile_pass<L: Lanes>(a: *const f32, b: *const f32, cs: usize, st: *mut __m256, resume: bool) {
-    let w = L::N;
+unsafe fn tile_pass<L: Lanes, const NR: usize>(a: *const f32, b: *const f32, cs: usize, st: *mut __m256, resume: bool) {
     let mut c = [[L::zero(); NR]; MR];
     if resume {
         for (i, row) in c.iter_mut().enumerate() {
@@ -98,9 +99,28 @@ unsafe fn tile_pass<L: Lanes>(a: *const f32, b: *const f32, cs: usize, st: *mut 
             }
         }
     }
+    if L::N == 16 && NR == 6 && MR == 4 {
+        // SAFETY: the same types (16-lane registers, MR × 6 of them), only spelled out so that
+        // the 24 accumulators stay in registers.
+        let c = &mut *(c.as_mut_ptr() as *mut [__m512; 24]);
+        tile_loop_4x6(a, b, cs, c);
+    } else {
+        tile_loop::<L, NR>(a, b, cs, &mut c);
+    }
+    for (i, row) in c.iter().enumerate() {
+        for (j, v) in row.iter().enumerate() {
+            L::store_groups(st.add(i * NR + j), MR * NR, *v);
+        }
+    }
+}
+
+/// The blocks of a tile pass, generic (AVX2's 4 × 3 tile).
+#[inline(always)]
+unsafe fn tile_loop<L: Lanes, const NR: usize>(a: *const f32, b: *const f32, cs: usize, c: &mut [[L::V; NR]; MR]) {
+    let w = L::N;
     let (mut pa, mut pb) = (a, b);
     for _ in 0..cs {
-        let bv: [L::V; NR] = [L::load(pb), L::load(pb.add(w)), L::load(pb.add(2 * w))];
+        let bv: [L::V; NR] = std::array::from_fn(|j| L::load(pb.add(j * w)));
         for (i, row) in c.iter_mut().enumerate() {
             let av = L::load(pa.add(w * i));
             for (v, bj) in row.iter_mut().zip(bv) {
@@ -110,11 +130,36 @@ unsafe fn tile_pass<L: Lanes>(a: *const f32, b: *const f32, cs: usize, st: *mut 
         pa = pa.add(MR * w);
         pb = pb.add(NR * w);
     }
-    for (i, row) in c.iter().enumerate() {
-        for (j, v) in row.iter().enumerate() {
-            L::store_groups(st.add(i * NR + j), MR * NR, *v);
+}
+
+/// The blocks of a tile pass for AVX-512's 4 × 6 tile: 24 accumulators, 6 column vectors and
+/// one row vector in 31 of the 32 registers (written out: the generic arrays were spilled).
+#[inline(always)]
+unsafe fn tile_loop_4x6(a: *const f32, b: *const f32, cs: usize, c: &mut [__m512; 24]) {
+    let [mut c00, mut c01, mut c02, mut c03, mut c04, mut c05, mut c10, mut c11, mut c12, mut c13, mut c14, mut c15, mut c20, mut c21, mut c22, mut c23, mut c24, mut c25, mut c30, mut c31, mut c32, mut c33, mut c34, mut c35] = *c;
+    let (mut pa, mut pb) = (a, b);
+    for _ in 0..cs {
+        let (b0, b1, b2) = (_mm512_loadu_ps(pb), _mm512_loadu_ps(pb.add(16)), _mm512_loadu_ps(pb.add(32)));
+        let (b3, b4, b5) = (_mm512_loadu_ps(pb.add(48)), _mm512_loadu_ps(pb.add(64)), _mm512_loadu_ps(pb.add(80)));
+        macro_rules! row {
+            ($i:expr, $x0:ident, $x1:ident, $x2:ident, $x3:ident, $x4:ident, $x5:ident) => {
+                let av = _mm512_loadu_ps(pa.add(16 * $i));
+                $x0 = _mm512_fmadd_ps(av, b0, $x0);
+                $x1 = _mm512_fmadd_ps(av, b1, $x1);
+                $x2 = _mm512_fmadd_ps(av, b2, $x2);
+                $x3 = _mm512_fmadd_ps(av, b3, $x3);
+                $x4 = _mm512_fmadd_ps(av, b4, $x4);
+                $x5 = _mm512_fmadd_ps(av, b5, $x5);
+            };
         }
+        row!(0, c00, c01, c02, c03, c04, c05);
+        row!(1, c10, c11, c12, c13, c14, c15);
+        row!(2, c20, c21, c22, c23, c24, c25);
+        row!(3, c30, c31, c32, c33, c34, c35);
+        pa = pa.add(MR * 16);
+        pb = pb.add(6 * 16);
     }
+    *c = [c00, c01, c02, c03, c04, c05, c10, c11, c12, c13, c14, c15, c20, c21, c22, c23, c24, c25, c30, c31, c32, c33, c34, c35];
 }
 
 /// `GGML_F32x8_REDUCE` of one output's four accumulators.
@@ -165,7 +210,7 @@ const KC_BLOCKS: usize = 64;
 /// The float products: lane groups two at a time in 16-lane registers where AVX-512 is
 /// allowed (the same values), else one at a time.
 unsafe fn float_task(p: &Problem, t: &Task, s: &mut Scratch) {
-    if avx512_allowed() {
+    if avx512vl_allowed() {
         float_task16(p, t, s)
     } else {
         float_task8(p, t, s)
@@ -174,17 +219,19 @@ unsafe fn float_task(p: &Problem, t: &Task, s: &mut Scratch) {
 
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn float_task8(p: &Problem, t: &Task, s: &mut Scratch) {
-    float_body::<W8>(p, t, s)
+    float_body::<W8, 3>(p, t, s)
 }
 
-#[target_feature(enable = "avx512f,avx2,fma,f16c")]
+/// With AVX-512VL the 256-bit halves the accumulators are stored through may live in any of
+/// the 32 registers (VEX-encoded AVX2 reaches only 16, which spilled the tile).
+#[target_feature(enable = "avx512f,avx512vl,avx2,fma,f16c")]
 unsafe fn float_task16(p: &Problem, t: &Task, s: &mut Scratch) {
-    float_body::<W16>(p, t, s)
+    float_body::<W16, 6>(p, t, s)
 }
 
-/// L::N / 8 lane groups per accumulator pass.
+/// L::N / 8 lane groups per accumulator pass, MR × NR tiles.
 #[inline(always)]
-unsafe fn float_body<L: Lanes>(p: &Problem, t: &Task, s: &mut Scratch) {
+unsafe fn float_body<L: Lanes, const NR: usize>(p: &Problem, t: &Task, s: &mut Scratch) {
     let g = L::N / 8;
     let k = p.k;
     let (k32, tail) = (k & !31, k % 32);
@@ -237,7 +284,7 @@ unsafe fn float_body<L: Lanes>(p: &Problem, t: &Task, s: &mut Scratch) {
                 let n0 = n * NR;
                 pack_chunk::<NR>(b_kind, brow.wrapping_add(n0 * p.b.nb[0]), p.b.nb[0], NR.min(cols - n0), j, g, c0, c1, bp);
                 for q in 0..pm {
-                    tile_pass::<L>(achunk.add(q * MR * nc * 8 * g), bp, nc, st.add(((n * pm + q) * 4 + j) * MR * NR), c0 > 0);
+                    tile_pass::<L, NR>(achunk.add(q * MR * nc * 8 * g), bp, nc, st.add(((n * pm + q) * 4 + j) * MR * NR), c0 > 0);
                 }
             }
         }
@@ -252,7 +299,7 @@ unsafe fn float_body<L: Lanes>(p: &Problem, t: &Task, s: &mut Scratch) {
         for mi in 0..rows {
             let (q, mm) = (mi / MR, mi % MR);
             let sq = st.add((n * pm + q) * 4 * MR * NR + mm * NR + nn);
-            let r = reduce(*sq, *sq.add(12), *sq.add(24), *sq.add(36));
+            let r = reduce(*sq, *sq.add(MR * NR), *sq.add(2 * MR * NR), *sq.add(3 * MR * NR));
             *dst.add(mi) = if tail == 0 {
                 r
             } else {
@@ -657,6 +704,12 @@ unsafe fn small_tile<L: Lanes, const NB: usize>(dot: Dot, a: *const f32, b: [*co
 pub(crate) fn avx512_allowed() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *ON.get_or_init(|| is_x86_feature_detected!("avx512f") && !matches!(std::env::var("SD_CPU_AVX512").as_deref().map(str::trim), Ok("0" | "off")))
+}
+
+/// `avx512_allowed` on a CPU that also has AVX-512VL.
+fn avx512vl_allowed() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| avx512_allowed() && is_x86_feature_detected!("avx512vl"))
 }
 
 /// Products with k < SMALL_K, one vector = L::N outputs (rows m..m+L::N of one column).

@@ -335,7 +335,7 @@ fn encode_conditions(
     let zero_negative = ms.spec.zero_empty_negative && p.negative_prompt.is_empty() && ms.prediction != Prediction::EdmV;
     let negative = CondRequest { text: &p.negative_prompt, zero_out_masked: zero_negative, ..base.clone() };
     let uncond = if r.use_uncond {
-        let mut u = ms.cond.encode(&negative)?;
+        let mut u = ms.cond.unconditional(&cond, &negative)?;
         if u.concat.is_none() && pass_concat {
             u.concat = concat.clone();
         }

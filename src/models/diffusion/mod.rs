@@ -5,6 +5,7 @@ pub mod boogu_image;
 pub mod ernie_image;
 pub mod flux;
 pub mod krea2;
+pub mod minit2i;
 pub mod mmdit;
 pub mod qwen_image;
 pub mod sefi_image;

@@ -5,6 +5,7 @@ pub mod clip;
 pub mod clip_vision;
 pub mod flux;
 pub mod llm;
+pub mod minit2i;
 pub mod qwen_edit;
 pub mod sd3;
 pub mod t5;
@@ -37,4 +38,10 @@ pub struct CondRequest<'a> {
 /// prompts.
 pub trait Conditioner: Components + Send {
     fn encode(&mut self, req: &CondRequest<'_>) -> Result<Condition>;
+
+    /// The unconditional condition of a request whose condition is `cond`: the negative
+    /// prompt encoded, unless the family derives it from `cond` (MiniT2I masks the prompt).
+    fn unconditional(&mut self, _cond: &Condition, negative: &CondRequest<'_>) -> Result<Condition> {
+        self.encode(negative)
+    }
 }

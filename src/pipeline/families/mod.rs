@@ -13,6 +13,7 @@ mod first_stage;
 mod flux;
 mod flux2;
 mod krea2;
+mod minit2i;
 mod mmdit;
 mod qwen_image;
 mod sefi;
@@ -91,6 +92,8 @@ pub enum Arch {
     ErnieImage,
     /// Boogu Image: a Qwen3-VL LLM, the Boogu Image transformer and Flux.1's VAE.
     Boogu,
+    /// MiniT2I: T5 and the MiniT2I transformer on pixels (no autoencoder).
+    MiniT2i,
 }
 
 /// Extra latent channels the diffusion model takes next to the noisy latent.
@@ -404,6 +407,11 @@ const fn chroma_radiance_family() -> FamilySpec {
     FamilySpec { latent: PIXEL_LATENT, preview: None, ref_latents: false, ..flux_family(FluxVariant::ChromaRadiance, Concat::None) }
 }
 
+/// MiniT2I: pixels like Chroma1-Radiance, x0 predicted, no reference images.
+const fn minit2i_family() -> FamilySpec {
+    FamilySpec { preview: None, ..dit_family(ModelFamily::OtherDit, Arch::MiniT2i, PIXEL_LATENT, &preview::FLUX, Concat::None, Prediction::Minit2iFlow) }
+}
+
 /// The Wan2.1 VAE's 16 channels at 1/8 (normalised per channel by the VAE itself).
 const WAN21_LATENT: LatentFormat = LatentFormat { channels: 16, vae_scale: 8, down_factor: 1, scale_factor: 1.0, shift_factor: 0.0 };
 
@@ -491,6 +499,7 @@ static BOOGU_IMAGE: FamilySpec = boogu_family();
 static QWEN_IMAGE: FamilySpec = qwen_image_family();
 static QWEN_IMAGE_LAYERED: FamilySpec = qwen_image_layered_family();
 static KREA2: FamilySpec = krea2_family();
+static MINIT2I: FamilySpec = minit2i_family();
 static WAN: FamilySpec = wan_family(WAN_LATENT, &preview::WAN21, FirstStageKind::Wan21, TimestepRule::Scalar);
 static WAN22_TI2V: FamilySpec = wan_family(WAN22_LATENT, &preview::WAN22, FirstStageKind::Wan22, TimestepRule::PerFrameMasked);
 
@@ -528,6 +537,7 @@ pub fn spec(version: SdVersion) -> Option<&'static FamilySpec> {
         V::QwenImage => &QWEN_IMAGE,
         V::QwenImageLayered => &QWEN_IMAGE_LAYERED,
         V::Krea2 => &KREA2,
+        V::Minit2i => &MINIT2I,
         V::Wan2 | V::Wan2_2I2v => &WAN,
         V::Wan2_2Ti2v => &WAN22_TI2V,
         _ => return None,
@@ -660,6 +670,7 @@ impl ModelSet {
             Arch::Krea2 => krea2::build(&mut ctx)?,
             Arch::ErnieImage => ernie::build(&mut ctx)?,
             Arch::Boogu => boogu::build(&mut ctx)?,
+            Arch::MiniT2i => minit2i::build(&mut ctx)?,
         };
         let given = |p: &Option<String>| p.as_deref().is_some_and(|p| !p.is_empty());
         if given(&params.clip_vision_path) && parts.clip_vision.is_none() {
@@ -859,6 +870,11 @@ mod tests {
                     assert_eq!((s.latent.size_multiple(), s.latent.channels), (16, 128));
                     assert!(s.vae_quant_convs && !s.ref_latents && !s.supports_img_cfg(true));
                     assert_eq!((s.defaults, s.arch), (ModelFamily::OtherDit, Arch::ErnieImage));
+                }
+                Some(s) if *v == SdVersion::Minit2i => {
+                    assert_eq!((s.latent.size_multiple(), s.latent.channels), (1, 3));
+                    assert!(s.preview.is_none() && !s.ref_latents && !s.supports_img_cfg(true));
+                    assert_eq!((s.arch, s.prediction), (Arch::MiniT2i, PredictionRule::Fixed(Prediction::Minit2iFlow)));
                 }
                 Some(s) if *v == SdVersion::BooguImage => {
                     assert_eq!((s.latent.size_multiple(), s.latent.channels, s.latent.scale_factor), (8, 16, 0.3611));

@@ -1,6 +1,7 @@
 //! Diffusion networks (noise / velocity predictors) and the one interface the sampling loop
 //! calls them through.
 
+pub mod anima;
 pub mod boogu_image;
 pub mod ernie_image;
 pub mod flux;

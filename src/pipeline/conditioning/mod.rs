@@ -1,6 +1,7 @@
 //! Prompts (and images) to the condition a diffusion model reads: one trait, one file per
 //! kind of conditioner (the reference keeps ten of them in one 3,200-line header).
 
+pub mod anima;
 pub mod clip;
 pub mod clip_vision;
 pub mod flux;

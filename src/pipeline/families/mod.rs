@@ -7,6 +7,7 @@
 //! conditioner under `conditioning/` when it needs a new one, an [`Arch`] variant with a
 //! builder file here, and its rows in [`spec`].
 
+mod anima;
 mod boogu;
 mod ernie;
 mod first_stage;
@@ -90,6 +91,8 @@ pub enum Arch {
     Wan,
     /// ERNIE-Image: a Ministral 3B LLM, the ERNIE-Image transformer and Flux.2's VAE.
     ErnieImage,
+    /// Anima: a Qwen3 LLM plus T5 token ids, the Anima DiT with its LLM adapter, the Wan2.1 VAE.
+    Anima,
     /// Boogu Image: a Qwen3-VL LLM, the Boogu Image transformer and Flux.1's VAE.
     Boogu,
     /// MiniT2I: T5 and the MiniT2I transformer on pixels (no autoencoder).
@@ -437,6 +440,17 @@ const fn krea2_family() -> FamilySpec {
     }
 }
 
+/// Anima: the Wan2.1 VAE's latents, reference images as tokens (`cosmos_reference`), no
+/// 3-way guidance with them.
+const fn anima_family() -> FamilySpec {
+    FamilySpec {
+        ref_latents: true,
+        ref_image_preset: Some("cosmos_reference"),
+        first_stage: FirstStageKind::Wan21,
+        ..dit_family(ModelFamily::OtherDit, Arch::Anima, WAN21_LATENT, &preview::WAN21, Concat::None, Prediction::Flow)
+    }
+}
+
 /// Qwen-Image-Layered: Qwen-Image decomposing a picture (a reference image, numbered
 /// downwards) into RGBA layers.
 const fn qwen_image_layered_family() -> FamilySpec {
@@ -499,6 +513,7 @@ static BOOGU_IMAGE: FamilySpec = boogu_family();
 static QWEN_IMAGE: FamilySpec = qwen_image_family();
 static QWEN_IMAGE_LAYERED: FamilySpec = qwen_image_layered_family();
 static KREA2: FamilySpec = krea2_family();
+static ANIMA: FamilySpec = anima_family();
 static MINIT2I: FamilySpec = minit2i_family();
 static WAN: FamilySpec = wan_family(WAN_LATENT, &preview::WAN21, FirstStageKind::Wan21, TimestepRule::Scalar);
 static WAN22_TI2V: FamilySpec = wan_family(WAN22_LATENT, &preview::WAN22, FirstStageKind::Wan22, TimestepRule::PerFrameMasked);
@@ -537,6 +552,7 @@ pub fn spec(version: SdVersion) -> Option<&'static FamilySpec> {
         V::QwenImage => &QWEN_IMAGE,
         V::QwenImageLayered => &QWEN_IMAGE_LAYERED,
         V::Krea2 => &KREA2,
+        V::Anima => &ANIMA,
         V::Minit2i => &MINIT2I,
         V::Wan2 | V::Wan2_2I2v => &WAN,
         V::Wan2_2Ti2v => &WAN22_TI2V,
@@ -668,6 +684,7 @@ impl ModelSet {
             Arch::QwenImage => qwen_image::build(&mut ctx)?,
             Arch::Wan => wan::build(&mut ctx)?,
             Arch::Krea2 => krea2::build(&mut ctx)?,
+            Arch::Anima => anima::build(&mut ctx)?,
             Arch::ErnieImage => ernie::build(&mut ctx)?,
             Arch::Boogu => boogu::build(&mut ctx)?,
             Arch::MiniT2i => minit2i::build(&mut ctx)?,
@@ -851,6 +868,11 @@ mod tests {
                     assert_eq!((s.latent.size_multiple(), s.latent.channels, s.ref_image_multiple), (8, 16, 16));
                     assert!(s.ref_latents && !s.supports_img_cfg(true) && s.first_stage == FirstStageKind::Wan21);
                     assert_eq!((s.arch, s.ref_image_preset, s.defaults), (Arch::Krea2, Some("krea2_ostris_edit"), ModelFamily::OtherDit));
+                }
+                Some(s) if *v == SdVersion::Anima => {
+                    assert_eq!((s.latent.size_multiple(), s.latent.channels), (8, 16));
+                    assert!(s.ref_latents && !s.supports_img_cfg(true) && s.first_stage == FirstStageKind::Wan21);
+                    assert_eq!((s.arch, s.ref_image_preset, s.prediction), (Arch::Anima, Some("cosmos_reference"), PredictionRule::Fixed(Prediction::Flow)));
                 }
                 Some(s) if v.is_wan() => {
                     let ti2v = *v == SdVersion::Wan2_2Ti2v;

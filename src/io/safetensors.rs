@@ -1,8 +1,9 @@
 //! safetensors: an 8-byte little-endian header length, a JSON header, then raw data.
 //!
 //! Our own strict reader: sizes are checked against the file before anything is
-//! allocated, duplicate names and overlapping data are errors, and every dtype the
-//! reference accepts is mapped the same way (F64→F32, I64→I32, F8→F16 on read).
+//! allocated, duplicate names are errors, and every dtype the reference accepts is mapped
+//! the same way (F64→F32, I64→I32, F8→F16 on read). Tensors may share bytes (overlapping
+//! data ranges), as the reference allows: only reads are made from them.
 
 use super::dtype::SourceDtype;
 use super::storage::TensorStorage;
@@ -70,10 +71,9 @@ pub fn read<R: Read + Seek>(r: &mut R, file_len: u64, what: &str) -> Result<Safe
     entries.sort_by(|a, b| a.0.as_bytes().cmp(b.0.as_bytes()));
 
     let mut out = SafetensorsFile::default();
-    let mut ranges: Vec<(u64, u64, usize)> = Vec::new();
     let mut comfy_int8: Vec<(String, bool)> = Vec::new();
 
-    for (idx, (name, info)) in entries.iter().enumerate() {
+    for (name, info) in entries.iter() {
         if name == "__metadata__" {
             if let Value::Object(m) = info {
                 for (k, v) in m {
@@ -103,7 +103,6 @@ pub fn read<R: Read + Seek>(r: &mut R, file_len: u64, what: &str) -> Result<Safe
             name,
             data_len
         );
-        ranges.push((begin, end, idx));
 
         if dtype == "U8" {
             // Raw byte blobs are not weights; ComfyUI keeps its quantization configs here.
@@ -152,18 +151,6 @@ pub fn read<R: Read + Seek>(r: &mut R, file_len: u64, what: &str) -> Result<Safe
         );
     }
 
-    ranges.retain(|r| r.0 < r.1);
-    ranges.sort_unstable();
-    for w in ranges.windows(2) {
-        if w[1].0 < w[0].1 {
-            bail!(
-                "'{}': the data of tensors '{}' and '{}' overlap",
-                what,
-                entries[w[0].2].0,
-                entries[w[1].2].0
-            );
-        }
-    }
     Ok(out)
 }
 
@@ -380,7 +367,9 @@ pub(crate) mod tests {
         assert!(err(r#"{"a":{"dtype":"F32","shape":[1],"data_offsets":[4,0]}}"#, 4).contains("out of bounds"));
         assert!(err(r#"{"a":{"dtype":"F32","shape":[1],"data_offsets":[-1,4]}}"#, 4).contains("data_offsets"));
         let overlap = r#"{"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"b":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}}"#;
-        assert!(err(overlap, 12).contains("overlap"));
+        // Shared bytes are allowed, as in the reference.
+        let f = file(overlap, &[0; 12]);
+        assert_eq!(parse(&f).unwrap().tensors.len(), 2);
         // repeated names
         let dup = r#"{"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},"a":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}}"#;
         assert!(err(dup, 8).contains("listed twice"));

@@ -396,6 +396,14 @@ pub(super) fn sample_image(
     cancel: &CancelFlag,
 ) -> Result<Tensor> {
     let spec = ms.spec;
+    // The reference scales HiDream-O1's starting noise by eta.
+    let scaled;
+    let noise = if spec.noise_times_eta {
+        scaled = noise.map(|v| v * plan.eta);
+        &scaled
+    } else {
+        noise
+    };
     let ModelSet { diffusion, denoiser, first_stage, preview, control_net, .. } = ms;
     let decoder: &mut dyn FirstStage = match preview {
         Some(p) => p.as_mut(),

@@ -240,6 +240,7 @@ pub fn ctx_params(model: &str, ctx: &Value, arena: &mut Arena) -> sd_ctx_params_
             "lora_apply_mode" => p.lora_apply_mode = lora_apply_mode_t(enum_value(v)),
             "model_args" => p.model_args = arena.str(v.as_str().unwrap()),
             "eager_load" => p.eager_load = CBool(v.as_bool().unwrap() as u8),
+            "enable_mmap" => p.enable_mmap = CBool(v.as_bool().unwrap() as u8),
             "diffusion_conv_direct" => p.diffusion_conv_direct = CBool(v.as_bool().unwrap() as u8),
             "vae_conv_direct" => p.vae_conv_direct = CBool(v.as_bool().unwrap() as u8),
             "embeddings" => {

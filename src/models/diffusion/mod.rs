@@ -5,6 +5,7 @@ pub mod anima;
 pub mod boogu_image;
 pub mod ernie_image;
 pub mod flux;
+pub mod hidream_o1;
 pub mod krea2;
 pub mod minit2i;
 pub mod mmdit;

@@ -305,11 +305,29 @@ pub struct LlmModel {
 impl LlmModel {
     /// Declares every weight under the scope's prefix (e.g. [`LLM_PREFIX`]).
     pub fn new(s: &mut Scope, cfg: &LlmConfig) -> LlmModel {
-        let mut m = s.sub("model");
+        LlmModel::new_under(s, cfg, "model")
+    }
+
+    /// [`LlmModel::new`] with the text model's weights under `sub` instead of `model`
+    /// (HiDream-O1's `model.language_model.`).
+    pub fn new_under(s: &mut Scope, cfg: &LlmConfig, sub: &str) -> LlmModel {
+        let mut m = s.sub(sub);
         let embed_tokens = Embedding::new(&mut m, "embed_tokens", cfg.vocab_size, cfg.hidden_size);
         let layers = (0..cfg.num_layers).map(|i| Block::new(&mut m.sub(&format!("layers.{i}")), cfg)).collect();
         let norm = cfg.final_norm.then(|| rms_norm(&mut m, "norm", cfg.hidden_size, cfg.rms_norm_eps));
         LlmModel { cfg: cfg.clone(), embed_tokens, layers, norm }
+    }
+
+    /// Token embeddings `[hidden, L, N]` of `ids` (i32 `[L, N]`).
+    pub fn embed<'g>(&self, g: &'g Graph, ids: T<'g>) -> T<'g> {
+        self.embed_tokens.forward(g, ids)
+    }
+
+    /// The normed final state `[hidden, L, N]` of the embeddings `x` (see [`LlmModel::forward`]
+    /// for the positions and mask).
+    pub fn forward_embeds<'g>(&self, g: &'g Graph, x: T<'g>, pos: T<'g>, mask: Option<T<'g>>) -> T<'g> {
+        let x = self.layers.iter().fold(x, |x, block| block.forward(g, &self.cfg, x, pos, mask));
+        self.norm.map_or(x, |n| n.forward(g, x))
     }
 
     /// Hidden states `[width, L, N]` of `ids` (i32 `[L, N]`) at `out_layers` (see the module

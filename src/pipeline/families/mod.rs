@@ -13,6 +13,7 @@ mod ernie;
 mod first_stage;
 mod flux;
 mod flux2;
+mod hidream_o1;
 mod krea2;
 mod minit2i;
 mod mmdit;
@@ -95,6 +96,9 @@ pub enum Arch {
     Anima,
     /// Boogu Image: a Qwen3-VL LLM, the Boogu Image transformer and Flux.1's VAE.
     Boogu,
+    /// HiDream-O1: a Qwen3-VL language model that denoises pixels itself (no text encoder
+    /// apart from its tokenizer, no autoencoder).
+    HidreamO1,
     /// MiniT2I: T5 and the MiniT2I transformer on pixels (no autoencoder).
     MiniT2i,
 }
@@ -177,6 +181,8 @@ pub struct FamilySpec {
     /// Pictures, a stack of layers or video: what the latent's third axis means.
     pub media: Media,
     pub first_stage: FirstStageKind,
+    /// The starting noise is scaled by the sampler's eta (HiDream-O1).
+    pub noise_times_eta: bool,
     /// Takes AnimateDiff motion modules (`motion_module_path`: SD 1.x, its inpaint and
     /// instruct-pix2pix UNets); `generate_video` then renders frames as one batch.
     pub motion_modules: bool,
@@ -292,6 +298,7 @@ const fn unet_family(defaults: ModelFamily, unet: UNetVersion, concat: Concat) -
         image_channels: 3,
         media: Media::Image,
         first_stage: FirstStageKind::Kl,
+        noise_times_eta: false,
         motion_modules: false,
     }
 }
@@ -322,6 +329,7 @@ const fn dit_family(defaults: ModelFamily, arch: Arch, latent: LatentFormat, pre
         image_channels: 3,
         media: Media::Image,
         first_stage: FirstStageKind::Kl,
+        noise_times_eta: false,
         motion_modules: false,
     }
 }
@@ -413,6 +421,16 @@ const fn chroma_radiance_family() -> FamilySpec {
 /// MiniT2I: pixels like Chroma1-Radiance, x0 predicted, no reference images.
 const fn minit2i_family() -> FamilySpec {
     FamilySpec { preview: None, ..dit_family(ModelFamily::OtherDit, Arch::MiniT2i, PIXEL_LATENT, &preview::FLUX, Concat::None, Prediction::Minit2iFlow) }
+}
+
+/// HiDream-O1: pixels (32×32 patches in the network, which the reference does not align
+/// to), its own eta-scaled starting noise, no reference latents (edit is refused).
+const fn hidream_o1_family() -> FamilySpec {
+    FamilySpec {
+        preview: None,
+        noise_times_eta: true,
+        ..dit_family(ModelFamily::HidreamO1, Arch::HidreamO1, PIXEL_LATENT, &preview::FLUX, Concat::None, Prediction::Flow)
+    }
 }
 
 /// The Wan2.1 VAE's 16 channels at 1/8 (normalised per channel by the VAE itself).
@@ -513,6 +531,7 @@ static BOOGU_IMAGE: FamilySpec = boogu_family();
 static QWEN_IMAGE: FamilySpec = qwen_image_family();
 static QWEN_IMAGE_LAYERED: FamilySpec = qwen_image_layered_family();
 static KREA2: FamilySpec = krea2_family();
+static HIDREAM_O1: FamilySpec = hidream_o1_family();
 static ANIMA: FamilySpec = anima_family();
 static MINIT2I: FamilySpec = minit2i_family();
 static WAN: FamilySpec = wan_family(WAN_LATENT, &preview::WAN21, FirstStageKind::Wan21, TimestepRule::Scalar);
@@ -552,6 +571,7 @@ pub fn spec(version: SdVersion) -> Option<&'static FamilySpec> {
         V::QwenImage => &QWEN_IMAGE,
         V::QwenImageLayered => &QWEN_IMAGE_LAYERED,
         V::Krea2 => &KREA2,
+        V::HidreamO1 => &HIDREAM_O1,
         V::Anima => &ANIMA,
         V::Minit2i => &MINIT2I,
         V::Wan2 | V::Wan2_2I2v => &WAN,
@@ -687,6 +707,7 @@ impl ModelSet {
             Arch::Anima => anima::build(&mut ctx)?,
             Arch::ErnieImage => ernie::build(&mut ctx)?,
             Arch::Boogu => boogu::build(&mut ctx)?,
+            Arch::HidreamO1 => hidream_o1::build(&mut ctx)?,
             Arch::MiniT2i => minit2i::build(&mut ctx)?,
         };
         let given = |p: &Option<String>| p.as_deref().is_some_and(|p| !p.is_empty());
@@ -897,6 +918,10 @@ mod tests {
                     assert_eq!((s.latent.size_multiple(), s.latent.channels), (1, 3));
                     assert!(s.preview.is_none() && !s.ref_latents && !s.supports_img_cfg(true));
                     assert_eq!((s.arch, s.prediction), (Arch::MiniT2i, PredictionRule::Fixed(Prediction::Minit2iFlow)));
+                }
+                Some(s) if *v == SdVersion::HidreamO1 => {
+                    assert_eq!((s.latent.size_multiple(), s.latent.channels, s.defaults), (1, 3, ModelFamily::HidreamO1));
+                    assert!(s.noise_times_eta && s.preview.is_none() && !s.ref_latents && !s.supports_img_cfg(true));
                 }
                 Some(s) if *v == SdVersion::BooguImage => {
                     assert_eq!((s.latent.size_multiple(), s.latent.channels, s.latent.scale_factor), (8, 16, 0.3611));

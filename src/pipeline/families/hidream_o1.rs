@@ -50,7 +50,7 @@ impl Conditioner for HidreamO1Conditioner {
         // The reference counts whole patches in the prompt but patchifies the padded image,
         // and aborts when the two differ (or when there is no patch at all).
         ensure!(
-            req.width >= p && req.height >= p && req.width % p == 0 && req.height % p == 0,
+            req.width >= p && req.height >= p && req.width.is_multiple_of(p) && req.height.is_multiple_of(p),
             "HiDream-O1 generates images whose sides are multiples of {p}, not {}x{} (stable-diffusion.cpp crashes here)",
             req.width,
             req.height

@@ -7,7 +7,7 @@
 //! that are no multiple of 32 (the reference aborts) must fail cleanly.
 //!
 //! Each network evaluation takes about 14 s on two cores: without `SD_PARITY=full` only
-//! cfg 1 runs (two evaluations).
+//! the 80×64 request runs (the file detected, mapped and refused before any evaluation).
 
 mod common;
 
@@ -19,7 +19,7 @@ fn hidream_o1_quick_subset() {
         eprintln!("skipped: SD_PARITY=full runs every case in hidream_o1_all_cases");
         return;
     }
-    report(&run("hidream-o1", |c| c.name == "hidream_o1_cfg1"));
+    report(&run("hidream-o1", |c| c.name == "hidream_o1_80x64"));
 }
 
 #[test]

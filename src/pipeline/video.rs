@@ -351,9 +351,10 @@ fn video_latents(ms: &mut ModelSet, p: &VidGenParams, r: &mut VideoRequest, form
             }
             // Everything is "reactive" (mask 1): the inactive part is all grey. Same float
             // operations as the reference: (v - 0.5)·(1 - m) + 0.5 and (v - 0.5)·m + 0.5.
+            let mask = 1.0f32;
             let centred = control.map(|v| v - 0.5f32);
-            let inactive = centred.map(|v| v * (1.0f32 - 1.0f32) + 0.5);
-            let reactive = centred.map(|v| v * 1.0f32 + 0.5);
+            let inactive = centred.map(|v| v * (1.0 - mask) + 0.5);
+            let reactive = centred.map(|v| v * mask + 0.5);
             let (inactive, reactive) = with_first_stage(ms, |fs| {
                 let i = fs.encode_video(&inactive, tiling, circular).map_err(|e| Error::new(format!("failed to encode VACE inactive context: {e}")))?;
                 let r = fs.encode_video(&reactive, tiling, circular).map_err(|e| Error::new(format!("failed to encode VACE reactive context: {e}")))?;

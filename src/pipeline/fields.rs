@@ -49,7 +49,7 @@ pub const FIELDS: &[(&str, &[(&str, Use)])] = &[
             ("model_path", Acts), ("clip_l_path", Acts), ("clip_g_path", Acts), ("clip_vision_path", AtLoad),
             ("t5xxl_path", Acts), ("llm_path", Acts), ("llm_vision_path", Acts), ("diffusion_model_path", Acts),
             ("high_noise_diffusion_model_path", AtLoad),
-            ("uncond_diffusion_model_path", Warns("unconditional diffusion models are not supported yet")),
+            ("uncond_diffusion_model_path", AtLoad),
             ("embeddings_connectors_path", LTX), ("vae_path", Acts), ("audio_vae_path", LTX), ("taesd_path", Acts),
             ("control_net_path", Acts), ("ip_adapter_path", IP_ADAPTER),
             ("motion_module_path", AtLoad),

@@ -26,6 +26,7 @@ fn sources(params: &CtxParams) -> Vec<(Component, &str, &'static str)> {
         (Component::Model, &params.model_path, "model"),
         (Component::DiffusionModel, &params.diffusion_model_path, "diffusion model"),
         (Component::HighNoiseDiffusionModel, &params.high_noise_diffusion_model_path, "high noise diffusion model"),
+        (Component::UncondDiffusionModel, &params.uncond_diffusion_model_path, "unconditional diffusion model"),
         (Component::ClipL, &params.clip_l_path, "clip_l"),
         (Component::ClipG, &params.clip_g_path, "clip_g"),
         (Component::ClipVision, &params.clip_vision_path, "clip_vision"),

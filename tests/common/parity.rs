@@ -225,6 +225,7 @@ pub fn ctx_params(model: &str, ctx: &Value, arena: &mut Arena) -> sd_ctx_params_
             "vae_path" => p.vae_path = arena.str(v.as_str().unwrap()),
             "diffusion_model_path" => p.diffusion_model_path = arena.str(v.as_str().unwrap()),
             "high_noise_diffusion_model_path" => p.high_noise_diffusion_model_path = arena.str(v.as_str().unwrap()),
+            "uncond_diffusion_model_path" => p.uncond_diffusion_model_path = arena.str(v.as_str().unwrap()),
             "clip_vision_path" => p.clip_vision_path = arena.str(v.as_str().unwrap()),
             "clip_l_path" => p.clip_l_path = arena.str(v.as_str().unwrap()),
             "clip_g_path" => p.clip_g_path = arena.str(v.as_str().unwrap()),

@@ -6,6 +6,7 @@ pub mod boogu_image;
 pub mod ernie_image;
 pub mod flux;
 pub mod hidream_o1;
+pub mod ideogram4;
 pub mod krea2;
 pub mod minit2i;
 pub mod mmdit;

@@ -14,6 +14,7 @@ mod first_stage;
 mod flux;
 mod flux2;
 mod hidream_o1;
+mod ideogram4;
 mod krea2;
 mod minit2i;
 mod mmdit;
@@ -101,6 +102,9 @@ pub enum Arch {
     HidreamO1,
     /// MiniT2I: T5 and the MiniT2I transformer on pixels (no autoencoder).
     MiniT2i,
+    /// Ideogram 4: 13 layers of a Qwen3-VL LLM, the Ideogram 4 transformer (and its
+    /// unconditional twin) and Flux.2's AutoencoderKL.
+    Ideogram4,
 }
 
 /// Extra latent channels the diffusion model takes next to the noisy latent.
@@ -370,6 +374,11 @@ const fn ernie_image_family() -> FamilySpec {
     FamilySpec { vae_quant_convs: true, ..dit_family(ModelFamily::OtherDit, Arch::ErnieImage, FLUX2_LATENT, &preview::FLUX2, Concat::None, Prediction::Flow) }
 }
 
+/// Ideogram 4: Flux.2's latents, no reference images.
+const fn ideogram4_family() -> FamilySpec {
+    FamilySpec { vae_quant_convs: true, ..dit_family(ModelFamily::Ideogram4, Arch::Ideogram4, FLUX2_LATENT, &preview::FLUX2, Concat::None, Prediction::Flow) }
+}
+
 const fn flux2_family() -> FamilySpec {
     FamilySpec {
         vae_quant_convs: true,
@@ -527,6 +536,7 @@ static FLUX2: FamilySpec = flux2_family();
 static SEFI_IMAGE: FamilySpec = sefi_family();
 static Z_IMAGE: FamilySpec = zimage_family();
 static ERNIE_IMAGE: FamilySpec = ernie_image_family();
+static IDEOGRAM4: FamilySpec = ideogram4_family();
 static BOOGU_IMAGE: FamilySpec = boogu_family();
 static QWEN_IMAGE: FamilySpec = qwen_image_family();
 static QWEN_IMAGE_LAYERED: FamilySpec = qwen_image_layered_family();
@@ -567,6 +577,7 @@ pub fn spec(version: SdVersion) -> Option<&'static FamilySpec> {
         V::SefiImage => &SEFI_IMAGE,
         V::ZImage => &Z_IMAGE,
         V::ErnieImage => &ERNIE_IMAGE,
+        V::Ideogram4 => &IDEOGRAM4,
         V::BooguImage => &BOOGU_IMAGE,
         V::QwenImage => &QWEN_IMAGE,
         V::QwenImageLayered => &QWEN_IMAGE_LAYERED,
@@ -709,6 +720,7 @@ impl ModelSet {
             Arch::Boogu => boogu::build(&mut ctx)?,
             Arch::HidreamO1 => hidream_o1::build(&mut ctx)?,
             Arch::MiniT2i => minit2i::build(&mut ctx)?,
+            Arch::Ideogram4 => ideogram4::build(&mut ctx)?,
         };
         let given = |p: &Option<String>| p.as_deref().is_some_and(|p| !p.is_empty());
         if given(&params.clip_vision_path) && parts.clip_vision.is_none() {
@@ -716,6 +728,9 @@ impl ModelSet {
         }
         if given(&params.high_noise_diffusion_model_path) && parts.high_noise.is_none() {
             sd_warn!("{} models have no high noise expert; ignoring high_noise_diffusion_model_path", version.name());
+        }
+        if given(&params.uncond_diffusion_model_path) && spec.arch != Arch::Ideogram4 {
+            sd_warn!("{} models have no unconditional diffusion model; ignoring uncond_diffusion_model_path", version.name());
         }
         if given(&params.motion_module_path) && !spec.motion_modules {
             sd_warn!("AnimateDiff motion modules apply to SD 1.x models only, not {}; ignoring motion_module_path", version.name());
@@ -908,6 +923,11 @@ mod tests {
                     assert_eq!((s.latent.size_multiple(), s.latent.channels), (8, 16));
                     assert!(!s.vae_quant_convs && s.skip_layer_guidance && s.supports_img_cfg(true) && !s.supports_img_cfg(false));
                     assert_eq!((s.defaults, s.ref_image_preset), (ModelFamily::OtherDit, Some("longcat")));
+                }
+                Some(s) if *v == SdVersion::Ideogram4 => {
+                    assert_eq!((s.latent.size_multiple(), s.latent.channels), (16, 128));
+                    assert!(s.vae_quant_convs && !s.ref_latents && !s.supports_img_cfg(true));
+                    assert_eq!((s.defaults, s.arch), (ModelFamily::Ideogram4, Arch::Ideogram4));
                 }
                 Some(s) if *v == SdVersion::ErnieImage => {
                     assert_eq!((s.latent.size_multiple(), s.latent.channels), (16, 128));

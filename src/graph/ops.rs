@@ -245,6 +245,20 @@ impl<'g> T<'g> {
         self.wrap(unsafe { g::ggml_conv_2d(self.ctx(), self.raw(), x.raw(), s0, s1, p0, p1, d0, d1) })
     }
 
+    /// Depthwise 2D convolution (im2col per channel): `self` is the kernel [KW, KH, 1, C],
+    /// `x` is [W, H, C, N].
+    #[allow(clippy::too_many_arguments)]
+    pub fn conv_2d_dw(self, x: T<'g>, s0: i32, s1: i32, p0: i32, p1: i32, d0: i32, d1: i32) -> T<'g> {
+        // SAFETY: live tensors.
+        self.wrap(unsafe { g::ggml_conv_2d_dw(self.ctx(), self.raw(), x.raw(), s0, s1, p0, p1, d0, d1) })
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    pub fn conv_2d_dw_direct(self, x: T<'g>, s0: i32, s1: i32, p0: i32, p1: i32, d0: i32, d1: i32) -> T<'g> {
+        // SAFETY: live tensors.
+        self.wrap(unsafe { g::ggml_conv_2d_dw_direct(self.ctx(), self.raw(), x.raw(), s0, s1, p0, p1, d0, d1) })
+    }
+
     #[allow(clippy::too_many_arguments)]
     pub fn conv_2d_direct(self, x: T<'g>, s0: i32, s1: i32, p0: i32, p1: i32, d0: i32, d1: i32) -> T<'g> {
         // SAFETY: live tensors.

@@ -54,6 +54,9 @@ pub struct QwenImageConfig {
     pub zero_cond_t: bool,
     /// The timestep embedding gets `addition_t_embedding` added (Layered).
     pub use_additional_t_cond: bool,
+    /// Mage-Flow: the timestep projection comes from the host (bf16-rounded) and positions
+    /// follow [`super::mage_flow::ids`].
+    pub mage_flow: bool,
 }
 
 /// Index of the block in a name like `…transformer_blocks.12.attn…`.
@@ -81,6 +84,7 @@ impl QwenImageConfig {
             axes_dim: vec![16, 56, 56],
             zero_cond_t: false,
             use_additional_t_cond: false,
+            mage_flow: false,
         };
         for name in types.keys().filter(|n| n.starts_with(prefix)) {
             if name.contains("__index_timestep_zero__") {
@@ -342,9 +346,11 @@ impl QwenImageModel {
         }
     }
 
-    /// The timestep embedding `[hidden, N]` of `t` `[N]` (plus Layered's addition).
+    /// The timestep embedding `[hidden, N]` of `t` `[N]` (plus Layered's addition); for
+    /// Mage-Flow `t` is already the projection `[256, N]`.
     fn time_embedding<'g>(&self, g: &'g Graph, t: T<'g>, addition: Option<T<'g>>) -> T<'g> {
-        let emb = self.timestep_embedder.forward(g, timestep_embedding(t, TIME_DIM as i32, 10000, 1.0));
+        let proj = if self.config.mage_flow { t } else { timestep_embedding(t, TIME_DIM as i32, 10000, 1.0) };
+        let emb = self.timestep_embedder.forward(g, proj);
         match (&self.addition_t_embedding, addition) {
             (Some(e), Some(ids)) => {
                 let a = e.forward(g, ids);
@@ -356,9 +362,10 @@ impl QwenImageModel {
 
     /// One evaluation: the latent `x` `[W, H, C, 1]` (with `layered`: a stack `[W, H, T, C]`
     /// whose layers become consecutive runs of tokens, as the reference's 3-D patchify with
-    /// one frame per patch orders them), timestep `t` `[1]`, the LLM's hidden states
-    /// `context` `[joint_dim, L, 1]`, the rotation table `pe`, reference latents appended as
-    /// tokens, Edit 2511's per-token `index` and Layered's `addition` ids.
+    /// one frame per patch orders them), timestep `t` `[1]` (Mage-Flow: its projection
+    /// `[256, 1]`), the LLM's hidden states `context` `[joint_dim, L, 1]`, the rotation table
+    /// `pe`, reference latents appended as tokens, Edit 2511's per-token `index` and
+    /// Layered's `addition` ids.
     #[allow(clippy::too_many_arguments)]
     pub fn forward<'g>(
         &self,
@@ -473,11 +480,19 @@ impl DiffusionModel for Loaded<QwenImageModel> {
         // Layered numbers its references downwards whatever the request says.
         let mode = if cfg.use_additional_t_cond { RefIndexMode::Decrease } else { input.ref_index_mode };
         let circular = (runner.options.circular_x, runner.options.circular_y);
-        let pe = rope::qwen_image_pe(frames, h, w, p, context.ne(1), &refs, mode, cfg.theta, &cfg.axes_dim, circular);
+        let pe = if cfg.mage_flow {
+            super::mage_flow::pe(h, w, context.ne(1), &refs, cfg)
+        } else {
+            rope::qwen_image_pe(frames, h, w, p, context.ne(1), &refs, mode, cfg.theta, &cfg.axes_dim, circular)
+        };
         let axes_sum: usize = cfg.axes_dim.iter().sum();
         let pos_len = pe.len() / axes_sum / 2;
         let index = cfg.zero_cond_t.then(|| modulation_index(w, h, &refs, p));
-        let t = input.timesteps.to_vec();
+        let (t, t_ne) = if cfg.mage_flow {
+            (super::mage_flow::timestep_projection(input.timesteps), vec![super::mage_flow::TIMESTEP_DIM as i64, 1])
+        } else {
+            (input.timesteps.to_vec(), vec![1])
+        };
         let x_ne: Vec<i64> = input.x.shape().iter().take(4).map(|&v| v as i64).collect();
         let out = runner.compute(|g| {
             let refs: Vec<T> = input.ref_latents.iter().map(|r| g.input(r)).collect();
@@ -486,7 +501,7 @@ impl DiffusionModel for Loaded<QwenImageModel> {
             Ok(model.forward(
                 g,
                 g.input_f32(input.x.data(), &x_ne),
-                g.input_f32(&t, &[1]),
+                g.input_f32(&t, &t_ne),
                 g.input(context),
                 g.input_f32(&pe, &[2, 2, axes_sum as i64 / 2, pos_len as i64]),
                 &refs,

@@ -9,7 +9,7 @@ use super::{BuildCtx, FirstStageKind};
 use crate::error::Result;
 use crate::graph::{Loaded, Placement};
 use crate::io::SdVersion;
-use crate::models::vae::{self, AutoEncoderKL, FirstStage, TaeConfig, Taehv, TaehvConfig, TinyAutoEncoder, VaeConfig, VaeNet, WanVae, WanVaeConfig};
+use crate::models::vae::{self, AutoEncoderKL, FirstStage, MageVae, TaeConfig, Taehv, TaehvConfig, TinyAutoEncoder, VaeConfig, VaeNet, WanVae, WanVaeConfig};
 
 /// The reference scales every VAE convolution's input by this for SDXL when no separate
 /// VAE is given: the original SDXL VAE overflows f16.
@@ -27,6 +27,7 @@ pub(super) fn build(ctx: &BuildCtx<'_>, place: Placement) -> Result<(Box<dyn Fir
     // The tiny autoencoder of the family's latents: TAESD-like for the KL families, the tiny
     // video autoencoder (TAEHV: taew2_1 / taew2_2) for the Wan VAEs'.
     let load_tiny = |decode_only: bool, place: Placement| -> Result<Box<dyn FirstStage>> {
+        ensure!(spec.first_stage != FirstStageKind::Mage, "{} models have no tiny autoencoder (taesd_path)", ctx.version.name());
         if spec.first_stage != FirstStageKind::Kl {
             ensure!(spec.image_channels == 3, "{} models have no tiny autoencoder (taesd_path): TAEHV makes RGB pictures", ctx.version.name());
             let cfg = TaehvConfig::for_latents(wan22, decode_only).detect(vae::taehv::PREFIX, |n| weights.shape_of(n))?;
@@ -62,6 +63,11 @@ pub(super) fn build(ctx: &BuildCtx<'_>, place: Placement) -> Result<(Box<dyn Fir
                 spec.latent.vae_scale
             );
             configure(weights.load_model(place.clone(), n_threads, prefix, "VAE", |s| WanVae::new(s, &cfg, &|n| weights.shape_of(n)))?, ctx)
+        }
+        FirstStageKind::Mage => {
+            let prefix = vae::mage::PREFIX;
+            ensure!(weights.has_prefix(&format!("{prefix}pipeline.")), "{} needs its VAE (vae_path): no '{prefix}pipeline.' weights", ctx.version.name());
+            configure(weights.load_model(place.clone(), n_threads, prefix, "VAE", MageVae::new)?, ctx)
         }
         FirstStageKind::Kl => {
             let prefix = vae::autoencoder_kl::PREFIX;

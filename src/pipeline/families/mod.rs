@@ -16,6 +16,7 @@ mod flux2;
 mod hidream_o1;
 mod ideogram4;
 mod krea2;
+mod mage_flow;
 mod minit2i;
 mod mmdit;
 mod qwen_image;
@@ -102,6 +103,9 @@ pub enum Arch {
     HidreamO1,
     /// MiniT2I: T5 and the MiniT2I transformer on pixels (no autoencoder).
     MiniT2i,
+    /// Mage-Flow: a Qwen3-VL LLM, the Qwen-Image transformer at Mage-Flow's sizes and the
+    /// Mage VAE.
+    MageFlow,
     /// Ideogram 4: 13 layers of a Qwen3-VL LLM, the Ideogram 4 transformer (and its
     /// unconditional twin) and Flux.2's AutoencoderKL.
     Ideogram4,
@@ -134,6 +138,8 @@ pub enum FirstStageKind {
     Wan21,
     /// The Wan2.2 VAE: 48 channels at 1/16 over 2×2-patchified pixels (Wan2.2 TI2V 5B).
     Wan22,
+    /// The Mage VAE: 128 channels at 1/16 (Mage-Flow).
+    Mage,
 }
 
 /// How the prediction type is chosen when the context does not set it.
@@ -478,6 +484,22 @@ const fn anima_family() -> FamilySpec {
     }
 }
 
+/// The Mage VAE's 128 channels at 1/16, one token per latent pixel.
+const MAGE_LATENT: LatentFormat = LatentFormat { channels: 128, vae_scale: 16, down_factor: 1, scale_factor: 1.0, shift_factor: 0.0 };
+
+/// Mage-Flow: reference images as tokens after the image's (the `mage_flow` preset: resized
+/// to the request's size), with 3-way guidance; previews through Flux.2's projection of 128
+/// channels.
+const fn mage_flow_family() -> FamilySpec {
+    FamilySpec {
+        ref_latents: true,
+        ref_latent_img_cfg: true,
+        ref_image_preset: Some("mage_flow"),
+        first_stage: FirstStageKind::Mage,
+        ..dit_family(ModelFamily::OtherDit, Arch::MageFlow, MAGE_LATENT, &preview::FLUX2, Concat::None, Prediction::Flow)
+    }
+}
+
 /// Qwen-Image-Layered: Qwen-Image decomposing a picture (a reference image, numbered
 /// downwards) into RGBA layers.
 const fn qwen_image_layered_family() -> FamilySpec {
@@ -540,6 +562,7 @@ static IDEOGRAM4: FamilySpec = ideogram4_family();
 static BOOGU_IMAGE: FamilySpec = boogu_family();
 static QWEN_IMAGE: FamilySpec = qwen_image_family();
 static QWEN_IMAGE_LAYERED: FamilySpec = qwen_image_layered_family();
+static MAGE_FLOW: FamilySpec = mage_flow_family();
 static KREA2: FamilySpec = krea2_family();
 static HIDREAM_O1: FamilySpec = hidream_o1_family();
 static ANIMA: FamilySpec = anima_family();
@@ -581,6 +604,7 @@ pub fn spec(version: SdVersion) -> Option<&'static FamilySpec> {
         V::BooguImage => &BOOGU_IMAGE,
         V::QwenImage => &QWEN_IMAGE,
         V::QwenImageLayered => &QWEN_IMAGE_LAYERED,
+        V::MageFlow => &MAGE_FLOW,
         V::Krea2 => &KREA2,
         V::HidreamO1 => &HIDREAM_O1,
         V::Anima => &ANIMA,
@@ -713,6 +737,7 @@ impl ModelSet {
             Arch::Sefi => sefi::build(&mut ctx)?,
             Arch::ZImage => zimage::build(&mut ctx)?,
             Arch::QwenImage => qwen_image::build(&mut ctx)?,
+            Arch::MageFlow => mage_flow::build(&mut ctx)?,
             Arch::Wan => wan::build(&mut ctx)?,
             Arch::Krea2 => krea2::build(&mut ctx)?,
             Arch::Anima => anima::build(&mut ctx)?,
@@ -899,6 +924,11 @@ mod tests {
                     let preset = if layered { "qwen_layered" } else { "qwen" };
                     assert_eq!((s.defaults, s.ref_image_preset), (ModelFamily::OtherDit, Some(preset)));
                     assert_eq!((s.image_channels, s.is_layered()), (if layered { 4 } else { 3 }, layered));
+                }
+                Some(s) if *v == SdVersion::MageFlow => {
+                    assert_eq!((s.latent.size_multiple(), s.latent.channels, s.ref_image_multiple), (16, 128, 16));
+                    assert!(s.ref_latents && s.supports_img_cfg(true) && !s.supports_img_cfg(false) && s.first_stage == FirstStageKind::Mage);
+                    assert_eq!((s.arch, s.ref_image_preset, s.defaults), (Arch::MageFlow, Some("mage_flow"), ModelFamily::OtherDit));
                 }
                 Some(s) if *v == SdVersion::Krea2 => {
                     assert_eq!((s.latent.size_multiple(), s.latent.channels, s.ref_image_multiple), (8, 16, 16));

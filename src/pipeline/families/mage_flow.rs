@@ -1,0 +1,65 @@
+//! Mage-Flow: the LLM conditioner with Qwen3-VL's text model and Qwen-Image's template
+//! ([`MAGE_FLOW_TEMPLATE`]), the Qwen-Image transformer at the sizes the reference fixes for
+//! Mage-Flow (`models::diffusion::mage_flow`) and the Mage VAE. Flow prediction with the
+//! default shift 6, like the reference. Reference images become latent tokens after the
+//! image's (the `mage_flow` preset: resized to the request's size, numbered from 1).
+//!
+//! The reference also shows reference images to Qwen3-VL's vision tower when the files hold
+//! one (`MageFlowEditPipeline`: `Image N: ` labels, at most 384 pixels a side); here they
+//! reach only the transformer, as in the reference without a tower, and a tower in the files
+//! is reported unused. The reference cuts prompts after 2048 tokens; this build does not.
+
+use super::flux::DIT_PREFIX;
+use super::qwen_image::QWEN_IMAGE_TEMPLATE;
+use super::{first_stage, flow_parts, BuildCtx, Parts};
+use crate::error::Result;
+use crate::graph::Module;
+use crate::models::diffusion::mage_flow;
+use crate::models::diffusion::qwen_image::QwenImageModel;
+use crate::models::te::llm::LlmArch;
+use crate::models::te::qwen_vision::VISION_PREFIX;
+use crate::pipeline::conditioning::llm::{LlmConditioner, LlmTemplate};
+use crate::types::Prediction;
+
+/// The flow shift of a request that sets none.
+const DEFAULT_FLOW_SHIFT: f32 = 6.0;
+
+/// Qwen-Image's system prompt and turns around the prompt, read by Qwen3-VL, without the
+/// system prompt's 34 tokens.
+pub const MAGE_FLOW_TEMPLATE: LlmTemplate = LlmTemplate { arch: LlmArch::Qwen3Vl, ..QWEN_IMAGE_TEMPLATE };
+
+pub(super) fn build(ctx: &mut BuildCtx<'_>) -> Result<Parts> {
+    let (params, weights, n_threads) = (ctx.params, ctx.weights, ctx.n_threads);
+    let te_place = ctx.devices.placement(Module::Te)?;
+    let vae_place = ctx.devices.placement(Module::Vae)?;
+
+    let cfg = mage_flow::config();
+    cfg.validate()?;
+    let cond = LlmConditioner::new(weights, MAGE_FLOW_TEMPLATE, &te_place, n_threads, params.eager_load)?;
+    let width = cond.context_width();
+    ensure!(
+        width as i64 == cfg.joint_attention_dim,
+        "the LLM's hidden states are {width} wide, the Mage-Flow transformer's txt_in takes {} (Qwen3-VL-4B)",
+        cfg.joint_attention_dim
+    );
+    if weights.has_prefix(VISION_PREFIX) {
+        sd_warn!("Mage-Flow: the LLM's vision tower is not used here: reference images reach the transformer only (the reference also shows them to the LLM)");
+    }
+
+    let model = ctx.load_transformer(DIT_PREFIX, |s| QwenImageModel::new(s, &cfg))?;
+    let first = first_stage::build(ctx, vae_place)?;
+    Ok(flow_parts(params, Box::new(cond), Box::new(model), first, Prediction::Flow, DEFAULT_FLOW_SHIFT))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Qwen-Image's template (its tokens are checked in `qwen_image`), read by Qwen3-VL.
+    #[test]
+    fn qwen_image_template_for_qwen3_vl() {
+        let (m, q) = (MAGE_FLOW_TEMPLATE, QWEN_IMAGE_TEMPLATE);
+        assert!(m.arch == LlmArch::Qwen3Vl && q.arch == LlmArch::Qwen25Vl);
+        assert_eq!((m.prefix, m.suffix, m.drop_first, m.min_length), (q.prefix, q.suffix, 34, 0));
+    }
+}

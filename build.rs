@@ -55,6 +55,11 @@ fn main() {
     println!("cargo:rustc-env=SD_MISTRAL_MERGES={}", merges.display());
     let vocab = decode_vocab(&manifest_dir, "mistral_vocab.hpp", &out_dir.join("mistral_vocab.json"));
     println!("cargo:rustc-env=SD_MISTRAL_VOCAB={}", vocab.display());
+    // Gemma 2's (PiD): merges over Unicode characters and its vocabulary (token → id JSON).
+    let merges = decode_vocab(&manifest_dir, "gemma2_merges.hpp", &out_dir.join("gemma2_merges.txt"));
+    println!("cargo:rustc-env=SD_GEMMA2_MERGES={}", merges.display());
+    let vocab = decode_vocab(&manifest_dir, "gemma2_vocab.hpp", &out_dir.join("gemma2_vocab.json"));
+    println!("cargo:rustc-env=SD_GEMMA2_VOCAB={}", vocab.display());
     if let Ok(dir) = env::var("DEP_GGML_LIB_DIR") {
         println!("cargo:rustc-env=SD_GGML_LIB_DIR={dir}");
     }

@@ -58,7 +58,7 @@ pub const FIELDS: &[(&str, &[(&str, Use)])] = &[
             ("sampler_rng_type", Acts), ("prediction", Acts), ("lora_apply_mode", Acts), ("enable_mmap", Acts),
             ("flash_attn", Acts), ("diffusion_flash_attn", Acts), ("tae_preview_only", Acts),
             ("diffusion_conv_direct", Acts), ("vae_conv_direct", Acts), ("force_sdxl_vae_conv_scale", Acts),
-            ("vae_format", Warns("only PID models read it and this build has none")), ("max_vram", Acts),
+            ("vae_format", Acts), ("max_vram", Acts),
             ("stream_layers", Acts), ("eager_load", Acts), ("backend", Acts), ("params_backend", Acts),
             ("split_mode", Acts), ("auto_fit", Acts), ("rpc_servers", Acts), ("model_args", Acts),
         ],

@@ -88,10 +88,11 @@ pub(super) fn encode_first_stage(
 
 /// A reference image at the size the reference encodes it: with `resize_before_vae`, about
 /// the request's area (at most `vae_input_max_pixels`, default 1024²) with its aspect ratio,
-/// or the request's size (`resize_vae_to_target`), sides rounded to `multiple` (16, Qwen-Image 32).
+/// or the request's size (`resize_vae_to_target`), sides rounded to `multiple` (16, Qwen-Image
+/// 32; 0: never resized, PiD).
 fn ref_image_for_vae(img: &Image, r: &Request, multiple: usize, channels: usize) -> Result<Tensor> {
     let t = image_tensor(img, img.width as usize, img.height as usize, channels)?;
-    if !r.refs.resize_before_vae {
+    if !r.refs.resize_before_vae || multiple == 0 {
         return Ok(t);
     }
     let (w, h) = (t.ne(0) as f64, t.ne(1) as f64);

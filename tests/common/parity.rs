@@ -244,6 +244,7 @@ pub fn ctx_params(model: &str, ctx: &Value, arena: &mut Arena) -> sd_ctx_params_
             "enable_mmap" => p.enable_mmap = CBool(v.as_bool().unwrap() as u8),
             "diffusion_conv_direct" => p.diffusion_conv_direct = CBool(v.as_bool().unwrap() as u8),
             "vae_conv_direct" => p.vae_conv_direct = CBool(v.as_bool().unwrap() as u8),
+            "vae_format" => p.vae_format = sd_vae_format_t(enum_value(v) as i32),
             "embeddings" => {
                 let list: Vec<sd_embedding_t> = v
                     .as_array()

@@ -11,6 +11,7 @@ pub mod krea2;
 pub mod mage_flow;
 pub mod minit2i;
 pub mod mmdit;
+pub mod pid;
 pub mod qwen_image;
 pub mod sefi_image;
 pub mod unet;

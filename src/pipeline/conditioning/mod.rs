@@ -7,6 +7,7 @@ pub mod clip_vision;
 pub mod flux;
 pub mod llm;
 pub mod minit2i;
+pub mod pid;
 pub mod qwen_edit;
 pub mod sd3;
 pub mod t5;

@@ -19,6 +19,7 @@ mod krea2;
 mod mage_flow;
 mod minit2i;
 mod mmdit;
+mod pid;
 mod qwen_image;
 mod sefi;
 mod unet;
@@ -103,6 +104,9 @@ pub enum Arch {
     HidreamO1,
     /// MiniT2I: T5 and the MiniT2I transformer on pixels (no autoencoder).
     MiniT2i,
+    /// PiD: Gemma 2 and the PiD transformer on pixels, an autoencoder that encodes its
+    /// low-quality reference image only.
+    Pid,
     /// Mage-Flow: a Qwen3-VL LLM, the Qwen-Image transformer at Mage-Flow's sizes and the
     /// Mage VAE.
     MageFlow,
@@ -182,7 +186,8 @@ pub struct FamilySpec {
     pub ref_latent_img_cfg: bool,
     /// The `ref_image_args` preset used when the request names none.
     pub ref_image_preset: Option<&'static str>,
-    /// Reference images resized before encoding get sides that are multiples of this.
+    /// Reference images resized before encoding get sides that are multiples of this (0:
+    /// they are encoded at their own size, PiD).
     pub ref_image_multiple: usize,
     /// Skip-layer guidance applies (transformers).
     pub skip_layer_guidance: bool,
@@ -438,6 +443,17 @@ const fn minit2i_family() -> FamilySpec {
     FamilySpec { preview: None, ..dit_family(ModelFamily::OtherDit, Arch::MiniT2i, PIXEL_LATENT, &preview::FLUX, Concat::None, Prediction::Minit2iFlow) }
 }
 
+/// PiD: pixels, its reference image encoded at its own size into the transformer's LQ
+/// projection (not as tokens), no 3-way guidance.
+const fn pid_family() -> FamilySpec {
+    FamilySpec {
+        preview: None,
+        ref_latents: true,
+        ref_image_multiple: 0,
+        ..dit_family(ModelFamily::Pid, Arch::Pid, PIXEL_LATENT, &preview::FLUX, Concat::None, Prediction::Flow)
+    }
+}
+
 /// HiDream-O1: pixels (32×32 patches in the network, which the reference does not align
 /// to), its own eta-scaled starting noise, no reference latents (edit is refused).
 const fn hidream_o1_family() -> FamilySpec {
@@ -567,6 +583,7 @@ static KREA2: FamilySpec = krea2_family();
 static HIDREAM_O1: FamilySpec = hidream_o1_family();
 static ANIMA: FamilySpec = anima_family();
 static MINIT2I: FamilySpec = minit2i_family();
+static PID: FamilySpec = pid_family();
 static WAN: FamilySpec = wan_family(WAN_LATENT, &preview::WAN21, FirstStageKind::Wan21, TimestepRule::Scalar);
 static WAN22_TI2V: FamilySpec = wan_family(WAN22_LATENT, &preview::WAN22, FirstStageKind::Wan22, TimestepRule::PerFrameMasked);
 
@@ -609,6 +626,7 @@ pub fn spec(version: SdVersion) -> Option<&'static FamilySpec> {
         V::HidreamO1 => &HIDREAM_O1,
         V::Anima => &ANIMA,
         V::Minit2i => &MINIT2I,
+        V::Pid => &PID,
         V::Wan2 | V::Wan2_2I2v => &WAN,
         V::Wan2_2Ti2v => &WAN22_TI2V,
         _ => return None,
@@ -745,6 +763,7 @@ impl ModelSet {
             Arch::Boogu => boogu::build(&mut ctx)?,
             Arch::HidreamO1 => hidream_o1::build(&mut ctx)?,
             Arch::MiniT2i => minit2i::build(&mut ctx)?,
+            Arch::Pid => pid::build(&mut ctx)?,
             Arch::Ideogram4 => ideogram4::build(&mut ctx)?,
         };
         let given = |p: &Option<String>| p.as_deref().is_some_and(|p| !p.is_empty());
@@ -968,6 +987,11 @@ mod tests {
                     assert_eq!((s.latent.size_multiple(), s.latent.channels), (1, 3));
                     assert!(s.preview.is_none() && !s.ref_latents && !s.supports_img_cfg(true));
                     assert_eq!((s.arch, s.prediction), (Arch::MiniT2i, PredictionRule::Fixed(Prediction::Minit2iFlow)));
+                }
+                Some(s) if *v == SdVersion::Pid => {
+                    assert_eq!((s.latent.size_multiple(), s.latent.channels, s.ref_image_multiple), (1, 3, 0));
+                    assert!(s.preview.is_none() && s.ref_latents && !s.supports_img_cfg(true));
+                    assert_eq!((s.arch, s.defaults), (Arch::Pid, ModelFamily::Pid));
                 }
                 Some(s) if *v == SdVersion::HidreamO1 => {
                     assert_eq!((s.latent.size_multiple(), s.latent.channels, s.defaults), (1, 3, ModelFamily::HidreamO1));

@@ -5,8 +5,10 @@
 //! with the empty negative prompt), cfg 1, 96×64, cfg 3 with a negative prompt, another prompt
 //! with an attention weight, img2img, a reference image as transformer tokens with the
 //! default `krea2_ostris_edit` preset (modulated for timestep 0) and with `krea2_edit`, two
-//! references of different sizes at cfg 3; an LLM whose width is not the text fusion's (the
-//! reference aborts) must fail cleanly.
+//! references of different sizes at cfg 3; with a Qwen3-VL vision tower (`llm_vision_path`)
+//! one reference and two (the pictures' embeddings in the user turn as well), and
+//! `pass_to_vlm=false`; an LLM whose width is not the text fusion's (the reference aborts)
+//! must fail cleanly.
 //!
 //! Without `SD_PARITY=full` cfg 1 and the default reference image run.
 

@@ -1,25 +1,35 @@
-//! Qwen2.5-VL's vision tower (the vision part of the reference's `llm.hpp`), which turns a
-//! reference image into embeddings the LLM reads in place of its `<|image_pad|>` tokens
-//! (Qwen-Image-Edit).
+//! The vision towers of Qwen2.5-VL and Qwen3-VL (the vision part of the reference's
+//! `llm.hpp`), which turn a reference image into embeddings the LLM reads in place of its
+//! `<|image_pad|>` tokens (Qwen-Image-Edit, LongCat-Image-Edit; Krea2, Boogu Image). The
+//! weights decide which tower a file holds ([`VisionArch`]).
 //!
 //! The image is cut into 14×14 patches; each patch is seen as two identical frames (the
 //! temporal patch of 2) and embedded by a 3-D convolution, or by two 2-D convolutions whose
 //! sum is the same thing (llama.cpp mmproj files, `patch_embed.proj.0/1`). Patches are
-//! ordered so that every 2×2 group (what the merger joins into one LLM token) is contiguous,
-//! then regrouped by windows of 112×112 pixels: most blocks attend within their window (an
-//! additive mask), the full-attention blocks (7, 15, 23, 31) attend to everything. Attention
-//! is rotated by a 2-D RoPE (row and column, half the rotary width each, halves not
-//! interleaved). Blocks are pre-norm (RMS norms), with a SiLU-gated MLP; the merger
-//! RMS-normalises each patch, joins each 2×2 group and maps it through a GELU MLP to the
-//! LLM's width; the window order is undone at the end.
+//! ordered so that every 2×2 group (what the merger joins into one LLM token) is contiguous.
+//! Attention is rotated by a 2-D RoPE (row and column, half the rotary width each, halves
+//! not interleaved); the merger normalises each patch, joins each 2×2 group and maps it
+//! through a GELU MLP to the LLM's width.
 //!
-//! Widths come from the weights where the reference reads them (`patch_embed.proj.0` gives
-//! the width of split files; unsplit ones keep the 1280 of Qwen2.5-VL-7B), the head count is
-//! fixed at 16 and the layer count is the highest block index.
+//! Qwen2.5-VL: patches are regrouped by windows of 112×112 pixels: most blocks attend within
+//! their window (an additive mask), the full-attention blocks (7, 15, 23, 31) attend to
+//! everything; blocks are pre-norm with RMS norms and a SiLU-gated MLP; the window order is
+//! undone at the end.
+//!
+//! Qwen3-VL: the patch convolution has a bias, learned position embeddings (a square grid)
+//! are interpolated bilinearly to the image's patch grid and added; every block attends to
+//! everything, with layer norms and a GELU MLP; the merger's norm is a layer norm and its
+//! GELU the exact one. (Its deepstack mergers, which only MiniMax-H3 reads in the reference,
+//! are not run.)
+//!
+//! Widths come from the weights where the reference reads them (`patch_embed.proj.0`, the
+//! patch bias or the position table give the width; an unsplit Qwen2.5-VL tower keeps the
+//! 1280 of Qwen2.5-VL-7B), the head count is fixed at 16 and the layer count is the highest
+//! block index.
 
 use crate::error::Result;
-use crate::graph::nn::{attention, split_qkv, Conv2d, Linear};
-use crate::graph::{nn, Graph, Runner, Scope, TypeMap, F16, T, W};
+use crate::graph::nn::{attention, split_qkv, Conv2d, LayerNorm, Linear};
+use crate::graph::{nn, Graph, Runner, Scope, TypeMap, F16, F32, T, W};
 use crate::models::common::dit::RmsNorm;
 use crate::models::common::rope;
 use crate::tensor::Tensor;
@@ -32,8 +42,16 @@ pub const VISION_PREFIX: &str = "text_encoders.llm.visual.";
 const CLIP_MEAN: [f32; 3] = [0.481_454_66, 0.457_827_5, 0.408_210_73];
 const CLIP_STD: [f32; 3] = [0.268_629_54, 0.261_302_6, 0.275_777_1];
 
+/// Which tower a file holds.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum VisionArch {
+    Qwen25Vl,
+    Qwen3Vl,
+}
+
 #[derive(Clone, Debug, PartialEq)]
 pub struct VisionConfig {
+    pub arch: VisionArch,
     pub num_layers: usize,
     pub hidden_size: i64,
     pub intermediate_size: i64,
@@ -51,12 +69,15 @@ pub struct VisionConfig {
     pub split_patch_embed: bool,
     /// Separate q/k/v projections (llama.cpp's names) instead of one fused `qkv`.
     pub separate_qkv: bool,
+    /// Qwen3-VL: rows of the learned position table (a square grid).
+    pub num_position_embeddings: i64,
 }
 
 impl Default for VisionConfig {
     /// Qwen2.5-VL-7B's tower, the reference's defaults.
     fn default() -> Self {
         VisionConfig {
+            arch: VisionArch::Qwen25Vl,
             num_layers: 32,
             hidden_size: 1280,
             intermediate_size: 3420,
@@ -70,6 +91,7 @@ impl Default for VisionConfig {
             fullatt_blocks: vec![7, 15, 23, 31],
             split_patch_embed: false,
             separate_qkv: false,
+            num_position_embeddings: 0,
         }
     }
 }
@@ -106,17 +128,31 @@ impl VisionConfig {
                         cfg.patch_size = p;
                     }
                 }
-                "blocks.0.mlp.gate_proj.weight" => {
+                "patch_embed.bias" | "patch_embed.proj.bias" => {
+                    if let Some(&h) = shape().first() {
+                        cfg.hidden_size = h;
+                    }
+                }
+                "pos_embed.weight" => {
+                    cfg.arch = VisionArch::Qwen3Vl;
+                    if let [h, n, ..] = shape()[..] {
+                        (cfg.hidden_size, cfg.num_position_embeddings) = (h, n);
+                    }
+                }
+                "blocks.0.mlp.gate_proj.weight" | "blocks.0.mlp.linear_fc1.weight" => {
                     if let [_, n, ..] = shape()[..] {
                         cfg.intermediate_size = n;
                     }
                 }
-                "merger.mlp.2.weight" => {
+                "merger.mlp.2.weight" | "merger.linear_fc2.weight" => {
                     if let [_, n, ..] = shape()[..] {
                         cfg.out_hidden_size = n;
                     }
                 }
                 _ => {}
+            }
+            if rest.starts_with("merger.linear_fc") || rest.contains(".mlp.linear_fc") {
+                cfg.arch = VisionArch::Qwen3Vl;
             }
             if rest.starts_with("blocks.") {
                 if let Some(i) = block_index(rest) {
@@ -153,16 +189,25 @@ impl VisionConfig {
         );
         ensure!(self.in_channels == 3, "the vision tower takes {} channels, not RGB", self.in_channels);
         ensure!(self.patch_size > 0 && self.window_size >= self.factor(), "the vision tower's patch size {} is unusable", self.patch_size);
+        ensure!(
+            self.arch == VisionArch::Qwen25Vl || self.num_position_embeddings > 0,
+            "the Qwen3-VL vision tower has no position embeddings (pos_embed.weight)"
+        );
         Ok(())
+    }
+
+    /// Qwen3-VL: side of the learned position grid.
+    pub fn position_grid_side(&self) -> usize {
+        (self.num_position_embeddings.max(0) as f64).sqrt() as usize
     }
 }
 
 #[derive(Clone, Copy, Debug)]
 enum PatchEmbed {
-    /// One convolution over both frames: kernel [pw, ph, pt, IC·OC].
-    Conv3d(W),
-    /// One convolution per frame, summed.
-    Split(Conv2d, Conv2d),
+    /// One convolution over both frames: kernel [pw, ph, pt, IC·OC] (Qwen3-VL: with a bias).
+    Conv3d(W, Option<W>),
+    /// One convolution per frame, summed (Qwen3-VL: then `patch_embed.bias`).
+    Split(Conv2d, Conv2d, Option<W>),
 }
 
 #[derive(Clone, Copy, Debug)]
@@ -172,21 +217,49 @@ enum Qkv {
 }
 
 #[derive(Clone, Copy, Debug)]
+enum Norm {
+    Rms(RmsNorm),
+    Layer(LayerNorm),
+}
+
+impl Norm {
+    /// Qwen2.5-VL's RMS norm or Qwen3-VL's layer norm (eps 1e-6) over `dim`.
+    fn new(s: &mut Scope, cfg: &VisionConfig, name: &str, dim: i64) -> Norm {
+        match cfg.arch {
+            VisionArch::Qwen25Vl => Norm::Rms(RmsNorm::new(s, name, "weight", dim, 1e-6, true)),
+            VisionArch::Qwen3Vl => Norm::Layer(LayerNorm::new(s, name, dim, 1e-6, true, true)),
+        }
+    }
+
+    fn forward<'g>(&self, g: &'g Graph, x: T<'g>) -> T<'g> {
+        match self {
+            Norm::Rms(n) => n.forward(g, x),
+            Norm::Layer(n) => n.forward(g, x),
+        }
+    }
+}
+
+#[derive(Clone, Copy, Debug)]
+enum Mlp {
+    /// Qwen2.5-VL: down(silu(gate(x)) · up(x)).
+    Gated { gate: Linear, up: Linear, down: Linear },
+    /// Qwen3-VL: fc2(gelu(fc1(x))).
+    Gelu { fc1: Linear, fc2: Linear },
+}
+
+#[derive(Clone, Copy, Debug)]
 struct Block {
-    norm1: RmsNorm,
-    norm2: RmsNorm,
+    norm1: Norm,
+    norm2: Norm,
     qkv: Qkv,
     proj: Linear,
-    gate: Linear,
-    up: Linear,
-    down: Linear,
+    mlp: Mlp,
 }
 
 impl Block {
     fn new(s: &mut Scope, cfg: &VisionConfig) -> Block {
         let (h, ff) = (cfg.hidden_size, cfg.intermediate_size);
-        let norm = |s: &mut Scope, name: &str| RmsNorm::new(s, name, "weight", h, 1e-6, true);
-        let (norm1, norm2) = (norm(s, "norm1"), norm(s, "norm2"));
+        let (norm1, norm2) = (Norm::new(s, cfg, "norm1", h), Norm::new(s, cfg, "norm2", h));
         let (qkv, proj) = {
             let mut a = s.sub("attn");
             let qkv = if cfg.separate_qkv {
@@ -197,9 +270,15 @@ impl Block {
             (qkv, Linear::new(&mut a, "proj", h, h, true))
         };
         let mut m = s.sub("mlp");
-        let (gate, up, down) =
-            (Linear::new(&mut m, "gate_proj", h, ff, true), Linear::new(&mut m, "up_proj", h, ff, true), Linear::new(&mut m, "down_proj", ff, h, true));
-        Block { norm1, norm2, qkv, proj, gate, up, down }
+        let mlp = match cfg.arch {
+            VisionArch::Qwen25Vl => Mlp::Gated {
+                gate: Linear::new(&mut m, "gate_proj", h, ff, true),
+                up: Linear::new(&mut m, "up_proj", h, ff, true),
+                down: Linear::new(&mut m, "down_proj", ff, h, true),
+            },
+            VisionArch::Qwen3Vl => Mlp::Gelu { fc1: Linear::new(&mut m, "linear_fc1", h, ff, true), fc2: Linear::new(&mut m, "linear_fc2", ff, h, true) },
+        };
+        Block { norm1, norm2, qkv, proj, mlp }
     }
 
     /// x: [hidden, n]; `pe` the 2-D rotation table, `mask` the window mask (none: full).
@@ -220,71 +299,117 @@ impl Block {
         let a = attention(g, q, k, v, cfg.num_heads, mask, true, g.options.flash_attn, 1.0);
         let x = self.proj.forward(g, a).add_inplace(x);
         let h = self.norm2.forward(g, x);
-        let m = self.gate.forward(g, h).silu_inplace().mul_inplace(self.up.forward(g, h));
-        self.down.forward(g, m).add_inplace(x)
+        let m = match self.mlp {
+            Mlp::Gated { gate, up, down } => down.forward(g, gate.forward(g, h).silu_inplace().mul_inplace(up.forward(g, h))),
+            Mlp::Gelu { fc1, fc2 } => fc2.forward(g, fc1.forward(g, h).gelu()),
+        };
+        m.add_inplace(x)
     }
+}
+
+/// How the patches are laid out for the blocks: Qwen2.5-VL's attention windows (window
+/// order → natural merged token, its inverse, the additive mask), or Qwen3-VL's bilinear
+/// position lookup (four corner rows of the position table per patch and their weights
+/// `[1, n]`).
+enum Layout<'g> {
+    Windows([T<'g>; 3]),
+    Positions([T<'g>; 4], [T<'g>; 4]),
 }
 
 /// The vision tower whose weights live in a `ParamStore`.
 pub struct QwenVisionModel {
     pub cfg: VisionConfig,
     patch_embed: PatchEmbed,
+    pos_embed: Option<nn::Embedding>,
     blocks: Vec<Block>,
-    ln_q: RmsNorm,
-    mlp0: Linear,
-    mlp2: Linear,
+    merger_norm: Norm,
+    merger_fc1: Linear,
+    merger_fc2: Linear,
 }
 
 impl QwenVisionModel {
     /// Declares every weight under the scope's prefix ([`VISION_PREFIX`]).
     pub fn new(s: &mut Scope, cfg: &VisionConfig) -> QwenVisionModel {
         let (p, c, h) = (cfg.patch_size, cfg.in_channels, cfg.hidden_size);
+        let qwen3 = cfg.arch == VisionArch::Qwen3Vl;
         let patch_embed = {
             let mut pe = s.sub("patch_embed");
             if cfg.split_patch_embed {
+                let bias = qwen3.then(|| pe.tensor("bias", F32, &[h]));
                 let mut proj = pe.sub("proj");
                 let conv = |s: &mut Scope, name: &str| Conv2d::new(s, name, c, h, (p, p), (p as i32, p as i32), (0, 0), false);
-                PatchEmbed::Split(conv(&mut proj, "0"), conv(&mut proj, "1"))
+                PatchEmbed::Split(conv(&mut proj, "0"), conv(&mut proj, "1"), bias)
             } else {
-                PatchEmbed::Conv3d(pe.sub("proj").tensor("weight", F16, &[p, p, cfg.temporal_patch_size, c * h]))
+                let mut proj = pe.sub("proj");
+                let w = proj.tensor("weight", F16, &[p, p, cfg.temporal_patch_size, c * h]);
+                PatchEmbed::Conv3d(w, qwen3.then(|| proj.tensor("bias", F32, &[h])))
             }
         };
+        let pos_embed = qwen3.then(|| nn::Embedding::new(s, "pos_embed", cfg.num_position_embeddings, h));
         let blocks = (0..cfg.num_layers).map(|i| Block::new(&mut s.sub(&format!("blocks.{i}")), cfg)).collect();
         let mut merger = s.sub("merger");
-        let ln_q = RmsNorm::new(&mut merger, "ln_q", "weight", h, 1e-6, true);
         let joined = h * cfg.spatial_merge_size * cfg.spatial_merge_size;
-        let mut mlp = merger.sub("mlp");
-        let mlp0 = Linear::new(&mut mlp, "0", joined, joined, true);
-        let mlp2 = Linear::new(&mut mlp, "2", joined, cfg.out_hidden_size, true);
-        QwenVisionModel { cfg: cfg.clone(), patch_embed, blocks, ln_q, mlp0, mlp2 }
+        let (merger_norm, merger_fc1, merger_fc2) = if qwen3 {
+            let norm = Norm::new(&mut merger, cfg, "norm", h);
+            (norm, Linear::new(&mut merger, "linear_fc1", joined, joined, true), Linear::new(&mut merger, "linear_fc2", joined, cfg.out_hidden_size, true))
+        } else {
+            let norm = Norm::new(&mut merger, cfg, "ln_q", h);
+            let mut mlp = merger.sub("mlp");
+            (norm, Linear::new(&mut mlp, "0", joined, joined, true), Linear::new(&mut mlp, "2", joined, cfg.out_hidden_size, true))
+        };
+        QwenVisionModel { cfg: cfg.clone(), patch_embed, pos_embed, blocks, merger_norm, merger_fc1, merger_fc2 }
     }
 
     /// Embeddings `[out_hidden, tokens]` of the patches `pixels` ([`patchify`]'s layout) with
-    /// the window layout `win` ([`Windows`]) and the rotation table `pe`.
-    fn forward<'g>(&self, g: &'g Graph, pixels: T<'g>, pe: T<'g>, win: [T<'g>; 3]) -> T<'g> {
+    /// the rotation table `pe` and the patches' `layout`.
+    fn forward<'g>(&self, g: &'g Graph, pixels: T<'g>, pe: T<'g>, layout: Layout<'g>) -> T<'g> {
         let cfg = &self.cfg;
         let (p, pt, h) = (cfg.patch_size, cfg.temporal_patch_size, cfg.hidden_size);
-        let [window_index, inverse_index, mask] = win;
         let n = pixels.ne()[1];
         let x = pixels.reshape(&[p, p, pt, n * cfg.in_channels]);
         let x = match self.patch_embed {
-            PatchEmbed::Conv3d(w) => nn::conv_3d(g, x, g.param(w), None, cfg.in_channels, [p as i32, p as i32, pt as i32], [0; 3], [1; 3]),
-            PatchEmbed::Split(c0, c1) => {
+            PatchEmbed::Conv3d(w, b) => nn::conv_3d(g, x, g.param(w), g.opt_param(b), cfg.in_channels, [p as i32, p as i32, pt as i32], [0; 3], [1; 3]),
+            PatchEmbed::Split(c0, c1, b) => {
                 let (ne, nb) = (x.ne(), x.nb());
                 let frame = |t: usize| x.view(&[ne[0], ne[1], 1, ne[3]], &[nb[1], nb[2], nb[3]], t * nb[2]).cont().reshape(&[p, p, cfg.in_channels, n]);
-                c0.forward(g, frame(0)).add(c1.forward(g, frame(1)))
+                let y = c0.forward(g, frame(0)).add(c1.forward(g, frame(1)));
+                match b {
+                    Some(b) => y.add_inplace(g.param(b).reshape(&[1, 1, h, 1])),
+                    None => y,
+                }
             }
         };
         let m2 = cfg.spatial_merge_size * cfg.spatial_merge_size;
-        let x = x.reshape(&[h, n]);
-        let mut x = x.reshape(&[h * m2, n / m2]).get_rows(window_index).reshape(&[h, n]);
+        let mut x = x.reshape(&[h, n]);
+        let (mask, inverse) = match layout {
+            Layout::Windows([window_index, inverse_index, mask]) => {
+                x = x.reshape(&[h * m2, n / m2]).get_rows(window_index).reshape(&[h, n]);
+                (Some(mask), Some(inverse_index))
+            }
+            Layout::Positions(rows, weights) => {
+                if let Some(table) = self.pos_embed {
+                    let table = g.param(table.weight);
+                    let pos = (0..4).map(|i| table.get_rows(rows[i]).mul(weights[i])).reduce(|a, b| a.add(b));
+                    x = x.add(pos.expect("four corners"));
+                }
+                (None, None)
+            }
+        };
         for (i, block) in self.blocks.iter().enumerate() {
-            let m = (!cfg.fullatt_blocks.contains(&i)).then_some(mask);
+            let m = mask.filter(|_| !cfg.fullatt_blocks.contains(&i));
             x = block.forward(g, cfg, x, pe, m);
         }
-        let x = self.ln_q.forward(g, x).reshape(&[h * m2, n / m2]);
-        let x = self.mlp2.forward(g, self.mlp0.forward(g, x).gelu());
-        x.get_rows(inverse_index)
+        let x = self.merger_norm.forward(g, x).reshape(&[h * m2, n / m2]);
+        let x = self.merger_fc1.forward(g, x);
+        let x = match cfg.arch {
+            VisionArch::Qwen25Vl => x.gelu(),
+            VisionArch::Qwen3Vl => x.gelu_erf(),
+        };
+        let x = self.merger_fc2.forward(g, x);
+        match inverse {
+            Some(inverse) => x.get_rows(inverse),
+            None => x,
+        }
     }
 }
 
@@ -405,6 +530,45 @@ pub fn patch_ids(cfg: &VisionConfig, grid_h: usize, grid_w: usize, inverse: &[i3
     rope::Ids { n_axes: 2, data: rows.concat() }
 }
 
+/// Qwen3-VL's position embeddings of a `grid_h`×`grid_w` patch grid, in [`patchify`]'s
+/// order: for each patch the four rows of the learned position grid around its place
+/// (scaled onto that grid: top-left, top-right, bottom-left, bottom-right) and their bilinear
+/// weights.
+#[derive(Clone, Debug, PartialEq)]
+pub struct PositionLookup {
+    pub rows: [Vec<i32>; 4],
+    pub weights: [Vec<f32>; 4],
+}
+
+pub fn position_lookup(cfg: &VisionConfig, grid_h: usize, grid_w: usize) -> PositionLookup {
+    let side = cfg.position_grid_side();
+    let m = cfg.spatial_merge_size as usize;
+    let last = side.saturating_sub(1) as f64;
+    let at = |i: usize, n: usize| if n == 1 { 0.0 } else { last * i as f64 / (n - 1) as f64 };
+    let mut out = PositionLookup { rows: Default::default(), weights: Default::default() };
+    for bh in 0..grid_h / m {
+        for bw in 0..grid_w / m {
+            for ih in 0..m {
+                let hp = at(bh * m + ih, grid_h);
+                let (h0, dh) = (hp.floor() as usize, hp - hp.floor());
+                let h1 = (h0 + 1).min(side - 1);
+                for iw in 0..m {
+                    let wp = at(bw * m + iw, grid_w);
+                    let (w0, dw) = (wp.floor() as usize, wp - wp.floor());
+                    let w1 = (w0 + 1).min(side - 1);
+                    let corners = [(h0, w0), (h0, w1), (h1, w0), (h1, w1)];
+                    let weights = [(1.0 - dh) * (1.0 - dw), (1.0 - dh) * dw, dh * (1.0 - dw), dh * dw];
+                    for k in 0..4 {
+                        out.rows[k].push((corners[k].0 * side + corners[k].1) as i32);
+                        out.weights[k].push(weights[k] as f32);
+                    }
+                }
+            }
+        }
+    }
+    out
+}
+
 /// Embeddings `[out_hidden, tokens]` of a preprocessed image `[W, H, 3, 1]` (sides
 /// multiples of [`VisionConfig::factor`]): one token per 2×2 group of patches, row by row.
 pub fn encode_image(runner: &mut Runner, model: &QwenVisionModel, image: &Tensor) -> Result<Tensor> {
@@ -412,19 +576,35 @@ pub fn encode_image(runner: &mut Runner, model: &QwenVisionModel, image: &Tensor
     let p = cfg.patch_size as usize;
     let (grid_w, grid_h) = (image.ne(0) / p, image.ne(1) / p);
     let pixels = patchify(cfg, image)?;
-    let win = windows(cfg, grid_h, grid_w);
-    let hd = cfg.head_dim() as usize;
-    let pe = rope::embed_nd(&patch_ids(cfg, grid_h, grid_w, &win.inverse), 10000.0, &[hd / 2, hd / 2], None);
     let n = grid_h * grid_w;
     let tokens = n / (cfg.spatial_merge_size * cfg.spatial_merge_size) as usize;
-    let out = runner.compute(|g| {
-        let x = g.input_f32(pixels.data(), &[pixels.ne(0) as i64, n as i64]);
-        let pe = g.input_f32(&pe, &[2, 2, hd as i64 / 2, n as i64]);
-        let index = g.input_i32(&win.index, &[tokens as i64]);
-        let inverse = g.input_i32(&win.inverse, &[tokens as i64]);
-        let mask = g.input_f32(&win.mask, &[n as i64, n as i64]);
-        Ok(model.forward(g, x, pe, [index, inverse, mask]))
-    })?;
+    let hd = cfg.head_dim() as usize;
+    let out = match cfg.arch {
+        VisionArch::Qwen25Vl => {
+            let win = windows(cfg, grid_h, grid_w);
+            let pe = rope::embed_nd(&patch_ids(cfg, grid_h, grid_w, &win.inverse), 10000.0, &[hd / 2, hd / 2], None);
+            runner.compute(|g| {
+                let x = g.input_f32(pixels.data(), &[pixels.ne(0) as i64, n as i64]);
+                let pe = g.input_f32(&pe, &[2, 2, hd as i64 / 2, n as i64]);
+                let index = g.input_i32(&win.index, &[tokens as i64]);
+                let inverse = g.input_i32(&win.inverse, &[tokens as i64]);
+                let mask = g.input_f32(&win.mask, &[n as i64, n as i64]);
+                Ok(model.forward(g, x, pe, Layout::Windows([index, inverse, mask])))
+            })?
+        }
+        VisionArch::Qwen3Vl => {
+            let natural: Vec<i32> = (0..tokens as i32).collect();
+            let pe = rope::embed_nd(&patch_ids(cfg, grid_h, grid_w, &natural), 10000.0, &[hd / 2, hd / 2], None);
+            let lookup = position_lookup(cfg, grid_h, grid_w);
+            runner.compute(|g| {
+                let x = g.input_f32(pixels.data(), &[pixels.ne(0) as i64, n as i64]);
+                let pe = g.input_f32(&pe, &[2, 2, hd as i64 / 2, n as i64]);
+                let rows = [0, 1, 2, 3].map(|k| g.input_i32(&lookup.rows[k], &[n as i64]));
+                let weights = [0, 1, 2, 3].map(|k| g.input_f32(&lookup.weights[k], &[1, n as i64]));
+                Ok(model.forward(g, x, pe, Layout::Positions(rows, weights)))
+            })?
+        }
+    };
     out.reshape(&[cfg.out_hidden_size as usize, tokens])
 }
 
@@ -436,24 +616,74 @@ mod tests {
         VisionConfig { hidden_size: 64, num_layers: 2, split_patch_embed: true, ..VisionConfig::default() }
     }
 
-    #[test]
-    fn config_from_mmproj_like_names() {
+    /// The config `detect` reads under `prefix` from f16 tensors `(name, ggml shape)` named
+    /// under [`VISION_PREFIX`].
+    fn detect_from(tensors: &[(&str, &[i64])], prefix: &str) -> Option<VisionConfig> {
         let mut types = TypeMap::new();
         let mut shapes = std::collections::HashMap::new();
-        let mut add = |n: &str, s: &[i64]| {
+        for (n, s) in tensors {
             types.insert(format!("{VISION_PREFIX}{n}"), F16);
             shapes.insert(format!("{VISION_PREFIX}{n}"), s.to_vec());
-        };
-        add("patch_embed.proj.0.weight", &[14, 14, 3, 128]);
-        add("patch_embed.proj.1.weight", &[14, 14, 3, 128]);
-        add("blocks.0.mlp.gate_proj.weight", &[128, 256]);
-        add("blocks.7.attn.q_proj.weight", &[128, 128]);
-        add("merger.mlp.2.weight", &[512, 3584]);
-        let cfg = VisionConfig::detect(&types, &|n| shapes.get(n).cloned(), VISION_PREFIX).unwrap();
+        }
+        VisionConfig::detect(&types, &|n| shapes.get(n).cloned(), prefix)
+    }
+
+    #[test]
+    fn config_from_mmproj_like_names() {
+        let tensors: [(&str, &[i64]); 5] = [
+            ("patch_embed.proj.0.weight", &[14, 14, 3, 128]),
+            ("patch_embed.proj.1.weight", &[14, 14, 3, 128]),
+            ("blocks.0.mlp.gate_proj.weight", &[128, 256]),
+            ("blocks.7.attn.q_proj.weight", &[128, 128]),
+            ("merger.mlp.2.weight", &[512, 3584]),
+        ];
+        let cfg = detect_from(&tensors, VISION_PREFIX).unwrap();
+        assert_eq!(cfg.arch, VisionArch::Qwen25Vl);
         assert_eq!((cfg.num_layers, cfg.hidden_size, cfg.intermediate_size, cfg.out_hidden_size), (8, 128, 256, 3584));
         assert!(cfg.split_patch_embed && cfg.separate_qkv);
         assert_eq!((cfg.num_heads, cfg.factor(), cfg.head_dim()), (16, 28, 8));
-        assert!(VisionConfig::detect(&types, &|n| shapes.get(n).cloned(), "other.").is_none());
+        assert!(detect_from(&tensors, "other.").is_none());
+    }
+
+    /// Qwen3-VL's HF names: the kind, the width from the patch bias and the position table.
+    #[test]
+    fn config_from_qwen3_vl_names() {
+        let tensors: [(&str, &[i64]); 6] = [
+            ("patch_embed.proj.weight", &[16, 16, 2, 3 * 1152]),
+            ("patch_embed.proj.bias", &[1152]),
+            ("pos_embed.weight", &[1152, 2304]),
+            ("blocks.26.mlp.linear_fc1.weight", &[1152, 4304]),
+            ("blocks.0.mlp.linear_fc1.weight", &[1152, 4304]),
+            ("merger.linear_fc2.weight", &[4608, 4096]),
+        ];
+        let cfg = detect_from(&tensors, VISION_PREFIX).unwrap();
+        assert_eq!(cfg.arch, VisionArch::Qwen3Vl);
+        assert_eq!((cfg.num_layers, cfg.hidden_size, cfg.intermediate_size, cfg.out_hidden_size, cfg.patch_size), (27, 1152, 4304, 4096, 16));
+        assert_eq!((cfg.num_position_embeddings, cfg.position_grid_side()), (2304, 48));
+        assert!(!cfg.split_patch_embed && !cfg.separate_qkv);
+        cfg.validate().unwrap();
+        let no_table = VisionConfig { num_position_embeddings: 0, ..cfg };
+        assert!(no_table.validate().is_err());
+    }
+
+    /// The position grid is stretched over the patch grid: corners map to corners, and each
+    /// patch's four weights sum to one (patches in merge-group order).
+    #[test]
+    fn positions_interpolate_the_learned_grid() {
+        let cfg = VisionConfig { arch: VisionArch::Qwen3Vl, num_position_embeddings: 16, ..tiny() };
+        let lookup = position_lookup(&cfg, 4, 6);
+        assert_eq!(lookup.rows[0].len(), 24);
+        // Patch 0 is (0, 0): row 0 with weight 1.
+        assert_eq!((lookup.rows[0][0], lookup.weights[0][0]), (0, 1.0));
+        // Patch 1 is (0, 1): column 3/5 of the way to 1 → between columns 0 and 1.
+        assert_eq!((lookup.rows[0][1], lookup.rows[1][1]), (0, 1));
+        assert!((lookup.weights[1][1] - 0.6).abs() < 1e-6);
+        // The last patch is (3, 5): the grid's last row and column.
+        assert_eq!(lookup.rows[0][23], 15);
+        for i in 0..24 {
+            let sum: f32 = (0..4).map(|k| lookup.weights[k][i]).sum();
+            assert!((sum - 1.0).abs() < 1e-6);
+        }
     }
 
     #[test]
@@ -524,6 +754,9 @@ mod tests {
                 let (pt, ic) = (cfg.temporal_patch_size as usize, cfg.in_channels as usize);
                 // The split / fused layout's value behind element i of this tensor.
                 let source = |i: usize| -> (String, usize) {
+                    if rest == "patch_embed.bias" {
+                        return ("patch_embed.proj.bias".to_string(), i);
+                    }
                     if rest == "patch_embed.proj.weight" {
                         // [pw, ph, pt, IC·OC] → frame t's [pw, ph, IC, OC].
                         let (xy, t, c, o) = (i % p2, (i / p2) % pt, (i / (p2 * pt)) % ic, i / (p2 * pt * ic));
@@ -567,10 +800,15 @@ mod tests {
         let base = VisionConfig { hidden_size: 64, intermediate_size: 32, num_layers: 2, out_hidden_size: 16, fullatt_blocks: vec![1], ..VisionConfig::default() };
         let split = VisionConfig { split_patch_embed: true, ..base.clone() };
         let other = VisionConfig { separate_qkv: true, ..base.clone() };
+        assert_same_embeddings(&split, &other);
+    }
+
+    /// Towers of `a` and `b` (16 wide outputs) embed a 112×56 image alike.
+    fn assert_same_embeddings(a: &VisionConfig, b: &VisionConfig) {
         let image: Vec<f32> = (0..112 * 56 * 3).map(|i| value("image", i) * 2.0).collect();
         let image = Tensor::from_vec(&[112, 56, 3, 1], image).unwrap();
-        let mut a = tower(&split);
-        let mut b = tower(&other);
+        let mut a = tower(a);
+        let mut b = tower(b);
         let (ma, ra) = a.parts();
         let ea = encode_image(ra, ma, &image).unwrap();
         let (mb, rb) = b.parts();
@@ -579,6 +817,22 @@ mod tests {
         let scale = ea.data().iter().fold(0f32, |m, v| m.max(v.abs()));
         let worst = ea.data().iter().zip(eb.data()).fold(0f32, |m, (x, y)| m.max((x - y).abs()));
         assert!(scale > 0.1 && worst < 2e-3 * scale, "layouts differ by {worst} (scale {scale})");
+    }
+
+    /// Qwen3-VL's tower alike: the split convolutions plus `patch_embed.bias` are the 3-D
+    /// one with its bias (and the position grid is read through the same lookup).
+    #[test]
+    fn qwen3_layouts_agree() {
+        let base = VisionConfig {
+            arch: VisionArch::Qwen3Vl,
+            hidden_size: 64,
+            intermediate_size: 32,
+            num_layers: 2,
+            out_hidden_size: 16,
+            num_position_embeddings: 16,
+            ..VisionConfig::default()
+        };
+        assert_same_embeddings(&VisionConfig { split_patch_embed: true, ..base.clone() }, &base);
     }
 
     #[test]

@@ -15,7 +15,7 @@ use crate::error::{Context as _, Result};
 use crate::graph::{Component, Components, Loaded, Placement};
 use crate::models::te::bpe::BpeTokenizer;
 use crate::models::te::llm::{self, causal_mask, LlmArch, LlmConfig, LlmModel, LLM_PREFIX};
-use crate::models::te::qwen_vision::VISION_PREFIX;
+use crate::models::te::qwen_vision::VisionArch;
 use crate::models::te::{mistral_tokenizer, qwen_tokenizer};
 use crate::models::Condition;
 use crate::pipeline::loader::Weights;
@@ -200,8 +200,8 @@ impl LlmText {
 pub struct LlmConditioner {
     llm: LlmText,
     template: LlmTemplate,
-    /// Qwen-Image-Edit, LongCat-Image-Edit: reference images through the LLM's vision tower,
-    /// in the family's edit prompt.
+    /// Qwen-Image-Edit, LongCat-Image-Edit, Krea2, Boogu Image: reference images through the
+    /// LLM's vision tower, in the family's edit prompt.
     vision: Option<VisionTower>,
     edit: EditTemplate,
     /// Z-Image: what the LLM reads when reference images come along (no vision tower).
@@ -210,15 +210,12 @@ pub struct LlmConditioner {
     spell_quotes: bool,
     /// Boogu: the prefix a blank prompt is put after instead of the template's.
     blank_prefix: Option<&'static str>,
-    /// The family whose LLM file holds a vision tower this build does not run (Qwen3-VL's):
-    /// reference images for it are refused.
-    unbuilt_vision: Option<&'static str>,
 }
 
 impl LlmConditioner {
     pub fn new(weights: &Arc<Weights>, template: LlmTemplate, place: &Placement, n_threads: i32, resident: bool) -> Result<LlmConditioner> {
         let llm = LlmText::open(weights, template.arch, place, n_threads, resident)?;
-        Ok(LlmConditioner { llm, template, vision: None, edit: qwen_edit::QWEN_EDIT, ref_image_template: None, spell_quotes: false, blank_prefix: None, unbuilt_vision: None })
+        Ok(LlmConditioner { llm, template, vision: None, edit: qwen_edit::QWEN_EDIT, ref_image_template: None, spell_quotes: false, blank_prefix: None })
     }
 
     /// Quoted text in prompts is spelled out ([`spell_quoted`]).
@@ -232,27 +229,18 @@ impl LlmConditioner {
         LlmConditioner { blank_prefix: Some(prefix), ..self }
     }
 
-    /// Reference images for the LLM (`pass_to_vlm`) are refused, naming `family`, when the
-    /// context's files hold a vision tower ([`VISION_PREFIX`]) that this build does not run
-    /// (the reference would describe them with it); without one they reach only the
-    /// diffusion model, as in the reference. Whether the files hold one.
-    pub fn refusing_unbuilt_vision(&mut self, weights: &Weights, family: &'static str) -> bool {
-        let found = weights.has_prefix(VISION_PREFIX);
-        self.unbuilt_vision = found.then_some(family);
-        found
-    }
-
     /// Reference images for the LLM (`pass_to_vlm`) make it read `template` instead of the
     /// prompt (when it has no vision tower).
     pub fn with_ref_image_template(self, template: RefImageTemplate) -> LlmConditioner {
         LlmConditioner { ref_image_template: Some(template), ..self }
     }
 
-    /// Adds the vision tower of the context's files, if they hold one, for the edit prompt
-    /// `edit`; whether one was found.
+    /// Adds the vision tower of the context's files, if they hold one (Qwen3-VL's for a
+    /// Qwen3-VL LLM, else Qwen2.5-VL's), for the edit prompt `edit`; whether one was found.
     pub fn open_vision(&mut self, weights: &Arc<Weights>, edit: EditTemplate, place: &Placement, n_threads: i32, resident: bool) -> Result<bool> {
         self.edit = edit;
-        self.vision = VisionTower::open(weights, self.llm.config().hidden_size, place, n_threads, resident)?;
+        let arch = if self.template.arch == LlmArch::Qwen3Vl { VisionArch::Qwen3Vl } else { VisionArch::Qwen25Vl };
+        self.vision = VisionTower::open(weights, arch, self.llm.config().hidden_size, place, n_threads, resident)?;
         Ok(self.vision.is_some())
     }
 
@@ -275,12 +263,6 @@ impl Components for LlmConditioner {
 impl Conditioner for LlmConditioner {
     fn encode(&mut self, req: &CondRequest<'_>) -> Result<Condition> {
         let start = Instant::now();
-        if let Some(family) = self.unbuilt_vision {
-            ensure!(
-                req.ref_images.is_empty(),
-                "{family}: reference images for the Qwen3-VL vision tower of the LLM file are not supported yet (ref_image_args \"pass_to_vlm=false\" passes them to the transformer only)"
-            );
-        }
         let (h, drop) = match (&mut self.vision, self.ref_image_template) {
             (Some(vision), _) if !req.ref_images.is_empty() => {
                 let images = qwen_edit::image_prompt(vision, req.ref_images, &req.refs, &self.edit)?;

@@ -1,5 +1,6 @@
-//! The edit prompts of the Qwen2.5-VL families (the reference's `QwenImageEditPlusPipeline`
-//! and `LongCatEditPipeline` branches of its LLM conditioner): with a vision tower, each
+//! The edit prompts of the vision-language LLM families (the reference's
+//! `QwenImageEditPlusPipeline` and `LongCatEditPipeline` branches of its LLM conditioner, and
+//! Krea2's and Boogu Image's with Qwen3-VL): with a vision tower, each
 //! reference image is resized for it, encoded, and put in the user turn as
 //! `<|vision_start|>`, one `<|image_pad|>` per embedding and `<|vision_end|>` (Qwen-Image
 //! labels each `Picture N: `); the LLM reads the embeddings at token positions the
@@ -9,7 +10,7 @@
 use super::llm::LlmText;
 use crate::error::Result;
 use crate::graph::{Component, Loaded, Placement};
-use crate::models::te::qwen_vision::{self, QwenVisionModel, VisionConfig, VISION_PREFIX};
+use crate::models::te::qwen_vision::{self, QwenVisionModel, VisionArch, VisionConfig, VISION_PREFIX};
 use crate::pipeline::loader::Weights;
 use crate::pipeline::ref_images::{RefImageParams, VlmResizeMode};
 use crate::tensor::Tensor;
@@ -19,7 +20,7 @@ use std::sync::Arc;
 /// hard-codes for it.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct EditTemplate {
-    /// Logged when the edit prompt is used (the reference's pipeline name).
+    /// Logged when the edit prompt is used (the reference's pipeline name; empty: none).
     pub pipeline: &'static str,
     pub system: &'static str,
     /// Each image is announced as `Picture N: ` before its `<|vision_start|>`.
@@ -32,6 +33,9 @@ pub struct EditTemplate {
     pub drop_first: usize,
     /// Token sequences shorter than this are padded (masked).
     pub min_length: usize,
+    /// The vision input's default pixel bounds (sides; squared in area mode).
+    pub min_size: i32,
+    pub max_size: i32,
 }
 
 /// Qwen-Image-Edit: the first image's embeddings start at token 70, after the 64 system
@@ -45,6 +49,8 @@ pub const QWEN_EDIT: EditTemplate = EditTemplate {
     image_gap: 1 + 6,
     drop_first: 64,
     min_length: 0,
+    min_size: 384,
+    max_size: 560,
 };
 
 /// LongCat-Image-Edit: the reference drops the 67 tokens of the system turn and pads to 579,
@@ -59,10 +65,9 @@ pub const LONGCAT_EDIT: EditTemplate = EditTemplate {
     image_gap: 1 + 6,
     drop_first: 67,
     min_length: 512 + 67,
+    min_size: 384,
+    max_size: 560,
 };
-/// The vision input's default pixel bounds (squared in area mode).
-const MIN_SIZE: i32 = 384;
-const MAX_SIZE: i32 = 560;
 
 /// The vision tower of an LLM conditioner, with its weights like the LLM's: read for each
 /// conditioning phase unless resident.
@@ -72,11 +77,12 @@ pub struct VisionTower {
 
 impl VisionTower {
     /// The tower in the context's files (`llm_vision_path`, or `visual.` in `llm_path`), if
-    /// any; its output must be `llm_width` wide.
-    pub fn open(weights: &Arc<Weights>, llm_width: i64, place: &Placement, n_threads: i32, resident: bool) -> Result<Option<VisionTower>> {
+    /// any; it must be the LLM's kind (`arch`) and its output `llm_width` wide.
+    pub fn open(weights: &Arc<Weights>, arch: VisionArch, llm_width: i64, place: &Placement, n_threads: i32, resident: bool) -> Result<Option<VisionTower>> {
         let Some(cfg) = VisionConfig::detect(weights.types(), &|n| weights.shape_of(n), VISION_PREFIX) else {
             return Ok(None);
         };
+        ensure!(cfg.arch == arch, "the LLM vision tower (llm_vision_path) is {:?}'s, the LLM text encoder needs {arch:?}'s", cfg.arch);
         cfg.validate()?;
         ensure!(
             cfg.out_hidden_size == llm_width,
@@ -154,8 +160,8 @@ pub fn vision_size(width: i32, height: i32, factor: i32, min: i32, max: i32, mod
     (w_bar, h_bar)
 }
 
-/// The request's bounds, or the edit defaults (squared in area mode).
-fn bounds(refs: &RefImageParams) -> (i32, i32) {
+/// The request's bounds, or the template's defaults (squared in area mode).
+fn bounds(refs: &RefImageParams, template: &EditTemplate) -> (i32, i32) {
     let default = |v: i32| {
         if refs.vlm_resize_mode == VlmResizeMode::Area {
             v * v
@@ -163,8 +169,8 @@ fn bounds(refs: &RefImageParams) -> (i32, i32) {
             v
         }
     };
-    let min = if refs.vlm_min_size > 0 { refs.vlm_min_size } else { default(MIN_SIZE) };
-    let max = if refs.vlm_max_size > 0 { refs.vlm_max_size } else { default(MAX_SIZE) };
+    let min = if refs.vlm_min_size > 0 { refs.vlm_min_size } else { default(template.min_size) };
+    let max = if refs.vlm_max_size > 0 { refs.vlm_max_size } else { default(template.max_size) };
     (min, max)
 }
 
@@ -178,8 +184,10 @@ pub struct ImagePrompt {
 /// Encodes `ref_images` (`[W, H, 3, 1]` in [0, 1]) with `tower` into an [`ImagePrompt`] of
 /// `template`.
 pub fn image_prompt(tower: &mut VisionTower, ref_images: &[Tensor], refs: &RefImageParams, template: &EditTemplate) -> Result<ImagePrompt> {
-    sd_info!("{}", template.pipeline);
-    let (min, max) = bounds(refs);
+    if !template.pipeline.is_empty() {
+        sd_info!("{}", template.pipeline);
+    }
+    let (min, max) = bounds(refs, template);
     let factor = tower.config().factor() as i32;
     let mut prompt = ImagePrompt { text: String::new(), images: Vec::new() };
     let mut index = template.first_image_token;
@@ -220,7 +228,7 @@ pub fn encode(llm: &mut LlmText, template: &EditTemplate, images: ImagePrompt, t
 const IMAGE_PAD: u32 = 151655;
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use crate::models::te::qwen_tokenizer;
 
@@ -235,7 +243,7 @@ mod tests {
         assert_eq!(vision_size(500, 400, 28, 384 * 384, 560 * 560, area), (504, 392));
         assert_eq!(vision_size(1000, 500, 28, 384, 560, VlmResizeMode::LongestSide), (560, 280));
         assert_eq!(vision_size(300, 200, 28, 560, 560, VlmResizeMode::LongestSide), (560, 364));
-        assert_eq!(bounds(&RefImageParams::default()), (384 * 384, 560 * 560));
+        assert_eq!(bounds(&RefImageParams::default(), &QWEN_EDIT), (384 * 384, 560 * 560));
     }
 
     /// The hard-coded token arithmetic holds: the system prompt is 64 tokens and each image's
@@ -243,19 +251,29 @@ mod tests {
     #[test]
     fn image_tokens_land_on_the_pads() {
         let tok = qwen_tokenizer::shared().unwrap();
-        let t = QWEN_EDIT;
-        assert_eq!(tok.encode(t.system).len(), t.drop_first);
+        assert_eq!(tok.encode(QWEN_EDIT.system).len(), QWEN_EDIT.drop_first);
+        assert_image_tokens_land(&QWEN_EDIT);
+    }
+
+    /// Two images' prompt in `t`: each image's embeddings start on its first
+    /// `<|image_pad|>`, right after `<|vision_start|>`, and end before `<|vision_end|>`.
+    pub(crate) fn assert_image_tokens_land(t: &EditTemplate) {
+        let tok = qwen_tokenizer::shared().unwrap();
         let mut text = String::new();
         let mut index = t.first_image_token;
         let mut starts = Vec::new();
         for (i, n) in [3usize, 2].iter().enumerate() {
             starts.push(index);
             index += n + t.image_gap;
-            text.push_str(&format!("Picture {}: <|vision_start|>{}<|vision_end|>", i + 1, "<|image_pad|>".repeat(*n)));
+            if t.labels {
+                text.push_str(&format!("Picture {}: ", i + 1));
+            }
+            text.push_str(&format!("<|vision_start|>{}<|vision_end|>", "<|image_pad|>".repeat(*n)));
         }
         let ids = tok.encode(&format!("{}{text}make it blue", t.system));
         assert_eq!(&ids[starts[0]..starts[0] + 3], &[IMAGE_PAD; 3]);
         assert_eq!(ids[starts[0] - 1], IMAGE_PAD - 3, "<|vision_start|> before the pads");
+        assert_eq!(ids[starts[1] - 1], IMAGE_PAD - 3, "<|vision_start|> before the pads");
         assert_eq!(&ids[starts[1]..starts[1] + 2], &[IMAGE_PAD; 2]);
         assert_eq!(ids[starts[1] + 2], IMAGE_PAD - 2, "<|vision_end|> after them");
     }

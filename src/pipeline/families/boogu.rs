@@ -2,8 +2,8 @@
 //! final normed hidden states), the Boogu Image transformer and Flux.1's 16-channel
 //! AutoencoderKL. Flow prediction with the default shift 3.16, like the reference.
 //! Reference images (the `z_image_omni` preset) become tokens of the transformer, with
-//! 3-way guidance; its LLM reads them only through a Qwen3-VL vision tower, which this build
-//! does not have: with one in the LLM file, reference images for it are refused.
+//! 3-way guidance; its LLM reads them only through a Qwen3-VL vision tower
+//! (`llm_vision_path`, or `visual.` in the LLM file), in the edit prompt [`BOOGU_EDIT`].
 
 use super::flux::DIT_PREFIX;
 use super::{first_stage, flow_parts, BuildCtx, Parts};
@@ -12,6 +12,7 @@ use crate::graph::Module;
 use crate::models::diffusion::boogu_image::{BooguConfig, BooguModel};
 use crate::models::te::llm::LlmArch;
 use crate::pipeline::conditioning::llm::{LlmConditioner, LlmTemplate};
+use crate::pipeline::conditioning::qwen_edit::EditTemplate;
 use crate::types::Prediction;
 
 /// The flow shift of a request that sets none.
@@ -34,6 +35,21 @@ pub const BOOGU_TEMPLATE: LlmTemplate = LlmTemplate {
 /// asks with its edit system prompt then.
 pub const BOOGU_BLANK_PREFIX: &str = "<|im_start|>system\nDescribe the key features of the input image (color, shape, size, texture, objects, background), then explain how the user's text instruction should alter or modify the image. Generate a new image that meets the user's requirements while maintaining consistency with the original input where appropriate.<|im_end|>\n<|im_start|>user\n";
 
+/// With reference images for the vision tower: the edit system turn (64 tokens), then each
+/// image as `<|vision_start|>`, its embeddings and `<|vision_end|>` before the prompt; nothing
+/// dropped. Images are sized to 384² pixels.
+pub const BOOGU_EDIT: EditTemplate = EditTemplate {
+    pipeline: "BooguImageEditPipeline",
+    system: BOOGU_BLANK_PREFIX,
+    labels: false,
+    first_image_token: 64 + 1,
+    image_gap: 1 + 1,
+    drop_first: 0,
+    min_length: 0,
+    min_size: 384,
+    max_size: 384,
+};
+
 pub(super) fn build(ctx: &mut BuildCtx<'_>) -> Result<Parts> {
     let (params, weights, n_threads) = (ctx.params, ctx.weights, ctx.n_threads);
     let te_place = ctx.devices.placement(Module::Te)?;
@@ -48,9 +64,7 @@ pub(super) fn build(ctx: &mut BuildCtx<'_>) -> Result<Parts> {
         ctx.spec.latent.channels
     );
     let mut cond = LlmConditioner::new(weights, BOOGU_TEMPLATE, &te_place, n_threads, params.eager_load)?.with_blank_prompt_prefix(BOOGU_BLANK_PREFIX);
-    if cond.refusing_unbuilt_vision(weights, "Boogu Image") {
-        sd_warn!("Boogu Image: the Qwen3-VL vision tower in the LLM file is not used here; reference images go to the transformer only when ref_image_args says \"pass_to_vlm=false\"");
-    }
+    cond.open_vision(weights, BOOGU_EDIT, &te_place, n_threads, params.eager_load)?;
     let width = cond.context_width() as i64;
     ensure!(
         width == cfg.caption_dim,
@@ -79,5 +93,11 @@ mod tests {
         let blank = tokenize_parts(tok, BOOGU_BLANK_PREFIX, "", BOOGU_TEMPLATE.suffix, 0);
         assert_eq!(&blank.ids[blank.ids.len() - 5..], &[IM_START, 872, 198, IM_END, 198]);
         assert!(t.keep.iter().all(|&k| k) && t.weights.iter().all(|&w| w == 1.0));
+    }
+
+    /// The edit prompt's image positions are where the reference's tokenizer puts the pads.
+    #[test]
+    fn edit_image_tokens_land_on_the_pads() {
+        crate::pipeline::conditioning::qwen_edit::tests::assert_image_tokens_land(&BOOGU_EDIT);
     }
 }

@@ -2,11 +2,10 @@
 //! layers side by side), the Krea2 transformer and the Wan2.1 VAE on single frames. Flux's
 //! flow prediction with the default shift 1.15, like the reference. Reference images become
 //! latent tokens after the image's (the `krea2_ostris_edit` preset: numbered from 1, modulated
-//! for timestep 0; `krea2_edit` keeps the step's timestep).
-//!
-//! The reference also shows reference images to Qwen3-VL's vision tower when the LLM file
-//! holds one; that tower is not built here, so such a request is refused (without one, as
-//! in the reference, reference images reach only the transformer).
+//! for timestep 0; `krea2_edit` keeps the step's timestep). With a Qwen3-VL vision tower
+//! (`llm_vision_path`, or `visual.` in the LLM file) the LLM also sees them, as
+//! `Picture N: <|vision_start|>…` in the user turn ([`KREA2_EDIT`]); without one, as in the
+//! reference, they reach only the transformer.
 
 use super::flux::DIT_PREFIX;
 use super::qwen_image::QWEN_IMAGE_TEMPLATE;
@@ -16,6 +15,7 @@ use crate::graph::Module;
 use crate::models::diffusion::krea2::{Krea2Config, Krea2Model};
 use crate::models::te::llm::LlmArch;
 use crate::pipeline::conditioning::llm::{LlmConditioner, LlmTemplate};
+use crate::pipeline::conditioning::qwen_edit::EditTemplate;
 use crate::types::Prediction;
 
 /// The flow shift of a request that sets none.
@@ -34,6 +34,22 @@ pub const KREA2_TEMPLATE: LlmTemplate = LlmTemplate {
     zero_pad_to: 0,
 };
 
+/// With reference images for the vision tower: after the same 34 system tokens, each image
+/// as `Picture N: <|vision_start|>`, its embeddings and `<|vision_end|>` before the prompt;
+/// the first 34 tokens are dropped as without images, the pictures' tokens stay. Images are
+/// sized into 384²…1024² pixels.
+pub const KREA2_EDIT: EditTemplate = EditTemplate {
+    pipeline: "",
+    system: QWEN_IMAGE_TEMPLATE.prefix,
+    labels: true,
+    first_image_token: 34 + 6,
+    image_gap: 1 + 6,
+    drop_first: 34,
+    min_length: 0,
+    min_size: 384,
+    max_size: 1024,
+};
+
 pub(super) fn build(ctx: &mut BuildCtx<'_>) -> Result<Parts> {
     let (params, weights, n_threads) = (ctx.params, ctx.weights, ctx.n_threads);
     let te_place = ctx.devices.placement(Module::Te)?;
@@ -50,9 +66,7 @@ pub(super) fn build(ctx: &mut BuildCtx<'_>) -> Result<Parts> {
         cfg.text_dim,
         cfg.context_width()
     );
-    if cond.refusing_unbuilt_vision(weights, "Krea2") {
-        sd_warn!("Krea2: the Qwen3-VL vision tower in the LLM file is not used here; reference images go to the transformer only when ref_image_args says \"pass_to_vlm=false\"");
-    }
+    cond.open_vision(weights, KREA2_EDIT, &te_place, n_threads, params.eager_load)?;
 
     let model = ctx.load_transformer(DIT_PREFIX, |s| Krea2Model::new(s, &cfg))?;
     let first = first_stage::build(ctx, vae_place)?;
@@ -74,5 +88,12 @@ mod tests {
         assert_eq!(&empty.ids[34..], &[IM_END, 198, IM_START, 77091, 198]);
         let t = tokenize(tok, &KREA2_TEMPLATE, "a lovely cat");
         assert_eq!(&t.ids[34..37], &[64, 16690, 8251]);
+    }
+
+    /// The edit prompt's image positions are where the reference's tokenizer puts the pads.
+    #[test]
+    fn edit_image_tokens_land_on_the_pads() {
+        assert_eq!(qwen_tokenizer::shared().unwrap().encode(KREA2_EDIT.system).len(), KREA2_EDIT.drop_first);
+        crate::pipeline::conditioning::qwen_edit::tests::assert_image_tokens_land(&KREA2_EDIT);
     }
 }

@@ -572,7 +572,7 @@ impl DiffusionModel for Loaded<PidModel> {
         let ltxt = context.ne(1).min(TXT_MAX);
         let tables = model.tables(hs, ws, ltxt);
         let t = input.timesteps.first().copied().context("PiD needs a timestep")?;
-        let (head, pixel_head) = ((HIDDEN / HEADS) as i64 / 2, (PIXEL_ATTN / PIXEL_HEADS) as i64 / 2);
+        let (head, pixel_head) = (HIDDEN / HEADS / 2, PIXEL_ATTN / PIXEL_HEADS / 2);
         runner.compute(|g| {
             let xi = g.input(x);
             let t = g.input_f32(&[t], &[1]);

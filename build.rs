@@ -55,6 +55,11 @@ fn main() {
     println!("cargo:rustc-env=SD_MISTRAL_MERGES={}", merges.display());
     let vocab = decode_vocab(&manifest_dir, "mistral_vocab.hpp", &out_dir.join("mistral_vocab.json"));
     println!("cargo:rustc-env=SD_MISTRAL_VOCAB={}", vocab.display());
+    // GPT-OSS's (Lens): merges and vocabulary (token → id JSON), as Mistral's.
+    let merges = decode_vocab(&manifest_dir, "gpt_oss_merges.hpp", &out_dir.join("gpt_oss_merges.txt"));
+    println!("cargo:rustc-env=SD_GPT_OSS_MERGES={}", merges.display());
+    let vocab = decode_vocab(&manifest_dir, "gpt_oss_vocab.hpp", &out_dir.join("gpt_oss_vocab.json"));
+    println!("cargo:rustc-env=SD_GPT_OSS_VOCAB={}", vocab.display());
     // Gemma 2's (PiD): merges over Unicode characters and its vocabulary (token → id JSON).
     let merges = decode_vocab(&manifest_dir, "gemma2_merges.hpp", &out_dir.join("gemma2_merges.txt"));
     println!("cargo:rustc-env=SD_GEMMA2_MERGES={}", merges.display());

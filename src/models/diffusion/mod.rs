@@ -8,6 +8,7 @@ pub mod flux;
 pub mod hidream_o1;
 pub mod ideogram4;
 pub mod krea2;
+pub mod lens;
 pub mod mage_flow;
 pub mod minit2i;
 pub mod mmdit;

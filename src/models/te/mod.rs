@@ -4,6 +4,8 @@
 pub mod bpe;
 pub mod clip;
 pub mod clip_vision;
+pub mod gpt_oss;
+pub mod gpt_oss_tokenizer;
 pub mod gemma2;
 pub mod gemma_tokenizer;
 pub mod llm;

@@ -5,6 +5,7 @@ pub mod anima;
 pub mod clip;
 pub mod clip_vision;
 pub mod flux;
+pub mod gpt_oss;
 pub mod llm;
 pub mod minit2i;
 pub mod pid;

@@ -16,6 +16,7 @@ mod flux2;
 mod hidream_o1;
 mod ideogram4;
 mod krea2;
+mod lens;
 mod mage_flow;
 mod minit2i;
 mod mmdit;
@@ -95,6 +96,8 @@ pub enum Arch {
     Wan,
     /// ERNIE-Image: a Ministral 3B LLM, the ERNIE-Image transformer and Flux.2's VAE.
     ErnieImage,
+    /// Lens: the GPT-OSS-20B LLM (mixture-of-experts), the Lens transformer and Flux.2's VAE.
+    Lens,
     /// Anima: a Qwen3 LLM plus T5 token ids, the Anima DiT with its LLM adapter, the Wan2.1 VAE.
     Anima,
     /// Boogu Image: a Qwen3-VL LLM, the Boogu Image transformer and Flux.1's VAE.
@@ -385,6 +388,11 @@ const fn ernie_image_family() -> FamilySpec {
     FamilySpec { vae_quant_convs: true, ..dit_family(ModelFamily::OtherDit, Arch::ErnieImage, FLUX2_LATENT, &preview::FLUX2, Concat::None, Prediction::Flow) }
 }
 
+/// Lens: Flux.2's latents, Flux's flow (sigma as the timestep), no reference images.
+const fn lens_family() -> FamilySpec {
+    FamilySpec { arch: Arch::Lens, prediction: PredictionRule::Fixed(Prediction::FluxFlow), ..ernie_image_family() }
+}
+
 /// Ideogram 4: Flux.2's latents, no reference images.
 const fn ideogram4_family() -> FamilySpec {
     FamilySpec { vae_quant_convs: true, ..dit_family(ModelFamily::Ideogram4, Arch::Ideogram4, FLUX2_LATENT, &preview::FLUX2, Concat::None, Prediction::Flow) }
@@ -574,6 +582,7 @@ static FLUX2: FamilySpec = flux2_family();
 static SEFI_IMAGE: FamilySpec = sefi_family();
 static Z_IMAGE: FamilySpec = zimage_family();
 static ERNIE_IMAGE: FamilySpec = ernie_image_family();
+static LENS: FamilySpec = lens_family();
 static IDEOGRAM4: FamilySpec = ideogram4_family();
 static BOOGU_IMAGE: FamilySpec = boogu_family();
 static QWEN_IMAGE: FamilySpec = qwen_image_family();
@@ -617,6 +626,7 @@ pub fn spec(version: SdVersion) -> Option<&'static FamilySpec> {
         V::SefiImage => &SEFI_IMAGE,
         V::ZImage => &Z_IMAGE,
         V::ErnieImage => &ERNIE_IMAGE,
+        V::Lens => &LENS,
         V::Ideogram4 => &IDEOGRAM4,
         V::BooguImage => &BOOGU_IMAGE,
         V::QwenImage => &QWEN_IMAGE,
@@ -760,6 +770,7 @@ impl ModelSet {
             Arch::Krea2 => krea2::build(&mut ctx)?,
             Arch::Anima => anima::build(&mut ctx)?,
             Arch::ErnieImage => ernie::build(&mut ctx)?,
+            Arch::Lens => lens::build(&mut ctx)?,
             Arch::Boogu => boogu::build(&mut ctx)?,
             Arch::HidreamO1 => hidream_o1::build(&mut ctx)?,
             Arch::MiniT2i => minit2i::build(&mut ctx)?,
@@ -977,6 +988,11 @@ mod tests {
                     assert_eq!((s.latent.size_multiple(), s.latent.channels), (16, 128));
                     assert!(s.vae_quant_convs && !s.ref_latents && !s.supports_img_cfg(true));
                     assert_eq!((s.defaults, s.arch), (ModelFamily::Ideogram4, Arch::Ideogram4));
+                }
+                Some(s) if *v == SdVersion::Lens => {
+                    assert_eq!((s.latent.size_multiple(), s.latent.channels, s.defaults), (16, 128, ModelFamily::OtherDit));
+                    assert!(s.vae_quant_convs && !s.ref_latents && !s.supports_img_cfg(true));
+                    assert_eq!((s.arch, s.prediction), (Arch::Lens, PredictionRule::Fixed(Prediction::FluxFlow)));
                 }
                 Some(s) if *v == SdVersion::ErnieImage => {
                     assert_eq!((s.latent.size_multiple(), s.latent.channels), (16, 128));

@@ -5,7 +5,8 @@
 //! prompt, flow shift 1.83), cfg 1, cfg 3 with a negative prompt and attention weights,
 //! dpm++2m + karras at 96×64, img2img, a prompt long enough for the sliding-window layers to
 //! hide tokens, a prompt of accents, CJK, an emoji, digits and runs of spaces, flow shift 3 with
-//! seamless tiling, a LoRA on every block linear in the DiT's own names. Without the LLM both
+//! seamless tiling, a LoRA on every block linear in the DiT's own names, a reference image (which
+//! neither library gives the transformer: the picture is cfg 1's). Without the LLM both
 //! libraries refuse the context (the reference in its metadata validation).
 
 mod common;

@@ -4,7 +4,11 @@
 //! LLM with fewer layers than klein reads (the reference crashes; ours must fail cleanly).
 //! Components are separate files (diffusion model, Qwen3 LLM, VAE) as users hold them.
 //!
-//! Without `SD_PARITY=full` one cfg-1 case runs.
+//! `golden/taef2/`: the same model with TAEF2 (`taesd_path`) decoding and encoding (txt2img,
+//! img2img, a reference image, 96×64 without the VAE, defaults), and the reference's refusal
+//! of a 4-channel TAESD for Flux.2 and of TAEF2 for SD 1.x.
+//!
+//! Without `SD_PARITY=full` one cfg-1 case of each runs.
 
 mod common;
 
@@ -17,6 +21,7 @@ fn flux2_quick_subset() {
         return;
     }
     report(&run("flux2", |c| c.name == "klein_cfg1"));
+    report(&run("taef2", |c| c.name == "taef2_img2img_cfg1"));
 }
 
 #[test]
@@ -26,6 +31,7 @@ fn flux2_all_cases() {
         return;
     }
     report(&run("flux2", |_| true));
+    report(&run("taef2", |_| true));
 }
 
 /// The cases `SD_FLUX2_CASE=name[,name…]` names, for debugging.

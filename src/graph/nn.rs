@@ -410,12 +410,13 @@ impl LayerNorm {
     }
 }
 
-/// Group normalisation over channels (dim 2). The reference always uses eps = 1e-6 here.
+/// Group normalisation over channels (dim 2); eps 1e-6 (the reference's VAEs) unless set.
 #[derive(Clone, Copy, Debug)]
 pub struct GroupNorm {
     pub weight: Option<W>,
     pub bias: Option<W>,
     pub groups: i32,
+    pub eps: f32,
 }
 
 pub const GROUP_NORM_EPS: f32 = 1e-6;
@@ -425,7 +426,12 @@ impl GroupNorm {
         let mut s = s.sub(name);
         let weight = affine.then(|| s.tensor("weight", F32, &[channels]));
         let bias = affine.then(|| s.tensor("bias", F32, &[channels]));
-        GroupNorm { weight, bias, groups }
+        GroupNorm { weight, bias, groups, eps: GROUP_NORM_EPS }
+    }
+
+    /// The same with another epsilon (torch's default 1e-5 where a model keeps it).
+    pub fn with_eps(self, eps: f32) -> GroupNorm {
+        GroupNorm { eps, ..self }
     }
 
     /// 32 groups, the Stable Diffusion default.
@@ -442,7 +448,7 @@ impl GroupNorm {
                 b = Some(bt.reshape(&[1, 1, bt.ne()[0], 1]));
             }
         }
-        let mut x = x.group_norm(self.groups, GROUP_NORM_EPS);
+        let mut x = x.group_norm(self.groups, self.eps);
         if let (Some(w), Some(b)) = (w, b) {
             x = x.mul_inplace(w).add_inplace(b);
         }

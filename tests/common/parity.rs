@@ -587,13 +587,19 @@ pub fn run_with(
             let ctx = unsafe { new_sd_ctx(&p) };
             if ctx.is_null() {
                 // Failing cleanly at new_sd_ctx is a valid answer to a case that crashes the
-                // reference.
+                // reference or that the reference refuses (`"ok": false`, e.g. its model
+                // metadata validation in new_sd_ctx).
+                let refused = case.ok == Some(false);
                 let r = CaseResult {
                     folder: folder_name.into(),
                     name: case.name.clone(),
                     diffs: vec![],
-                    pass: case.crashed,
-                    note: if case.crashed { "reference crashed; new_sd_ctx failed cleanly".into() } else { "new_sd_ctx failed".into() },
+                    pass: case.crashed || refused,
+                    note: match (case.crashed, refused) {
+                        (true, _) => "reference crashed; new_sd_ctx failed cleanly".into(),
+                        (_, true) => "refused like the reference (new_sd_ctx failed)".into(),
+                        _ => "new_sd_ctx failed".into(),
+                    },
                     seconds: start.elapsed().as_secs_f32(),
                     pixels: vec![],
                     latent_bits: vec![],

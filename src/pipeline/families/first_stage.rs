@@ -1,9 +1,9 @@
 //! The first stage every latent family shares, chosen by the family table
 //! (`FamilySpec::first_stage`): an AutoencoderKL shaped by the family's latent format (4, 16
 //! or Flux.2's 32 channels, with or without quant convolutions, scale and shift), or a tiny
-//! autoencoder (TAESD / TAESDXL / TAESD3 / TAEF1) when one is given; the Wan2.1 VAE
-//! (Qwen-Image, Wan 2.1) or the Wan2.2 VAE (Wan2.2 TI2V), or their tiny video autoencoder
-//! (TAEHV: taew2_1 / taew2_2) when one is given.
+//! autoencoder (TAESD / TAESDXL / TAESD3 / TAEF1, TAEF2 for Flux.2's latents) when one is
+//! given; the Wan2.1 VAE (Qwen-Image, Wan 2.1) or the Wan2.2 VAE (Wan2.2 TI2V), or their tiny
+//! video autoencoder (TAEHV: taew2_1 / taew2_2) when one is given.
 
 use super::{BuildCtx, FirstStageKind};
 use crate::error::Result;
@@ -33,13 +33,17 @@ pub(super) fn build(ctx: &BuildCtx<'_>, place: Placement) -> Result<(Box<dyn Fir
             let cfg = TaehvConfig::for_latents(wan22, decode_only).detect(vae::taehv::PREFIX, |n| weights.shape_of(n))?;
             return Ok(configure(weights.load_model(place, n_threads, vae::taehv::PREFIX, "TAE", |s| Taehv::new(s, &cfg))?, ctx));
         }
-        let cfg = TaeConfig::detect(weights.types(), vae::tae::PREFIX, |n| weights.shape_of(n), decode_only);
+        let mut cfg = TaeConfig::detect(weights.types(), vae::tae::PREFIX, |n| weights.shape_of(n), decode_only);
+        let file_channels = cfg.z_channels;
+        if ctx.version.uses_flux2_vae() {
+            cfg = cfg.into_flux2();
+        }
         ensure!(
-            cfg.z_channels as usize == spec.latent.channels,
-            "the tiny autoencoder has {} latent channels, {} models use {}",
-            cfg.z_channels,
+            file_channels == cfg.z_channels && cfg.latent_channels() as usize == spec.latent.channels,
+            "the tiny autoencoder has {file_channels} latent channels, {} models use {}{}",
             ctx.version.name(),
-            spec.latent.channels
+            cfg.z_channels,
+            if cfg.patch > 1 { " (TAEF2)" } else { "" }
         );
         Ok(configure(weights.load_model(place, n_threads, vae::tae::PREFIX, "TAE", |s| TinyAutoEncoder::new(s, &cfg))?, ctx))
     };

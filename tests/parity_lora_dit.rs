@@ -151,6 +151,16 @@ fn flux2_loras_golden() {
     golden_folder_if_full("flux2-lora");
 }
 
+/// ComfyUI-named LoRAs on every linear of the newer families' DiTs (ERNIE-Image, SeFi,
+/// LongCat, Krea2, Boogu, MiniT2I, Anima; `golden/family-loras/`, `synth_lora_families.py`):
+/// at 1.0, at runtime with 0.7 and -0.5, and the Krea2 projector's one-output LoRA that aborts
+/// the reference. Without `SD_PARITY=full` only the ERNIE LoRA runs.
+#[test]
+fn family_loras_golden() {
+    let _g = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    common::parity::report(&common::parity::run("family-loras", |c| full() || c.name == "ernie_lora_1_0"));
+}
+
 fn golden_folder_if_full(folder: &str) {
     if !full() {
         eprintln!("skipped: set SD_PARITY=full");

@@ -171,7 +171,10 @@ impl KreaNorm {
     }
 
     fn forward<'g>(&self, g: &'g Graph, x: T<'g>) -> T<'g> {
-        let factor = g.adapted_param(self.scale).scale_bias(1.0, 1.0);
+        // Not adapted at runtime: the reference's runtime LoRA asks for `<name>.weight` of these
+        // raw parameters (the norm scales and the modulation offsets), which no LoRA names;
+        // merged LoRAs reach them at load like every weight.
+        let factor = g.param(self.scale).scale_bias(1.0, 1.0);
         x.rms_norm(self.eps).mul_inplace(factor)
     }
 }
@@ -314,7 +317,7 @@ impl Block {
 
     /// The block's modulation for the shared vectors `vec` `[6·features, 1, N]`.
     fn mods<'g>(&self, g: &'g Graph, vec: T<'g>) -> Mods<'g> {
-        let lin = g.adapted_param(self.mod_lin).repeat(vec);
+        let lin = g.param(self.mod_lin).repeat(vec); // not adapted at runtime (see KreaNorm)
         chunk(vec.add(lin), 6, 0, true)
     }
 
@@ -466,7 +469,7 @@ impl Krea2Model {
         let [d, _, n, _] = x.ne();
         let nb = x.nb();
         let x = x.view(&[d, img_len, n], &[nb[1], nb[2]], txt_len as usize * nb[1]).cont();
-        let m = chunk(g.adapted_param(self.last_mod).add(temb), 2, 1, true);
+        let m = chunk(g.param(self.last_mod).add(temb), 2, 1, true); // not adapted at runtime (see KreaNorm)
         let x = modulate(self.last_norm.forward(g, x), m[0], m[1]);
         let x = self.last_linear.forward(g, x);
         unpatchify_and_crop(x, h, w, p, true)

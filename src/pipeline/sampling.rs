@@ -194,6 +194,7 @@ pub(super) fn sample(job: &mut Job<'_>, stage: Stage<'_>, x: &Tensor, rng: &mut 
                         controls,
                         control_strength: r.control_strength,
                         video: video.as_ref(),
+                        timestep_r: usize::try_from(step + 1).ok().and_then(|i| sigmas.get(i).copied()),
                         ..DiffusionInput::new(&input, &timesteps, c)
                     };
                     let out = diffusion.compute(&dinput).map_err(|e| Error::new(format!("diffusion model compute failed: {e}")))?;

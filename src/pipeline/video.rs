@@ -329,6 +329,23 @@ fn video_latents(ms: &mut ModelSet, p: &VidGenParams, r: &mut VideoRequest, form
             out.denoise_mask = Some(mask);
             sd_info!("encode_first_stage completed, taking {} ms", start.elapsed().as_millis());
         }
+        VideoCond::ConcatKeyFrames if start_image.is_some() || end_image.is_some() => {
+            sd_info!("{name} IMG2VID");
+            let lt = format.latent_frames(r.frames);
+            let mut latents = Tensor::zeros(&[lw, lh, lt, latent.channels, 1]);
+            let mut mask = Tensor::zeros(&[lw, lh, lt, 1, 1]);
+            // The end picture's frame is the last latent frame (the start's, too, for one).
+            for (image, frame, what) in [(&start_image, 0, "start"), (&end_image, lt - 1, "end")] {
+                if let Some(image) = image {
+                    let encoded = with_first_stage(ms, |fs| fs.encode_video(&one_frame(image)?, tiling, circular))
+                        .map_err(|e| Error::new(format!("failed to encode {name} {what} conditioning frame: {e}")))?;
+                    put_frame(&mut latents, &encoded, frame)?;
+                    put_frame(&mut mask, &Tensor::full(&[lw, lh, 1, 1, 1], 1.0), frame)?;
+                }
+            }
+            out.concat = Some(concat5(&latents, &mask, 3)?);
+            sd_info!("encode_first_stage completed, taking {} ms", start.elapsed().as_millis());
+        }
         VideoCond::Vace => {
             sd_info!("VACE");
             unused("an end image (end_image)", end_image.is_some());

@@ -145,6 +145,8 @@ def _lora(file, multiplier, high_noise=False):
     return {"path": "{fx}/loras/" + file, "multiplier": multiplier, "is_high_noise": high_noise}
 
 
+HUNYUAN = {"model_path": "", "diffusion_model_path": "{fx}/hunyuan_video.safetensors",
+           "llm_path": "{fx}/qwen25vl_tiny.safetensors", "vae_path": "{fx}/hunyuan_vae.safetensors"}
 AD = {"model_path": "{fx}/sd1.safetensors", "motion_module_path": "{fx}/animatediff_sd15.safetensors"}
 AD_NOTE_64 = ("at 64x64 the lowest UNet level is 1x1: the reference's motion module takes the permuted "
               "[1, 1, C, F] view for contiguous and ggml_add aborts (nb00 == sizeof(src0_t)). Ours renders")
@@ -258,6 +260,34 @@ SETS = {
             _case("taehv22_ti2v_i2v", {**_ctx("wan22_ti2v.safetensors", taesd_path=TAEW2_2), "vae_path": "", "t5xxl_path": ""},
                   _params(steps=2, init_image="init_64.png"),
                   note="TI2V's init image encoded by taew2_2 (its first latent frame kept)"),
+        ],
+    },
+    "hunyuan-video": {
+        # HunyuanVideo 1.5: the DiT (hunyuan_video.safetensors: hidden 2048, 1 double block, the
+        # token refiner, meanflow's time_r_in), Qwen2.5-VL's text model and the decoder-only
+        # HunyuanVideo VAE at 32x32; its defaults: euler, the discrete schedule, flow shift 7, cfg 7
+        # with the empty negative prompt
+        "model": "hunyuan_video.safetensors",
+        "fixtures": ["hunyuan_video.safetensors", "qwen25vl_tiny.safetensors", "hunyuan_vae.safetensors",
+                     "hunyuan_vae_full.safetensors", "hunyuan_video_h128.safetensors"],
+        "cases": [
+            _case("hv_defaults", HUNYUAN, {k: v for k, v in _params(steps=2, w=32, h=32).items()
+                                           if k != "sample_params.guidance.txt_cfg"},
+                  note="the reference's defaults (sampler, schedule, flow shift, cfg 7 with the empty negative prompt)"),
+            _case("hv_cfg1", HUNYUAN, _params(steps=2, w=32, h=32, prompt="a red apple on a wooden table")),
+            _case("hv_cfg4_negative", HUNYUAN, _params(steps=2, w=32, h=32, cfg=4.0, negative_prompt="blurry, static")),
+            _case("hv_64x32_shift3_9frames", HUNYUAN, _params(steps=2, frames=9, w=64, h=32, seed=123,
+                                                               **{"sample_params.flow_shift": 3.0})),
+            _case("hv_i2v", {**HUNYUAN, "vae_path": "{fx}/hunyuan_vae_full.safetensors"},
+                  _params(steps=2, init_image="init_64.png"),
+                  note="the start picture encoded alone (the VAE with its encoder) is the first latent frame of the "
+                       "transformer's concatenated conditioning, with a frame mask"),
+            _case("hv_i2v_decoder_only", HUNYUAN, _params(steps=1, w=32, h=32, init_image="init_64.png"),
+                  note="an init image with the decoder-only VAE: the reference cannot encode it and fails; ours too"),
+            _case("hv_hidden128", {**HUNYUAN, "diffusion_model_path": "{fx}/hunyuan_video_h128.safetensors"},
+                  _params(steps=1, w=32, h=32),
+                  note="a 128-wide DiT: the reference reads 2048 / 128 = 16 heads of 8 and asserts (heads of 128 "
+                       "for its RoPE); ours must fail cleanly"),
         ],
     },
     "wan-moe": {

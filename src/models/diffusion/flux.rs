@@ -129,10 +129,9 @@ const CHROMA_INNER: i64 = 5120;
 const CHROMA_LAYERS: usize = 5;
 
 impl FluxConfig {
-    /// The configuration of the network under `prefix`, read from the weights like the
-    /// reference (block counts, widths, head size, guidance embedding, Chroma).
-    pub fn detect(types: &TypeMap, shape_of: &dyn Fn(&str) -> Option<Vec<i64>>, prefix: &str, variant: FluxVariant) -> FluxConfig {
-        let mut cfg = FluxConfig {
+    /// The reference's defaults of `variant` before anything is read from the weights.
+    fn defaults(variant: FluxVariant) -> FluxConfig {
+        FluxConfig {
             variant,
             is_chroma: false,
             patch_size: 2,
@@ -167,7 +166,19 @@ impl FluxConfig {
             semantic_txt_norm: false,
             yak_mlp: false,
             radiance: None,
-        };
+        }
+    }
+
+    /// Flux's blocks at `hidden_size` with `num_heads` heads and an MLP `mlp_ratio` times as
+    /// wide (GELU, biases), for transformers built from them (HunyuanVideo).
+    pub(crate) fn for_blocks(hidden_size: i64, num_heads: i64, mlp_ratio: f32, qkv_bias: bool) -> FluxConfig {
+        FluxConfig { hidden_size, num_heads, mlp_ratio, qkv_bias, ..FluxConfig::defaults(FluxVariant::Flux) }
+    }
+
+    /// The configuration of the network under `prefix`, read from the weights like the
+    /// reference (block counts, widths, head size, guidance embedding, Chroma).
+    pub fn detect(types: &TypeMap, shape_of: &dyn Fn(&str) -> Option<Vec<i64>>, prefix: &str, variant: FluxVariant) -> FluxConfig {
+        let mut cfg = FluxConfig::defaults(variant);
         if matches!(variant, FluxVariant::Flux2 | FluxVariant::Sefi) {
             cfg.patch_size = 1;
             cfg.out_channels = cfg.in_channels;
@@ -316,18 +327,18 @@ impl FluxConfig {
 
 /// Linear, SiLU, linear (`in_layer`, `out_layer`).
 #[derive(Clone, Copy, Debug)]
-struct MlpEmbedder {
+pub(crate) struct MlpEmbedder {
     in_layer: Linear,
     out_layer: Linear,
 }
 
 impl MlpEmbedder {
-    fn new(s: &mut Scope, name: &str, in_dim: i64, hidden: i64, bias: bool) -> MlpEmbedder {
+    pub(crate) fn new(s: &mut Scope, name: &str, in_dim: i64, hidden: i64, bias: bool) -> MlpEmbedder {
         let mut s = s.sub(name);
         MlpEmbedder { in_layer: Linear::new(&mut s, "in_layer", in_dim, hidden, bias), out_layer: Linear::new(&mut s, "out_layer", hidden, hidden, bias) }
     }
 
-    fn forward<'g>(&self, g: &'g Graph, x: T<'g>) -> T<'g> {
+    pub(crate) fn forward<'g>(&self, g: &'g Graph, x: T<'g>) -> T<'g> {
         self.out_layer.forward(g, self.in_layer.forward(g, x).silu_inplace())
     }
 }
@@ -345,7 +356,7 @@ fn qk_norm(s: &mut Scope, head_dim: i64) -> (RmsNorm, RmsNorm) {
 
 /// Shift, scale and (except for the final layer) gate of one adaLN modulation.
 #[derive(Clone, Copy)]
-struct ModOut<'g> {
+pub(crate) struct ModOut<'g> {
     shift: T<'g>,
     scale: T<'g>,
     gate: Option<T<'g>>,
@@ -535,7 +546,7 @@ impl Stream {
 type DoubleMods<'g> = (ModOut<'g>, ModOut<'g>);
 
 /// Flux.2's modulations, computed once and used by every block.
-struct SharedMods<'g> {
+pub(crate) struct SharedMods<'g> {
     img: DoubleMods<'g>,
     txt: DoubleMods<'g>,
     single: ModOut<'g>,
@@ -569,15 +580,19 @@ impl SharedModulation {
 
 /// Image and text streams with their own weights attending jointly.
 #[derive(Clone, Debug)]
-struct DoubleStreamBlock {
+pub(crate) struct DoubleStreamBlock {
     img: Stream,
     txt: Stream,
     idx: i64,
 }
 
 impl DoubleStreamBlock {
+    pub(crate) fn new(s: &mut Scope, cfg: &FluxConfig, idx: usize) -> DoubleStreamBlock {
+        DoubleStreamBlock { img: Stream::new(s, "img", cfg), txt: Stream::new(s, "txt", cfg), idx: idx as i64 }
+    }
+
     #[allow(clippy::too_many_arguments)]
-    fn forward<'g>(
+    pub(crate) fn forward<'g>(
         &self,
         g: &'g Graph,
         img: T<'g>,
@@ -621,7 +636,7 @@ impl DoubleStreamBlock {
 
 /// Text and image tokens through shared weights: attention and MLP in parallel.
 #[derive(Clone, Copy, Debug)]
-struct SingleStreamBlock {
+pub(crate) struct SingleStreamBlock {
     linear1: Linear,
     linear2: Linear,
     query_norm: RmsNorm,
@@ -636,7 +651,7 @@ struct SingleStreamBlock {
 }
 
 impl SingleStreamBlock {
-    fn new(s: &mut Scope, cfg: &FluxConfig, idx: usize) -> SingleStreamBlock {
+    pub(crate) fn new(s: &mut Scope, cfg: &FluxConfig, idx: usize) -> SingleStreamBlock {
         let h = cfg.hidden_size;
         let mlp = cfg.mlp_hidden();
         let bias = !cfg.disable_bias;
@@ -659,7 +674,7 @@ impl SingleStreamBlock {
     }
 
     #[allow(clippy::too_many_arguments)]
-    fn forward<'g>(&self, g: &'g Graph, x: T<'g>, vec: T<'g>, pe: T<'g>, mask: Option<T<'g>>, shared: Option<ModOut<'g>>) -> T<'g> {
+    pub(crate) fn forward<'g>(&self, g: &'g Graph, x: T<'g>, vec: T<'g>, pe: T<'g>, mask: Option<T<'g>>, shared: Option<ModOut<'g>>) -> T<'g> {
         let m = match (shared, &self.modulation) {
             (Some(m), _) => m,
             (None, Some(m)) => m.forward(g, vec).0,
@@ -685,13 +700,19 @@ impl SingleStreamBlock {
 
 /// Final norm, modulation and projection to patch pixels.
 #[derive(Clone, Copy, Debug)]
-struct LastLayer {
+pub(crate) struct LastLayer {
     linear: Linear,
     ada_ln: Option<Linear>,
 }
 
 impl LastLayer {
-    fn forward<'g>(&self, g: &'g Graph, x: T<'g>, c: T<'g>) -> T<'g> {
+    /// `final_layer`: `out` values per token, its own modulation (`adaLN_modulation.1`).
+    pub(crate) fn new(s: &mut Scope, hidden: i64, out: i64, bias: bool) -> LastLayer {
+        let mut fl = s.sub("final_layer");
+        LastLayer { linear: Linear::new(&mut fl, "linear", hidden, out, bias), ada_ln: Some(Linear::new(&mut fl, "adaLN_modulation.1", hidden, 2 * hidden, bias)) }
+    }
+
+    pub(crate) fn forward<'g>(&self, g: &'g Graph, x: T<'g>, c: T<'g>) -> T<'g> {
         let (shift, scale) = match &self.ada_ln {
             Some(l) => {
                 let m = l.forward(g, c.silu());
@@ -926,8 +947,7 @@ impl FluxModel {
         let txt_in = Linear::new(s, "txt_in", cfg.context_in_dim, h, bias);
         let double_blocks = (0..cfg.depth)
             .map(|i| {
-                let mut b = s.sub(&format!("double_blocks.{i}"));
-                DoubleStreamBlock { img: Stream::new(&mut b, "img", cfg), txt: Stream::new(&mut b, "txt", cfg), idx: i as i64 }
+                DoubleStreamBlock::new(&mut s.sub(&format!("double_blocks.{i}")), cfg, i)
             })
             .collect();
         let single_blocks = (0..cfg.depth_single_blocks).map(|i| SingleStreamBlock::new(&mut s.sub(&format!("single_blocks.{i}")), cfg, i)).collect();

@@ -6,6 +6,7 @@ pub mod boogu_image;
 pub mod ernie_image;
 pub mod flux;
 pub mod hidream_o1;
+pub mod hunyuan_video;
 pub mod ideogram4;
 pub mod krea2;
 pub mod lens;
@@ -48,6 +49,10 @@ pub struct DiffusionInput<'a> {
     pub skip_layers: &'a [i32],
     /// What only video models read (`None` for images).
     pub video: Option<&'a VideoInput<'a>>,
+    /// The schedule's sigma at index `step + 1` (steps counted from 1, so the one after the
+    /// next), which the reference passes HunyuanVideo's meanflow embedder as `timestep_r`;
+    /// `None` past the schedule's end.
+    pub timestep_r: Option<f32>,
 }
 
 /// The video-only inputs of one evaluation. A video latent is `[W, H, T, C, N]` (T latent
@@ -77,6 +82,7 @@ impl<'a> DiffusionInput<'a> {
             ref_timestep_zero: false,
             skip_layers: &[],
             video: None,
+            timestep_r: None,
         }
     }
 }

@@ -1,5 +1,5 @@
 //! First-stage autoencoders: AutoencoderKL (SD 1.x/2.x/SDXL, SD3, Flux, Flux.2), TAESD, the
-//! Wan2.1 and Wan2.2 video VAEs, TAEHV (their tiny counterpart), Mage-Flow's VAE ([`MageVae`]), and the identity of pixel-space models ([`PixelSpace`]).
+//! Wan2.1 and Wan2.2 video VAEs, TAEHV (their tiny counterpart), HunyuanVideo 1.5's VAE ([`HunyuanVae`]), Mage-Flow's VAE ([`MageVae`]), and the identity of pixel-space models ([`PixelSpace`]).
 //!
 //! Each network implements [`VaeNet`]: its graphs and its latent conventions. A loaded one,
 //! `Loaded<V>`, is a [`FirstStage`], which does the host steps around the network that the
@@ -26,6 +26,7 @@
 //! [`decode_video_with_retry`] retries a failed video decode with temporal, then spatial tiling.
 
 pub mod autoencoder_kl;
+pub mod hunyuan;
 pub mod mage;
 pub mod pixel;
 pub mod tae;
@@ -35,6 +36,7 @@ pub(crate) mod testutil;
 pub mod wan;
 
 pub use autoencoder_kl::{AutoEncoderKL, VaeConfig, FLUX2_LATENT_MEAN, FLUX2_LATENT_STD};
+pub use hunyuan::HunyuanVae;
 pub use mage::MageVae;
 pub use pixel::PixelSpace;
 pub use tae::{TaeConfig, TinyAutoEncoder};

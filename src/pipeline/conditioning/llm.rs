@@ -298,10 +298,9 @@ impl Conditioner for LlmConditioner {
         let mut data = h.data().get(drop * width..).context("LLM hidden states")?.to_vec();
         let len = (n - drop).max(self.template.zero_pad_to);
         data.resize(len * width, 0.0);
-        let mut context = Tensor::from_vec(&[width, len, 1], data)?;
-        if req.zero_out_masked {
-            context.data_mut().fill(0.0);
-        }
+        // `zero_out_masked` is not read: the reference's LLM embedder ignores it (generate_video
+        // always sets it, for the T5 conditioners' padding).
+        let context = Tensor::from_vec(&[width, len, 1], data)?;
         sd_debug!("computing condition graph completed, taking {} ms", start.elapsed().as_millis());
         Ok(Condition { crossattn: Some(context), vector: None, concat: None })
     }

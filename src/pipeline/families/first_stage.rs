@@ -3,13 +3,13 @@
 //! or Flux.2's 32 channels, with or without quant convolutions, scale and shift), or a tiny
 //! autoencoder (TAESD / TAESDXL / TAESD3 / TAEF1, TAEF2 for Flux.2's latents) when one is
 //! given; the Wan2.1 VAE (Qwen-Image, Wan 2.1) or the Wan2.2 VAE (Wan2.2 TI2V), or their tiny
-//! video autoencoder (TAEHV: taew2_1 / taew2_2) when one is given.
+//! video autoencoder (TAEHV: taew2_1 / taew2_2) when one is given; HunyuanVideo 1.5's VAE.
 
 use super::{BuildCtx, FirstStageKind};
 use crate::error::Result;
 use crate::graph::{Loaded, Placement};
 use crate::io::SdVersion;
-use crate::models::vae::{self, AutoEncoderKL, FirstStage, MageVae, TaeConfig, Taehv, TaehvConfig, TinyAutoEncoder, VaeConfig, VaeNet, WanVae, WanVaeConfig};
+use crate::models::vae::{self, AutoEncoderKL, FirstStage, HunyuanVae, MageVae, TaeConfig, Taehv, TaehvConfig, TinyAutoEncoder, VaeConfig, VaeNet, WanVae, WanVaeConfig};
 
 /// The reference scales every VAE convolution's input by this for SDXL when no separate
 /// VAE is given: the original SDXL VAE overflows f16.
@@ -28,6 +28,7 @@ pub(super) fn build(ctx: &BuildCtx<'_>, place: Placement) -> Result<(Box<dyn Fir
     // video autoencoder (TAEHV: taew2_1 / taew2_2) for the Wan VAEs'.
     let load_tiny = |decode_only: bool, place: Placement| -> Result<Box<dyn FirstStage>> {
         ensure!(spec.first_stage != FirstStageKind::Mage, "{} models have no tiny autoencoder (taesd_path)", ctx.version.name());
+        ensure!(spec.first_stage != FirstStageKind::Hunyuan, "a tiny autoencoder (taesd_path) for {} is not supported yet", ctx.version.name());
         if spec.first_stage != FirstStageKind::Kl {
             ensure!(spec.image_channels == 3, "{} models have no tiny autoencoder (taesd_path): TAEHV makes RGB pictures", ctx.version.name());
             let cfg = TaehvConfig::for_latents(wan22, decode_only).detect(vae::taehv::PREFIX, |n| weights.shape_of(n))?;
@@ -67,6 +68,12 @@ pub(super) fn build(ctx: &BuildCtx<'_>, place: Placement) -> Result<(Box<dyn Fir
                 spec.latent.vae_scale
             );
             configure(weights.load_model(place.clone(), n_threads, prefix, "VAE", |s| WanVae::new(s, &cfg, &|n| weights.shape_of(n)))?, ctx)
+        }
+        FirstStageKind::Hunyuan => {
+            let prefix = vae::hunyuan::PREFIX;
+            ensure!(weights.has_prefix(&format!("{prefix}decoder.")), "{} needs its VAE (vae_path): no '{prefix}decoder.' weights", ctx.version.name());
+            let has_encoder = weights.shape_of(&format!("{prefix}encoder.conv_in.conv.weight")).is_some();
+            configure(weights.load_model(place.clone(), n_threads, prefix, "VAE", |s| HunyuanVae::new(s, &|n| weights.shape_of(n), has_encoder))?, ctx)
         }
         FirstStageKind::Mage => {
             let prefix = vae::mage::PREFIX;

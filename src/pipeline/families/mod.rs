@@ -14,6 +14,7 @@ mod first_stage;
 mod flux;
 mod flux2;
 mod hidream_o1;
+mod hunyuan_video;
 mod ideogram4;
 mod krea2;
 mod lens;
@@ -94,6 +95,8 @@ pub enum Arch {
     Krea2,
     /// Wan 2.x video: UMT5, one or two (high/low-noise) Wan transformers, the Wan VAE.
     Wan,
+    /// HunyuanVideo 1.5: the Qwen2.5-VL LLM, the HunyuanVideo transformer and its VAE.
+    HunyuanVideo,
     /// ERNIE-Image: a Ministral 3B LLM, the ERNIE-Image transformer and Flux.2's VAE.
     ErnieImage,
     /// Lens: the GPT-OSS-20B LLM (mixture-of-experts), the Lens transformer and Flux.2's VAE.
@@ -147,6 +150,8 @@ pub enum FirstStageKind {
     Wan22,
     /// The Mage VAE: 128 channels at 1/16 (Mage-Flow).
     Mage,
+    /// HunyuanVideo 1.5's VAE: 32 channels at 1/16, frames in groups of 4.
+    Hunyuan,
 }
 
 /// How the prediction type is chosen when the context does not set it.
@@ -220,6 +225,9 @@ pub enum VideoCond {
     ConcatFrames { clip: bool, end_clip: bool },
     /// Wan VACE: the control video (and the init image as a reference frame) as context.
     Vace,
+    /// HunyuanVideo: the start (and end) picture, each encoded alone, as the first (last)
+    /// frame of an otherwise zero latent, with a one-channel frame mask, concatenated.
+    ConcatKeyFrames,
 }
 
 /// What a family generates, and so how its latent is laid out.
@@ -544,6 +552,19 @@ const fn wan_family(latent: LatentFormat, projection: &'static Projection, first
     }
 }
 
+/// HunyuanVideo 1.5's latent: its VAE's 32 channels at 1/16, patches of 2×2 in the transformer.
+const HUNYUAN_VIDEO_LATENT: LatentFormat = LatentFormat { channels: 32, vae_scale: 16, down_factor: 2, scale_factor: 1.0, shift_factor: 0.0 };
+
+/// HunyuanVideo 1.5: frames in groups of 4 after the first, no preview projection (the
+/// reference has none for its latents).
+const fn hunyuan_video_family() -> FamilySpec {
+    FamilySpec {
+        arch: Arch::HunyuanVideo,
+        preview: None,
+        ..wan_family(HUNYUAN_VIDEO_LATENT, &preview::WAN21, FirstStageKind::Hunyuan, TimestepRule::Scalar)
+    }
+}
+
 const fn with_tae(spec: FamilySpec) -> FamilySpec {
     FamilySpec { tae_first_stage: true, ..spec }
 }
@@ -595,6 +616,7 @@ static MINIT2I: FamilySpec = minit2i_family();
 static PID: FamilySpec = pid_family();
 static WAN: FamilySpec = wan_family(WAN_LATENT, &preview::WAN21, FirstStageKind::Wan21, TimestepRule::Scalar);
 static WAN22_TI2V: FamilySpec = wan_family(WAN22_LATENT, &preview::WAN22, FirstStageKind::Wan22, TimestepRule::PerFrameMasked);
+static HUNYUAN_VIDEO: FamilySpec = hunyuan_video_family();
 
 /// The family of `version`, if this build can generate with it.
 pub fn spec(version: SdVersion) -> Option<&'static FamilySpec> {
@@ -639,6 +661,7 @@ pub fn spec(version: SdVersion) -> Option<&'static FamilySpec> {
         V::Pid => &PID,
         V::Wan2 | V::Wan2_2I2v => &WAN,
         V::Wan2_2Ti2v => &WAN22_TI2V,
+        V::HunyuanVideo => &HUNYUAN_VIDEO,
         _ => return None,
     })
 }
@@ -767,6 +790,7 @@ impl ModelSet {
             Arch::QwenImage => qwen_image::build(&mut ctx)?,
             Arch::MageFlow => mage_flow::build(&mut ctx)?,
             Arch::Wan => wan::build(&mut ctx)?,
+            Arch::HunyuanVideo => hunyuan_video::build(&mut ctx)?,
             Arch::Krea2 => krea2::build(&mut ctx)?,
             Arch::Anima => anima::build(&mut ctx)?,
             Arch::ErnieImage => ernie::build(&mut ctx)?,
@@ -978,6 +1002,12 @@ mod tests {
                     assert_eq!((s.latent.size_multiple(), s.latent.channels), if ti2v { (32, 48) } else { (16, 16) });
                     assert_eq!(s.first_stage, if ti2v { FirstStageKind::Wan22 } else { FirstStageKind::Wan21 });
                     assert!(s.image_channels == 3 && !s.is_layered() && !s.supports_img_cfg(true));
+                }
+                Some(s) if *v == SdVersion::HunyuanVideo => {
+                    let video = s.video().expect("HunyuanVideo generates video");
+                    assert_eq!((video.time_scale, video.timesteps), (4, TimestepRule::Scalar));
+                    assert_eq!((s.latent.size_multiple(), s.latent.channels, s.first_stage), (32, 32, FirstStageKind::Hunyuan));
+                    assert!(s.preview.is_none() && !s.ref_latents && s.arch == Arch::HunyuanVideo);
                 }
                 Some(s) if *v == SdVersion::Longcat => {
                     assert_eq!((s.latent.size_multiple(), s.latent.channels), (8, 16));

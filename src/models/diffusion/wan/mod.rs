@@ -41,7 +41,7 @@ use std::sync::atomic::{AtomicU8, Ordering};
 
 /// The 1×2×2 patch embedding: a 3-D convolution with stride = kernel, f16 kernel.
 #[derive(Clone, Copy, Debug)]
-struct PatchEmbed {
+pub(crate) struct PatchEmbed {
     weight: W,
     bias: W,
     in_dim: i64,
@@ -50,18 +50,18 @@ struct PatchEmbed {
 
 impl PatchEmbed {
     fn new(s: &mut Scope, name: &str, in_dim: i64, cfg: &WanConfig) -> PatchEmbed {
-        let mut s = s.sub(name);
-        let [pt, ph, pw] = cfg.patch_size;
-        PatchEmbed {
-            weight: s.tensor("weight", F16, &[pw, ph, pt, in_dim * cfg.dim]),
-            bias: s.tensor("bias", F32, &[cfg.dim]),
-            in_dim,
-            patch: cfg.patch_size,
-        }
+        Self::with_dims(&mut s.sub(name), in_dim, cfg.dim, cfg.patch_size)
+    }
+
+    /// The strided Conv3d `weight` / `bias` of `s` from `in_dim` channels to `dim` over
+    /// patches of `patch` (frames, rows, columns).
+    pub(crate) fn with_dims(s: &mut Scope, in_dim: i64, dim: i64, patch: [i64; 3]) -> PatchEmbed {
+        let [pt, ph, pw] = patch;
+        PatchEmbed { weight: s.tensor("weight", F16, &[pw, ph, pt, in_dim * dim]), bias: s.tensor("bias", F32, &[dim]), in_dim, patch }
     }
 
     /// `[W, H, T, C]` (multiples of the patch) → tokens `[dim, L, 1]`.
-    fn forward<'g>(&self, g: &'g Graph, x: T<'g>) -> T<'g> {
+    pub(crate) fn forward<'g>(&self, g: &'g Graph, x: T<'g>) -> T<'g> {
         let mut w = g.adapted_param(self.weight);
         // A LoRA-patched kernel may come out f32; the convolution takes f16 like the reference's.
         if w.ty() != F16 {
@@ -111,7 +111,7 @@ struct Inputs<'a> {
 }
 
 /// `t`'s first four dimensions when it is `[W, H, T, C]` or `[W, H, T, C, 1]`.
-fn video_dims(t: &Tensor) -> Option<[usize; 4]> {
+pub(crate) fn video_dims(t: &Tensor) -> Option<[usize; 4]> {
     let s = t.shape();
     let ok = (s.len() == 4 || (s.len() == 5 && s[4] == 1)) && s[..4].iter().all(|&d| d > 0);
     ok.then(|| [s[0], s[1], s[2], s[3]])
@@ -123,7 +123,7 @@ fn ne4(d: [usize; 4]) -> [i64; 4] {
 
 /// Head output `[C·p·p, L, 1]` (channels fastest within a patch pixel; tokens frame by frame,
 /// row by row) → the `[W, H, T, C]` video, cropped to `size` (the unpadded `W, H, T`).
-fn tokens_to_video<'g>(x: T<'g>, size: [i64; 3], p: i64) -> T<'g> {
+pub(crate) fn tokens_to_video<'g>(x: T<'g>, size: [i64; 3], p: i64) -> T<'g> {
     let [w, h, frames] = size;
     let (w_len, h_len) = ((w + p - 1) / p, (h + p - 1) / p);
     // A frame's rows follow the previous frame's: unpatchify them as one tall picture.

@@ -13,7 +13,7 @@ use crate::graph::{GgmlType, Graph, Scope, F16, F32, T, W};
 /// Frames of the previous chunk a causal convolution keeps.
 pub(super) const CACHE_T: i64 = 2;
 
-pub(super) type ShapeOf<'a> = &'a dyn Fn(&str) -> Option<Vec<i64>>;
+pub(crate) type ShapeOf<'a> = &'a dyn Fn(&str) -> Option<Vec<i64>>;
 
 /// What the layers' constructors share: the configuration, the files' shapes (the norms keep
 /// theirs) and the next free cache slot.
@@ -273,7 +273,7 @@ impl CachedConv {
 
 /// RMS normalisation over the channels (`F.normalize · √C · γ`, as ggml's RMS norm).
 #[derive(Clone, Copy, Debug)]
-pub(super) struct RmsNorm {
+pub(crate) struct RmsNorm {
     gamma: W,
 }
 

@@ -26,7 +26,7 @@
 //! - Encoding returns the latent mean (no sampling); diffusion latents are normalised per
 //!   channel with the fixed tables ([`WAN21_LATENT_MEAN`], [`WAN22_LATENT_MEAN`], …).
 
-mod blocks;
+pub(crate) mod blocks;
 
 use super::{per_channel, Progress, VaeNet};
 use crate::error::Result;

@@ -23,6 +23,15 @@ pub fn full() -> bool {
     std::env::var("SD_PARITY").is_ok_and(|v| v == "full")
 }
 
+/// `SD_PARITY_ONLY=case,case` runs exactly the named cases of any folder a test opens,
+/// whatever the test selects (for checking a few cases by hand).
+fn chosen(case: &Case, select: &impl Fn(&Case) -> bool) -> bool {
+    match std::env::var("SD_PARITY_ONLY") {
+        Ok(names) => names.split(',').any(|n| n.trim() == case.name),
+        Err(_) => select(case),
+    }
+}
+
 pub fn fixture_dir() -> PathBuf {
     std::env::var_os("SD_FIXTURE_CACHE")
         .map(PathBuf::from)
@@ -573,7 +582,7 @@ pub fn run_with(
     let dir = root().join("tests/fixtures/golden").join(folder_name);
     let mut results = Vec::new();
     let mut current: Option<(Value, *mut sd_ctx_t)> = None;
-    for case in f.cases.iter().filter(|c| select(c)) {
+    for case in f.cases.iter().filter(|c| chosen(c, &select)) {
         let start = Instant::now();
         if current.as_ref().is_none_or(|(ctx, _)| *ctx != case.ctx) {
             if let Some((_, old)) = current.take() {

@@ -6,7 +6,7 @@
 //! (`llm_vision_path`, or `visual.` in the LLM file), in the edit prompt [`BOOGU_EDIT`].
 
 use super::flux::DIT_PREFIX;
-use super::{first_stage, flow_parts, BuildCtx, Parts};
+use super::{ensure_text_width, first_stage, flow_parts, BuildCtx, Parts};
 use crate::error::Result;
 use crate::graph::Module;
 use crate::models::diffusion::boogu_image::{BooguConfig, BooguModel};
@@ -57,20 +57,10 @@ pub(super) fn build(ctx: &mut BuildCtx<'_>) -> Result<Parts> {
 
     let cfg = BooguConfig::detect(weights.types(), &|n| weights.shape_of(n), DIT_PREFIX);
     cfg.validate()?;
-    ensure!(
-        cfg.in_channels as usize == ctx.spec.latent.channels,
-        "the Boogu Image transformer takes {} latent channels, Flux.1's VAE makes {}",
-        cfg.in_channels,
-        ctx.spec.latent.channels
-    );
+    ctx.ensure_latent_channels(cfg.in_channels, "the Boogu Image transformer", "Flux.1's VAE makes")?;
     let mut cond = LlmConditioner::new(weights, BOOGU_TEMPLATE, &te_place, n_threads, params.eager_load)?.with_blank_prompt_prefix(BOOGU_BLANK_PREFIX);
     cond.open_vision(weights, BOOGU_EDIT, &te_place, n_threads, params.eager_load)?;
-    let width = cond.context_width() as i64;
-    ensure!(
-        width == cfg.caption_dim,
-        "the LLM's hidden states are {width} wide, the Boogu Image transformer's caption_embedder takes {}",
-        cfg.caption_dim
-    );
+    ensure_text_width(cond.context_width() as i64, cfg.caption_dim, "the Boogu Image transformer's caption_embedder", "")?;
 
     let model = ctx.load_transformer(DIT_PREFIX, |s| BooguModel::new(s, &cfg))?;
     let first = first_stage::build(ctx, vae_place)?;

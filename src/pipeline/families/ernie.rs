@@ -3,7 +3,7 @@
 //! Flow prediction with the default shift 4, like the reference.
 
 use super::flux::DIT_PREFIX;
-use super::{first_stage, flow_parts, BuildCtx, Parts};
+use super::{ensure_text_width, first_stage, flow_parts, BuildCtx, Parts};
 use crate::error::Result;
 use crate::graph::Module;
 use crate::models::diffusion::ernie_image::{ErnieImageConfig, ErnieImageModel};
@@ -33,19 +33,9 @@ pub(super) fn build(ctx: &mut BuildCtx<'_>) -> Result<Parts> {
 
     let cfg = ErnieImageConfig::detect(weights.types(), &|n| weights.shape_of(n), DIT_PREFIX);
     cfg.validate()?;
-    ensure!(
-        cfg.in_channels as usize == ctx.spec.latent.channels,
-        "the ERNIE-Image transformer takes {} latent channels, the Flux.2 VAE's patchified latents have {}",
-        cfg.in_channels,
-        ctx.spec.latent.channels
-    );
+    ctx.ensure_latent_channels(cfg.in_channels, "the ERNIE-Image transformer", "the Flux.2 VAE's patchified latents have")?;
     let cond = LlmConditioner::new(weights, ERNIE_TEMPLATE, &te_place, n_threads, params.eager_load)?;
-    let width = cond.context_width() as i64;
-    ensure!(
-        width == cfg.text_in_dim,
-        "the LLM's hidden states are {width} wide, the ERNIE-Image transformer takes {} (the Ministral 3B it pairs with has 26 layers)",
-        cfg.text_in_dim
-    );
+    ensure_text_width(cond.context_width() as i64, cfg.text_in_dim, "the ERNIE-Image transformer", "the Ministral 3B it pairs with has 26 layers")?;
 
     let model = ctx.load_transformer(DIT_PREFIX, |s| ErnieImageModel::new(s, &cfg))?;
     let first = first_stage::build(ctx, vae_place)?;

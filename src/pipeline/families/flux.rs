@@ -7,7 +7,7 @@
 //! shift 1.15 when the model embeds guidance (dev), 1.0 otherwise (schnell, Chroma), 3 for
 //! LongCat, like the reference.
 
-use super::{first_stage, flow_parts, BuildCtx, Parts};
+use super::{ensure_text_width, first_stage, flow_parts, BuildCtx, Parts};
 use crate::error::Result;
 use crate::graph::Module;
 use crate::models::diffusion::flux::{Flux, FluxConfig, FluxModel, FluxOptions, FluxVariant};
@@ -90,13 +90,8 @@ pub(super) fn build(ctx: &mut BuildCtx<'_>, variant: FluxVariant) -> Result<Part
             cond = cond.with_spelled_quotes();
             cond.open_vision(weights, qwen_edit::LONGCAT_EDIT, &te_place, n_threads, params.eager_load)?;
         }
-        let width = cond.context_width() as i64;
-        ensure!(
-            width == cfg.context_in_dim,
-            "the LLM's hidden states are {width} wide, the {} transformer's txt_in takes {}",
-            ctx.version.name(),
-            cfg.context_in_dim
-        );
+        let reader = format!("the {} transformer's txt_in", ctx.version.name());
+        ensure_text_width(cond.context_width() as i64, cfg.context_in_dim, &reader, "")?;
         Box::new(cond)
     } else {
         Box::new(FluxConditioner::new(weights, &te_place, n_threads, t5_resident)?)

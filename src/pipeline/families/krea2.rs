@@ -9,7 +9,7 @@
 
 use super::flux::DIT_PREFIX;
 use super::qwen_image::QWEN_IMAGE_TEMPLATE;
-use super::{first_stage, flow_parts, BuildCtx, Parts};
+use super::{ensure_text_width, first_stage, flow_parts, BuildCtx, Parts};
 use crate::error::Result;
 use crate::graph::Module;
 use crate::models::diffusion::krea2::{Krea2Config, Krea2Model};
@@ -58,14 +58,8 @@ pub(super) fn build(ctx: &mut BuildCtx<'_>) -> Result<Parts> {
     let cfg = Krea2Config::detect(weights.types(), &|n| weights.shape_of(n), DIT_PREFIX);
     cfg.validate()?;
     let mut cond = LlmConditioner::new(weights, KREA2_TEMPLATE, &te_place, n_threads, params.eager_load)?;
-    let width = cond.context_width() as i64;
-    ensure!(
-        width == cfg.context_width(),
-        "the LLM's hidden states are {width} wide, the Krea2 transformer takes {} LLM layers of {} ({}; its Qwen3-VL needs at least 35 layers)",
-        cfg.text_layers,
-        cfg.text_dim,
-        cfg.context_width()
-    );
+    let hint = format!("{} LLM layers of {}; its Qwen3-VL needs at least 35 layers", cfg.text_layers, cfg.text_dim);
+    ensure_text_width(cond.context_width() as i64, cfg.context_width(), "the Krea2 transformer", &hint)?;
     cond.open_vision(weights, KREA2_EDIT, &te_place, n_threads, params.eager_load)?;
 
     let model = ctx.load_transformer(DIT_PREFIX, |s| Krea2Model::new(s, &cfg))?;

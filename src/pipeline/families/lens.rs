@@ -3,7 +3,7 @@
 //! prediction (the timestep is sigma) with the default shift 1.83, like the reference.
 
 use super::flux::DIT_PREFIX;
-use super::{first_stage, flow_parts, BuildCtx, Parts};
+use super::{ensure_text_width, first_stage, flow_parts, BuildCtx, Parts};
 use crate::error::Result;
 use crate::graph::Module;
 use crate::models::diffusion::lens::{LensConfig, LensModel};
@@ -20,20 +20,10 @@ pub(super) fn build(ctx: &mut BuildCtx<'_>) -> Result<Parts> {
 
     let cfg = LensConfig::detect(weights.types(), &|n| weights.shape_of(n), DIT_PREFIX);
     cfg.validate()?;
-    ensure!(
-        cfg.in_channels as usize == ctx.spec.latent.channels,
-        "the Lens transformer takes {} latent channels, the Flux.2 VAE's patchified latents have {}",
-        cfg.in_channels,
-        ctx.spec.latent.channels
-    );
+    ctx.ensure_latent_channels(cfg.in_channels, "the Lens transformer", "the Flux.2 VAE's patchified latents have")?;
     let cond = GptOssConditioner::new(weights, LENS_TEMPLATE, &te_place, n_threads, params.eager_load)?;
-    let width = cond.context_width() as i64;
-    ensure!(
-        width == cfg.context_width(),
-        "the LLM's hidden states are {width} wide, the Lens transformer takes {} ({} layers of GPT-OSS-20B's 2880: it reads layers 6, 12, 18 and 24)",
-        cfg.context_width(),
-        cfg.selected_layers
-    );
+    let hint = format!("{} layers of GPT-OSS-20B's 2880: it reads layers 6, 12, 18 and 24", cfg.selected_layers);
+    ensure_text_width(cond.context_width() as i64, cfg.context_width(), "the Lens transformer", &hint)?;
 
     let model = ctx.load_transformer(DIT_PREFIX, |s| LensModel::new(s, &cfg))?;
     let first = first_stage::build(ctx, vae_place)?;

@@ -687,6 +687,22 @@ impl BuildCtx<'_> {
         model.runner.options.conv_direct = self.params.diffusion_conv_direct;
         Ok(model)
     }
+    /// The transformer (`model`, e.g. "the Lens transformer") must take the latent channels the
+    /// family's first stage makes (`makes`, e.g. "the Flux.2 VAE's patchified latents have").
+    pub fn ensure_latent_channels(&self, takes: i64, model: &str, makes: &str) -> Result<()> {
+        let have = self.spec.latent.channels;
+        ensure!(takes as usize == have, "{model} takes {takes} latent channels, {makes} {have}");
+        Ok(())
+    }
+}
+
+/// The text encoder must give states as wide as the transformer reads (the reference fails an
+/// assertion in the first product otherwise). `reader` names what reads them; `hint` says what
+/// the family pairs with.
+pub fn ensure_text_width(gives: i64, takes: i64, reader: &str, hint: &str) -> Result<()> {
+    let hint = if hint.is_empty() { String::new() } else { format!(" ({hint})") };
+    ensure!(gives == takes, "the LLM's hidden states are {gives} wide, {reader} takes {takes}{hint}");
+    Ok(())
 }
 
 /// The parts of a flow family. Like the reference, the family's default flow shift applies

@@ -12,7 +12,7 @@
 //! and it never reads pictures with the vision tower (the reference turns it off).
 
 use super::flux::DIT_PREFIX;
-use super::{first_stage, flow_parts, BuildCtx, Parts};
+use super::{ensure_text_width, first_stage, flow_parts, BuildCtx, Parts};
 use crate::error::Result;
 use crate::graph::Module;
 use crate::models::diffusion::qwen_image::{QwenImageConfig, QwenImageModel};
@@ -67,12 +67,7 @@ pub(super) fn build(ctx: &mut BuildCtx<'_>) -> Result<Parts> {
     if !ctx.spec.is_layered() {
         cond.open_vision(weights, qwen_edit::QWEN_EDIT, &te_place, n_threads, params.eager_load)?;
     }
-    let width = cond.context_width();
-    ensure!(
-        width as i64 == cfg.joint_attention_dim,
-        "the LLM's hidden states are {width} wide, the Qwen-Image transformer's txt_in takes {}",
-        cfg.joint_attention_dim
-    );
+    ensure_text_width(cond.context_width() as i64, cfg.joint_attention_dim, "the Qwen-Image transformer's txt_in", "")?;
 
     let model = ctx.load_transformer(DIT_PREFIX, |s| QwenImageModel::new(s, &cfg))?;
     let first = first_stage::build(ctx, vae_place)?;

@@ -8,7 +8,7 @@
 //! the context's `eager_load` keeps it resident.
 
 use super::flux::DIT_PREFIX;
-use super::{first_stage, flow_parts, BuildCtx, Parts};
+use super::{ensure_text_width, first_stage, flow_parts, BuildCtx, Parts};
 use crate::error::Result;
 use crate::graph::Module;
 use crate::models::diffusion::zimage::{ZImageConfig, ZImageModel};
@@ -27,12 +27,7 @@ pub(super) fn build(ctx: &mut BuildCtx<'_>) -> Result<Parts> {
     ensure!(cfg.num_layers > 0, "no Z-Image transformer layers found under '{DIT_PREFIX}'");
     cfg.validate()?;
     let cond = LlmConditioner::new(weights, ZIMAGE_TEMPLATE, &te_place, n_threads, params.eager_load)?.with_ref_image_template(ZIMAGE_OMNI_TEMPLATE);
-    let width = cond.context_width();
-    ensure!(
-        width as i64 == cfg.cap_feat_dim,
-        "the LLM's hidden states are {width} wide, the Z-Image transformer's cap_embedder takes {}",
-        cfg.cap_feat_dim
-    );
+    ensure_text_width(cond.context_width() as i64, cfg.cap_feat_dim, "the Z-Image transformer's cap_embedder", "")?;
 
     let model = ctx.load_transformer(DIT_PREFIX, |s| ZImageModel::new(s, &cfg))?;
     let first = first_stage::build(ctx, vae_place)?;

@@ -5,7 +5,7 @@
 //! video template, without the first 98 tokens) and the decoder-only HunyuanVideo VAE
 //! (`vae_path`, every size fixed): defaults (euler, discrete, flow shift 7, cfg 7), cfg 1, cfg 4
 //! with a negative prompt, 64×32 with 9 frames and flow shift 3; image to video at 64² (the VAE
-//! with its encoder, `hunyuan_vae_full`); failures: an init image with the decode-only VAE
+//! with its encoder, `hunyuan_vae_full`), start and end pictures at cfg 3; failures: an init image with the decode-only VAE
 //! (the reference cannot encode it) and a 128-wide transformer (the reference asserts on its
 //! head size; ours fails cleanly in `new_sd_ctx`).
 //!

@@ -282,6 +282,10 @@ SETS = {
                   _params(steps=2, init_image="init_64.png"),
                   note="the start picture encoded alone (the VAE with its encoder) is the first latent frame of the "
                        "transformer's concatenated conditioning, with a frame mask"),
+            _case("hv_first_last_cfg3", {**HUNYUAN, "vae_path": "{fx}/hunyuan_vae_full.safetensors"},
+                  _params(steps=2, cfg=3.0, seed=7, init_image="init_64.png", end_image="end_64.png",
+                          negative_prompt="blurry"),
+                  note="start and end pictures: each encoded alone into the first and the last latent frame"),
             _case("hv_i2v_decoder_only", HUNYUAN, _params(steps=1, w=32, h=32, init_image="init_64.png"),
                   note="an init image with the decoder-only VAE: the reference cannot encode it and fails; ours too"),
             _case("hv_hidden128", {**HUNYUAN, "diffusion_model_path": "{fx}/hunyuan_video_h128.safetensors"},

@@ -8,7 +8,7 @@
 
 use super::callbacks::{self, CancelFlag};
 use super::conditioning::CondRequest;
-use super::families::{ModelSet, VideoCond, VideoFormat};
+use super::families::{FrameRule, ModelSet, VideoCond, VideoFormat};
 use super::imageops::{image_to_tensor, tensor_to_image};
 use super::ref_images::RefImageParams;
 use super::request::{align_up, check_image_bytes, resolve_guidance, runtime_tiling, schedule, MAX_SIDE};
@@ -28,6 +28,9 @@ use std::time::Instant;
 
 /// Most frames one request may ask for (the latent and the decoder's output grow with it).
 pub const MAX_FRAMES: i32 = 4096;
+
+/// Values of one step of a packed audio latent (MiniMax-H3: 2 rows of 32 channels).
+const AUDIO_VALUES_PER_STEP: usize = crate::models::diffusion::minimax_h3::AUDIO_ROWS * crate::models::diffusion::minimax_h3::AUDIO_CHANNELS;
 
 /// A video request after the reference's adjustments.
 struct VideoRequest {
@@ -79,6 +82,20 @@ fn check_params(p: &VidGenParams) -> Result<()> {
             check_image_bytes(what, img)?;
             ensure!(img.channels == 1 || img.channels >= 3, "{what} with {} channels is not supported", img.channels);
         }
+    }
+    Ok(())
+}
+
+/// What MiniMax-H3 takes here: text alone (its keyframes and Ref2VA references need the VAE's
+/// encoder); control frames are refused as by the reference. Its frames are at 24 fps.
+fn check_minimax_h3(p: &VidGenParams) -> Result<()> {
+    ensure!(p.control_frames.is_empty(), "MiniMax-H3 control_frames are not implemented");
+    ensure!(
+        p.init_image.is_none() && p.end_image.is_none() && p.ref_images.is_empty() && p.ref_videos.is_empty() && p.ref_audios.is_empty(),
+        "MiniMax-H3 keyframes (init_image, end_image) and Ref2VA references (ref_images, ref_videos, ref_audios) are not supported yet: they need the VAE's encoder"
+    );
+    if p.fps != 24 {
+        sd_warn!("MiniMax-H3 uses 24 fps; overriding requested fps {}", p.fps.max(1));
     }
     Ok(())
 }
@@ -140,7 +157,11 @@ fn resolve_plan(ms: &mut ModelSet, p: &VidGenParams, r: &VideoRequest) -> Result
     // -1 (the default): split at the boundary.
     let mut high_steps: i64 = if has_expert { hp.sample_steps as i64 } else { 0 };
     let total = sample_steps + high_steps.max(0) as usize;
-    let seq_len = ((r.width / ms.spec.latent.vae_scale) * (r.height / ms.spec.latent.vae_scale)) as i32;
+    let mut seq_len = ((r.width / ms.spec.latent.vae_scale) * (r.height / ms.spec.latent.vae_scale)) as i32;
+    if let Some(f) = ms.spec.video().filter(|f| f.frame_rule == FrameRule::MinimaxH3) {
+        // MiniMax-H3's schedule sees every latent frame's tokens.
+        seq_len *= f.latent_frames(r.frames) as i32;
+    }
     let sigmas = schedule(ms, sp, method, total, seq_len, &extra)?;
     if !sp.custom_sigmas.is_empty() {
         let total = sigmas.len() - 1;
@@ -399,7 +420,11 @@ fn video_latents(ms: &mut ModelSet, p: &VidGenParams, r: &mut VideoRequest, form
         sd_warn!("this {name} model does not use control frames; ignoring control_frames ({})", p.control_frames.len());
     }
     if out.init_latent.is_empty() {
-        out.init_latent = Tensor::zeros(&[lw, lh, format.latent_frames(r.frames), latent.channels, 1]);
+        // An audio latent goes behind the video's channels, zero-padded to whole channels.
+        let lt = format.latent_frames(r.frames);
+        let audio = format.audio_latents(r.frames) * AUDIO_VALUES_PER_STEP;
+        let extra = audio.div_ceil((lw * lh * lt).max(1));
+        out.init_latent = Tensor::zeros(&[lw, lh, lt, latent.channels + extra, 1]);
     }
     Ok(out)
 }
@@ -492,6 +517,9 @@ pub fn generate_video(ms: &mut ModelSet, p: &VidGenParams, cancel: &CancelFlag) 
         .ok_or_else(|| Error::new(format!("{} is an image model and cannot generate video; use generate_image", ms.version.name())))?;
     check_params(p)?;
     ensure!(!p.hires.enabled, "LTX latent spatial upscale is only supported for LTX video models");
+    if format.frame_rule == FrameRule::MinimaxH3 {
+        check_minimax_h3(p)?;
+    }
     warn_unused(ms, p);
     let t0 = Instant::now();
     let tiling = runtime_tiling(&p.vae_tiling_params);
@@ -505,6 +533,7 @@ pub fn generate_video(ms: &mut ModelSet, p: &VidGenParams, cancel: &CancelFlag) 
     rngs.manual_seed(r.seed as u64);
     let default_shift = ms.default_flow_shift;
     ms.denoiser.set_flow_shift(unset_if_infinite(p.sample_params.flow_shift), default_shift);
+    ms.diffusion.set_flow_shift(unset_if_infinite(p.sample_params.flow_shift).or(default_shift).unwrap_or(f32::INFINITY));
     ms.apply_loras(&p.loras)?;
 
     let plan = resolve_plan(ms, p, &r)?;
@@ -622,7 +651,7 @@ mod tests {
 
     #[test]
     fn wan_frames_align_down_to_whole_latent_frames() {
-        let f = VideoFormat { time_scale: 4, timesteps: sampling::TimestepRule::Scalar };
+        let f = VideoFormat { time_scale: 4, timesteps: sampling::TimestepRule::Scalar, frame_rule: FrameRule::Causal };
         assert_eq!([1, 5, 6, 7, 8, 9, 17].map(|n| f.align_frames(n)), [1, 5, 5, 5, 5, 9, 17]);
         assert_eq!([1, 5, 9].map(|n| f.latent_frames(n)), [1, 2, 3]);
     }

@@ -151,6 +151,9 @@ AD = {"model_path": "{fx}/sd1.safetensors", "motion_module_path": "{fx}/animated
 AD_NOTE_64 = ("at 64x64 the lowest UNet level is 1x1: the reference's motion module takes the permuted "
               "[1, 1, C, F] view for contiguous and ggml_add aborts (nb00 == sizeof(src0_t)). Ours renders")
 
+MINIMAX = {"model_path": "", "diffusion_model_path": "{fx}/minimax_h3.safetensors", "llm_path": "{fx}/qwen3vl_51.safetensors",
+           "vae_path": "{fx}/minimax_h3_vae.safetensors", "enable_mmap": True}
+
 SETS = {
     "animatediff": {
         # SD 1.x + an AnimateDiff motion module (mm_sd_v15_v2 layout): generate_video renders the
@@ -292,6 +295,35 @@ SETS = {
                   _params(steps=1, w=32, h=32),
                   note="a 128-wide DiT: the reference reads 2048 / 128 = 16 heads of 8 and asserts (heads of 128 "
                        "for its RoPE); ours must fail cleanly"),
+        ],
+    },
+    "minimax-h3": {
+        # MiniMax-H3: the joint audio-video DiT (minimax_h3.safetensors), layer 50 of a 51-layer
+        # Qwen3-VL text model, the transformer-decoder video VAE (2.9e9 weights sharing bytes: mmap);
+        # no audio_vae_path, so no sound (the reference returns none either). Its defaults: euler,
+        # the discrete schedule, flow shift 12 (the audio's 3), cfg 7 with the empty negative prompt
+        "model": "minimax_h3.safetensors",
+        "fixtures": ["minimax_h3.safetensors", "qwen3vl_51.safetensors", "minimax_h3_vae.safetensors",
+                     "qwen3_tiny.safetensors", "qwen25vl_tiny.safetensors"],
+        "cases": [
+            _case("mm_cfg1", MINIMAX, _params(steps=2)),
+            _case("mm_defaults_empty_negative", MINIMAX, {k: v for k, v in _params(steps=2).items()
+                                                          if k != "sample_params.guidance.txt_cfg"},
+                  note="the defaults: cfg 7 with the empty negative prompt, which gives the LLM no tokens: the "
+                       "reference aborts in the LLM's graph; ours must fail cleanly"),
+            _case("mm_cfg4_negative", MINIMAX, _params(steps=2, cfg=4.0, negative_prompt="blurry, static")),
+            _case("mm_96x64_9frames_to_22", MINIMAX, _params(steps=2, frames=9, w=96, h=64, seed=7,
+                                                             prompt="a red fox running through snow"),
+                  note="9 frames are aligned up to 22 (17k + 5): 7 latent frames, one decoder chunk"),
+            _case("mm_shift5_fps16", MINIMAX, _params(steps=3, seed=123, fps=16, **{"sample_params.flow_shift": 5.0}),
+                  note="flow shift 5 moves the audio's sigmas too; fps 16 is overridden to 24"),
+            _case("mm_39frames_two_chunks", MINIMAX, _params(steps=1, frames=39, seed=5),
+                  note="12 latent frames: two decoder chunks cross-faded over 5 frames"),
+            _case("mm_llm_as_wide_as_dit", {**MINIMAX, "llm_path": "{fx}/qwen3_tiny.safetensors"}, _params(steps=2),
+                  note="a 64-wide, 36-layer LLM: its normed last state (no layer 50) as wide as the DiT, which "
+                       "then skips condition_proj and the token refiner"),
+            _case("mm_llm_qwen25vl_refused", {**MINIMAX, "llm_path": "{fx}/qwen25vl_tiny.safetensors"}, _params(steps=1),
+                  note="a Qwen2.5-VL text model (3584 wide, no q/k norms) is not the Qwen3-VL MiniMax-H3 reads"),
         ],
     },
     "wan-moe": {

@@ -11,6 +11,7 @@ pub mod ideogram4;
 pub mod krea2;
 pub mod lens;
 pub mod mage_flow;
+pub mod minimax_h3;
 pub mod minit2i;
 pub mod mmdit;
 pub mod pid;
@@ -98,4 +99,8 @@ pub trait DiffusionModel: Components + Send {
     fn has_motion_modules(&self) -> bool {
         false
     }
+
+    /// The request's flow shift, for models that read it themselves (MiniMax-H3's audio
+    /// timesteps follow the video's shift).
+    fn set_flow_shift(&mut self, _shift: f32) {}
 }

@@ -27,7 +27,11 @@ pub(super) fn build(ctx: &BuildCtx<'_>, place: Placement) -> Result<(Box<dyn Fir
     // The tiny autoencoder of the family's latents: TAESD-like for the KL families, the tiny
     // video autoencoder (TAEHV: taew2_1 / taew2_2) for the Wan VAEs'.
     let load_tiny = |decode_only: bool, place: Placement| -> Result<Box<dyn FirstStage>> {
-        ensure!(spec.first_stage != FirstStageKind::Mage, "{} models have no tiny autoencoder (taesd_path)", ctx.version.name());
+        ensure!(
+            !matches!(spec.first_stage, FirstStageKind::Mage | FirstStageKind::MinimaxH3),
+            "{} models have no tiny autoencoder (taesd_path)",
+            ctx.version.name()
+        );
         ensure!(spec.first_stage != FirstStageKind::Hunyuan, "a tiny autoencoder (taesd_path) for {} is not supported yet", ctx.version.name());
         if spec.first_stage != FirstStageKind::Kl {
             ensure!(spec.image_channels == 3, "{} models have no tiny autoencoder (taesd_path): TAEHV makes RGB pictures", ctx.version.name());
@@ -74,6 +78,14 @@ pub(super) fn build(ctx: &BuildCtx<'_>, place: Placement) -> Result<(Box<dyn Fir
             ensure!(weights.has_prefix(&format!("{prefix}decoder.")), "{} needs its VAE (vae_path): no '{prefix}decoder.' weights", ctx.version.name());
             let has_encoder = weights.shape_of(&format!("{prefix}encoder.conv_in.conv.weight")).is_some();
             configure(weights.load_model(place.clone(), n_threads, prefix, "VAE", |s| HunyuanVae::new(s, &|n| weights.shape_of(n), has_encoder))?, ctx)
+        }
+        FirstStageKind::MinimaxH3 => {
+            let prefix = vae::minimax_h3::PREFIX;
+            ensure!(weights.has_prefix(&format!("{prefix}decoder.")), "{} needs its VAE (vae_path): no '{prefix}decoder.' weights", ctx.version.name());
+            let mut v = weights.load_model(place.clone(), n_threads, prefix, "VAE", vae::minimax_h3::MinimaxH3Vae::new)?;
+            v.runner.options.flash_attn = params.flash_attn;
+            v.runner.options.conv_direct = params.vae_conv_direct;
+            Box::new(v)
         }
         FirstStageKind::Mage => {
             let prefix = vae::mage::PREFIX;

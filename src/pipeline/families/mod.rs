@@ -19,6 +19,7 @@ mod ideogram4;
 mod krea2;
 mod lens;
 mod mage_flow;
+mod minimax_h3;
 mod minit2i;
 mod mmdit;
 mod pid;
@@ -119,6 +120,9 @@ pub enum Arch {
     /// Ideogram 4: 13 layers of a Qwen3-VL LLM, the Ideogram 4 transformer (and its
     /// unconditional twin) and Flux.2's AutoencoderKL.
     Ideogram4,
+    /// MiniMax-H3: layer 50 of a Qwen3-VL LLM, the joint audio-video transformer and its
+    /// transformer-decoder video VAE.
+    MinimaxH3,
 }
 
 /// Extra latent channels the diffusion model takes next to the noisy latent.
@@ -150,6 +154,9 @@ pub enum FirstStageKind {
     Wan22,
     /// The Mage VAE: 128 channels at 1/16 (Mage-Flow).
     Mage,
+    /// MiniMax-H3's video VAE: 24 channels at 1/16, a transformer decoder over chunks of
+    /// 5 latent frames.
+    MinimaxH3,
     /// HunyuanVideo 1.5's VAE: 32 channels at 1/16, frames in groups of 4.
     Hunyuan,
 }
@@ -250,17 +257,45 @@ pub struct VideoFormat {
     pub time_scale: usize,
     /// How each evaluation's timesteps are formed (per frame for Wan2.2 TI2V).
     pub timesteps: TimestepRule,
+    /// How frames map to latent frames (and what else the latent carries).
+    pub frame_rule: FrameRule,
+}
+
+/// How a video family counts latent frames.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum FrameRule {
+    /// `(frames - 1) / time_scale + 1`, requests aligned down to whole latent frames.
+    Causal,
+    /// MiniMax-H3: 2 latent frames for up to 5 frames, then 5 per 17; requests aligned up to
+    /// 17k + 5 frames. The audio latent of the video (at 24 fps) is packed behind the video's
+    /// channels.
+    MinimaxH3,
 }
 
 impl VideoFormat {
     /// Latent frames of a request for `frames` (at least one), as the first stage counts them.
     pub fn latent_frames(&self, frames: usize) -> usize {
-        crate::models::vae::latent_frames(frames.max(1), self.time_scale)
+        match self.frame_rule {
+            FrameRule::Causal => crate::models::vae::latent_frames(frames.max(1), self.time_scale),
+            FrameRule::MinimaxH3 => crate::models::diffusion::minimax_h3::latent_frames(frames),
+        }
     }
 
     /// The frame count a request for `frames` gets (the reference aligns down to 4k + 1).
     pub fn align_frames(&self, frames: usize) -> usize {
-        (self.latent_frames(frames) - 1) * self.time_scale + 1
+        match self.frame_rule {
+            FrameRule::Causal => (self.latent_frames(frames) - 1) * self.time_scale + 1,
+            FrameRule::MinimaxH3 => crate::models::diffusion::minimax_h3::align_frames(frames),
+        }
+    }
+
+    /// Audio latent steps packed behind the video's channels for `frames` frames (none but
+    /// MiniMax-H3's).
+    pub fn audio_latents(&self, frames: usize) -> usize {
+        match self.frame_rule {
+            FrameRule::Causal => 0,
+            FrameRule::MinimaxH3 => crate::models::diffusion::minimax_h3::audio_latents(frames),
+        }
     }
 }
 
@@ -546,7 +581,7 @@ const WAN22_LATENT: LatentFormat = LatentFormat { channels: 48, vae_scale: 16, d
 /// Wan 2.x: frames in groups of 4 after the first.
 const fn wan_family(latent: LatentFormat, projection: &'static Projection, first_stage: FirstStageKind, timesteps: TimestepRule) -> FamilySpec {
     FamilySpec {
-        media: Media::Video(VideoFormat { time_scale: 4, timesteps }),
+        media: Media::Video(VideoFormat { time_scale: 4, timesteps, frame_rule: FrameRule::Causal }),
         first_stage,
         ..dit_family(ModelFamily::OtherDit, Arch::Wan, latent, projection, Concat::None, Prediction::Flow)
     }
@@ -562,6 +597,20 @@ const fn hunyuan_video_family() -> FamilySpec {
         arch: Arch::HunyuanVideo,
         preview: None,
         ..wan_family(HUNYUAN_VIDEO_LATENT, &preview::WAN21, FirstStageKind::Hunyuan, TimestepRule::Scalar)
+    }
+}
+
+/// MiniMax-H3's latent: its VAE's 24 channels at 1/16, patches of 2×2 in the transformer.
+const MINIMAX_H3_LATENT: LatentFormat = LatentFormat { channels: 24, vae_scale: 16, down_factor: 2, scale_factor: 1.0, shift_factor: 0.0 };
+
+/// MiniMax-H3: 17-frame chunks of 5 latent frames with the audio packed behind the video, no
+/// preview projection here.
+const fn minimax_h3_family() -> FamilySpec {
+    FamilySpec {
+        media: Media::Video(VideoFormat { time_scale: 4, timesteps: TimestepRule::Scalar, frame_rule: FrameRule::MinimaxH3 }),
+        first_stage: FirstStageKind::MinimaxH3,
+        preview: None,
+        ..dit_family(ModelFamily::OtherDit, Arch::MinimaxH3, MINIMAX_H3_LATENT, &preview::WAN21, Concat::None, Prediction::Flow)
     }
 }
 
@@ -614,6 +663,7 @@ static HIDREAM_O1: FamilySpec = hidream_o1_family();
 static ANIMA: FamilySpec = anima_family();
 static MINIT2I: FamilySpec = minit2i_family();
 static PID: FamilySpec = pid_family();
+static MINIMAX_H3: FamilySpec = minimax_h3_family();
 static WAN: FamilySpec = wan_family(WAN_LATENT, &preview::WAN21, FirstStageKind::Wan21, TimestepRule::Scalar);
 static WAN22_TI2V: FamilySpec = wan_family(WAN22_LATENT, &preview::WAN22, FirstStageKind::Wan22, TimestepRule::PerFrameMasked);
 static HUNYUAN_VIDEO: FamilySpec = hunyuan_video_family();
@@ -659,6 +709,7 @@ pub fn spec(version: SdVersion) -> Option<&'static FamilySpec> {
         V::Anima => &ANIMA,
         V::Minit2i => &MINIT2I,
         V::Pid => &PID,
+        V::MinimaxH3 => &MINIMAX_H3,
         V::Wan2 | V::Wan2_2I2v => &WAN,
         V::Wan2_2Ti2v => &WAN22_TI2V,
         V::HunyuanVideo => &HUNYUAN_VIDEO,
@@ -816,6 +867,7 @@ impl ModelSet {
             Arch::MiniT2i => minit2i::build(&mut ctx)?,
             Arch::Pid => pid::build(&mut ctx)?,
             Arch::Ideogram4 => ideogram4::build(&mut ctx)?,
+            Arch::MinimaxH3 => minimax_h3::build(&mut ctx)?,
         };
         let given = |p: &Option<String>| p.as_deref().is_some_and(|p| !p.is_empty());
         if given(&params.clip_vision_path) && parts.clip_vision.is_none() {
@@ -1058,6 +1110,12 @@ mod tests {
                 Some(s) if *v == SdVersion::HidreamO1 => {
                     assert_eq!((s.latent.size_multiple(), s.latent.channels, s.defaults), (1, 3, ModelFamily::HidreamO1));
                     assert!(s.noise_times_eta && s.preview.is_none() && !s.ref_latents && !s.supports_img_cfg(true));
+                }
+                Some(s) if *v == SdVersion::MinimaxH3 => {
+                    let video = s.video().expect("MiniMax-H3 generates video");
+                    assert_eq!((video.frame_rule, video.align_frames(1), video.align_frames(9), video.latent_frames(22)), (FrameRule::MinimaxH3, 5, 22, 7));
+                    assert_eq!((video.audio_latents(5), video.latent_frames(39)), (8, 12));
+                    assert_eq!((s.latent.size_multiple(), s.latent.channels, s.arch, s.first_stage), (32, 24, Arch::MinimaxH3, FirstStageKind::MinimaxH3));
                 }
                 Some(s) if *v == SdVersion::BooguImage => {
                     assert_eq!((s.latent.size_multiple(), s.latent.channels, s.latent.scale_factor), (8, 16, 0.3611));

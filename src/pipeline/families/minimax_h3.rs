@@ -1,0 +1,67 @@
+//! MiniMax-H3: Qwen3-VL's text model (the output of layer 50, the prompt as it is: no
+//! template, no attention syntax), the joint audio-video transformer and its own video VAE.
+//! Flow prediction with the default shift 12 (the audio's is 3), like the reference. The
+//! audio latent rides behind the video's channels through sampling; without an audio VAE
+//! (which the reference only loads from `audio_vae_path`) no sound is decoded.
+
+use super::{ensure_text_width, first_stage, flow_parts, BuildCtx, Parts};
+use crate::error::Result;
+use crate::graph::{Component, Components, Module};
+use crate::models::Condition;
+use crate::models::diffusion::minimax_h3::{MinimaxH3Config, MinimaxH3Model};
+use crate::models::te::llm::LlmArch;
+use crate::pipeline::conditioning::llm::{tokenize_parts, LlmText};
+use crate::pipeline::conditioning::{CondRequest, Conditioner};
+use crate::types::Prediction;
+
+/// The flow shift of a request that sets none.
+const DEFAULT_FLOW_SHIFT: f32 = 12.0;
+/// The LLM layer whose output (before the final norm) conditions the transformer.
+const OUT_LAYERS: &[i32] = &[50];
+const DIT_PREFIX: &str = "model.diffusion_model.";
+
+/// The prompt through the LLM, tokenized whole with weight 1 (the reference parses no
+/// attention syntax for MiniMax-H3).
+pub struct MinimaxH3Conditioner {
+    llm: LlmText,
+}
+
+impl Components for MinimaxH3Conditioner {
+    fn components(&mut self) -> Vec<&mut dyn Component> {
+        vec![self.llm.component()]
+    }
+}
+
+impl Conditioner for MinimaxH3Conditioner {
+    fn encode(&mut self, req: &CondRequest<'_>) -> Result<Condition> {
+        let tokens = tokenize_parts(self.llm.tokenizer(), req.text, "", "", 0);
+        ensure!(
+            !tokens.ids.is_empty(),
+            "MiniMax-H3: the prompt \"{}\" gives no LLM tokens (the reference aborts on an empty prompt; with cfg > 1 the negative prompt must not be empty either)",
+            req.text
+        );
+        let h = self.llm.encode(&tokens, OUT_LAYERS)?;
+        Ok(Condition { crossattn: Some(h), vector: None, concat: None })
+    }
+}
+
+pub(super) fn build(ctx: &mut BuildCtx<'_>) -> Result<Parts> {
+    let (params, weights, n_threads) = (ctx.params, ctx.weights, ctx.n_threads);
+    let te_place = ctx.devices.placement(Module::Te)?;
+    let vae_place = ctx.devices.placement(Module::Vae)?;
+
+    let cfg = MinimaxH3Config::detect(weights.types(), &|n| weights.shape_of(n), DIT_PREFIX);
+    cfg.validate()?;
+    ctx.ensure_latent_channels(cfg.video_channels, "the MiniMax-H3 transformer", "the MiniMax-H3 VAE's latents have")?;
+    let llm = LlmText::open(weights, LlmArch::Qwen3Vl, &te_place, n_threads, params.eager_load)?;
+    let width = llm.config().output_width(OUT_LAYERS) as i64;
+    // The transformer reads states as wide as itself directly, others through condition_proj
+    // (the reference asserts on any other width).
+    if width != cfg.hidden_size {
+        ensure_text_width(width, cfg.text_dim, "the MiniMax-H3 transformer's condition_proj", "or its own width")?;
+    }
+    let model = ctx.load_transformer(DIT_PREFIX, |s| MinimaxH3Model::new(s, &cfg))?;
+    let first = first_stage::build(ctx, vae_place)?;
+    let cond = MinimaxH3Conditioner { llm };
+    Ok(flow_parts(params, Box::new(cond), Box::new(model), first, Prediction::Flow, DEFAULT_FLOW_SHIFT))
+}

@@ -113,7 +113,6 @@ impl CausalConv {
         if pad_t > 0 {
             let mut front = None::<T<'g>>;
             let mut n = 0;
-            let carry = carry;
             if let Some(c) = carry.as_ref().and_then(|c| c.input.as_ref().map(|v| v[c.next])) {
                 n = c.ne()[2];
                 front = Some(c);

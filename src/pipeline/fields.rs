@@ -31,7 +31,6 @@ pub enum Use {
 use Use::*;
 
 const LTX: Use = Warns("only LTX video models read it and this build has none");
-const PHOTOMAKER: Use = Warns("PhotoMaker is not supported yet");
 const PULID: Use = Warns("PuLID is not supported yet");
 const IP_ADAPTER: Use = Warns("IP-Adapter is not supported yet");
 /// Read by the reference's cache-dit but without effect on its step decision (its limits and
@@ -53,7 +52,7 @@ pub const FIELDS: &[(&str, &[(&str, Use)])] = &[
             ("embeddings_connectors_path", LTX), ("vae_path", Acts), ("audio_vae_path", LTX), ("taesd_path", Acts),
             ("control_net_path", Acts), ("ip_adapter_path", IP_ADAPTER),
             ("motion_module_path", AtLoad),
-            ("embeddings", Acts), ("embedding_count", Acts), ("photo_maker_path", PHOTOMAKER), ("pulid_weights_path", PULID),
+            ("embeddings", Acts), ("embedding_count", Acts), ("photo_maker_path", Acts), ("pulid_weights_path", PULID),
             ("tensor_type_rules", Acts), ("n_threads", Acts), ("wtype", Acts), ("rng_type", Acts),
             ("sampler_rng_type", Acts), ("prediction", Acts), ("lora_apply_mode", Acts), ("enable_mmap", Acts),
             ("flash_attn", Acts), ("diffusion_flash_attn", Acts), ("tae_preview_only", Acts),
@@ -71,7 +70,7 @@ pub const FIELDS: &[(&str, &[(&str, Use)])] = &[
             ("init_image", Acts), ("ref_images", Acts), ("ref_images_count", Acts), ("ref_image_args", Acts),
             ("mask_image", Acts), ("width", Acts), ("height", Acts), ("sample_params", Acts), ("strength", Acts),
             ("seed", Acts), ("batch_count", Acts), ("control_image", Acts), ("control_strength", Acts),
-            ("ip_adapter_image", IP_ADAPTER), ("ip_adapter_strength", IP_ADAPTER), ("pm_params", PHOTOMAKER),
+            ("ip_adapter_image", IP_ADAPTER), ("ip_adapter_strength", IP_ADAPTER), ("pm_params", Acts),
             ("pulid_params", PULID), ("vae_tiling_params", Acts), ("cache", Acts), ("hires", Acts),
             ("qwen_image_layers", Acts), ("circular_x", Acts), ("circular_y", Acts),
         ],
@@ -241,8 +240,8 @@ fn cache_warnings(c: &crate::params::CacheParams, facts: ModelFacts) -> Vec<Stri
     set.into_iter().filter_map(|(f, s)| warning("sd_cache_params_t", f, &format!("cache.{f}"), s, facts)).collect()
 }
 
-/// Every warning an image request draws, in field order, the reference's PhotoMaker ones
-/// included.
+/// Every warning an image request draws, in field order (PhotoMaker's own come from the
+/// extension, where the reference gives them).
 pub fn image_warnings(ctx: &CtxParams, p: &ImgGenParams, facts: ModelFacts) -> Vec<String> {
     let d = ImgGenParams::default();
     let mut out = ctx_warnings(ctx, facts);
@@ -251,7 +250,6 @@ pub fn image_warnings(ctx: &CtxParams, p: &ImgGenParams, facts: ModelFacts) -> V
     let set = [
         ("ip_adapter_image", p.ip_adapter_image.is_some()),
         ("ip_adapter_strength", p.ip_adapter_strength != d.ip_adapter_strength),
-        ("pm_params", p.pm_params != d.pm_params),
         ("pulid_params", p.pulid_params != d.pulid_params),
     ];
     out.extend(set.into_iter().filter_map(|(f, s)| warning("sd_img_gen_params_t", f, f, s, facts)));
@@ -259,14 +257,6 @@ pub fn image_warnings(ctx: &CtxParams, p: &ImgGenParams, facts: ModelFacts) -> V
         out.extend(warning("sd_tiling_params_t", "extra_tiling_args", "vae_tiling_params.extra_tiling_args", true, facts));
     }
     out.extend(cache_warnings(&p.cache, facts));
-    if given(&ctx.photo_maker_path) {
-        // The reference's own checks, in its order.
-        if p.pm_params.id_images.is_empty() {
-            out.push("Provided PhotoMaker model file, but NO input ID images".into());
-        } else if !p.prompt.split(|c: char| !c.is_alphanumeric()).any(|w| w == "img") {
-            out.push("PhotoMaker trigger word 'img' was not found in prompt".into());
-        }
-    }
     out
 }
 

@@ -7,6 +7,7 @@
 
 use super::callbacks::{self, CancelFlag};
 use super::conditioning::CondRequest;
+use super::extensions::ExtRequest;
 use super::families::{Concat, ModelSet};
 use super::imageops::{concat_channels, image_to_tensor, max_pool_3x3, resize_nearest, resize_nearest_max, tensor_to_image, zip_channels};
 use super::request::{check_params, resolve_plan, resolve_request, runtime_tiling, Plan, Request};
@@ -178,6 +179,7 @@ fn prepare(
     let concat_kind = ms.spec.concat;
     let channels = ms.spec.image_channels;
     let start = Instant::now();
+    let total_steps = plan.sample_steps;
     let mut init_image = None;
     if let Some(img) = &p.init_image {
         // The reference samples the init image's single latent and then fails to decode it
@@ -306,11 +308,22 @@ fn prepare(
     } else {
         Vec::new()
     };
-    let base = CondRequest { text: &p.prompt, clip_skip: p.clip_skip, width: w, height: h, zero_out_masked: false, ref_images: &vlm_images, refs: r.refs };
     ms.cond.begin()?;
-    let conds = encode_conditions(ms, &base, p, r, !ref_latents.is_empty(), concat, img_uncond_concat);
+    // Extensions act before the prompt is encoded (PhotoMaker fuses its ID embeddings into a
+    // condition of its own and takes its trigger word out of the prompt).
+    let mut ext = ExtRequest { cond: ms.cond.as_mut(), params: p, text: p.prompt.clone(), clip_skip: p.clip_skip, width: w, height: h, total_steps };
+    let mut prepared_ext = Ok(());
+    for e in ms.extensions.iter_mut() {
+        prepared_ext = prepared_ext.and_then(|_| e.prepare(&mut ext));
+    }
+    let text = ext.text;
+    let base = CondRequest { text: &text, clip_skip: p.clip_skip, width: w, height: h, zero_out_masked: false, ref_images: &vlm_images, refs: r.refs };
+    let conds = prepared_ext.and_then(|_| encode_conditions(ms, &base, p, r, !ref_latents.is_empty(), concat, img_uncond_concat));
     ms.cond.end();
     let (cond, uncond, img_uncond) = conds?;
+    for e in ms.extensions.iter_mut() {
+        e.conditioned(&cond);
+    }
     sd_info!("get_learned_condition completed, taking {:.2}s", start.elapsed().as_secs_f32());
     let init_latent = repeat_frames(init_latent, frames)?;
     Ok(Prepared { init_latent, denoise_mask: Some(denoise_mask), ref_latents, cond, uncond, img_uncond, control_hint })
@@ -405,7 +418,7 @@ pub(super) fn sample_image(
     } else {
         noise
     };
-    let ModelSet { diffusion, denoiser, first_stage, preview, control_net, .. } = ms;
+    let ModelSet { diffusion, denoiser, first_stage, preview, control_net, extensions, .. } = ms;
     let decoder: &mut dyn FirstStage = match preview {
         Some(p) => p.as_mut(),
         None => first_stage.as_mut(),
@@ -421,6 +434,7 @@ pub(super) fn sample_image(
         ref_latent_img_cfg: spec.ref_latent_img_cfg,
         timesteps: TimestepRule::Scalar,
         video: None,
+        extensions,
         cancel,
     };
     let stage = Stage {

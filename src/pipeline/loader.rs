@@ -104,10 +104,15 @@ impl Weights {
     /// converted for it, weights typed by the context's `wtype` and `tensor_type_rules`
     /// like the files of the model itself.
     pub fn open_addon(path: &str, version: SdVersion, params: &CtxParams) -> Result<Weights> {
+        Self::open_addon_under(path, "", version, params)
+    }
+
+    /// [`open_addon`](Self::open_addon) with `prefix` in front of every name (PhotoMaker's `pmid.`).
+    pub fn open_addon_under(path: &str, prefix: &str, version: SdVersion, params: &CtxParams) -> Result<Weights> {
         let mut files = ModelFiles::new();
         files.set_mmap(params.enable_mmap);
         files
-            .add(path, "")
+            .add(path, prefix)
             .map_err(|e| crate::error::Error::new(format!("init model loader from file failed: '{path}': {e}")))?;
         files.convert_names(Some(version));
         Ok(Self::from_files(files, version, params.wtype, params.tensor_type_rules.as_deref().unwrap_or("")))

@@ -10,6 +10,7 @@
 
 use super::callbacks::{self, CancelFlag, PreviewConfig};
 use super::control::ControlNetModel;
+use super::extensions::{self, Extension};
 use super::guidance::{Guider, SkipLayerGuidance};
 use super::imageops::tensor_to_image;
 use super::request::Request;
@@ -83,6 +84,8 @@ pub(super) struct Job<'a> {
     pub(super) ref_latent_img_cfg: bool,
     pub(super) timesteps: TimestepRule,
     pub(super) video: Option<VideoInput<'a>>,
+    /// Extensions that may give the prompt's pass another condition per step.
+    pub(super) extensions: &'a [Box<dyn Extension>],
     pub(super) cancel: &'a CancelFlag,
 }
 
@@ -113,7 +116,7 @@ pub fn cancelled() -> Error {
 /// Runs one stage from `x` (the init latent, or the previous stage's result) and returns the
 /// denoised latent.
 pub(super) fn sample(job: &mut Job<'_>, stage: Stage<'_>, x: &Tensor, rng: &mut dyn Rng) -> Result<Tensor> {
-    let Job { request: r, prepared, denoiser, control, preview: previewer, backbone, slg_supported, ref_latent_img_cfg, timesteps: rule, video, cancel } = job;
+    let Job { request: r, prepared, denoiser, control, preview: previewer, backbone, slg_supported, ref_latent_img_cfg, timesteps: rule, video, extensions: exts, cancel } = job;
     let (r, prepared, denoiser, cancel): (&Request, &Prepared, &Denoiser, &CancelFlag) = (r, prepared, denoiser, cancel);
     let Stage { diffusion, sigmas, method, eta, guidance, use_uncond, extra, noise, shifted_timestep, last } = stage;
     let steps = sigmas.len().saturating_sub(1) as i32;
@@ -207,7 +210,10 @@ pub(super) fn sample(job: &mut Job<'_>, stage: Stage<'_>, x: &Tensor, rng: &mut 
                 if let Some(cn) = control.as_mut() {
                     controls = Some(cn.controls(&input, &timesteps, &prepared.cond)?);
                 }
-                let cond_out = run(&mut cache, Pass::Cond, &prepared.cond, ref_latents, &[], controls.as_deref())?;
+                // An extension may swap the prompt's condition for this step (PhotoMaker after
+                // its merge step); the ControlNet and skip-layer passes keep the plain one.
+                let step_cond = extensions::step_condition(exts, step, &prepared.cond);
+                let cond_out = run(&mut cache, Pass::Cond, step_cond, ref_latents, &[], controls.as_deref())?;
                 let uncond_skip: &[i32] = if skip_step && slg.uncond { &slg.layers } else { &[] };
                 if !uncond_skip.is_empty() {
                     sd_debug!("Skipping layers at uncond step {step}");

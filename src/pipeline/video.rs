@@ -571,6 +571,7 @@ pub fn generate_video(ms: &mut ModelSet, p: &VidGenParams, cancel: &CancelFlag) 
         ref_latent_img_cfg: false,
         timesteps: format.timesteps,
         video: Some(vace),
+        extensions: &[],
         cancel,
     };
     let mut x = prepared.init_latent.clone();

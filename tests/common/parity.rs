@@ -242,6 +242,7 @@ pub fn ctx_params(model: &str, ctx: &Value, arena: &mut Arena) -> sd_ctx_params_
             "llm_path" => p.llm_path = arena.str(v.as_str().unwrap()),
             "llm_vision_path" => p.llm_vision_path = arena.str(v.as_str().unwrap()),
             "control_net_path" => p.control_net_path = arena.str(v.as_str().unwrap()),
+            "photo_maker_path" => p.photo_maker_path = arena.str(v.as_str().unwrap()),
             "motion_module_path" => p.motion_module_path = arena.str(v.as_str().unwrap()),
             "wtype" => p.wtype = sd_type_t(enum_value(v)),
             "force_sdxl_vae_conv_scale" => p.force_sdxl_vae_conv_scale = CBool(v.as_bool().unwrap() as u8),
@@ -305,6 +306,20 @@ pub fn gen_params(params: &Value, arena: &mut Arena) -> sd_img_gen_params_t {
             "mask_image" => p.mask_image = arena.image(v.as_str().unwrap()),
             "control_image" => p.control_image = arena.image(v.as_str().unwrap()),
             "control_strength" => p.control_strength = num(v) as f32,
+            "pm_params.id_images" => {
+                let list: Vec<sd_image_t> = v.as_array().unwrap().iter().map(|f| arena.image(f.as_str().unwrap())).collect();
+                p.pm_params.id_images = list.as_ptr() as *mut sd_image_t;
+                p.pm_params.id_images_count = list.len() as c_int;
+                arena.images.push(list);
+            }
+            "pm_params.id_embed_path" => {
+                let path = v.as_str().unwrap();
+                if let Some(f) = path.strip_prefix("{fx}/") {
+                    fixture(f);
+                }
+                p.pm_params.id_embed_path = arena.str(path);
+            }
+            "pm_params.style_strength" => p.pm_params.style_strength = num(v) as f32,
             "ref_image_args" => p.ref_image_args = arena.str(v.as_str().unwrap()),
             "sample_params.guidance.slg.scale" => sp.guidance.slg.scale = num(v) as f32,
             "sample_params.guidance.slg.layer_start" => sp.guidance.slg.layer_start = num(v) as f32,

@@ -2,3 +2,4 @@
 
 pub mod controlnet;
 pub mod lora;
+pub mod photomaker;

@@ -140,10 +140,31 @@ impl Components for ClipConditioner {
     }
 }
 
-impl Conditioner for ClipConditioner {
-    fn encode(&mut self, req: &CondRequest<'_>) -> Result<Condition> {
+impl ClipConditioner {
+    /// The prompt's weighted tokens between one BOS and one EOS, unpadded (the reference's
+    /// `tokenize(text)` without lengths; `BREAK` still fills its chunk).
+    pub fn tokenize_unpadded(&self, text: &str) -> WeightedTokens {
+        let opts = PadOptions { min_length: 0, max_length: 0, ..PadOptions::clip_chunks(self.pad_token) };
+        tokenize_weighted(self.tokenizer, text, &self.embeddings, &opts)
+    }
+
+    /// Pads tokens (without BOS/EOS) into 77-token chunks.
+    pub fn pad_chunks(&self, tokens: &mut WeightedTokens) {
+        tokens.pad(&PadOptions::clip_chunks(self.pad_token));
+    }
+
+    /// The ids `word` tokenizes to (textual-inversion words included).
+    pub fn word_ids(&self, word: &str) -> Vec<u32> {
+        self.tokenizer.encode_with(word, &self.embeddings)
+    }
+
+    pub fn decode(&self, ids: &[u32]) -> String {
+        self.tokenizer.decode(ids)
+    }
+
+    /// The condition of padded, chunked tokens (the reference's `get_learned_condition_common`).
+    pub fn encode_tokens(&mut self, tokens: &WeightedTokens, clip_skip: i32, width: usize, height: usize, zero_out_masked: bool) -> Result<Condition> {
         let start = Instant::now();
-        let tokens = tokenize_weighted(self.tokenizer, req.text, &self.embeddings, &PadOptions::clip_chunks(self.pad_token));
         let customs = (0..self.encoders.len()).map(|e| self.custom_rows(e)).collect::<Result<Vec<_>>>()?;
         let dim = self.context_dim();
         let mut data = Vec::with_capacity(tokens.tokens.len() * dim);
@@ -151,19 +172,19 @@ impl Conditioner for ClipConditioner {
         for (chunk_idx, (ids, weights)) in tokens.chunks(CHUNK_LEN).enumerate() {
             let ids_l: Vec<i32> = ids.iter().map(|&t| t as i32).collect();
             let (model, runner) = self.encoders[0].parts();
-            let mut hidden = clip::encode(runner, model, &ids_l, customs[0].as_ref(), req.clip_skip)?;
+            let mut hidden = clip::encode(runner, model, &ids_l, customs[0].as_ref(), clip_skip)?;
             if self.set == ClipSet::LBigG {
                 let (ids_g, eos) = zero_after_first_eos(ids);
                 let ids_g: Vec<i32> = ids_g.iter().map(|&t| t as i32).collect();
                 let (model, runner) = self.encoders[1].parts();
-                let hidden_g = clip::encode(runner, model, &ids_g, customs[1].as_ref(), req.clip_skip)?;
+                let hidden_g = clip::encode(runner, model, &ids_g, customs[1].as_ref(), clip_skip)?;
                 if chunk_idx == 0 {
                     pooled = Some(clip::encode_pooled(runner, model, &ids_g, customs[1].as_ref(), eos)?);
                 }
                 hidden = concat_features(&hidden, &hidden_g)?;
             }
             apply_token_weights(&mut hidden, weights, CHUNK_LEN)?;
-            if req.zero_out_masked {
+            if zero_out_masked {
                 hidden.data_mut().fill(0.0);
             }
             data.extend_from_slice(hidden.data());
@@ -172,10 +193,21 @@ impl Conditioner for ClipConditioner {
         ensure!(n > 0, "the prompt produced no tokens");
         sd_debug!("computing condition graph completed, taking {} ms", start.elapsed().as_millis());
         let vector = match &pooled {
-            Some(p) => Some(Self::sdxl_vector(p, req.width, req.height)?),
+            Some(p) => Some(Self::sdxl_vector(p, width, height)?),
             None => None,
         };
         Ok(Condition { crossattn: Some(Tensor::from_vec(&[dim, n, 1], data)?), vector, concat: None })
+    }
+}
+
+impl Conditioner for ClipConditioner {
+    fn encode(&mut self, req: &CondRequest<'_>) -> Result<Condition> {
+        let tokens = tokenize_weighted(self.tokenizer, req.text, &self.embeddings, &PadOptions::clip_chunks(self.pad_token));
+        self.encode_tokens(&tokens, req.clip_skip, req.width, req.height, req.zero_out_masked)
+    }
+
+    fn as_clip(&mut self) -> Option<&mut ClipConditioner> {
+        Some(self)
     }
 }
 

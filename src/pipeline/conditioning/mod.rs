@@ -47,4 +47,9 @@ pub trait Conditioner: Components + Send {
     fn unconditional(&mut self, _cond: &Condition, negative: &CondRequest<'_>) -> Result<Condition> {
         self.encode(negative)
     }
+
+    /// The UNet families' CLIP conditioner (PhotoMaker tokenizes through it), if this is one.
+    fn as_clip(&mut self) -> Option<&mut clip::ClipConditioner> {
+        None
+    }
 }

@@ -33,6 +33,7 @@ use super::conditioning::clip::ClipSet;
 use super::conditioning::clip_vision::ClipVision;
 use super::conditioning::Conditioner;
 use super::control::ControlNetModel;
+use super::extensions::Extension;
 use super::loader::Weights;
 use super::lora::LoraSet;
 use crate::error::Result;
@@ -825,6 +826,8 @@ pub struct ModelSet {
     pub loras: LoraSet,
     /// The ControlNet (UNet families), loaded from `control_net_path` or swapped later.
     pub control_net: Option<ControlNetModel>,
+    /// Generation extensions (PhotoMaker from `photo_maker_path`).
+    pub extensions: Vec<Box<dyn Extension>>,
     /// What add-on networks loaded later are read with (mmap, weight types, devices).
     ctx_params: CtxParams,
 }
@@ -914,12 +917,17 @@ impl ModelSet {
             first_stage: parts.first_stage,
             preview: parts.preview,
             control_net: None,
+            extensions: Vec::new(),
             ctx_params: params.clone(),
         };
         let targets = lora_targets(&mut *set.cond, &mut *set.diffusion, set.high_noise.as_deref_mut(), &mut *set.first_stage);
         set.loras = LoraSet::new(params.lora_apply_mode, &set.weights, &targets);
         if let Some(path) = params.control_net_path.as_deref().filter(|p| !p.is_empty()) {
             set.control_net = Some(set.read_control_net(path)?);
+        }
+        if let Some(path) = params.photo_maker_path.as_deref().filter(|p| !p.is_empty()) {
+            let pm = super::photomaker::PhotoMaker::load(path, version, params, &set.devices, n_threads)?;
+            set.extensions.push(Box::new(pm));
         }
         Ok(set)
     }
@@ -949,8 +957,11 @@ impl ModelSet {
     /// Brings the model to the LoRAs of a request (see [`LoraSet::apply`]): nothing to do
     /// when they are the ones in effect; on failure the previous ones stay.
     pub fn apply_loras(&mut self, wanted: &[crate::params::Lora]) -> Result<()> {
+        // The extensions' LoRAs (PhotoMaker's) are in effect for every request, first.
+        let mut all: Vec<crate::params::Lora> = self.extensions.iter().flat_map(|e| e.loras()).collect();
+        all.extend_from_slice(wanted);
         let mut targets = lora_targets(&mut *self.cond, &mut *self.diffusion, self.high_noise.as_deref_mut(), &mut *self.first_stage);
-        self.loras.apply(wanted, &self.weights, &mut targets, self.n_threads)
+        self.loras.apply(&all, &self.weights, &mut targets, self.n_threads)
     }
 
     pub fn family(&self) -> ModelFamily {
@@ -987,6 +998,9 @@ impl ModelSet {
         }
         if let Some(c) = self.control_net.as_mut() {
             v.extend(c.runners());
+        }
+        for e in self.extensions.iter_mut() {
+            v.extend(e.runners());
         }
         v
     }

@@ -1,0 +1,56 @@
+//! Generation extensions (the reference's `GenerationExtension`): networks loaded with the
+//! context that act on a request through hooks instead of being wired into the pipeline.
+//! PhotoMaker is the first; its hooks are the ones here:
+//!
+//! - [`Extension::loras`]: LoRAs its file carries, in effect for every request (before the
+//!   request's own);
+//! - [`Extension::prepare`]: before the request's prompts are encoded, with the conditioner
+//!   in its phase: it may prepare a condition of its own and rewrite the prompt text;
+//! - [`Extension::conditioned`]: once the prompt's condition is encoded;
+//! - [`Extension::step_condition`]: per sampling step, a condition the prompt's pass uses
+//!   instead of the plain one (the first extension that gives one wins, as in the reference);
+//! - [`Extension::end_request`]: the request's state is dropped.
+
+use super::conditioning::Conditioner;
+use crate::error::Result;
+use crate::graph::Components;
+use crate::models::Condition;
+use crate::params::{ImgGenParams, Lora};
+
+/// What an extension sees of a request before its prompts are encoded.
+pub struct ExtRequest<'a> {
+    pub cond: &'a mut dyn Conditioner,
+    pub params: &'a ImgGenParams,
+    /// The prompt the request's condition will be encoded from (an extension may rewrite it).
+    pub text: String,
+    pub clip_skip: i32,
+    pub width: usize,
+    pub height: usize,
+    /// Sampling steps of the request (before img2img's strength cut: the reference's total).
+    pub total_steps: usize,
+}
+
+pub trait Extension: Components + Send {
+    fn name(&self) -> &'static str;
+
+    fn loras(&self) -> Vec<Lora> {
+        Vec::new()
+    }
+
+    fn prepare(&mut self, _req: &mut ExtRequest<'_>) -> Result<()> {
+        Ok(())
+    }
+
+    fn conditioned(&mut self, _cond: &Condition) {}
+
+    fn step_condition(&self, _step: i32) -> Option<&Condition> {
+        None
+    }
+
+    fn end_request(&mut self) {}
+}
+
+/// The condition the prompt's pass of `step` uses: the first extension's, else `plain`.
+pub fn step_condition<'c>(extensions: &'c [Box<dyn Extension>], step: i32, plain: &'c Condition) -> &'c Condition {
+    extensions.iter().find_map(|e| e.step_condition(step)).unwrap_or(plain)
+}

@@ -669,7 +669,7 @@ impl DiffusionModel for Loaded<MinimaxH3Model> {
         let s = x.shape();
         ensure!(s.len() == 5 && s[4] == 1, "MiniMax-H3 takes one packed video latent [W, H, T, C, 1], got {s:?}");
         let p = Packed { w: s[0], h: s[1], t: s[2], video_channels: cfg.video_channels as usize, audio_len: audio_latents(video_frames(s[2])) };
-        ensure!(p.w % 2 == 0 && p.h % 2 == 0, "MiniMax-H3's latent sides must be even, got {}x{}", p.w, p.h);
+        ensure!(p.w.is_multiple_of(2) && p.h.is_multiple_of(2), "MiniMax-H3's latent sides must be even, got {}x{}", p.w, p.h);
         let audio_values = p.audio_len * AUDIO_ROWS * AUDIO_CHANNELS;
         ensure!(p.audio_len > 0, "MiniMax-H3 needs an audio latent next to the video");
         ensure!(x.len() >= p.video_len() + audio_values, "MiniMax-H3: the packed latent {s:?} holds no {} audio steps", p.audio_len);

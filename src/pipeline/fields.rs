@@ -23,6 +23,8 @@ pub enum Use {
     NeedsVace(&'static str),
     /// Acts only with AnimateDiff motion modules loaded; warns like `Warns` otherwise.
     NeedsMotionModules(&'static str),
+    /// Acts only with an IP-Adapter loaded; warns like `Warns` otherwise.
+    NeedsIpAdapter(&'static str),
     /// Warned about where the context is built (`families::ModelSet::new`) when the loaded
     /// family has no use for it.
     AtLoad,
@@ -32,7 +34,7 @@ use Use::*;
 
 const LTX: Use = Warns("only LTX video models read it and this build has none");
 const PULID: Use = Warns("PuLID is not supported yet");
-const IP_ADAPTER: Use = Warns("IP-Adapter is not supported yet");
+const IP_ADAPTER: Use = NeedsIpAdapter("no IP-Adapter is loaded (ip_adapter_path, SD 1.x and SDXL models)");
 /// Read by the reference's cache-dit but without effect on its step decision (its limits and
 /// mask checks change nothing; its TaylorSeer terms are never used): no effect here either.
 const DIT_CACHE_UNREAD: Use = Warns("cache-dit decides each step from the input change alone (as the reference does), this option has no effect");
@@ -50,7 +52,7 @@ pub const FIELDS: &[(&str, &[(&str, Use)])] = &[
             ("high_noise_diffusion_model_path", AtLoad),
             ("uncond_diffusion_model_path", AtLoad),
             ("embeddings_connectors_path", LTX), ("vae_path", Acts), ("audio_vae_path", LTX), ("taesd_path", Acts),
-            ("control_net_path", Acts), ("ip_adapter_path", IP_ADAPTER),
+            ("control_net_path", Acts), ("ip_adapter_path", AtLoad),
             ("motion_module_path", AtLoad),
             ("embeddings", Acts), ("embedding_count", Acts), ("photo_maker_path", Acts), ("pulid_weights_path", PULID),
             ("tensor_type_rules", Acts), ("n_threads", Acts), ("wtype", Acts), ("rng_type", Acts),
@@ -161,11 +163,18 @@ pub struct ModelFacts {
     pub vace: bool,
     /// AnimateDiff motion modules are loaded.
     pub motion_modules: bool,
+    /// An IP-Adapter is loaded.
+    pub ip_adapter: bool,
 }
 
 impl ModelFacts {
     pub fn of(ms: &ModelSet) -> ModelFacts {
-        ModelFacts { high_noise: ms.high_noise.is_some(), vace: matches!(ms.video_cond, VideoCond::Vace), motion_modules: ms.animates_frames() }
+        ModelFacts {
+            high_noise: ms.high_noise.is_some(),
+            vace: matches!(ms.video_cond, VideoCond::Vace),
+            motion_modules: ms.animates_frames(),
+            ip_adapter: ms.ip_adapter.is_some(),
+        }
     }
 }
 
@@ -176,6 +185,7 @@ fn warning(strukt: &str, field: &str, path: &str, set: bool, facts: ModelFacts) 
         NeedsHighNoise(why) if !facts.high_noise => why,
         NeedsVace(why) if !facts.vace => why,
         NeedsMotionModules(why) if !facts.motion_modules => why,
+        NeedsIpAdapter(why) if !facts.ip_adapter => why,
         _ => return None,
     };
     set.then(|| format!("{why}; ignoring {path}"))

@@ -325,8 +325,13 @@ fn prepare(
         e.conditioned(&cond);
     }
     sd_info!("get_learned_condition completed, taking {:.2}s", start.elapsed().as_secs_f32());
+    // The IP-Adapter's image tokens; without an image the UNet runs as without the adapter.
+    let image_tokens = match (ms.ip_adapter.as_mut(), &p.ip_adapter_image) {
+        (Some(ip), Some(img)) => Some(ip.tokens(&rgb_tensor(img, img.width as usize, img.height as usize)?, p.ip_adapter_strength)?),
+        _ => None,
+    };
     let init_latent = repeat_frames(init_latent, frames)?;
-    Ok(Prepared { init_latent, denoise_mask: Some(denoise_mask), ref_latents, cond, uncond, img_uncond, control_hint })
+    Ok(Prepared { init_latent, denoise_mask: Some(denoise_mask), ref_latents, cond, uncond, img_uncond, control_hint, image_tokens })
 }
 
 /// The request's conditions: prompt, negative prompt (when guidance needs it) and the

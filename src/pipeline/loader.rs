@@ -36,6 +36,7 @@ fn sources(params: &CtxParams) -> Vec<(Component, &str, &'static str)> {
         (Component::Vae, &params.vae_path, "vae"),
         (Component::Taesd, &params.taesd_path, "tae"),
         (Component::MotionModule, &params.motion_module_path, "motion module (AnimateDiff)"),
+        (Component::IpAdapter, &params.ip_adapter_path, "ip-adapter"),
     ];
     named
         .into_iter()

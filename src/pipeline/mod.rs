@@ -12,6 +12,7 @@ pub mod guidance;
 pub mod hires;
 pub mod image;
 pub mod imageops;
+pub mod ip_adapter;
 pub mod loader;
 pub mod lora;
 pub mod photomaker;

@@ -13,6 +13,7 @@ use super::control::ControlNetModel;
 use super::extensions::{self, Extension};
 use super::guidance::{Guider, SkipLayerGuidance};
 use super::imageops::tensor_to_image;
+use super::ip_adapter::ImageTokens;
 use super::request::Request;
 use crate::error::{Error, Result};
 use crate::models::diffusion::{DiffusionInput, DiffusionModel, VideoInput};
@@ -47,6 +48,9 @@ pub(super) struct Prepared {
     pub(super) img_uncond: Option<Condition>,
     /// The control image [W, H, 3, 1] in [0, 1] when a ControlNet will read it.
     pub(super) control_hint: Option<Tensor>,
+    /// An IP-Adapter's image tokens: the prompt's passes read `cond`, the negative and
+    /// image-unconditioned ones `uncond`.
+    pub(super) image_tokens: Option<ImageTokens>,
 }
 
 /// How the model timestep of an evaluation is formed from the sigma's.
@@ -188,6 +192,7 @@ pub(super) fn sample(job: &mut Job<'_>, stage: Stage<'_>, x: &Tensor, rng: &mut 
                     if let Some(out) = cache.reuse(pass, &input) {
                         return Ok(out);
                     }
+                    let image_tokens = prepared.image_tokens.as_ref().map(|t| (if pass == Pass::Cond { &t.cond } else { &t.uncond }, t.strength));
                     let dinput = DiffusionInput {
                         guidance: guidance.distilled_guidance,
                         ref_latents: refs,
@@ -197,6 +202,7 @@ pub(super) fn sample(job: &mut Job<'_>, stage: Stage<'_>, x: &Tensor, rng: &mut 
                         controls,
                         control_strength: r.control_strength,
                         video: video.as_ref(),
+                        image_tokens,
                         timestep_r: usize::try_from(step + 1).ok().and_then(|i| sigmas.get(i).copied()),
                         ..DiffusionInput::new(&input, &timesteps, c)
                     };

@@ -547,6 +547,7 @@ pub fn generate_video(ms: &mut ModelSet, p: &VidGenParams, cancel: &CancelFlag) 
         uncond,
         img_uncond: None,
         control_hint: None,
+        image_tokens: None,
     };
     sd_info!("generate_video {}x{}x{}", r.width, r.height, r.frames);
     let latent_start = Instant::now();

@@ -242,6 +242,7 @@ pub fn ctx_params(model: &str, ctx: &Value, arena: &mut Arena) -> sd_ctx_params_
             "llm_path" => p.llm_path = arena.str(v.as_str().unwrap()),
             "llm_vision_path" => p.llm_vision_path = arena.str(v.as_str().unwrap()),
             "control_net_path" => p.control_net_path = arena.str(v.as_str().unwrap()),
+            "ip_adapter_path" => p.ip_adapter_path = arena.str(v.as_str().unwrap()),
             "photo_maker_path" => p.photo_maker_path = arena.str(v.as_str().unwrap()),
             "motion_module_path" => p.motion_module_path = arena.str(v.as_str().unwrap()),
             "wtype" => p.wtype = sd_type_t(enum_value(v)),
@@ -306,6 +307,8 @@ pub fn gen_params(params: &Value, arena: &mut Arena) -> sd_img_gen_params_t {
             "mask_image" => p.mask_image = arena.image(v.as_str().unwrap()),
             "control_image" => p.control_image = arena.image(v.as_str().unwrap()),
             "control_strength" => p.control_strength = num(v) as f32,
+            "ip_adapter_image" => p.ip_adapter_image = arena.image(v.as_str().unwrap()),
+            "ip_adapter_strength" => p.ip_adapter_strength = num(v) as f32,
             "pm_params.id_images" => {
                 let list: Vec<sd_image_t> = v.as_array().unwrap().iter().map(|f| arena.image(f.as_str().unwrap())).collect();
                 p.pm_params.id_images = list.as_ptr() as *mut sd_image_t;

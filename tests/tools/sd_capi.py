@@ -32,7 +32,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.abspath(os.path.join(HERE, "..", ".."))
 sys.path.insert(0, os.path.join(ROOT, "bindings", "python"))
 sys.path.insert(0, HERE)
-IMAGE_KEYS = {"init_image", "end_image", "mask_image", "control_image", "ref_images", "control_frames", "pm_params.id_images"}
+IMAGE_KEYS = {"init_image", "end_image", "mask_image", "control_image", "ref_images", "control_frames", "ip_adapter_image", "pm_params.id_images"}
 
 
 def load_image(file):

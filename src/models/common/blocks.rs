@@ -73,7 +73,7 @@ pub enum EncoderBlock {
 }
 
 impl EncoderBlock {
-    pub fn forward<'g>(&self, g: &'g Graph, h: T<'g>, emb: T<'g>, context: T<'g>) -> T<'g> {
+    pub fn forward<'g>(&self, g: &'g Graph, h: T<'g>, emb: T<'g>, context: impl Into<CrossContext<'g>>) -> T<'g> {
         match self {
             EncoderBlock::Res { res, attn } => {
                 let h = res.forward(g, h, Some(emb));
@@ -204,6 +204,20 @@ impl FeedForward {
     }
 }
 
+/// What a spatial transformer's cross-attention reads: the text context `[context_dim, L, N]`
+/// and, with an IP-Adapter, its image tokens `[ip_dim, tokens, N]` and their strength.
+#[derive(Clone, Copy)]
+pub struct CrossContext<'g> {
+    pub text: T<'g>,
+    pub image: Option<(T<'g>, f32)>,
+}
+
+impl<'g> From<T<'g>> for CrossContext<'g> {
+    fn from(text: T<'g>) -> CrossContext<'g> {
+        CrossContext { text, image: None }
+    }
+}
+
 /// Multi-head attention of `x` over `context` (itself for self-attention).
 #[derive(Clone, Copy, Debug)]
 pub struct CrossAttention {
@@ -215,6 +229,8 @@ pub struct CrossAttention {
     /// Key/value input width when the context is read as overlapping windows
     /// (`self_attention_windows`).
     kv_window: Option<i64>,
+    /// An IP-Adapter's key and value projections of the image tokens (`to_k_ip`, `to_v_ip`).
+    image: Option<(Linear, Linear)>,
 }
 
 impl CrossAttention {
@@ -227,7 +243,19 @@ impl CrossAttention {
             to_out: Linear::new(s, "to_out.0", inner, query_dim, true),
             n_head,
             kv_window: None,
+            image: None,
         }
+    }
+
+    /// Cross-attention that also attends to IP-Adapter image tokens `ip_dim` wide where the
+    /// files give it `to_k_ip` / `to_v_ip` (the reference's `has_ip`); plain otherwise.
+    pub fn with_image(s: &mut Scope, query_dim: i64, context_dim: i64, n_head: i64, d_head: i64, ip_dim: Option<i64>) -> CrossAttention {
+        let mut a = CrossAttention::new(s, query_dim, context_dim, n_head, d_head);
+        if let Some(ip_dim) = ip_dim.filter(|_| s.has("to_k_ip.weight")) {
+            let inner = n_head * d_head;
+            a.image = Some((Linear::new(s, "to_k_ip", ip_dim, inner, false), Linear::new(s, "to_v_ip", ip_dim, inner, false)));
+        }
+        a
     }
 
     /// Self-attention whose key/value projections take `kv_width` inputs while the tokens
@@ -241,14 +269,30 @@ impl CrossAttention {
 
     /// x: [query_dim, L, N], context: [context_dim, L_ctx, N] → [query_dim, L, N].
     pub fn forward<'g>(&self, g: &'g Graph, x: T<'g>, context: T<'g>) -> T<'g> {
-        let context = match self.kv_window {
-            Some(width) => self_attention_windows(context, width),
-            None => context,
+        self.forward_with_image(g, x, context.into())
+    }
+
+    /// Like `forward`; with image projections and image tokens of a non-zero strength, the
+    /// queries' attention over the image tokens × strength is added before the output
+    /// projection, as the reference does.
+    pub fn forward_with_image<'g>(&self, g: &'g Graph, x: T<'g>, context: CrossContext<'g>) -> T<'g> {
+        let text = match self.kv_window {
+            Some(width) => self_attention_windows(context.text, width),
+            None => context.text,
         };
+        let flash = g.options.flash_attn;
         let q = self.to_q.forward(g, x);
-        let k = self.to_k.forward(g, context);
-        let v = self.to_v.forward(g, context);
-        let h = nn::attention(g, q, k, v, self.n_head, None, false, g.options.flash_attn, 1.0);
+        let k = self.to_k.forward(g, text);
+        let v = self.to_v.forward(g, text);
+        let mut h = nn::attention(g, q, k, v, self.n_head, None, false, flash, 1.0);
+        if let (Some((to_k, to_v)), Some((tokens, strength))) = (self.image, context.image) {
+            if strength != 0.0 {
+                let k = to_k.forward(g, tokens);
+                let v = to_v.forward(g, tokens);
+                let seen = nn::attention(g, q, k, v, self.n_head, None, false, flash, 1.0);
+                h = h.add(nn::scale(seen, strength, false));
+            }
+        }
         self.to_out.forward(g, h)
     }
 }
@@ -280,15 +324,16 @@ pub struct BasicTransformerBlock {
 const LAYER_NORM_EPS: f32 = 1e-5;
 
 impl BasicTransformerBlock {
-    /// `self_kv_width`: see `CrossAttention::windowed_self` (None: plain self-attention).
-    pub fn new(s: &mut Scope, dim: i64, n_head: i64, d_head: i64, context_dim: i64, self_kv_width: Option<i64>) -> BasicTransformerBlock {
+    /// `self_kv_width`: see `CrossAttention::windowed_self` (None: plain self-attention);
+    /// `ip_dim`: the width of IP-Adapter image tokens, see `CrossAttention::with_image`.
+    pub fn new(s: &mut Scope, dim: i64, n_head: i64, d_head: i64, context_dim: i64, self_kv_width: Option<i64>, ip_dim: Option<i64>) -> BasicTransformerBlock {
         let attn1 = match self_kv_width {
             Some(width) => CrossAttention::windowed_self(&mut s.sub("attn1"), dim, n_head, d_head, width),
             None => CrossAttention::new(&mut s.sub("attn1"), dim, dim, n_head, d_head),
         };
         BasicTransformerBlock {
             attn1,
-            attn2: CrossAttention::new(&mut s.sub("attn2"), dim, context_dim, n_head, d_head),
+            attn2: CrossAttention::with_image(&mut s.sub("attn2"), dim, context_dim, n_head, d_head, ip_dim),
             ff: FeedForward::new(&mut s.sub("ff"), dim, dim, 4),
             norm1: LayerNorm::new(s, "norm1", dim, LAYER_NORM_EPS, true, true),
             norm2: LayerNorm::new(s, "norm2", dim, LAYER_NORM_EPS, true, true),
@@ -296,12 +341,12 @@ impl BasicTransformerBlock {
         }
     }
 
-    /// x: [dim, L, N], context: [context_dim, L_ctx, N].
-    pub fn forward<'g>(&self, g: &'g Graph, x: T<'g>, context: T<'g>) -> T<'g> {
+    /// x: [dim, L, N], context: [context_dim, L_ctx, N] (and the image tokens).
+    pub fn forward<'g>(&self, g: &'g Graph, x: T<'g>, context: CrossContext<'g>) -> T<'g> {
         let n = self.norm1.forward(g, x);
         let x = self.attn1.forward(g, n, n).add(x);
         let n = self.norm2.forward(g, x);
-        let x = self.attn2.forward(g, n, context).add(x);
+        let x = self.attn2.forward_with_image(g, n, context).add(x);
         let n = self.norm3.forward(g, x);
         self.ff.forward(g, n).add(x)
     }
@@ -324,6 +369,7 @@ pub struct SpatialTransformer {
 }
 
 impl SpatialTransformer {
+    #[allow(clippy::too_many_arguments)]
     pub fn new(
         s: &mut Scope,
         in_channels: i64,
@@ -333,6 +379,7 @@ impl SpatialTransformer {
         context_dim: i64,
         use_linear: bool,
         self_kv_width: Option<i64>,
+        ip_dim: Option<i64>,
     ) -> SpatialTransformer {
         let inner = n_head * d_head;
         let projection = |s: &mut Scope, name: &str, i: i64, o: i64| {
@@ -345,14 +392,16 @@ impl SpatialTransformer {
         let norm = GroupNorm::gn32(s, "norm", in_channels);
         let proj_in = projection(s, "proj_in", in_channels, inner);
         let blocks = (0..depth)
-            .map(|i| BasicTransformerBlock::new(&mut s.sub(&format!("transformer_blocks.{i}")), inner, n_head, d_head, context_dim, self_kv_width))
+            .map(|i| BasicTransformerBlock::new(&mut s.sub(&format!("transformer_blocks.{i}")), inner, n_head, d_head, context_dim, self_kv_width, ip_dim))
             .collect();
         let proj_out = projection(s, "proj_out", inner, in_channels);
         SpatialTransformer { norm, proj_in, blocks, proj_out }
     }
 
-    /// x: [W, H, C, N], context: [context_dim, L_ctx, N] → [W, H, C, N].
-    pub fn forward<'g>(&self, g: &'g Graph, x: T<'g>, context: T<'g>) -> T<'g> {
+    /// x: [W, H, C, N], context: [context_dim, L_ctx, N] (and IP-Adapter image tokens) →
+    /// [W, H, C, N].
+    pub fn forward<'g>(&self, g: &'g Graph, x: T<'g>, context: impl Into<CrossContext<'g>>) -> T<'g> {
+        let context = context.into();
         let [w, h, _, n] = x.ne();
         // [W, H, C, N] → tokens [C, W*H, N] (pixel order row by row, as torch flattens).
         let to_tokens = |t: T<'g>| {

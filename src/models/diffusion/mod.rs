@@ -50,6 +50,9 @@ pub struct DiffusionInput<'a> {
     pub skip_layers: &'a [i32],
     /// What only video models read (`None` for images).
     pub video: Option<&'a VideoInput<'a>>,
+    /// IP-Adapter image tokens `[ctx, tokens, 1]` and their strength (UNet models whose
+    /// cross-attentions have image projections).
+    pub image_tokens: Option<(&'a Tensor, f32)>,
     /// The schedule's sigma at index `step + 1` (steps counted from 1, so the one after the
     /// next), which the reference passes HunyuanVideo's meanflow embedder as `timestep_r`;
     /// `None` past the schedule's end.
@@ -83,6 +86,7 @@ impl<'a> DiffusionInput<'a> {
             ref_timestep_zero: false,
             skip_layers: &[],
             video: None,
+            image_tokens: None,
             timestep_r: None,
         }
     }

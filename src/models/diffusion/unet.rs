@@ -14,7 +14,7 @@
 //! (batch N = the latent's N); any N ≥ 1 works, with context/c_concat/y of batch 1 broadcast.
 //! With AnimateDiff motion modules (`motion`) a batch of N > 1 is the frames of one video.
 
-use crate::models::common::blocks::{expand_batch, Downsample, EncoderBlock, ResBlock, SpatialTransformer, TimestepEmbed, Upsample};
+use crate::models::common::blocks::{expand_batch, CrossContext, Downsample, EncoderBlock, ResBlock, SpatialTransformer, TimestepEmbed, Upsample};
 use crate::error::{Context as _, Result};
 use crate::graph::nn::{self, Conv2d, GroupNorm};
 use super::{DiffusionInput, DiffusionModel};
@@ -98,6 +98,25 @@ fn normalize_prefix(prefix: &str) -> String {
     }
 }
 
+/// Input width of the first IP-Adapter image key projection (`attn2.to_k_ip`, from an
+/// `ip_adapter_path` file) found in the UNet's transformers, in block order.
+fn image_attention_width(shape_of: &dyn Fn(&str) -> Option<Vec<i64>>, p: &str) -> Option<i64> {
+    let blocks = (1..=12)
+        .map(|i| format!("input_blocks.{i}.1"))
+        .chain(std::iter::once("middle_block.1".to_string()))
+        .chain((0..12).map(|i| format!("output_blocks.{i}.1")));
+    for b in blocks {
+        for d in 0..10 {
+            if let Some(ne) = shape_of(&format!("{p}{b}.transformer_blocks.{d}.attn2.to_k_ip.weight")) {
+                if ne.len() == 2 {
+                    return Some(ne[0]);
+                }
+            }
+        }
+    }
+    None
+}
+
 /// Input width of the first cross-attention key projection found, in block order.
 fn cross_attention_width(shape_of: &dyn Fn(&str) -> Option<Vec<i64>>, p: &str) -> Option<i64> {
     let blocks = (1..=12)
@@ -137,6 +156,9 @@ pub struct UNetConfig {
     pub adm_in_channels: Option<i64>,
     /// AnimateDiff motion modules to declare (`motion_module.*`), set by the family builder.
     pub motion: Option<MotionConfig>,
+    /// Width of the IP-Adapter image tokens the cross-attentions with `to_k_ip` / `to_v_ip`
+    /// read (None without an IP-Adapter).
+    pub ip_context_dim: Option<i64>,
 }
 
 impl UNetConfig {
@@ -159,6 +181,7 @@ impl UNetConfig {
             model_channels: 320,
             adm_in_channels: None,
             motion: None,
+            ip_context_dim: None,
         };
         if version.is_sd2() {
             c.context_dim = 1024;
@@ -227,6 +250,7 @@ impl UNetConfig {
         if let Some(w) = cross_attention_width(shape_of, &p) {
             c.context_dim = w;
         }
+        c.ip_context_dim = image_attention_width(shape_of, &p);
         // The reference picks conv or linear projections per block from the file's tensor
         // rank; every known checkpoint uses one kind throughout.
         if let Some(ne) = first_proj_out(shape_of, &p) {
@@ -271,7 +295,8 @@ impl UNetConfig {
         let (n_head, d_head) = self.heads(ch);
         // SDXS-512-0.9's single 320-wide head: 1024-input self-attention keys and values.
         let self_kv_width = (self.version == UNetVersion::Sdxs09 && d_head == 320).then_some(1024);
-        SpatialTransformer::new(&mut s.sub(name), ch, n_head, d_head, depth, self.context_dim, self.use_linear_projection, self_kv_width)
+        let ip_dim = self.ip_context_dim;
+        SpatialTransformer::new(&mut s.sub(name), ch, n_head, d_head, depth, self.context_dim, self.use_linear_projection, self_kv_width, ip_dim)
     }
 
     /// Latent sides must divide by this (one halving per level below the top).
@@ -311,7 +336,7 @@ struct MiddleBlock {
 }
 
 impl MiddleBlock {
-    fn forward<'g>(&self, g: &'g Graph, h: T<'g>, emb: T<'g>, context: T<'g>) -> T<'g> {
+    fn forward<'g>(&self, g: &'g Graph, h: T<'g>, emb: T<'g>, context: CrossContext<'g>) -> T<'g> {
         let h = self.res0.forward(g, h, Some(emb));
         match &self.attn_res {
             Some((attn, res2)) => res2.forward(g, attn.forward(g, h, context), Some(emb)),
@@ -323,7 +348,7 @@ impl MiddleBlock {
 impl OutputBlock {
     /// `h` continues the decoder path, `skip` is the matching encoder output; `motion`
     /// runs before the upsampler.
-    fn forward<'g>(&self, g: &'g Graph, h: T<'g>, skip: T<'g>, emb: T<'g>, context: T<'g>, motion: Option<&MotionModule>) -> T<'g> {
+    fn forward<'g>(&self, g: &'g Graph, h: T<'g>, skip: T<'g>, emb: T<'g>, context: CrossContext<'g>, motion: Option<&MotionModule>) -> T<'g> {
         let mut h = self.res.forward(g, h.concat(skip, 2), Some(emb));
         if let Some(a) = &self.attn {
             h = a.forward(g, h, context);
@@ -490,7 +515,8 @@ impl UNetModel {
     /// - context: [context_dim, L, N or 1];
     /// - c_concat: [W, H, C', N or 1], concatenated to x on channels (inpaint: mask + masked latent);
     /// - y: [adm_in_channels, N or 1] (SDXL);
-    /// - controls: empty or `num_controls()` residuals, each added × `control_strength`.
+    /// - controls: empty or `num_controls()` residuals, each added × `control_strength`;
+    /// - image: IP-Adapter image tokens [ip_context_dim, tokens, N or 1] and their strength.
     ///
     /// With motion modules, a batch of N > 1 is N frames of one video.
     ///
@@ -506,9 +532,11 @@ impl UNetModel {
         y: Option<T<'g>>,
         controls: &[T<'g>],
         control_strength: f32,
+        image: Option<(T<'g>, f32)>,
     ) -> T<'g> {
         let n = x.ne()[3];
-        let context = expand_batch(g, context, 2, n);
+        let text = expand_batch(g, context, 2, n);
+        let context = CrossContext { text, image: image.map(|(t, s)| (expand_batch(g, t, 2, n), s)) };
         let mut x = x;
         if let Some(c) = c_concat {
             x = x.concat(expand_batch(g, c, 3, n), 2);
@@ -631,7 +659,8 @@ impl DiffusionModel for Loaded<UNetModel> {
         let c = input.cond;
         let context = c.crossattn.as_ref().context("the UNet needs a cross-attention context")?;
         let (model, runner) = self.parts();
-        compute(runner, model, input.x, input.timesteps, context, c.concat.as_ref(), c.vector.as_ref(), input.controls, input.control_strength)
+        let image = input.image_tokens;
+        compute(runner, model, input.x, input.timesteps, context, c.concat.as_ref(), c.vector.as_ref(), input.controls, input.control_strength, image)
     }
 
     fn has_motion_modules(&self) -> bool {
@@ -640,7 +669,8 @@ impl DiffusionModel for Loaded<UNetModel> {
 }
 
 /// Runs the UNet once on host tensors (see `UNetModel::forward` for the shapes). A single
-/// timestep is used for the whole batch.
+/// timestep is used for the whole batch. Image tokens are read only by a UNet with IP-Adapter
+/// attentions (`ip_context_dim`).
 #[allow(clippy::too_many_arguments)]
 pub fn compute(
     runner: &mut Runner,
@@ -652,6 +682,7 @@ pub fn compute(
     y: Option<&Tensor>,
     control: Option<&[Tensor]>,
     control_strength: f32,
+    image: Option<(&Tensor, f32)>,
 ) -> Result<Tensor> {
     let n = x.ne(3);
     let timesteps: Vec<f32> = match timesteps.len() {
@@ -660,6 +691,17 @@ pub fn compute(
     };
     let controls = control.unwrap_or(&[]);
     unet.check_inputs(x, timesteps.len(), context, c_concat, y, controls)?;
+    let image = match (image, unet.config.ip_context_dim) {
+        (Some((tokens, strength)), Some(width)) => {
+            ensure!(
+                tokens.shape().len() <= 3 && tokens.ne(0) as i64 == width && tokens.ne(1) > 0 && (tokens.ne(2) == n || tokens.ne(2) == 1),
+                "the IP-Adapter's image tokens are {:?}, its UNet attentions read [{width}, tokens, {n} or 1]",
+                tokens.shape()
+            );
+            Some((tokens, strength))
+        }
+        _ => None,
+    };
     runner.compute(|g| {
         let xt = g.input(x);
         let ts = g.input_f32(&timesteps, &[timesteps.len() as i64]);
@@ -667,7 +709,8 @@ pub fn compute(
         let cc = c_concat.map(|t| g.input(t));
         let yt = y.map(|t| g.input(t));
         let cs: Vec<T> = controls.iter().map(|t| g.input(t)).collect();
-        Ok(unet.forward(g, xt, ts, ctx, cc, yt, &cs, control_strength))
+        let it = image.map(|(t, s)| (g.input(t), s));
+        Ok(unet.forward(g, xt, ts, ctx, cc, yt, &cs, control_strength, it))
     })
 }
 

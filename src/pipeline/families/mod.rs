@@ -31,6 +31,7 @@ mod zimage;
 
 use super::conditioning::clip::ClipSet;
 use super::conditioning::clip_vision::ClipVision;
+use super::ip_adapter::IpAdapterModel;
 use super::conditioning::Conditioner;
 use super::control::ControlNetModel;
 use super::extensions::Extension;
@@ -779,6 +780,7 @@ pub fn flow_parts(
         high_noise: None,
         video_cond: VideoCond::Text,
         clip_vision: None,
+        ip_adapter: None,
     }
 }
 
@@ -798,6 +800,8 @@ pub struct Parts {
     pub video_cond: VideoCond,
     /// The CLIP vision tower (Wan2.1 I2V / FLF2V).
     pub clip_vision: Option<ClipVision>,
+    /// The IP-Adapter (UNet families, `ip_adapter_path`) with its CLIP vision tower.
+    pub ip_adapter: Option<IpAdapterModel>,
 }
 
 /// Everything `new_sd_ctx` loaded.
@@ -826,6 +830,8 @@ pub struct ModelSet {
     pub loras: LoraSet,
     /// The ControlNet (UNet families), loaded from `control_net_path` or swapped later.
     pub control_net: Option<ControlNetModel>,
+    /// The IP-Adapter (UNet families), from `ip_adapter_path`.
+    pub ip_adapter: Option<IpAdapterModel>,
     /// Generation extensions (PhotoMaker from `photo_maker_path`).
     pub extensions: Vec<Box<dyn Extension>>,
     /// What add-on networks loaded later are read with (mmap, weight types, devices).
@@ -873,7 +879,10 @@ impl ModelSet {
             Arch::MinimaxH3 => minimax_h3::build(&mut ctx)?,
         };
         let given = |p: &Option<String>| p.as_deref().is_some_and(|p| !p.is_empty());
-        if given(&params.clip_vision_path) && parts.clip_vision.is_none() {
+        if given(&params.ip_adapter_path) && parts.ip_adapter.is_none() {
+            sd_warn!("{} models take no IP-Adapter here (SD 1.x and SDXL do); ignoring ip_adapter_path", version.name());
+        }
+        if given(&params.clip_vision_path) && parts.clip_vision.is_none() && parts.ip_adapter.is_none() {
             sd_warn!("{} models do not use a CLIP vision model here; ignoring clip_vision_path", version.name());
         }
         if given(&params.high_noise_diffusion_model_path) && parts.high_noise.is_none() {
@@ -914,6 +923,7 @@ impl ModelSet {
             high_noise: parts.high_noise,
             video_cond: parts.video_cond,
             clip_vision: parts.clip_vision,
+            ip_adapter: parts.ip_adapter,
             first_stage: parts.first_stage,
             preview: parts.preview,
             control_net: None,
@@ -998,6 +1008,9 @@ impl ModelSet {
         }
         if let Some(c) = self.control_net.as_mut() {
             v.extend(c.runners());
+        }
+        if let Some(a) = self.ip_adapter.as_mut() {
+            v.extend(a.runners());
         }
         for e in self.extensions.iter_mut() {
             v.extend(e.runners());

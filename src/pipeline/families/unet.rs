@@ -4,13 +4,14 @@
 //! `UNetModelRunner` and `AutoEncoderKL`.
 
 use super::{first_stage, BuildCtx, Concat, Parts, PredictionRule};
-use crate::error::Result;
+use crate::error::{Context as _, Result};
 use crate::graph::{Component, Loaded, Module};
 use crate::models::condition::Condition;
 use crate::models::diffusion::unet::motion::MotionConfig;
 use crate::models::diffusion::unet::{UNetConfig, UNetModel, UNetVersion};
 use crate::models::diffusion::{DiffusionInput, DiffusionModel};
 use crate::pipeline::conditioning::clip::{ClipConditioner, ClipSet};
+use crate::pipeline::ip_adapter::IpAdapterModel;
 use crate::pipeline::loader::Weights;
 use crate::runtime::denoiser::Denoiser;
 use crate::runtime::schedulers::TIMESTEPS;
@@ -58,6 +59,16 @@ pub(super) fn build(ctx: &mut BuildCtx<'_>, unet_version: UNetVersion, text: Cli
         sd_info!("Using Conv2d direct in the diffusion model");
     }
 
+    // Like the reference, the adapter's image projection runs where the diffusion model does.
+    let ip_adapter = match params.ip_adapter_path.as_deref().filter(|p| !p.is_empty()) {
+        Some(path) => {
+            let (place, clip_place) = (ctx.devices.placement(Module::Diffusion)?, ctx.devices.placement(Module::ClipVision)?);
+            let ip = IpAdapterModel::load(weights, place, clip_place, n_threads, unet.model.config.ip_context_dim);
+            Some(ip.with_context(|| format!("load IP-Adapter from '{path}' failed"))?)
+        }
+        None => None,
+    };
+
     let (first_stage, preview) = first_stage::build(ctx, vae_place)?;
 
     let alphas_cumprod = load_alphas_cumprod(weights);
@@ -100,6 +111,7 @@ pub(super) fn build(ctx: &mut BuildCtx<'_>, unet_version: UNetVersion, text: Cli
         high_noise: None,
         video_cond: super::VideoCond::Text,
         clip_vision: None,
+        ip_adapter,
     })
 }
 

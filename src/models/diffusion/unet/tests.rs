@@ -289,7 +289,7 @@ fn worst_stage(errors: &[(String, f32)]) -> (String, f32) {
 /// Runs `case`, checking the output's shape and that it is finite.
 fn run(runner: &mut Runner, unet: &UNetModel, case: &Case) -> Tensor {
     let controls = (!case.controls.is_empty()).then_some(case.controls.as_slice());
-    let out = compute(runner, unet, &case.x, &case.timesteps, &case.context, None, None, controls, case.control_strength).unwrap();
+    let out = compute(runner, unet, &case.x, &case.timesteps, &case.context, None, None, controls, case.control_strength, None).unwrap();
     let mut shape = case.x.shape().to_vec();
     shape[2] = unet.config.out_channels as usize;
     assert_eq!(out.shape(), &shape[..]);

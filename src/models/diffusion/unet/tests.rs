@@ -262,7 +262,7 @@ fn blockwise_errors(runner: &mut Runner, unet: &UNetModel, case: &Case, dir: &Pa
     let n_in = unet.input_blocks.len();
     let middle = unet.middle.as_ref().unwrap();
     let h = read(&format!("skip{n_in}"));
-    let got = runner.compute(|g| Ok(middle.forward(g, g.input(&h), g.input(&emb), g.input(&case.context)))).unwrap();
+    let got = runner.compute(|g| Ok(middle.forward(g, g.input(&h), g.input(&emb), g.input(&case.context).into()))).unwrap();
     check("middle_block".into(), got, read("mid").data());
     for (k, block) in unet.output_blocks.iter().enumerate() {
         let h = if k == 0 { read("mid") } else { read(&format!("out{}", k - 1)) };
@@ -271,7 +271,7 @@ fn blockwise_errors(runner: &mut Runner, unet: &UNetModel, case: &Case, dir: &Pa
             .compute(|g| {
                 let e = g.input(&emb);
                 let ctx = if block.attn.is_some() { g.input(&case.context) } else { e };
-                Ok(block.forward(g, g.input(&h), g.input(&skip), e, ctx, None))
+                Ok(block.forward(g, g.input(&h), g.input(&skip), e, ctx.into(), None))
             })
             .unwrap();
         check(format!("output_blocks.{k}"), got, read(&format!("out{k}")).data());
@@ -443,7 +443,7 @@ fn declarations_match_sd1_sd2_sdxl_checkpoints() {
     let t = g.new_tensor(F32, &[2]);
     let ctx = g.new_tensor(F32, &[2048, 77, 1]);
     let y = g.new_tensor(F32, &[2816, 1]);
-    let out = xl.forward(&g, x, t, ctx, None, Some(y), &[], 1.0);
+    let out = xl.forward(&g, x, t, ctx, None, Some(y), &[], 1.0, None);
     assert_eq!(out.ne(), [16, 12, 4, 2]);
 }
 

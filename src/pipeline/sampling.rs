@@ -61,6 +61,9 @@ pub enum TimestepRule {
     /// One per latent frame, 0 for the frames the denoise mask keeps (Wan2.2 TI2V); the
     /// model's input is also masked to the init latent there.
     PerFrameMasked,
+    /// One timestep; the model's input is masked to the init latent where the denoise mask
+    /// keeps it (LingBot Video's first frame).
+    MaskedInput,
 }
 
 /// Where previews go: the decoder (the first stage or a preview-only one), the family's
@@ -176,7 +179,11 @@ pub(super) fn sample(job: &mut Job<'_>, stage: Stage<'_>, x: &Tensor, rng: &mut 
                 frame_timesteps(t, m, x)?
             }
             (TimestepRule::PerFrameMasked, None) => vec![t; x.ne(2)],
-            (TimestepRule::Scalar, _) => denoiser.step_timesteps(t, step),
+            (TimestepRule::MaskedInput, Some(m)) => {
+                input = blend(&input, init, m)?;
+                denoiser.step_timesteps(t, step)
+            }
+            (TimestepRule::Scalar | TimestepRule::MaskedInput, _) => denoiser.step_timesteps(t, step),
         };
         // A forecast step skips the model (and the noisy preview) altogether.
         let forecast = cache.forecast();

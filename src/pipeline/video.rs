@@ -220,6 +220,8 @@ struct VideoLatents {
     /// VACE's context, and the reference latent frames in front of the video to drop.
     vace_context: Option<Tensor>,
     ref_frames: usize,
+    /// LingBot: pictures `[W, H, 3, 1]` the conditioner reads (its LLM's vision tower).
+    ref_images: Vec<Tensor>,
 }
 
 /// Runs `f` on the first stage between its phase hooks.
@@ -285,7 +287,7 @@ fn video_latents(ms: &mut ModelSet, p: &VidGenParams, r: &mut VideoRequest, form
     let start = Instant::now();
     let start_image = p.init_image.as_ref().map(|i| frame_tensor(i, r.width, r.height)).transpose()?;
     let end_image = p.end_image.as_ref().map(|i| frame_tensor(i, r.width, r.height)).transpose()?;
-    let mut out = VideoLatents { init_latent: Tensor::default(), denoise_mask: None, concat: None, clip_tokens: None, vace_context: None, ref_frames: 0 };
+    let mut out = VideoLatents { init_latent: Tensor::default(), denoise_mask: None, concat: None, clip_tokens: None, vace_context: None, ref_frames: 0, ref_images: Vec::new() };
     let one_frame = |img: &Tensor| Tensor::from_vec(&[img.ne(0), img.ne(1), 1, 3, 1], img.data().to_vec());
     let cond = ms.video_cond;
     let name = ms.version.name();
@@ -332,16 +334,25 @@ fn video_latents(ms: &mut ModelSet, p: &VidGenParams, r: &mut VideoRequest, form
             }
             out.concat = Some(concat5(&mask, &encoded, 3)?);
         }
-        VideoCond::FixedFrames if start_image.is_some() => {
-            sd_info!("IMG2VID");
+        VideoCond::FixedFrames | VideoCond::FirstFrame if start_image.is_some() => {
+            let first_only = cond == VideoCond::FirstFrame;
+            if first_only {
+                sd_info!("{name} IMG2VID");
+                unused("an end image (end_image)", end_image.is_some());
+            } else {
+                sd_info!("IMG2VID");
+            }
+            let start_image = start_image.expect("checked");
             let lt = format.latent_frames(r.frames);
-            let first = with_first_stage(ms, |fs| fs.encode_video(&one_frame(start_image.as_ref().expect("checked"))?, tiling, circular))
+            let first = with_first_stage(ms, |fs| fs.encode_video(&one_frame(&start_image)?, tiling, circular))
                 .map_err(|e| Error::new(format!("failed to encode init video frame: {e}")))?;
             out.init_latent = Tensor::zeros(&[lw, lh, lt, latent.channels, 1]);
             let mut mask = Tensor::full(&[lw, lh, lt, 1, 1], 1.0);
             put_frame(&mut out.init_latent, &first, 0)?;
             put_frame(&mut mask, &Tensor::zeros(&[lw, lh, 1, 1, 1]), 0)?;
-            if let Some(end) = &end_image {
+            if first_only {
+                out.ref_images.push(start_image);
+            } else if let Some(end) = &end_image {
                 let last = with_first_stage(ms, |fs| fs.encode_video(&one_frame(end)?, tiling, circular))
                     .map_err(|e| Error::new(format!("failed to encode end video frame: {e}")))?;
                 put_frame(&mut out.init_latent, &last, lt - 1)?;
@@ -447,7 +458,7 @@ fn conditions(ms: &mut ModelSet, p: &VidGenParams, r: &VideoRequest, lat: &Video
         width: r.width,
         height: r.height,
         zero_out_masked: true,
-        ref_images: &[],
+        ref_images: &lat.ref_images,
         refs: RefImageParams::default(),
     };
     let negative = CondRequest { text: &p.negative_prompt, ..base.clone() };

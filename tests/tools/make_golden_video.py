@@ -147,6 +147,9 @@ def _lora(file, multiplier, high_noise=False):
 
 HUNYUAN = {"model_path": "", "diffusion_model_path": "{fx}/hunyuan_video.safetensors",
            "llm_path": "{fx}/qwen25vl_tiny.safetensors", "vae_path": "{fx}/hunyuan_vae.safetensors"}
+LINGBOT = {"model_path": "", "diffusion_model_path": "{fx}/lingbot_video.safetensors",
+           "llm_path": "{fx}/qwen3vl_tiny80.safetensors", "vae_path": VAE}
+LINGBOT_VISION = {**LINGBOT, "llm_vision_path": "{fx}/qwen3vl_vision_tiny80.safetensors"}
 AD = {"model_path": "{fx}/sd1.safetensors", "motion_module_path": "{fx}/animatediff_sd15.safetensors"}
 AD_NOTE_64 = ("at 64x64 the lowest UNet level is 1x1: the reference's motion module takes the permuted "
               "[1, 1, C, F] view for contiguous and ggml_add aborts (nb00 == sizeof(src0_t)). Ours renders")
@@ -324,6 +327,36 @@ SETS = {
                        "then skips condition_proj and the token refiner"),
             _case("mm_llm_qwen25vl_refused", {**MINIMAX, "llm_path": "{fx}/qwen25vl_tiny.safetensors"}, _params(steps=1),
                   note="a Qwen2.5-VL text model (3584 wide, no q/k norms) is not the Qwen3-VL MiniMax-H3 reads"),
+        ],
+    },
+    "lingbot": {
+        # LingBot Video: the MoE DiT (lingbot_video.safetensors), Qwen3-VL's text model (its
+        # normed final state), with llm_vision_path its vision tower for the init image, and the
+        # Wan2.1 VAE; its defaults: euler, the discrete schedule, flow shift 3, cfg 7 with the
+        # empty negative prompt
+        "model": "lingbot_video.safetensors",
+        "fixtures": ["lingbot_video.safetensors", "qwen3vl_tiny80.safetensors", "qwen3vl_vision_tiny80.safetensors",
+                     "wan_vae.safetensors", "qwen3_tiny.safetensors"],
+        "cases": [
+            _case("lingbot_defaults", LINGBOT, {k: v for k, v in _params(steps=2).items()
+                                                if k != "sample_params.guidance.txt_cfg"},
+                  note="the reference's defaults (sampler, schedule, flow shift, cfg 7 with the empty negative prompt)"),
+            _case("lingbot_cfg1", LINGBOT, _params(steps=2)),
+            _case("lingbot_cfg4_negative", LINGBOT, _params(steps=2, cfg=4.0, negative_prompt="blurry, static")),
+            _case("lingbot_96x64_9frames", LINGBOT, _params(steps=2, frames=9, w=96, h=64, seed=7,
+                                                             prompt="a red fox running through snow")),
+            _case("lingbot_i2v_end_image_ignored", LINGBOT, _params(steps=2, init_image="init_64.png",
+                                                                     end_image="end_64.png"),
+                  note="the init image's latent is the first latent frame, kept by the denoise mask; without a "
+                       "vision tower the LLM reads the prompt only; the end image is not used"),
+            _case("lingbot_i2v_vision", LINGBOT_VISION, _params(steps=2, init_image="init_64.png"),
+                  note="with llm_vision_path the init image also goes to the LLM through the vision tower"),
+            _case("lingbot_i2v_vision_cfg3_negative", LINGBOT_VISION,
+                  _params(steps=2, cfg=3.0, w=96, h=64, seed=123, init_image="init_96x64.png",
+                          negative_prompt="blurry, static")),
+            _case("lingbot_llm_width_mismatch", {**LINGBOT, "llm_path": "{fx}/qwen3_tiny.safetensors"}, _params(steps=1),
+                  note="a 64-wide LLM for a DiT whose text embedder takes 80: the reference aborts in ggml_mul_mat; "
+                       "ours must fail cleanly"),
         ],
     },
     "wan-moe": {

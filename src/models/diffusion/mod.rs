@@ -10,6 +10,7 @@ pub mod hunyuan_video;
 pub mod ideogram4;
 pub mod krea2;
 pub mod lens;
+pub mod lingbot_video;
 pub mod mage_flow;
 pub mod minimax_h3;
 pub mod minit2i;

@@ -134,6 +134,22 @@ fn rms_norm(s: &mut Scope, name: &str, dim: i64, eps: f32) -> RmsNorm {
 
 /// A weight in the file's type, f32 when its rows do not fit the type's blocks (the
 /// reference's `supported_type`).
+/// The experts' weighted outputs `[hidden, k, tokens]` summed over the `k` picks one after
+/// the other, as the reference adds them → `[hidden, tokens]`.
+pub(crate) fn sum_expert_outputs(each: T<'_>) -> T<'_> {
+    let [h, k, tokens, _] = each.ne();
+    let nb = each.nb();
+    let expert = |i: i64| each.view(&[h, tokens], &[nb[2]], i as usize * nb[1]);
+    let mut out = expert(0);
+    for i in 1..k {
+        out = out.add(expert(i));
+    }
+    if k == 1 {
+        out = out.cont();
+    }
+    out
+}
+
 fn matrix(s: &mut Scope, leaf: &str, ne: &[i64]) -> W {
     let mut ty = s.file_type(leaf).unwrap_or(F32);
     // SAFETY: pure lookup.
@@ -256,17 +272,7 @@ impl MoeMlp {
         };
         // SAFETY: two live [ff, k, tokens] tensors.
         let act = gate.wrap(unsafe { gs::ggml_swiglu_oai(gate.ctx(), gate.raw(), up.raw(), 1.702, 7.0) });
-        let each = self.down.forward(g, act, picked).mul(weights);
-        let nb = each.nb();
-        let expert = |i: i64| each.view(&[h, tokens], &[nb[2]], i as usize * nb[1]);
-        let mut out = expert(0);
-        for i in 1..k {
-            out = out.add(expert(i));
-        }
-        if k == 1 {
-            out = out.cont();
-        }
-        out.reshape(&[h, l, n])
+        sum_expert_outputs(self.down.forward(g, act, picked).mul(weights)).reshape(&[h, l, n])
     }
 }
 

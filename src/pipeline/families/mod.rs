@@ -18,6 +18,7 @@ mod hunyuan_video;
 mod ideogram4;
 mod krea2;
 mod lens;
+mod lingbot;
 mod mage_flow;
 mod minimax_h3;
 mod minit2i;
@@ -100,6 +101,9 @@ pub enum Arch {
     Wan,
     /// HunyuanVideo 1.5: the Qwen2.5-VL LLM, the HunyuanVideo transformer and its VAE.
     HunyuanVideo,
+    /// LingBot Video: a Qwen3-VL LLM (and its vision tower for the init image), the LingBot
+    /// Video transformer (a mixture of experts) and the Wan2.1 VAE.
+    LingbotVideo,
     /// ERNIE-Image: a Ministral 3B LLM, the ERNIE-Image transformer and Flux.2's VAE.
     ErnieImage,
     /// Lens: the GPT-OSS-20B LLM (mixture-of-experts), the Lens transformer and Flux.2's VAE.
@@ -237,6 +241,10 @@ pub enum VideoCond {
     /// HunyuanVideo: the start (and end) picture, each encoded alone, as the first (last)
     /// frame of an otherwise zero latent, with a one-channel frame mask, concatenated.
     ConcatKeyFrames,
+    /// LingBot Video: the first latent frame is the encoded start picture, kept fixed, and the
+    /// picture goes to the conditioner as a reference image (its LLM's vision tower, if any);
+    /// no end picture.
+    FirstFrame,
 }
 
 /// What a family generates, and so how its latent is laid out.
@@ -669,6 +677,7 @@ static MINIMAX_H3: FamilySpec = minimax_h3_family();
 static WAN: FamilySpec = wan_family(WAN_LATENT, &preview::WAN21, FirstStageKind::Wan21, TimestepRule::Scalar);
 static WAN22_TI2V: FamilySpec = wan_family(WAN22_LATENT, &preview::WAN22, FirstStageKind::Wan22, TimestepRule::PerFrameMasked);
 static HUNYUAN_VIDEO: FamilySpec = hunyuan_video_family();
+static LINGBOT_VIDEO: FamilySpec = FamilySpec { arch: Arch::LingbotVideo, ..wan_family(WAN_LATENT, &preview::WAN21, FirstStageKind::Wan21, TimestepRule::MaskedInput) };
 
 /// The family of `version`, if this build can generate with it.
 pub fn spec(version: SdVersion) -> Option<&'static FamilySpec> {
@@ -715,6 +724,7 @@ pub fn spec(version: SdVersion) -> Option<&'static FamilySpec> {
         V::Wan2 | V::Wan2_2I2v => &WAN,
         V::Wan2_2Ti2v => &WAN22_TI2V,
         V::HunyuanVideo => &HUNYUAN_VIDEO,
+        V::LingbotVideo => &LINGBOT_VIDEO,
         _ => return None,
     })
 }
@@ -867,6 +877,7 @@ impl ModelSet {
             Arch::MageFlow => mage_flow::build(&mut ctx)?,
             Arch::Wan => wan::build(&mut ctx)?,
             Arch::HunyuanVideo => hunyuan_video::build(&mut ctx)?,
+            Arch::LingbotVideo => lingbot::build(&mut ctx)?,
             Arch::Krea2 => krea2::build(&mut ctx)?,
             Arch::Anima => anima::build(&mut ctx)?,
             Arch::ErnieImage => ernie::build(&mut ctx)?,
@@ -1103,6 +1114,12 @@ mod tests {
                     assert_eq!((video.time_scale, video.timesteps), (4, TimestepRule::Scalar));
                     assert_eq!((s.latent.size_multiple(), s.latent.channels, s.first_stage), (32, 32, FirstStageKind::Hunyuan));
                     assert!(s.preview.is_none() && !s.ref_latents && s.arch == Arch::HunyuanVideo);
+                }
+                Some(s) if *v == SdVersion::LingbotVideo => {
+                    let video = s.video().expect("LingBot generates video");
+                    assert_eq!((video.time_scale, video.timesteps), (4, TimestepRule::MaskedInput));
+                    assert_eq!((s.latent.size_multiple(), s.latent.channels, s.arch), (16, 16, Arch::LingbotVideo));
+                    assert!(s.first_stage == FirstStageKind::Wan21 && !s.supports_img_cfg(true));
                 }
                 Some(s) if *v == SdVersion::Longcat => {
                     assert_eq!((s.latent.size_multiple(), s.latent.channels), (8, 16));

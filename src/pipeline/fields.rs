@@ -33,6 +33,10 @@ pub enum Use {
 use Use::*;
 
 const LTX: Use = Warns("only LTX video models read it and this build has none");
+/// The reference decodes sound with LTX-2.3's and MiniMax-H3's audio VAEs; neither is built here.
+const SOUND: Use = Warns("sound is not supported yet in this build (LTX-2.3's and MiniMax-H3's audio VAEs): no audio is returned");
+/// Reference clips: LTX-2.3's and MiniMax-H3's reference-to-video, not built here.
+const REF_CLIPS: Use = Warns("only LTX-2.3 and MiniMax-H3 reference clips read it, and this build takes neither");
 const PULID: Use = Warns("PuLID is not supported yet");
 const IP_ADAPTER: Use = NeedsIpAdapter("no IP-Adapter is loaded (ip_adapter_path, SD 1.x and SDXL models)");
 /// Read by the reference's cache-dit but without effect on its step decision (its limits and
@@ -51,7 +55,7 @@ pub const FIELDS: &[(&str, &[(&str, Use)])] = &[
             ("t5xxl_path", Acts), ("llm_path", Acts), ("llm_vision_path", Acts), ("diffusion_model_path", Acts),
             ("high_noise_diffusion_model_path", AtLoad),
             ("uncond_diffusion_model_path", AtLoad),
-            ("embeddings_connectors_path", LTX), ("vae_path", Acts), ("audio_vae_path", LTX), ("taesd_path", Acts),
+            ("embeddings_connectors_path", LTX), ("vae_path", Acts), ("audio_vae_path", SOUND), ("taesd_path", Acts),
             ("control_net_path", Acts), ("ip_adapter_path", AtLoad),
             ("motion_module_path", AtLoad),
             ("embeddings", Acts), ("embedding_count", Acts), ("photo_maker_path", Acts), ("pulid_weights_path", PULID),
@@ -82,7 +86,7 @@ pub const FIELDS: &[(&str, &[(&str, Use)])] = &[
         &[
             ("loras", Acts), ("lora_count", Acts), ("prompt", Acts), ("negative_prompt", Acts), ("clip_skip", Acts),
             ("init_image", Acts), ("end_image", Acts), ("ref_images", Acts), ("ref_images_count", Acts),
-            ("ref_videos", LTX), ("ref_videos_count", Covered), ("ref_audios", LTX), ("ref_audios_count", Covered),
+            ("ref_videos", REF_CLIPS), ("ref_videos_count", Covered), ("ref_audios", REF_CLIPS), ("ref_audios_count", Covered),
             ("control_frames", Acts), ("control_frames_size", Acts), ("width", Acts), ("height", Acts),
             ("sample_params", Acts), ("high_noise_sample_params", EXPERT), ("moe_boundary", EXPERT),
             ("strength", LTX_OR_ANIMATEDIFF), ("seed", Acts), ("video_frames", Acts), ("fps", LTX),

@@ -5,34 +5,13 @@
 mod common;
 
 use common::parity::{compare_image, fixture, print_result, read_png, report, CaseResult};
+use common::logs::{errors_of, SERIAL};
 use common::root;
 use serde_json::Value;
 use stable_diffusion::capi::*;
-use std::ffi::{c_char, c_int, c_void, CStr, CString};
+use std::ffi::{c_int, CString};
 use std::ptr::{null, null_mut};
-use std::sync::Mutex;
 use std::time::Instant;
-
-/// The log callback is process-wide: the tests of this file run one at a time.
-static SERIAL: Mutex<()> = Mutex::new(());
-static ERRORS: Mutex<Vec<String>> = Mutex::new(Vec::new());
-
-unsafe extern "C" fn on_log(level: sd_log_level_t, text: *const c_char, _: *mut c_void) {
-    if level.0 == 3 {
-        // SAFETY: the library passes a NUL-terminated string.
-        let t = unsafe { CStr::from_ptr(text) }.to_string_lossy().into_owned();
-        ERRORS.lock().unwrap_or_else(|e| e.into_inner()).push(t);
-    }
-}
-
-/// Runs `f` and returns the errors it logged.
-fn errors_of(f: impl FnOnce()) -> Vec<String> {
-    ERRORS.lock().unwrap_or_else(|e| e.into_inner()).clear();
-    sd_set_log_callback(Some(on_log), null_mut());
-    f();
-    sd_set_log_callback(None, null_mut());
-    std::mem::take(&mut *ERRORS.lock().unwrap_or_else(|e| e.into_inner()))
-}
 
 fn new_upscaler(path: &str, tile_size: c_int) -> *mut upscaler_ctx_t {
     let p = CString::new(path).unwrap();
@@ -111,16 +90,16 @@ fn upscaler_refuses_what_it_cannot_use_and_says_why() {
     // A missing file, a file that is not a model, a model that is not ESRGAN: NULL, and
     // an error naming the problem.
     let missing = "/no/such/dir/esrgan_x4.pth";
-    let errs = errors_of(|| assert!(new_upscaler(missing, 128).is_null()));
+    let (_, errs) = errors_of(|| assert!(new_upscaler(missing, 128).is_null()));
     assert!(errs.iter().any(|e| e.contains(missing)), "{errs:?}");
     let junk = std::env::temp_dir().join(format!("not-esrgan-{}.safetensors", std::process::id()));
     std::fs::write(&junk, b"definitely not a model").unwrap();
     let junk_s = junk.to_string_lossy().into_owned();
-    let errs = errors_of(|| assert!(new_upscaler(&junk_s, 128).is_null()));
+    let (_, errs) = errors_of(|| assert!(new_upscaler(&junk_s, 128).is_null()));
     std::fs::remove_file(&junk).ok();
     assert!(errs.iter().any(|e| e.contains(&junk_s)), "{errs:?}");
     let sd1 = fixture("vae.safetensors").to_string_lossy().into_owned();
-    let errs = errors_of(|| assert!(new_upscaler(&sd1, 128).is_null()));
+    let (_, errs) = errors_of(|| assert!(new_upscaler(&sd1, 128).is_null()));
     assert!(errs.iter().any(|e| e.contains("not an ESRGAN model")), "{errs:?}");
 
     let ctx = new_upscaler(&model, 0);
@@ -139,7 +118,7 @@ fn upscaler_refuses_what_it_cannot_use_and_says_why() {
         (rgb(px.as_mut_ptr(), 6, 4, 1), "channels"),
     ] {
         let mut res = (true, vec![]);
-        let errs = errors_of(|| res = run_upscale(ctx, img, 4));
+        let (_, errs) = errors_of(|| res = run_upscale(ctx, img, 4));
         assert!(!res.0 && res.1.is_empty(), "{why}: upscale succeeded");
         assert!(errs.iter().any(|e| e.contains(why)), "{why}: {errs:?}");
     }

@@ -14,11 +14,6 @@ use crate::types::{CancelMode, Prediction, SampleMethod, Scheduler};
 use parking_lot::Mutex;
 use std::sync::Arc;
 
-/// The error of everything that is not implemented yet.
-fn not_supported<T>(what: &str) -> Result<T> {
-    bail!("{what} is not supported yet in this build of libstable-diffusion")
-}
-
 /// What a video generation returns.
 #[derive(Debug, Clone, Default, PartialEq)]
 pub struct VideoOutput {
@@ -165,22 +160,24 @@ impl UpscalerContext {
     }
 }
 
-/// A face/hand detector that inpaints what it finds (`adetailer_ctx_t`).
+/// A face/hand detector that inpaints what it finds (`adetailer_ctx_t`). Detailing takes
+/// `&self`; concurrent calls on one context run one after another.
 pub struct AdetailerContext {
-    _private: (),
+    detector: Mutex<crate::pipeline::adetailer::Detector>,
 }
 
 impl AdetailerContext {
+    /// Loads the YOLOv8 detector `params.detector_path`.
     pub fn new(params: &AdetailerCtxParams) -> Result<AdetailerContext> {
-        let _ = params;
-        not_supported("ADetailer (new_adetailer_ctx)")
+        let detector = crate::pipeline::adetailer::Detector::load(params)?;
+        Ok(AdetailerContext { detector: Mutex::new(detector) })
     }
 
     /// Detects regions in `image` and inpaints each with `sd` using `inpaint` as the base
-    /// request. Returns the composited image.
+    /// request (`generate_image` of `sd`, once per region). Returns the composited image.
     pub fn detail(&self, sd: &Context, image: &Image, params: &AdetailerParams, inpaint: &ImgGenParams) -> Result<Image> {
-        let _ = (sd, image, params, inpaint);
-        not_supported("ADetailer")
+        let mut detector = self.detector.lock();
+        crate::pipeline::adetailer::detail(&mut detector, image, params, inpaint, |req| sd.generate_image(req))
     }
 }
 

@@ -101,6 +101,25 @@ impl Weights {
         Ok(Weights { files, types, version })
     }
 
+    /// Lists one file whose tensors keep the names they are stored under: the ADetailer
+    /// detector, which the reference reads without converting names. Weights keep the file's
+    /// types; read without mmap. The file belongs to no diffusion family: `version()` then
+    /// reports `Esrgan`, the one non-diffusion value (nothing reads it for such a file).
+    pub fn open_file_as_stored(path: &str) -> Result<Weights> {
+        let mut files = ModelFiles::new();
+        files.set_mmap(false);
+        files
+            .add(path, "")
+            .map_err(|e| crate::error::Error::new(format!("init model loader from file failed: '{path}': {e}")))?;
+        let types = files.tensors().iter().map(|ts| (ts.name().to_string(), ts.ty().raw())).collect();
+        Ok(Weights { files, types, version: SdVersion::Esrgan })
+    }
+
+    /// String metadata of the safetensors files (`__metadata__`).
+    pub fn metadata(&self) -> &std::collections::BTreeMap<String, String> {
+        self.files.metadata()
+    }
+
     /// Lists an add-on network's file (a ControlNet) for a context of `version`: names
     /// converted for it, weights typed by the context's `wtype` and `tensor_type_rules`
     /// like the files of the model itself.

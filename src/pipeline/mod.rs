@@ -1,6 +1,7 @@
 //! Generation orchestration: the model families (what to load for a detected version),
 //! prompts to conditioning, the sampling loop, decoding.
 
+pub mod adetailer;
 pub mod animatediff;
 pub mod callbacks;
 pub mod conditioning;

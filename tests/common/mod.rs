@@ -1,6 +1,7 @@
 //! Shared helpers of the C-API integration tests: the ABI manifest and defaults.json.
 #![allow(dead_code)]
 
+pub mod logs;
 pub mod parity;
 
 use serde_json::Value;

@@ -38,7 +38,10 @@ def main():
                 continue
             ctx = dict(case.get("ctx", {}))
             ctx.setdefault("model_path", "{fx}/" + folder["model"])
-            spec = json.dumps({"ctx": ctx, "params": case.get("params", {})})
+            spec = {"ctx": ctx, "params": case.get("params", {})}
+            if "adetailer" in case:
+                spec["adetailer"] = case["adetailer"]
+            spec = json.dumps(spec)
             runs = []
             for r in range(a.repeat):
                 out = os.path.join(tmp, f"{case['name']}_{r}.png")

@@ -16,7 +16,9 @@ end_image, mask_image, control_image, ref_images, control_frames) naming PNGs in
 tests/fixtures/inputs (or absolute paths); `loras` is a list of sd_lora_t dicts. Without
 --video the first image generated is written as an 8-bit PNG; with --video every frame is
 written as NAME_<i>.png and --result gets {"ok", "frames", "seconds", "errors"} (seconds:
-generate_video alone). tests/tools/make_golden_video.py drives this per case. Needs numpy.
+generate_video alone). tests/tools/make_golden_video.py drives this per case. A case with
+"adetailer": {"detector", "input", "prompt", "negative_prompt", "extra_ad_args"} runs
+adetail_image on that input PNG instead, "params" being the inpainting request. Needs numpy.
 """
 import argparse
 import json
@@ -122,6 +124,21 @@ def render_video(case, out, threads, fx):
     return {"ok": True, "frames": len(frames), "seconds": seconds, "errors": errors}
 
 
+def adetail(sd, ctx, ad, inpaint, threads, fx):
+    """adetail_image through the bindings' pieces (Adetailer.detail's own keywords would
+    collide with the inpainting request's prompt)."""
+    import ctypes
+
+    keep = []
+    with sd.Adetailer(with_fx(ad["detector"], fx), n_threads=threads) as detailer:
+        fields = {k: ad.get(k) for k in ("prompt", "negative_prompt", "extra_ad_args")}
+        p_ad = sd.fill(sd.sd_adetailer_params_t(), fields, keep)
+        p = sd.img_gen_params(**inpaint)
+        img, _buf = load_image(ad["input"]).to_c()
+        return sd._call_images("adetail_image", sd.raw().adetail_image, detailer.ptr, ctx.ptr, img,
+                               ctypes.byref(p_ad), ctypes.byref(p))
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--lib", required=True)
@@ -151,7 +168,11 @@ def main():
         return
     ctx_params = {"n_threads": a.threads, **nested(case.get("ctx", {}), fx)}
     with sd.Context(**ctx_params) as ctx:
-        images = ctx.generate_image(**nested(case.get("params", {}), fx))
+        ad = case.get("adetailer")
+        if ad:
+            images = adetail(sd, ctx, ad, nested(case.get("params", {}), fx), a.threads, fx)
+        else:
+            images = ctx.generate_image(**nested(case.get("params", {}), fx))
     write_png(a.out, images[0])
 
 

@@ -750,6 +750,7 @@ impl BuildCtx<'_> {
         model.runner.options.conv_direct = self.params.diffusion_conv_direct;
         Ok(model)
     }
+
     /// The transformer (`model`, e.g. "the Lens transformer") must take the latent channels the
     /// family's first stage makes (`makes`, e.g. "the Flux.2 VAE's patchified latents have").
     pub fn ensure_latent_channels(&self, takes: i64, model: &str, makes: &str) -> Result<()> {
@@ -840,10 +841,10 @@ pub struct ModelSet {
     pub loras: LoraSet,
     /// The ControlNet (UNet families), loaded from `control_net_path` or swapped later.
     pub control_net: Option<ControlNetModel>,
-    /// The IP-Adapter (UNet families), from `ip_adapter_path`.
-    pub ip_adapter: Option<IpAdapterModel>,
     /// Generation extensions (PhotoMaker from `photo_maker_path`).
     pub extensions: Vec<Box<dyn Extension>>,
+    /// The IP-Adapter (UNet families), from `ip_adapter_path`.
+    pub ip_adapter: Option<IpAdapterModel>,
     /// What add-on networks loaded later are read with (mmap, weight types, devices).
     ctx_params: CtxParams,
 }
@@ -1109,17 +1110,17 @@ mod tests {
                     assert_eq!(s.first_stage, if ti2v { FirstStageKind::Wan22 } else { FirstStageKind::Wan21 });
                     assert!(s.image_channels == 3 && !s.is_layered() && !s.supports_img_cfg(true));
                 }
-                Some(s) if *v == SdVersion::HunyuanVideo => {
-                    let video = s.video().expect("HunyuanVideo generates video");
-                    assert_eq!((video.time_scale, video.timesteps), (4, TimestepRule::Scalar));
-                    assert_eq!((s.latent.size_multiple(), s.latent.channels, s.first_stage), (32, 32, FirstStageKind::Hunyuan));
-                    assert!(s.preview.is_none() && !s.ref_latents && s.arch == Arch::HunyuanVideo);
-                }
                 Some(s) if *v == SdVersion::LingbotVideo => {
                     let video = s.video().expect("LingBot generates video");
                     assert_eq!((video.time_scale, video.timesteps), (4, TimestepRule::MaskedInput));
                     assert_eq!((s.latent.size_multiple(), s.latent.channels, s.arch), (16, 16, Arch::LingbotVideo));
                     assert!(s.first_stage == FirstStageKind::Wan21 && !s.supports_img_cfg(true));
+                }
+                Some(s) if *v == SdVersion::HunyuanVideo => {
+                    let video = s.video().expect("HunyuanVideo generates video");
+                    assert_eq!((video.time_scale, video.timesteps), (4, TimestepRule::Scalar));
+                    assert_eq!((s.latent.size_multiple(), s.latent.channels, s.first_stage), (32, 32, FirstStageKind::Hunyuan));
+                    assert!(s.preview.is_none() && !s.ref_latents && s.arch == Arch::HunyuanVideo);
                 }
                 Some(s) if *v == SdVersion::Longcat => {
                     assert_eq!((s.latent.size_multiple(), s.latent.channels), (8, 16));

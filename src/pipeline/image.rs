@@ -247,6 +247,10 @@ fn prepare(
         for (i, img) in refs.iter().enumerate() {
             ref_latents.push(encode(&format!("reference image {i}"), img)?);
         }
+    } else if !p.ref_images.is_empty() && ms.cond.reads_ref_images() {
+        if !r.refs.pass_to_vlm {
+            sd_warn!("{} reads reference images only with ref_image_args \"pass_to_vlm=true\" (edit); ignoring ref_images", ms.version.name());
+        }
     } else if !p.ref_images.is_empty() {
         sd_warn!("{} does not use reference images; ignoring ref_images", ms.version.name());
     }

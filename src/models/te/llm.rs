@@ -358,7 +358,7 @@ impl LlmModel {
 
 /// `x` `[hidden, L, 1]` with the rows from each `(index, rows)` on replaced by `rows`
 /// (the reference's `splice_image_embeds`).
-fn splice_rows<'g>(x: T<'g>, images: &[(usize, T<'g>)]) -> T<'g> {
+pub fn splice_rows<'g>(x: T<'g>, images: &[(usize, T<'g>)]) -> T<'g> {
     if images.is_empty() {
         return x;
     }

@@ -48,6 +48,12 @@ pub trait Conditioner: Components + Send {
         self.encode(negative)
     }
 
+    /// Reference images passed to it (`pass_to_vlm`) are its to read even though the family
+    /// takes no reference latents (HiDream-O1's edit prompt).
+    fn reads_ref_images(&self) -> bool {
+        false
+    }
+
     /// The UNet families' CLIP conditioner (PhotoMaker tokenizes through it), if this is one.
     fn as_clip(&mut self) -> Option<&mut clip::ClipConditioner> {
         None

@@ -79,7 +79,13 @@ impl VisionTower {
     /// The tower in the context's files (`llm_vision_path`, or `visual.` in `llm_path`), if
     /// any; it must be the LLM's kind (`arch`) and its output `llm_width` wide.
     pub fn open(weights: &Arc<Weights>, arch: VisionArch, llm_width: i64, place: &Placement, n_threads: i32, resident: bool) -> Result<Option<VisionTower>> {
-        let Some(cfg) = VisionConfig::detect(weights.types(), &|n| weights.shape_of(n), VISION_PREFIX) else {
+        Self::open_at(weights, VISION_PREFIX, arch, llm_width, place, n_threads, resident)
+    }
+
+    /// [`VisionTower::open`] for a tower under `prefix` (HiDream-O1's checkpoint keeps it
+    /// under `model.visual.`).
+    pub fn open_at(weights: &Arc<Weights>, prefix: &str, arch: VisionArch, llm_width: i64, place: &Placement, n_threads: i32, resident: bool) -> Result<Option<VisionTower>> {
+        let Some(cfg) = VisionConfig::detect(weights.types(), &|n| weights.shape_of(n), prefix) else {
             return Ok(None);
         };
         ensure!(cfg.arch == arch, "the LLM vision tower (llm_vision_path) is {:?}'s, the LLM text encoder needs {arch:?}'s", cfg.arch);
@@ -90,7 +96,7 @@ impl VisionTower {
             cfg.out_hidden_size
         );
         sd_debug!("enable llm vision: {} blocks of {}, {} heads", cfg.num_layers, cfg.hidden_size, cfg.num_heads);
-        let net = weights.load_model(place.resident_or_per_phase(resident), n_threads, VISION_PREFIX, "llm vision", |s| QwenVisionModel::new(s, &cfg))?;
+        let net = weights.load_model(place.resident_or_per_phase(resident), n_threads, prefix, "llm vision", |s| QwenVisionModel::new(s, &cfg))?;
         Ok(Some(VisionTower { net }))
     }
 

@@ -516,7 +516,8 @@ const fn pid_family() -> FamilySpec {
 }
 
 /// HiDream-O1: pixels (32×32 patches in the network, which the reference does not align
-/// to), its own eta-scaled starting noise, no reference latents (edit is refused).
+/// to), its own eta-scaled starting noise, no reference latents (edit's reference images
+/// reach the network through its conditioner).
 const fn hidream_o1_family() -> FamilySpec {
     FamilySpec {
         preview: None,

@@ -6,8 +6,9 @@
 //! bytes, loaded with mmap) and the Mage VAE (`vae_path`). Cases: cfg 1, the defaults
 //! (euler, discrete, flow shift 6, cfg 7), 96×64, cfg 3 with a negative prompt, img2img
 //! (the VAE's encoder), 80×48 (odd latent sides), a reference image as transformer tokens
-//! (the `mage_flow` preset) at cfg 1 and with 3-way guidance; an LLM of the wrong width
-//! (the reference aborts) must fail cleanly.
+//! (the `mage_flow` preset) at cfg 1 and with 3-way guidance, and with a Qwen3-VL vision
+//! tower (`llm_vision_path`: the images also in the LLM's edit prompt) at cfg 1, cfg 3 and
+//! with two images; an LLM of the wrong width (the reference aborts) must fail cleanly.
 //!
 //! Each transformer evaluation takes about 5 s on two cores: without `SD_PARITY=full` cfg 1
 //! and the refused LLM run.

@@ -3,7 +3,7 @@
 //! Krea2's and Boogu Image's with Qwen3-VL): with a vision tower, each
 //! reference image is resized for it, encoded, and put in the user turn as
 //! `<|vision_start|>`, one `<|image_pad|>` per embedding and `<|vision_end|>` (Qwen-Image
-//! labels each `Picture N: `); the LLM reads the embeddings at token positions the
+//! labels each `Picture N: `, Mage-Flow `Image N: `); the LLM reads the embeddings at token positions the
 //! reference hard-codes per family ([`EditTemplate`]), and the front of the hidden states
 //! is dropped.
 
@@ -23,8 +23,9 @@ pub struct EditTemplate {
     /// Logged when the edit prompt is used (the reference's pipeline name; empty: none).
     pub pipeline: &'static str,
     pub system: &'static str,
-    /// Each image is announced as `Picture N: ` before its `<|vision_start|>`.
-    pub labels: bool,
+    /// Each image is announced as `{label}N: ` before its `<|vision_start|>` (empty: not
+    /// announced).
+    pub label: &'static str,
     /// Where the first image's embeddings go, and how far each next one starts after the
     /// previous one's embeddings end.
     pub first_image_token: usize,
@@ -44,7 +45,7 @@ pub struct EditTemplate {
 pub const QWEN_EDIT: EditTemplate = EditTemplate {
     pipeline: "QwenImageEditPlusPipeline",
     system: "<|im_start|>system\nDescribe the key features of the input image (color, shape, size, texture, objects, background), then explain how the user's text instruction should alter or modify the image. Generate a new image that meets the user's requirements while maintaining consistency with the original input where appropriate.<|im_end|>\n<|im_start|>user\n",
-    labels: true,
+    label: "Picture ",
     first_image_token: 64 + 6,
     image_gap: 1 + 6,
     drop_first: 64,
@@ -60,7 +61,7 @@ pub const QWEN_EDIT: EditTemplate = EditTemplate {
 pub const LONGCAT_EDIT: EditTemplate = EditTemplate {
     pipeline: "LongCatEditPipeline",
     system: "<|im_start|>system\nAs an image editing expert, first analyze the content and attributes of the input image(s). Then, based on the user's editing instructions, clearly and precisely determine how to modify the given image(s), ensuring that only the specified parts are altered and all other aspects remain consistent with the original(s).<|im_end|>\n<|im_start|>user\n",
-    labels: false,
+    label: "",
     first_image_token: 36 + 6,
     image_gap: 1 + 6,
     drop_first: 67,
@@ -166,10 +167,10 @@ pub fn vision_size(width: i32, height: i32, factor: i32, min: i32, max: i32, mod
     (w_bar, h_bar)
 }
 
-/// The request's bounds, or the template's defaults (squared in area mode).
+/// The request's bounds, or the template's defaults (squared in area mode; none stays none).
 fn bounds(refs: &RefImageParams, template: &EditTemplate) -> (i32, i32) {
     let default = |v: i32| {
-        if refs.vlm_resize_mode == VlmResizeMode::Area {
+        if v > 0 && refs.vlm_resize_mode == VlmResizeMode::Area {
             v * v
         } else {
             v
@@ -206,8 +207,8 @@ pub fn image_prompt(tower: &mut VisionTower, ref_images: &[Tensor], refs: &RefIm
         let n = embeds.ne(1);
         prompt.images.push((index, embeds));
         index += n + template.image_gap;
-        if template.labels {
-            prompt.text.push_str(&format!("Picture {}: ", i + 1));
+        if !template.label.is_empty() {
+            prompt.text.push_str(&format!("{}{}: ", template.label, i + 1));
         }
         prompt.text.push_str("<|vision_start|>");
         prompt.text.push_str(&"<|image_pad|>".repeat(n));
@@ -271,8 +272,8 @@ pub(crate) mod tests {
         for (i, n) in [3usize, 2].iter().enumerate() {
             starts.push(index);
             index += n + t.image_gap;
-            if t.labels {
-                text.push_str(&format!("Picture {}: ", i + 1));
+            if !t.label.is_empty() {
+                text.push_str(&format!("{}{}: ", t.label, i + 1));
             }
             text.push_str(&format!("<|vision_start|>{}<|vision_end|>", "<|image_pad|>".repeat(*n)));
         }

@@ -41,7 +41,7 @@ pub const BOOGU_BLANK_PREFIX: &str = "<|im_start|>system\nDescribe the key featu
 pub const BOOGU_EDIT: EditTemplate = EditTemplate {
     pipeline: "BooguImageEditPipeline",
     system: BOOGU_BLANK_PREFIX,
-    labels: false,
+    label: "",
     first_image_token: 64 + 1,
     image_gap: 1 + 1,
     drop_first: 0,

@@ -41,7 +41,7 @@ pub const KREA2_TEMPLATE: LlmTemplate = LlmTemplate {
 pub const KREA2_EDIT: EditTemplate = EditTemplate {
     pipeline: "",
     system: QWEN_IMAGE_TEMPLATE.prefix,
-    labels: true,
+    label: "Picture ",
     first_image_token: 34 + 6,
     image_gap: 1 + 6,
     drop_first: 34,

@@ -49,7 +49,7 @@ fn vision_template(drop: usize, factor: i64) -> EditTemplate {
     EditTemplate {
         pipeline: "LingBotVideoI2VPipeline",
         system: LINGBOT_SYSTEM,
-        labels: false,
+        label: "",
         first_image_token: drop + 1,
         image_gap: 1 + 1,
         drop_first: drop,

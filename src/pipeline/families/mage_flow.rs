@@ -4,10 +4,11 @@
 //! default shift 6, like the reference. Reference images become latent tokens after the
 //! image's (the `mage_flow` preset: resized to the request's size, numbered from 1).
 //!
-//! The reference also shows reference images to Qwen3-VL's vision tower when the files hold
-//! one (`MageFlowEditPipeline`: `Image N: ` labels, at most 384 pixels a side); here they
-//! reach only the transformer, as in the reference without a tower, and a tower in the files
-//! is reported unused. The reference cuts prompts after 2048 tokens; this build does not.
+//! When the files hold a Qwen3-VL vision tower (`llm_vision_path`, or `visual.` in the LLM
+//! file) reference images are also shown to the LLM in Qwen-Image's edit prompt with
+//! `Image N: ` labels (`MageFlowEditPipeline`; the preset sizes them to at most 384 pixels on
+//! the longest side), as the reference does. The reference cuts prompts after 2048 tokens;
+//! this build does not.
 
 use super::flux::DIT_PREFIX;
 use super::qwen_image::QWEN_IMAGE_TEMPLATE;
@@ -17,8 +18,8 @@ use crate::graph::Module;
 use crate::models::diffusion::mage_flow;
 use crate::models::diffusion::qwen_image::QwenImageModel;
 use crate::models::te::llm::LlmArch;
-use crate::models::te::qwen_vision::VISION_PREFIX;
 use crate::pipeline::conditioning::llm::{LlmConditioner, LlmTemplate};
+use crate::pipeline::conditioning::qwen_edit::{EditTemplate, QWEN_EDIT};
 use crate::types::Prediction;
 
 /// The flow shift of a request that sets none.
@@ -28,6 +29,11 @@ const DEFAULT_FLOW_SHIFT: f32 = 6.0;
 /// system prompt's 34 tokens.
 pub const MAGE_FLOW_TEMPLATE: LlmTemplate = LlmTemplate { arch: LlmArch::Qwen3Vl, ..QWEN_IMAGE_TEMPLATE };
 
+/// Qwen-Image-Edit's prompt with `Image N: ` labels (the same token count as `Picture N: `,
+/// so the reference's positions hold) and no lower size bound; the `mage_flow` preset sets
+/// the upper one (384 on the longest side).
+pub const MAGE_FLOW_EDIT: EditTemplate = EditTemplate { pipeline: "MageFlowEditPipeline", label: "Image ", min_size: -1, max_size: 384, ..QWEN_EDIT };
+
 pub(super) fn build(ctx: &mut BuildCtx<'_>) -> Result<Parts> {
     let (params, weights, n_threads) = (ctx.params, ctx.weights, ctx.n_threads);
     let te_place = ctx.devices.placement(Module::Te)?;
@@ -35,16 +41,14 @@ pub(super) fn build(ctx: &mut BuildCtx<'_>) -> Result<Parts> {
 
     let cfg = mage_flow::config();
     cfg.validate()?;
-    let cond = LlmConditioner::new(weights, MAGE_FLOW_TEMPLATE, &te_place, n_threads, params.eager_load)?;
+    let mut cond = LlmConditioner::new(weights, MAGE_FLOW_TEMPLATE, &te_place, n_threads, params.eager_load)?;
     let width = cond.context_width();
     ensure!(
         width as i64 == cfg.joint_attention_dim,
         "the LLM's hidden states are {width} wide, the Mage-Flow transformer's txt_in takes {} (Qwen3-VL-4B)",
         cfg.joint_attention_dim
     );
-    if weights.has_prefix(VISION_PREFIX) {
-        sd_warn!("Mage-Flow: the LLM's vision tower is not used here: reference images reach the transformer only (the reference also shows them to the LLM)");
-    }
+    cond.open_vision(weights, MAGE_FLOW_EDIT, &te_place, n_threads, params.eager_load)?;
 
     let model = ctx.load_transformer(DIT_PREFIX, |s| QwenImageModel::new(s, &cfg))?;
     let first = first_stage::build(ctx, vae_place)?;
@@ -61,5 +65,11 @@ mod tests {
         let (m, q) = (MAGE_FLOW_TEMPLATE, QWEN_IMAGE_TEMPLATE);
         assert!(m.arch == LlmArch::Qwen3Vl && q.arch == LlmArch::Qwen25Vl);
         assert_eq!((m.prefix, m.suffix, m.drop_first, m.min_length), (q.prefix, q.suffix, 34, 0));
+    }
+
+    /// `Image N: ` has as many tokens as `Picture N: `: the embeddings land on the pads.
+    #[test]
+    fn edit_images_land_on_their_pads() {
+        crate::pipeline::conditioning::qwen_edit::tests::assert_image_tokens_land(&MAGE_FLOW_EDIT);
     }
 }

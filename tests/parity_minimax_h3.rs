@@ -5,11 +5,15 @@
 //! prompt, 96×64 with 9 frames aligned up to 22, flow shift 5 with fps 16 (overridden to 24),
 //! 39 frames (two decoder chunks cross-faded), an LLM as wide as the transformer (no
 //! condition_proj); the defaults (cfg 7 with the empty negative prompt: the reference aborts,
-//! ours fails cleanly) and a Qwen2.5-VL text model (refused). No audio VAE: no sound, as the
-//! reference.
+//! ours fails cleanly) and a Qwen2.5-VL text model (refused). Without an audio VAE no sound,
+//! as the reference; with its audio VAE (`audio_vae_path`, `mm_sound_*`) the sound too (the
+//! WAV beside the frames, within `SOUND_MAX_DIFF`): 5 frames at two settings and 22 frames,
+//! and the files the reference refuses in `new_sd_ctx` (a layout not MiniMax-H3's, an audio
+//! VAE for LingBot, a family without sound).
 //!
-//! Without `SD_PARITY=full` only `mm_cfg1` runs (about a minute: the VAE's decoder is 2.4e9
-//! weights whatever the video's size).
+//! Without `SD_PARITY=full` only `mm_sound_cfg1` (`mm_cfg1`'s frames and their sound: about two
+//! minutes, the VAE's decoder is 2.4e9 weights whatever the video's size, the audio decoder's
+//! seven upsamplings run on ggml's plain 1-D convolutions) and the refused layout run.
 
 mod common;
 
@@ -21,7 +25,7 @@ fn minimax_h3_quick_subset() {
         eprintln!("skipped: SD_PARITY=full runs every case in minimax_h3_all_cases");
         return;
     }
-    report(&run("minimax-h3", |c| c.name == "mm_cfg1"));
+    report(&run("minimax-h3", |c| c.name == "mm_sound_cfg1" || c.name == "mm_sound_vae_wrong_layout"));
 }
 
 #[test]

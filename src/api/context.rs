@@ -91,13 +91,14 @@ impl Context {
         crate::pipeline::image::generate_image(&mut sd, params, &self.cancel)
     }
 
-    /// Text (and images) to video: the frames, and no audio (no family here has sound yet).
+    /// Text (and images) to video: the frames, and the sound when the model makes one and its
+    /// audio VAE is loaded (MiniMax-H3 with `audio_vae_path`).
     pub fn generate_video(&self, params: &VidGenParams) -> Result<VideoOutput> {
         self.cancel.reset();
         let mut sd = self.sd.lock();
         crate::pipeline::fields::warn_video(&sd, &self.params, params);
-        let frames = crate::pipeline::video::generate_video(&mut sd, params, &self.cancel)?;
-        Ok(VideoOutput { frames, audio: None })
+        let (frames, audio) = crate::pipeline::video::generate_video(&mut sd, params, &self.cancel)?;
+        Ok(VideoOutput { frames, audio })
     }
 
     /// Requests cancellation of the running generation (any thread).

@@ -238,6 +238,25 @@ impl<'g> T<'g> {
         self.wrap(unsafe { g::ggml_repeat_4d(self.ctx(), self.raw(), ne[0], ne[1], ne[2], ne[3]) })
     }
 
+    /// `ggml_conv_1d` (im2col + product): `self` is the kernel [K, IC, OC], `x` is [L, IC, N].
+    pub fn conv_1d(self, x: T<'g>, s0: i32, p0: i32, d0: i32) -> T<'g> {
+        // SAFETY: live tensors; ggml checks the sizes.
+        self.wrap(unsafe { g::ggml_conv_1d(self.ctx(), self.raw(), x.raw(), s0, p0, d0) })
+    }
+
+    /// `ggml_conv_1d_dw`: `self` is the kernel [K, 1, C], `x` is [L, C, 1].
+    pub fn conv_1d_dw(self, x: T<'g>, s0: i32, p0: i32, d0: i32) -> T<'g> {
+        // SAFETY: live tensors; ggml checks the sizes.
+        self.wrap(unsafe { g::ggml_conv_1d_dw(self.ctx(), self.raw(), x.raw(), s0, p0, d0) })
+    }
+
+    /// `ggml_conv_transpose_1d` without padding: `self` is the kernel [K, OC, IC], `x` is
+    /// the matrix [L, IC].
+    pub fn conv_transpose_1d(self, x: T<'g>, s0: i32) -> T<'g> {
+        // SAFETY: live tensors; ggml checks the sizes (padding 0, dilation 1 are all it takes).
+        self.wrap(unsafe { g::ggml_conv_transpose_1d(self.ctx(), self.raw(), x.raw(), s0, 0, 1) })
+    }
+
     /// im2col-based 2D convolution: `self` is the kernel [KW, KH, IC, OC], `x` is [W, H, IC, N].
     #[allow(clippy::too_many_arguments)]
     pub fn conv_2d(self, x: T<'g>, s0: i32, s1: i32, p0: i32, p1: i32, d0: i32, d1: i32) -> T<'g> {

@@ -33,8 +33,6 @@ pub enum Use {
 use Use::*;
 
 const LTX: Use = Warns("only LTX video models read it and this build has none");
-/// The reference decodes sound with LTX-2.3's and MiniMax-H3's audio VAEs; neither is built here.
-const SOUND: Use = Warns("sound is not supported yet in this build (LTX-2.3's and MiniMax-H3's audio VAEs): no audio is returned");
 /// Reference clips: LTX-2.3's and MiniMax-H3's reference-to-video, not built here.
 const REF_CLIPS: Use = Warns("only LTX-2.3 and MiniMax-H3 reference clips read it, and this build takes neither");
 const PULID: Use = Warns("PuLID is not supported yet");
@@ -55,7 +53,7 @@ pub const FIELDS: &[(&str, &[(&str, Use)])] = &[
             ("t5xxl_path", Acts), ("llm_path", Acts), ("llm_vision_path", Acts), ("diffusion_model_path", Acts),
             ("high_noise_diffusion_model_path", AtLoad),
             ("uncond_diffusion_model_path", AtLoad),
-            ("embeddings_connectors_path", LTX), ("vae_path", Acts), ("audio_vae_path", SOUND), ("taesd_path", Acts),
+            ("embeddings_connectors_path", LTX), ("vae_path", Acts), ("audio_vae_path", AtLoad), ("taesd_path", Acts),
             ("control_net_path", Acts), ("ip_adapter_path", AtLoad),
             ("motion_module_path", AtLoad),
             ("embeddings", Acts), ("embedding_count", Acts), ("photo_maker_path", Acts), ("pulid_weights_path", PULID),
@@ -205,7 +203,6 @@ fn ctx_warnings(c: &CtxParams, facts: ModelFacts) -> Vec<String> {
     let set = [
         ("uncond_diffusion_model_path", given(&c.uncond_diffusion_model_path)),
         ("embeddings_connectors_path", given(&c.embeddings_connectors_path)),
-        ("audio_vae_path", given(&c.audio_vae_path)),
         ("ip_adapter_path", given(&c.ip_adapter_path)),
         ("photo_maker_path", given(&c.photo_maker_path)),
         ("pulid_weights_path", given(&c.pulid_weights_path)),

@@ -17,7 +17,7 @@ use crate::error::{Error, Result};
 use crate::image::Image;
 use crate::models::diffusion::VideoInput;
 use crate::models::Condition;
-use crate::params::{GuidanceParams, SampleParams, VidGenParams};
+use crate::params::{Audio, GuidanceParams, SampleParams, VidGenParams};
 use crate::runtime::args::ExtraArgs;
 use crate::runtime::defaults::{default_sample_method, resolve_eta, unset_if_infinite};
 use crate::runtime::rng::{randn_like, resolve_seed, GenerationRngs};
@@ -515,11 +515,49 @@ fn decode(ms: &mut ModelSet, latent: &Tensor, frames: usize, tiling: &TilingPara
     (0..n).map(|i| latent_layer(&video, i).and_then(|f| tensor_to_image(&f, 0))).collect()
 }
 
-/// Text (and image) to video: the frames, as many as the request after alignment.
-pub fn generate_video(ms: &mut ModelSet, p: &VidGenParams, cancel: &CancelFlag) -> Result<Vec<Image>> {
+/// The sound of a sampled latent whose audio is packed behind the video's channels, when an
+/// audio VAE is loaded (MiniMax-H3): decoded before the video, like the reference. A failed
+/// decode leaves the video silent with a warning, as there; cancelling stops the generation.
+fn decode_sound(ms: &mut ModelSet, latent: &Tensor, steps: usize, cancel: &CancelFlag) -> Result<Option<Audio>> {
+    let Some(stage) = ms.audio.as_mut() else { return Ok(None) };
+    if steps == 0 {
+        return Ok(None);
+    }
+    if cancel.pending() == Some(CancelMode::All) {
+        sd_error!("cancelling generation before audio decode");
+        return Err(cancelled());
+    }
+    let start = Instant::now();
+    let s = latent.shape();
+    let video = s[..3].iter().product::<usize>() * ms.spec.latent.channels;
+    let values = steps * AUDIO_VALUES_PER_STEP;
+    // The reference decodes nothing (and says nothing) when the latent holds no audio.
+    let Some(packed) = latent.data().get(video..video + values) else { return Ok(None) };
+    let shape = [steps, crate::models::diffusion::minimax_h3::AUDIO_ROWS, crate::models::diffusion::minimax_h3::AUDIO_CHANNELS];
+    sd_debug!("decode audio latent {}x{}x{}x1", shape[0], shape[1], shape[2]);
+    let audio_latent = Tensor::from_vec(&shape, packed.to_vec())?;
+    let decoded = stage.begin().and_then(|()| {
+        let w = stage.decode_audio(&audio_latent);
+        stage.end();
+        w
+    });
+    let audio = match decoded {
+        Ok(w) => Some(Audio { sample_rate: w.sample_rate, channels: w.channels, data: w.interleaved }),
+        Err(e) => {
+            sd_warn!("audio latent decode failed ({e}); continuing with silent video output");
+            None
+        }
+    };
+    sd_info!("decoding audio latent completed, taking {:.2}s", start.elapsed().as_secs_f32());
+    Ok(audio)
+}
+
+/// Text (and image) to video: the frames, as many as the request after alignment, and the
+/// sound when the model makes one and its audio VAE is loaded.
+pub fn generate_video(ms: &mut ModelSet, p: &VidGenParams, cancel: &CancelFlag) -> Result<(Vec<Image>, Option<Audio>)> {
     if ms.animates_frames() {
         check_params(p)?;
-        return super::animatediff::generate_video(ms, p, cancel);
+        return Ok((super::animatediff::generate_video(ms, p, cancel)?, None));
     }
     ms.weights.validate()?;
     let format = *ms
@@ -634,10 +672,11 @@ pub fn generate_video(ms: &mut ModelSet, p: &VidGenParams, cancel: &CancelFlag) 
     sd_info!("sampling completed, taking {:.2}s", start.elapsed().as_secs_f32());
     sd_info!("generating latent video completed, taking {:.2}s", latent_start.elapsed().as_secs_f32());
     drop(job);
+    let audio = decode_sound(ms, &latent, format.audio_latents(r.frames), cancel)?;
     let latent = if lat.ref_frames > 0 { drop_frames(&latent, lat.ref_frames)? } else { latent };
     let frames = decode(ms, &latent, r.frames, &tiling, circular, cancel)?;
     sd_info!("generate_video completed in {:.2}s", t0.elapsed().as_secs_f32());
-    Ok(frames)
+    Ok((frames, audio))
 }
 
 #[cfg(test)]

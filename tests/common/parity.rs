@@ -17,6 +17,8 @@ pub const MAX_DIFF: f64 = 3.0;
 pub const MEAN_DIFF: f64 = 0.25;
 /// Latent tolerance relative to the golden latent's largest magnitude.
 pub const LATENT_REL: f64 = 0.0015;
+/// Sound tolerance (tests/fixtures/README.md): max |difference| of the float samples in [-1, 1].
+pub const SOUND_MAX_DIFF: f64 = 1e-3;
 
 /// `SD_PARITY=full` runs every case; otherwise only a quick subset.
 pub fn full() -> bool {
@@ -125,6 +127,8 @@ pub struct Case {
     /// A `generate_video` case (cases.json gives its frame count); `params` are then
     /// `sd_vid_gen_params_t` fields.
     pub video: bool,
+    /// The golden sound of a video case (a WAV beside the frames), when the reference made one.
+    pub audio: Option<String>,
 }
 
 pub struct Folder {
@@ -151,6 +155,7 @@ pub fn folder(name: &str) -> Folder {
                 (t["max"].as_f64().expect("tolerance.max"), t["mean"].as_f64().expect("tolerance.mean"))
             }),
             video: c.get("frames").is_some(),
+            audio: c["audio"]["file"].as_str().map(str::to_string),
         })
         .collect();
     Folder { name: name.to_string(), model: v["model"].as_str().expect("model").to_string(), cases }
@@ -245,6 +250,7 @@ pub fn ctx_params(model: &str, ctx: &Value, arena: &mut Arena) -> sd_ctx_params_
             "ip_adapter_path" => p.ip_adapter_path = arena.str(v.as_str().unwrap()),
             "photo_maker_path" => p.photo_maker_path = arena.str(v.as_str().unwrap()),
             "motion_module_path" => p.motion_module_path = arena.str(v.as_str().unwrap()),
+            "audio_vae_path" => p.audio_vae_path = arena.str(v.as_str().unwrap()),
             "wtype" => p.wtype = sd_type_t(enum_value(v)),
             "force_sdxl_vae_conv_scale" => p.force_sdxl_vae_conv_scale = CBool(v.as_bool().unwrap() as u8),
             "tae_preview_only" => p.tae_preview_only = CBool(v.as_bool().unwrap() as u8),
@@ -583,6 +589,61 @@ fn compare_latent(golden: &Path, got: &stable_diffusion::tensor::Tensor) -> Diff
     Diff { what, max, mean, pass: max <= LATENT_REL }
 }
 
+/// A 32-bit float WAV (as tests/tools/sd_capi.py writes the reference's sound): sample rate,
+/// channels, interleaved samples.
+pub fn read_wav(path: &Path) -> (u32, u32, Vec<f32>) {
+    let b = std::fs::read(path).unwrap_or_else(|e| panic!("{}: {e}", path.display()));
+    assert!(b.len() >= 12 && &b[..4] == b"RIFF" && &b[8..12] == b"WAVE", "{}: not a WAV", path.display());
+    let (mut at, mut fmt, mut data) = (12, None, None);
+    while at + 8 <= b.len() {
+        let len = u32::from_le_bytes(b[at + 4..at + 8].try_into().unwrap()) as usize;
+        let body = &b[at + 8..(at + 8 + len).min(b.len())];
+        match &b[at..at + 4] {
+            b"fmt " => fmt = Some(body),
+            b"data" => data = Some(body),
+            _ => {}
+        }
+        at += 8 + len + (len & 1);
+    }
+    let fmt = fmt.expect("fmt chunk");
+    let u16_at = |i: usize| u16::from_le_bytes([fmt[i], fmt[i + 1]]);
+    assert_eq!((u16_at(0), u16_at(14)), (3, 32), "{}: not 32-bit float samples", path.display());
+    let rate = u32::from_le_bytes(fmt[4..8].try_into().unwrap());
+    let samples = data.expect("data chunk").chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect();
+    (rate, u16_at(2) as u32, samples)
+}
+
+/// The sound `generate_video` returned against the case's golden WAV (none expected when the
+/// case has none): rate, channels and length must match, then max and mean |diff|.
+fn compare_sound(dir: &Path, golden: Option<&str>, got: *const sd_audio_t) -> Option<Diff> {
+    let failed = |what: String| Some(Diff { what, max: f64::INFINITY, mean: f64::INFINITY, pass: false });
+    // SAFETY: NULL or the sd_audio_t generate_video returned.
+    let got = unsafe { got.as_ref() };
+    let (file, got) = match (golden, got) {
+        (None, None) => return None,
+        (None, Some(_)) => return failed("sound returned, the reference returned none".into()),
+        (Some(f), None) => return failed(format!("sound {f}: none returned")),
+        (Some(f), Some(a)) => (f, a),
+    };
+    let (rate, channels, want) = read_wav(&dir.join(file));
+    let what = format!("sound {file}");
+    if (got.sample_rate, got.channels, got.sample_count * got.channels as u64) != (rate, channels, want.len() as u64) || got.data.is_null() {
+        return failed(format!(
+            "{what}: {} Hz x {} x {} samples, reference {rate} Hz x {channels} x {}",
+            got.sample_rate,
+            got.channels,
+            got.sample_count,
+            want.len() / channels.max(1) as usize
+        ));
+    }
+    // SAFETY: the library returned sample_count * channels floats.
+    let data = unsafe { std::slice::from_raw_parts(got.data, want.len()) };
+    let diffs: Vec<f64> = data.iter().zip(&want).map(|(&a, &b)| (a as f64 - b as f64).abs()).collect();
+    let max = diffs.iter().cloned().fold(0.0, f64::max);
+    let mean = diffs.iter().sum::<f64>() / diffs.len().max(1) as f64;
+    Some(Diff { what, max, mean, pass: max <= SOUND_MAX_DIFF })
+}
+
 /// Runs the cases of `folder` accepted by `select`, in file order; consecutive cases with
 /// the same context fields share one `sd_ctx_t`.
 pub fn run(folder_name: &str, select: impl Fn(&Case) -> bool) -> Vec<CaseResult> {
@@ -646,12 +707,15 @@ pub fn run_with(
         let mut arena = Arena::default();
         let mut images: *mut sd_image_t = std::ptr::null_mut();
         let mut n: c_int = 0;
+        let mut sound = None;
         let (ok, latents) = if case.video {
             let p = vid_params(&case.params, &mut arena);
             let mut audio: *mut sd_audio_t = std::ptr::null_mut();
             // SAFETY: valid context and params; out-pointers are writable.
             let ok = unsafe { generate_video(ctx, &p, &mut images, &mut n, &mut audio) };
-            assert!(audio.is_null(), "no family here has sound: audio_out stays NULL");
+            sound = compare_sound(&dir, case.audio.as_deref(), audio);
+            // SAFETY: NULL or the sound generate_video returned, freed once.
+            unsafe { free_sd_audio(audio) };
             (ok, Vec::new())
         } else {
             let p = gen_params(&case.params, &mut arena);
@@ -695,6 +759,7 @@ pub fn run_with(
                     }
                 }
             }
+            diffs.extend(sound);
             pass = note.is_empty() && diffs.iter().all(|d| d.pass);
         }
         // SAFETY: the images generate_image returned, freed once.
@@ -782,7 +847,9 @@ pub fn diff_bytes(a: &[u8], b: &[u8]) -> (f64, f64) {
 pub fn print_result(r: &CaseResult) {
     let mut line = format!("{:<5} {}/{} ({:.1}s)", if r.pass { "PASS" } else { "FAIL" }, r.folder, r.name, r.seconds);
     for d in &r.diffs {
-        if d.what.starts_with("latent") {
+        if d.what.starts_with("sound") {
+            line.push_str(&format!(" | {}: max {:.2e} mean {:.2e}", d.what, d.max, d.mean));
+        } else if d.what.starts_with("latent") {
             line.push_str(&format!(" | {}: max {:.5} mean {:.6} (×max|golden|)", d.what, d.max, d.mean));
         } else {
             line.push_str(&format!(" | {}: max {} mean {:.4}", d.what, d.max, d.mean));

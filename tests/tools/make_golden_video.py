@@ -46,6 +46,8 @@ from sd_capi import write_png  # noqa: E402
 from vae_ref import decode_png  # noqa: E402
 
 MAX_DIFF, MEAN_DIFF = 3, 0.25
+# Sound: max |difference| of the float samples in [-1, 1] (tests/fixtures/README.md).
+SOUND_MAX_DIFF = 1e-3
 
 # ------------------------------------------------------------------------------ inputs
 
@@ -156,6 +158,7 @@ AD_NOTE_64 = ("at 64x64 the lowest UNet level is 1x1: the reference's motion mod
 
 MINIMAX = {"model_path": "", "diffusion_model_path": "{fx}/minimax_h3.safetensors", "llm_path": "{fx}/qwen3vl_51.safetensors",
            "vae_path": "{fx}/minimax_h3_vae.safetensors", "enable_mmap": True}
+MINIMAX_SOUND = {**MINIMAX, "audio_vae_path": "{fx}/minimax_h3_audio_vae.safetensors"}
 
 SETS = {
     "animatediff": {
@@ -307,7 +310,9 @@ SETS = {
         # the discrete schedule, flow shift 12 (the audio's 3), cfg 7 with the empty negative prompt
         "model": "minimax_h3.safetensors",
         "fixtures": ["minimax_h3.safetensors", "qwen3vl_51.safetensors", "minimax_h3_vae.safetensors",
-                     "qwen3_tiny.safetensors", "qwen25vl_tiny.safetensors"],
+                     "qwen3_tiny.safetensors", "qwen25vl_tiny.safetensors", "minimax_h3_audio_vae.safetensors",
+                     "minimax_h3_audio_vae_wrong.safetensors", "lingbot_video.safetensors", "qwen3vl_tiny80.safetensors",
+                     "wan_vae.safetensors"],
         "cases": [
             _case("mm_cfg1", MINIMAX, _params(steps=2)),
             _case("mm_defaults_empty_negative", MINIMAX, {k: v for k, v in _params(steps=2).items()
@@ -327,6 +332,22 @@ SETS = {
                        "then skips condition_proj and the token refiner"),
             _case("mm_llm_qwen25vl_refused", {**MINIMAX, "llm_path": "{fx}/qwen25vl_tiny.safetensors"}, _params(steps=1),
                   note="a Qwen2.5-VL text model (3584 wide, no q/k norms) is not the Qwen3-VL MiniMax-H3 reads"),
+            _case("mm_sound_cfg1", MINIMAX_SOUND, _params(steps=2),
+                  note="with its audio VAE: 5 frames at 24 fps are 8 audio latent steps, 6400 stereo samples at 32 kHz"),
+            _case("mm_sound_cfg4_negative_seed7", MINIMAX_SOUND,
+                  _params(steps=2, cfg=4.0, seed=7, fps=16, negative_prompt="blurry, static",
+                          prompt="a red fox barking in the snow"),
+                  note="another seed, prompt and guidance; fps 16 is overridden to 24, so the sound is as long"),
+            _case("mm_sound_22frames", MINIMAX_SOUND, _params(steps=1, frames=22, seed=3),
+                  note="22 frames: 37 audio latent steps (round(22 * 40 / 24)), 29600 samples"),
+            _case("mm_sound_vae_wrong_layout", {**MINIMAX, "audio_vae_path": "{fx}/minimax_h3_audio_vae_wrong.safetensors"},
+                  _params(steps=1),
+                  note="dec_in_proj reads 16 latent channels, not 32: the reference's new_sd_ctx fails (model "
+                       "metadata validation)"),
+            _case("mm_sound_vae_on_lingbot", {**LINGBOT, "audio_vae_path": "{fx}/minimax_h3_audio_vae.safetensors"},
+                  _params(steps=1),
+                  note="a family without sound: the reference reads the file as LTX-2.3's audio VAE, misses its "
+                       "tensors and new_sd_ctx fails"),
         ],
     },
     "lingbot": {
@@ -402,7 +423,25 @@ def run_case(lib, case, prefix, threads, log):
     for i in range(result.get("frames", 0)):
         w, h, ch, img = decode_png(f"{prefix}_{i}.png")
         frames.append(img.reshape(h, w, ch).astype(np.int16))
+    if result.get("audio"):
+        result["samples"] = read_wav(prefix + ".wav")
     return result, frames
+
+
+def read_wav(path):
+    """The float samples of a WAVE_FORMAT_IEEE_FLOAT file written by sd_capi.py."""
+    with open(path, "rb") as f:
+        data = f.read()
+    at = data.index(b"data") + 8
+    return np.frombuffer(data[at:], dtype="<f4")
+
+
+def sound_diff(a, b):
+    """max and mean |difference| of two sounds' samples (inf when their lengths differ)."""
+    if a.shape != b.shape:
+        return float("inf"), float("inf")
+    d = np.abs(a.astype(np.float64) - b.astype(np.float64))
+    return float(d.max()), float(d.mean())
 
 
 def diff(a, b):
@@ -451,7 +490,10 @@ def render(a):
             runs.append((result, frames))
         first, frames = runs[0]
         same = all(("crashed" in r) == ("crashed" in first) and r.get("ok") == first.get("ok") and len(f) == len(frames)
-                   and all(diff(x, y)[0] == 0 for x, y in zip(f, frames)) for r, f in runs[1:])
+                   and all(diff(x, y)[0] == 0 for x, y in zip(f, frames))
+                   and (r.get("audio") is None) == (first.get("audio") is None)
+                   and (first.get("audio") is None or sound_diff(r["samples"], first["samples"])[0] == 0)
+                   for r, f in runs[1:])
         if not same:
             print(f"  {case['name']}: the runs differ; not recorded", flush=True)
             failed = True
@@ -465,7 +507,11 @@ def render(a):
             names = [f"{case['name']}_{i}.png" for i in range(len(frames))]
             for i, n in enumerate(names):
                 shutil.copyfile(os.path.join(work, "run0", n), os.path.join(a.out, n))
-            rec.update(ok=first["ok"], images=names, frames=len(frames), audio=None)
+            sound = None
+            if first.get("audio"):
+                sound = {"file": case["name"] + ".wav", **first["audio"]}
+                shutil.copyfile(os.path.join(work, "run0", sound["file"]), os.path.join(a.out, sound["file"]))
+            rec.update(ok=first["ok"], images=names, frames=len(frames), audio=sound)
             if "seconds" in first:
                 rec["seconds"] = first["seconds"]
             if not first["ok"]:
@@ -523,9 +569,17 @@ def check(a):
             m, mean = diff(f, img.reshape(h, w, ch))
             worst = (max(worst[0], m), max(worst[1], mean))
         ok = worst[0] <= max_ok and worst[1] <= mean_ok
+        sound = ""
+        if case.get("audio") or result.get("audio"):
+            if not case.get("audio") or not result.get("audio"):
+                ok, sound = False, f", sound {'missing' if case.get('audio') else 'unexpected'}"
+            else:
+                m, mean = sound_diff(result["samples"], read_wav(os.path.join(a.golden, case["audio"]["file"])))
+                ok = ok and m <= SOUND_MAX_DIFF
+                sound = f", sound max {m:.2e} mean {mean:.2e} (allowed {SOUND_MAX_DIFF})"
         bad += not ok
         print(f"{case['name']}: {'ok' if ok else 'FAIL'} {len(frames)} frames, max {worst[0]}, mean {worst[1]:.4f}"
-              f" (allowed {max_ok} / {mean_ok}), {result.get('seconds')} s", flush=True)
+              f" (allowed {max_ok} / {mean_ok}){sound}, {result.get('seconds')} s", flush=True)
     if not a.keep:
         shutil.rmtree(work, ignore_errors=True)
     return 1 if bad else 0

@@ -15,8 +15,9 @@ keys ("sample_params.guidance.txt_cfg"), enum values as the C constants' names
 end_image, mask_image, control_image, ref_images, control_frames) naming PNGs in
 tests/fixtures/inputs (or absolute paths); `loras` is a list of sd_lora_t dicts. Without
 --video the first image generated is written as an 8-bit PNG; with --video every frame is
-written as NAME_<i>.png and --result gets {"ok", "frames", "seconds", "errors"} (seconds:
-generate_video alone). tests/tools/make_golden_video.py drives this per case. A case with
+written as NAME_<i>.png, a sound as NAME.wav (32-bit float, the sd_audio_t samples as
+returned), and --result gets {"ok", "frames", "seconds", "errors", "audio"} (seconds:
+generate_video alone; audio: {"sample_rate", "channels", "samples"} or null). tests/tools/make_golden_video.py drives this per case. A case with
 "adetailer": {"detector", "input", "prompt", "negative_prompt", "extra_ad_args"} runs
 adetail_image on that input PNG instead, "params" being the inpainting request. Needs numpy.
 """
@@ -96,6 +97,16 @@ def nested(flat, fx):
     return out
 
 
+def write_wav(path, audio):
+    """`audio` (the bindings' Audio) as a WAVE_FORMAT_IEEE_FLOAT file, samples as returned."""
+    data = audio.samples.tobytes()
+    ch, rate = audio.channels, audio.sample_rate
+    fmt = struct.pack("<HHIIHH", 3, ch, rate, rate * ch * 4, ch * 4, 32)
+    with open(path, "wb") as f:
+        f.write(b"RIFF" + struct.pack("<I", 4 + 8 + len(fmt) + 8 + len(data)) + b"WAVE")
+        f.write(b"fmt " + struct.pack("<I", len(fmt)) + fmt + b"data" + struct.pack("<I", len(data)) + data)
+
+
 def render_video(case, out, threads, fx):
     """Runs `case` through generate_video; writes the frames as OUT_<i>.png and returns
     {"ok", "frames", "seconds", "errors"} (ok false with the logged errors when the context
@@ -115,13 +126,17 @@ def render_video(case, out, threads, fx):
         params = nested(case.get("params", {}), fx)
         t0 = time.monotonic()
         try:
-            frames, _audio = ctx.generate_video(**params)
+            frames, audio = ctx.generate_video(**params)
         except sd.SDError:
             return {"ok": False, "frames": 0, "seconds": round(time.monotonic() - t0, 1), "errors": errors}
         seconds = round(time.monotonic() - t0, 1)
     for i, frame in enumerate(frames):
         write_png(f"{out}_{i}.png", frame)
-    return {"ok": True, "frames": len(frames), "seconds": seconds, "errors": errors}
+    sound = None
+    if audio is not None:
+        write_wav(f"{out}.wav", audio)
+        sound = {"sample_rate": audio.sample_rate, "channels": audio.channels, "samples": audio.sample_count}
+    return {"ok": True, "frames": len(frames), "seconds": seconds, "errors": errors, "audio": sound}
 
 
 def adetail(sd, ctx, ad, inpaint, threads, fx):

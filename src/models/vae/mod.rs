@@ -29,6 +29,7 @@ pub mod autoencoder_kl;
 pub mod hunyuan;
 pub mod mage;
 pub mod minimax_h3;
+pub mod minimax_h3_audio;
 pub mod pixel;
 pub mod tae;
 pub mod taehv;

@@ -1,8 +1,9 @@
 //! MiniMax-H3: Qwen3-VL's text model (the output of layer 50, the prompt as it is: no
 //! template, no attention syntax), the joint audio-video transformer and its own video VAE.
 //! Flow prediction with the default shift 12 (the audio's is 3), like the reference. The
-//! audio latent rides behind the video's channels through sampling; without an audio VAE
-//! (which the reference only loads from `audio_vae_path`) no sound is decoded.
+//! audio latent rides behind the video's channels through sampling; its audio VAE (the file
+//! of `audio_vae_path`, loaded by [`load_audio_vae`]) decodes it to sound, without one no
+//! sound is decoded.
 
 use super::{ensure_text_width, first_stage, flow_parts, BuildCtx, Parts};
 use crate::error::Result;
@@ -12,7 +13,10 @@ use crate::models::diffusion::minimax_h3::{MinimaxH3Config, MinimaxH3Model};
 use crate::models::te::llm::LlmArch;
 use crate::pipeline::conditioning::llm::{tokenize_parts, LlmText};
 use crate::pipeline::conditioning::{CondRequest, Conditioner};
+use crate::models::vae::minimax_h3_audio::{self, AudioStage, MinimaxH3AudioVae};
+use crate::pipeline::loader::Weights;
 use crate::types::Prediction;
+use std::sync::Arc;
 
 /// The flow shift of a request that sets none.
 const DEFAULT_FLOW_SHIFT: f32 = 12.0;
@@ -64,4 +68,42 @@ pub(super) fn build(ctx: &mut BuildCtx<'_>) -> Result<Parts> {
     let first = first_stage::build(ctx, vae_place)?;
     let cond = MinimaxH3Conditioner { llm };
     Ok(flow_parts(params, Box::new(cond), Box::new(model), first, Prediction::Flow, DEFAULT_FLOW_SHIFT))
+}
+
+/// The file of `audio_vae_path`, or none (with the reference's warning) when it cannot be read:
+/// the reference then goes on without sound.
+fn open_audio_vae(path: &str) -> Option<Weights> {
+    sd_info!("loading audio VAE from '{path}'");
+    Weights::open_file_as_stored(path).map_err(|e| sd_warn!("loading audio VAE weights from '{path}' failed: {e}")).ok()
+}
+
+/// MiniMax-H3's audio VAE from `path` (its own names, no prefix, the file's types). A file that
+/// is not its layout is refused before any weight is read, as the reference refuses it.
+pub(super) fn load_audio_vae(path: &str, devices: &crate::graph::DeviceMap, n_threads: i32) -> Result<Option<Box<dyn AudioStage>>> {
+    let Some(weights) = open_audio_vae(path) else { return Ok(None) };
+    let weights = Arc::new(weights);
+    let not_ours = |e: crate::error::Error| crate::error::Error::new(format!("the audio VAE '{path}' is not MiniMax-H3's: {e}"));
+    minimax_h3_audio::check_layout(|n| weights.shape_of(n)).map_err(not_ours)?;
+    // ggml's 1-D convolutions take float kernels only (the reference would fail in its graph).
+    if let Some((name, _)) = weights.types().iter().find(|(_, &t)| crate::graph::is_block_quantized(t)) {
+        bail!("the audio VAE '{path}': tensor '{name}' is quantized; MiniMax-H3's audio VAE takes float weights only");
+    }
+    let place = devices.placement(crate::graph::Module::Vae)?;
+    let vae = weights.load_model(place, n_threads, "", "audio VAE", MinimaxH3AudioVae::new).map_err(not_ours)?;
+    Ok(Some(Box::new(vae)))
+}
+
+/// `audio_vae_path` for a family without sound. The reference reads such a file as LTX-2.3's
+/// audio VAE whatever the family: one without LTX-2.3's tensors fails the context (its metadata
+/// validation), an LTX-2.3 one is loaded and never used (that VAE is not built here: a warning).
+pub(super) fn audio_vae_without_sound(path: &str, version: crate::io::SdVersion) -> Result<()> {
+    let Some(weights) = open_audio_vae(path) else { return Ok(()) };
+    let ltx = weights.names().any(|n| n.starts_with("audio_vae.decoder.") || n.starts_with("vocoder."));
+    ensure!(
+        ltx,
+        "{} models make no sound; the audio VAE '{path}' would have to be LTX-2.3's (audio_vae.decoder.*, vocoder.*), as the reference reads it for them",
+        version.name()
+    );
+    sd_warn!("{} models make no sound (LTX-2.3's audio VAE is not built here); ignoring audio_vae_path", version.name());
+    Ok(())
 }

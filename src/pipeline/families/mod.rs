@@ -846,6 +846,8 @@ pub struct ModelSet {
     pub extensions: Vec<Box<dyn Extension>>,
     /// The IP-Adapter (UNet families), from `ip_adapter_path`.
     pub ip_adapter: Option<IpAdapterModel>,
+    /// The audio VAE that decodes the sound of a video (MiniMax-H3, `audio_vae_path`).
+    pub audio: Option<Box<dyn crate::models::vae::minimax_h3_audio::AudioStage>>,
     /// What add-on networks loaded later are read with (mmap, weight types, devices).
     ctx_params: CtxParams,
 }
@@ -867,6 +869,15 @@ impl ModelSet {
             stream_layers: params.stream_layers,
             auto_fit: params.auto_fit,
         })?;
+        // The sound's VAE first: a file the family cannot read fails the context early.
+        let audio = match params.audio_vae_path.as_deref().filter(|p| !p.is_empty()) {
+            Some(path) if spec.video().is_some_and(|v| v.frame_rule == FrameRule::MinimaxH3) => minimax_h3::load_audio_vae(path, &devices, n_threads)?,
+            Some(path) => {
+                minimax_h3::audio_vae_without_sound(path, version)?;
+                None
+            }
+            None => None,
+        };
         let mut ctx = BuildCtx { params, weights: &weights, version, spec, devices: &devices, n_threads };
         let parts = match spec.arch {
             Arch::Unet { unet, text } => unet::build(&mut ctx, unet, text)?,
@@ -937,6 +948,7 @@ impl ModelSet {
             video_cond: parts.video_cond,
             clip_vision: parts.clip_vision,
             ip_adapter: parts.ip_adapter,
+            audio,
             first_stage: parts.first_stage,
             preview: parts.preview,
             control_net: None,

@@ -1,6 +1,6 @@
 //! Generation extensions (the reference's `GenerationExtension`): networks loaded with the
 //! context that act on a request through hooks instead of being wired into the pipeline.
-//! PhotoMaker is the first; its hooks are the ones here:
+//! PhotoMaker and PuLID use the hooks here:
 //!
 //! - [`Extension::loras`]: LoRAs its file carries, in effect for every request (before the
 //!   request's own);
@@ -9,6 +9,8 @@
 //! - [`Extension::conditioned`]: once the prompt's condition is encoded;
 //! - [`Extension::step_condition`]: per sampling step, a condition the prompt's pass uses
 //!   instead of the plain one (the first extension that gives one wins, as in the reference);
+//! - [`Extension::identity`]: an identity embedding every pass of the diffusion model reads
+//!   (PuLID's, for Flux);
 //! - [`Extension::end_request`]: the request's state is dropped.
 
 use super::conditioning::Conditioner;
@@ -16,6 +18,7 @@ use crate::error::Result;
 use crate::graph::Components;
 use crate::models::Condition;
 use crate::params::{ImgGenParams, Lora};
+use crate::tensor::Tensor;
 
 /// What an extension sees of a request before its prompts are encoded.
 pub struct ExtRequest<'a> {
@@ -47,10 +50,19 @@ pub trait Extension: Components + Send {
         None
     }
 
+    fn identity(&self) -> Option<(&Tensor, f32)> {
+        None
+    }
+
     fn end_request(&mut self) {}
 }
 
 /// The condition the prompt's pass of `step` uses: the first extension's, else `plain`.
 pub fn step_condition<'c>(extensions: &'c [Box<dyn Extension>], step: i32, plain: &'c Condition) -> &'c Condition {
     extensions.iter().find_map(|e| e.step_condition(step)).unwrap_or(plain)
+}
+
+/// The identity embedding and weight the diffusion passes read: the first extension's.
+pub fn identity(extensions: &[Box<dyn Extension>]) -> Option<(&Tensor, f32)> {
+    extensions.iter().find_map(|e| e.identity())
 }

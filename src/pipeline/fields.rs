@@ -25,6 +25,8 @@ pub enum Use {
     NeedsMotionModules(&'static str),
     /// Acts only with an IP-Adapter loaded; warns like `Warns` otherwise.
     NeedsIpAdapter(&'static str),
+    /// Acts only with PuLID's modules loaded (a Flux model); warns like `Warns` otherwise.
+    NeedsPulid(&'static str),
     /// Warned about where the context is built (`families::ModelSet::new`) when the loaded
     /// family has no use for it.
     AtLoad,
@@ -35,7 +37,6 @@ use Use::*;
 const LTX: Use = Warns("only LTX video models read it and this build has none");
 /// Reference clips: LTX-2.3's and MiniMax-H3's reference-to-video, not built here.
 const REF_CLIPS: Use = Warns("only LTX-2.3 and MiniMax-H3 reference clips read it, and this build takes neither");
-const PULID: Use = Warns("PuLID is not supported yet");
 const IP_ADAPTER: Use = NeedsIpAdapter("no IP-Adapter is loaded (ip_adapter_path, SD 1.x and SDXL models)");
 /// Read by the reference's cache-dit but without effect on its step decision (its limits and
 /// mask checks change nothing; its TaylorSeer terms are never used): no effect here either.
@@ -56,7 +57,7 @@ pub const FIELDS: &[(&str, &[(&str, Use)])] = &[
             ("embeddings_connectors_path", LTX), ("vae_path", Acts), ("audio_vae_path", AtLoad), ("taesd_path", Acts),
             ("control_net_path", Acts), ("ip_adapter_path", AtLoad),
             ("motion_module_path", AtLoad),
-            ("embeddings", Acts), ("embedding_count", Acts), ("photo_maker_path", Acts), ("pulid_weights_path", PULID),
+            ("embeddings", Acts), ("embedding_count", Acts), ("photo_maker_path", Acts), ("pulid_weights_path", AtLoad),
             ("tensor_type_rules", Acts), ("n_threads", Acts), ("wtype", Acts), ("rng_type", Acts),
             ("sampler_rng_type", Acts), ("prediction", Acts), ("lora_apply_mode", Acts), ("enable_mmap", Acts),
             ("flash_attn", Acts), ("diffusion_flash_attn", Acts), ("tae_preview_only", Acts),
@@ -75,7 +76,7 @@ pub const FIELDS: &[(&str, &[(&str, Use)])] = &[
             ("mask_image", Acts), ("width", Acts), ("height", Acts), ("sample_params", Acts), ("strength", Acts),
             ("seed", Acts), ("batch_count", Acts), ("control_image", Acts), ("control_strength", Acts),
             ("ip_adapter_image", IP_ADAPTER), ("ip_adapter_strength", IP_ADAPTER), ("pm_params", Acts),
-            ("pulid_params", PULID), ("vae_tiling_params", Acts), ("cache", Acts), ("hires", Acts),
+            ("pulid_params", NeedsPulid("no PuLID weights are in effect (pulid_weights_path with a Flux model)")), ("vae_tiling_params", Acts), ("cache", Acts), ("hires", Acts),
             ("qwen_image_layers", Acts), ("circular_x", Acts), ("circular_y", Acts),
         ],
     ),
@@ -167,6 +168,8 @@ pub struct ModelFacts {
     pub motion_modules: bool,
     /// An IP-Adapter is loaded.
     pub ip_adapter: bool,
+    /// PuLID's modules are loaded.
+    pub pulid: bool,
 }
 
 impl ModelFacts {
@@ -176,6 +179,7 @@ impl ModelFacts {
             vace: matches!(ms.video_cond, VideoCond::Vace),
             motion_modules: ms.animates_frames(),
             ip_adapter: ms.ip_adapter.is_some(),
+            pulid: ms.diffusion.takes_identity(),
         }
     }
 }
@@ -188,6 +192,7 @@ fn warning(strukt: &str, field: &str, path: &str, set: bool, facts: ModelFacts) 
         NeedsVace(why) if !facts.vace => why,
         NeedsMotionModules(why) if !facts.motion_modules => why,
         NeedsIpAdapter(why) if !facts.ip_adapter => why,
+        NeedsPulid(why) if !facts.pulid => why,
         _ => return None,
     };
     set.then(|| format!("{why}; ignoring {path}"))
@@ -205,7 +210,6 @@ fn ctx_warnings(c: &CtxParams, facts: ModelFacts) -> Vec<String> {
         ("embeddings_connectors_path", given(&c.embeddings_connectors_path)),
         ("ip_adapter_path", given(&c.ip_adapter_path)),
         ("photo_maker_path", given(&c.photo_maker_path)),
-        ("pulid_weights_path", given(&c.pulid_weights_path)),
         ("vae_format", c.vae_format != d.vae_format),
     ];
     set.into_iter().filter_map(|(f, s)| warning("sd_ctx_params_t", f, f, s, facts)).collect()

@@ -31,6 +31,7 @@ fn sources(params: &CtxParams) -> Vec<(Component, &str, &'static str)> {
         (Component::ClipG, &params.clip_g_path, "clip_g"),
         (Component::ClipVision, &params.clip_vision_path, "clip_vision"),
         (Component::T5xxl, &params.t5xxl_path, "t5xxl"),
+        (Component::PulidWeights, &params.pulid_weights_path, "PuLID weights"),
         (Component::Llm, &params.llm_path, "llm"),
         (Component::LlmVision, &params.llm_vision_path, "llm vision"),
         (Component::Vae, &params.vae_path, "vae"),
@@ -54,9 +55,13 @@ impl Weights {
         files.set_mmap(params.enable_mmap);
         for (component, path, what) in &list {
             sd_info!("loading {what} from '{path}'");
-            files
-                .add(path, component.prefix())
-                .map_err(|e| crate::error::Error::new(format!("init model loader from file failed: '{path}': {e}")))?;
+            let added = files.add(path, component.prefix());
+            // Like the reference, an unreadable PuLID file leaves the model without PuLID.
+            if let (Component::PulidWeights, Err(e)) = (component, &added) {
+                sd_warn!("loading PuLID weights from '{path}' failed: {e}");
+                continue;
+            }
+            added.map_err(|e| crate::error::Error::new(format!("init model loader from file failed: '{path}': {e}")))?;
         }
         let version = files.detect_version().with_context(|| {
             let main = list.first().map(|s| s.1).unwrap_or("");

@@ -17,6 +17,7 @@ pub mod ip_adapter;
 pub mod loader;
 pub mod lora;
 pub mod photomaker;
+pub mod pulid;
 pub mod prompt;
 pub mod ref_images;
 pub mod request;

@@ -211,6 +211,7 @@ pub(super) fn sample(job: &mut Job<'_>, stage: Stage<'_>, x: &Tensor, rng: &mut 
                         video: video.as_ref(),
                         image_tokens,
                         timestep_r: usize::try_from(step + 1).ok().and_then(|i| sigmas.get(i).copied()),
+                        identity: extensions::identity(exts),
                         ..DiffusionInput::new(&input, &timesteps, c)
                     };
                     let out = diffusion.compute(&dinput).map_err(|e| Error::new(format!("diffusion model compute failed: {e}")))?;

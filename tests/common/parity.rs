@@ -249,6 +249,7 @@ pub fn ctx_params(model: &str, ctx: &Value, arena: &mut Arena) -> sd_ctx_params_
             "control_net_path" => p.control_net_path = arena.str(v.as_str().unwrap()),
             "ip_adapter_path" => p.ip_adapter_path = arena.str(v.as_str().unwrap()),
             "photo_maker_path" => p.photo_maker_path = arena.str(v.as_str().unwrap()),
+            "pulid_weights_path" => p.pulid_weights_path = arena.str(v.as_str().unwrap()),
             "motion_module_path" => p.motion_module_path = arena.str(v.as_str().unwrap()),
             "audio_vae_path" => p.audio_vae_path = arena.str(v.as_str().unwrap()),
             "wtype" => p.wtype = sd_type_t(enum_value(v)),
@@ -329,6 +330,14 @@ pub fn gen_params(params: &Value, arena: &mut Arena) -> sd_img_gen_params_t {
                 p.pm_params.id_embed_path = arena.str(path);
             }
             "pm_params.style_strength" => p.pm_params.style_strength = num(v) as f32,
+            "pulid_params.id_embedding_path" => {
+                let path = v.as_str().unwrap();
+                if let Some(f) = path.strip_prefix("{fx}/") {
+                    fixture(f);
+                }
+                p.pulid_params.id_embedding_path = arena.str(path);
+            }
+            "pulid_params.id_weight" => p.pulid_params.id_weight = num(v) as f32,
             "ref_image_args" => p.ref_image_args = arena.str(v.as_str().unwrap()),
             "sample_params.guidance.slg.scale" => sp.guidance.slg.scale = num(v) as f32,
             "sample_params.guidance.slg.layer_start" => sp.guidance.slg.layer_start = num(v) as f32,

@@ -4,3 +4,4 @@ pub mod controlnet;
 pub mod ip_adapter;
 pub mod lora;
 pub mod photomaker;
+pub mod pulid;

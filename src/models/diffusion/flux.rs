@@ -25,6 +25,7 @@ use crate::graph::{Component, Components, Graph, Loaded, Scope, TypeMap, F32, T}
 use crate::models::common::dit::{
     block_index, chunk, modulate, pad_and_patchify, pad_to_patch, patchify, timestep_embedding, unpatchify, unpatchify_and_crop, RmsNorm,
 };
+use crate::models::adapter::pulid::{self, PulidCa};
 use crate::models::common::rope::{self, RefIndexMode};
 use super::sefi_image::{DualTimeEmbed, SEMANTIC_CHANNELS};
 use crate::tensor::Tensor;
@@ -117,6 +118,8 @@ pub struct FluxConfig {
     pub yak_mlp: bool,
     /// Chroma1-Radiance's pixel input and decoder.
     pub radiance: Option<RadianceConfig>,
+    /// PuLID's identity modules (`pulid_ca.N`, from `pulid_weights_path`) are in the weights.
+    pub pulid: bool,
 }
 
 /// Tokens of Chroma's modulation table (3 per single block, 2 × 6 per double block of the
@@ -166,6 +169,7 @@ impl FluxConfig {
             semantic_txt_norm: false,
             yak_mlp: false,
             radiance: None,
+            pulid: false,
         }
     }
 
@@ -230,6 +234,9 @@ impl FluxConfig {
             }
             if name.contains("distilled_guidance_layer.in_proj.weight") {
                 cfg.is_chroma = true;
+            }
+            if name.contains("pulid_ca.") {
+                cfg.pulid = true;
             }
             if let Some(i) = block_index(name, "double_blocks.") {
                 cfg.depth = cfg.depth.max(i + 1);
@@ -892,6 +899,8 @@ pub struct FluxModel {
     /// Tokens to patch pixels (all but Chroma1-Radiance).
     final_layer: Option<LastLayer>,
     nerf: Option<NerfHead>,
+    /// PuLID's identity cross-attentions, in the order they run (empty without PuLID).
+    pulid: Vec<PulidCa>,
 }
 
 /// Graph inputs of one Flux evaluation.
@@ -916,6 +925,8 @@ pub struct FluxInputs<'g, 'a> {
     /// Reference latents `[W', H', C, 1]` appended as tokens.
     pub refs: Vec<T<'g>>,
     pub skip_layers: &'a [i32],
+    /// PuLID's identity embedding `[2048, tokens, 1]` and its weight.
+    pub identity: Option<(T<'g>, f32)>,
 }
 
 impl FluxModel {
@@ -961,6 +972,8 @@ impl FluxModel {
         });
         let nerf = cfg.radiance.map(|r| NerfHead::new(s, cfg, r));
         let shared_modulation = cfg.share_modulation.then(|| SharedModulation::new(s, h, bias));
+        let n_pulid = if cfg.pulid { pulid::module_count(cfg.depth, cfg.depth_single_blocks) } else { 0 };
+        let pulid = (0..n_pulid).map(|i| PulidCa::new(&mut s.sub(&format!("pulid_ca.{i}")), h)).collect();
         FluxModel {
             config: cfg.clone(),
             img_in,
@@ -977,24 +990,19 @@ impl FluxModel {
             single_blocks,
             final_layer,
             nerf,
+            pulid,
         }
+    }
+
+    /// The model carries PuLID modules (it reads an identity embedding when given one).
+    pub fn takes_identity(&self) -> bool {
+        !self.pulid.is_empty()
     }
 
     /// The transformer on tokens: image tokens `[in_channels, L_img, N]` → `[p·p·C, L_img, N]`
     /// (Chroma1-Radiance: tokens `[hidden, L_img, N]` in and out).
-    #[allow(clippy::too_many_arguments)]
-    fn forward_tokens<'g>(
-        &self,
-        g: &'g Graph,
-        img: T<'g>,
-        txt: T<'g>,
-        timesteps: T<'g>,
-        y: Option<T<'g>>,
-        guidance: Option<T<'g>>,
-        pe: T<'g>,
-        mod_index: Option<T<'g>>,
-        skip_layers: &[i32],
-    ) -> T<'g> {
+    fn forward_tokens<'g>(&self, g: &'g Graph, img: T<'g>, i: &FluxInputs<'g, '_>) -> T<'g> {
+        let (txt, timesteps, y, guidance, pe, mod_index, skip_layers) = (i.context, i.timesteps, i.y, i.guidance, i.pe, i.mod_index, i.skip_layers);
         let cfg = &self.config;
         let mut img = match &self.img_in {
             Some(l) => l.forward(g, img),
@@ -1036,23 +1044,38 @@ impl FluxModel {
         };
         let mut txt = self.txt_in.forward(g, txt);
         let skip = |i: usize| skip_layers.contains(&(i as i32));
+        let identity = i.identity;
+        let mut pulid = self.pulid.iter();
         for (i, block) in self.double_blocks.iter().enumerate() {
             if skip(i) {
                 continue;
             }
             (img, txt) = block.forward(g, img, txt, vec, pe, mask, shared.as_ref());
+            if let Some((id, w)) = identity.filter(|_| i % pulid::DOUBLE_INTERVAL == 0) {
+                img = pulid.next().expect("a PuLID module per second double block").apply(g, img, id, w);
+            }
         }
         let n_img = img.ne()[1];
+        let n_txt = txt.ne()[1];
         let mut txt_img = txt.concat(img, 1);
         for (i, block) in self.single_blocks.iter().enumerate() {
             if skip(i + cfg.depth) {
                 continue;
             }
             txt_img = block.forward(g, txt_img, vec, pe, mask, shared.as_ref().map(|m| m.single));
+            if let Some((id, w)) = identity.filter(|_| i % pulid::SINGLE_INTERVAL == 0) {
+                // The module reads and updates the image tokens only.
+                let [d, _, n, _] = txt_img.ne();
+                let nb = txt_img.nb();
+                let txt_part = txt_img.view(&[d, n_txt, n], &[nb[1], nb[2]], 0).cont();
+                let img_part = txt_img.view(&[d, n_img, n], &[nb[1], nb[2]], n_txt as usize * nb[1]).cont();
+                let img_part = pulid.next().expect("a PuLID module per fourth single block").apply(g, img_part, id, w);
+                txt_img = txt_part.concat(img_part, 1);
+            }
         }
         let [d, _, n, _] = txt_img.ne();
         let nb = txt_img.nb();
-        let img = txt_img.view(&[d, n_img, n], &[nb[1], nb[2]], txt.ne()[1] as usize * nb[1]);
+        let img = txt_img.view(&[d, n_img, n], &[nb[1], nb[2]], n_txt as usize * nb[1]);
         match &self.final_layer {
             Some(f) => f.forward(g, img, vec),
             None => img,
@@ -1076,7 +1099,7 @@ impl FluxModel {
         let t = patch_in.forward(g, tokens_in);
         let [tw, th, hidden, tn] = t.ne();
         let t = t.reshape(&[tw * th, hidden, tn]).permute(1, 0, 2, 3).cont();
-        let tokens = self.forward_tokens(g, t, i.context, i.timesteps, i.y, i.guidance, i.pe, i.mod_index, i.skip_layers);
+        let tokens = self.forward_tokens(g, t, i);
         let dct = i.dct.expect("Chroma Radiance needs the DCT position code");
         let mut out = nerf.forward(g, img, tokens, dct, p);
         if r.use_x0 {
@@ -1118,7 +1141,7 @@ impl FluxModel {
         for r in &i.refs {
             img = img.concat(pad_and_patchify(g, *r, p, true), 1);
         }
-        let mut out = self.forward_tokens(g, img, i.context, i.timesteps, i.y, i.guidance, i.pe, i.mod_index, i.skip_layers);
+        let mut out = self.forward_tokens(g, img, i);
         if out.ne()[1] > img_tokens {
             let nb = out.nb();
             let ne = out.ne();
@@ -1128,7 +1151,7 @@ impl FluxModel {
     }
 
     /// Checks host inputs against the configuration before a graph is built.
-    fn check_inputs(&self, x: &Tensor, context: &Tensor, c_concat: Option<&Tensor>, y: Option<&Tensor>, refs: &[Tensor]) -> Result<()> {
+    fn check_inputs(&self, x: &Tensor, context: &Tensor, c_concat: Option<&Tensor>, y: Option<&Tensor>, refs: &[Tensor], identity: Option<(&Tensor, f32)>) -> Result<()> {
         let cfg = &self.config;
         let c = cfg.latent_channels() as usize;
         ensure!(x.shape().len() <= 4 && x.ne(3) == 1 && x.ne(2) == c, "Flux takes one latent [W, H, {c}, 1], got {:?}", x.shape());
@@ -1165,6 +1188,15 @@ impl FluxModel {
         for r in refs {
             ensure!(r.ne(2) == c && r.ne(3) == 1 && r.ne(0) > 0 && r.ne(1) > 0, "Flux reference latent must be [W, H, {c}, 1], got {:?}", r.shape());
         }
+        if let Some((id, _)) = identity.filter(|_| self.takes_identity()) {
+            ensure!(
+                id.ne(0) as i64 == pulid::ID_DIM && id.ne(2) == 1 && id.ne(3) == 1,
+                "the PuLID identity embedding is {} wide, the PuLID modules take {} (shape {:?})",
+                id.ne(0),
+                pulid::ID_DIM,
+                id.shape()
+            );
+        }
         Ok(())
     }
 }
@@ -1189,13 +1221,17 @@ impl Components for Flux {
 }
 
 impl DiffusionModel for Flux {
+    fn takes_identity(&self) -> bool {
+        self.model.model.takes_identity()
+    }
+
     fn compute(&mut self, input: &DiffusionInput<'_>) -> Result<Tensor> {
         let cond = input.cond;
         let context = cond.crossattn.as_ref().context("Flux needs a text context (no text encoder produced one)")?;
         let (model, runner) = self.model.parts();
         let cfg = model.config.clone();
         let y = if cfg.is_chroma && !self.options.use_mask { None } else { cond.vector.as_ref() };
-        model.check_inputs(input.x, context, cond.concat.as_ref(), y, input.ref_latents)?;
+        model.check_inputs(input.x, context, cond.concat.as_ref(), y, input.ref_latents, input.identity)?;
         let p = cfg.patch_size as usize;
         let refs: Vec<(usize, usize)> = input.ref_latents.iter().map(|r| (r.ne(1), r.ne(0))).collect();
         let (w, h) = (input.x.ne(0), input.x.ne(1));
@@ -1211,6 +1247,12 @@ impl DiffusionModel for Flux {
         let timesteps = input.timesteps.to_vec();
         if cfg.variant == FluxVariant::Sefi {
             ensure!(timesteps.len() == 2, "SeFi-Image takes a semantic and a texture timestep, got {} timesteps", timesteps.len());
+        }
+        // Like the reference, PuLID sits out passes that skip layers (skip-layer guidance).
+        let mut identity = input.identity.filter(|_| model.takes_identity());
+        if identity.is_some() && !input.skip_layers.is_empty() {
+            sd_warn!("PuLID + skip_layers is not supported; disabling PuLID for this generation.");
+            identity = None;
         }
         let mod_index: Vec<f32> = (0..CHROMA_MOD_INDEX_LEN).map(|i| i as f32).collect();
         let dct = cfg.radiance.map(|r| (dct_positions(p, r.nerf_max_freqs as usize), r.nerf_max_freqs * r.nerf_max_freqs));
@@ -1228,6 +1270,7 @@ impl DiffusionModel for Flux {
                 dct: dct.as_ref().map(|(v, f)| g.input_f32(v, &[*f, (p * p) as i64])),
                 refs,
                 skip_layers: input.skip_layers,
+                identity: identity.map(|(t, w)| (g.input(t), w)),
             };
             Ok(model.forward(g, &inputs))
         })

@@ -58,6 +58,9 @@ pub struct DiffusionInput<'a> {
     /// next), which the reference passes HunyuanVideo's meanflow embedder as `timestep_r`;
     /// `None` past the schedule's end.
     pub timestep_r: Option<f32>,
+    /// PuLID's identity embedding `[2048, tokens, 1]` and its weight (Flux models with PuLID
+    /// modules; others ignore it).
+    pub identity: Option<(&'a Tensor, f32)>,
 }
 
 /// The video-only inputs of one evaluation. A video latent is `[W, H, T, C, N]` (T latent
@@ -89,6 +92,7 @@ impl<'a> DiffusionInput<'a> {
             video: None,
             image_tokens: None,
             timestep_r: None,
+            identity: None,
         }
     }
 }
@@ -102,6 +106,11 @@ pub trait DiffusionModel: Components + Send {
 
     /// Whether a batch is the frames of one video (a UNet with AnimateDiff motion modules).
     fn has_motion_modules(&self) -> bool {
+        false
+    }
+
+    /// The model reads an identity embedding ([`DiffusionInput::identity`]: Flux with PuLID).
+    fn takes_identity(&self) -> bool {
         false
     }
 

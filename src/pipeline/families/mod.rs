@@ -842,7 +842,7 @@ pub struct ModelSet {
     pub loras: LoraSet,
     /// The ControlNet (UNet families), loaded from `control_net_path` or swapped later.
     pub control_net: Option<ControlNetModel>,
-    /// Generation extensions (PhotoMaker from `photo_maker_path`).
+    /// Generation extensions (PhotoMaker from `photo_maker_path`, PuLID with `pulid_weights_path`).
     pub extensions: Vec<Box<dyn Extension>>,
     /// The IP-Adapter (UNet families), from `ip_adapter_path`.
     pub ip_adapter: Option<IpAdapterModel>,
@@ -963,6 +963,15 @@ impl ModelSet {
         if let Some(path) = params.photo_maker_path.as_deref().filter(|p| !p.is_empty()) {
             let pm = super::photomaker::PhotoMaker::load(path, version, params, &set.devices, n_threads)?;
             set.extensions.push(Box::new(pm));
+        }
+        if let Some(path) = params.pulid_weights_path.as_deref().filter(|p| !p.is_empty()) {
+            if set.diffusion.takes_identity() {
+                set.extensions.push(Box::<super::pulid::Pulid>::default());
+            } else if set.weights.types().keys().any(|n| n.contains("pulid_ca.")) {
+                sd_warn!("{} models take no PuLID identity (Flux models do); ignoring pulid_weights_path", version.name());
+            } else {
+                sd_warn!("no PuLID modules (pulid_ca.*) were loaded from '{path}'; ignoring pulid_weights_path");
+            }
         }
         Ok(set)
     }

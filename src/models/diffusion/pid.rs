@@ -9,6 +9,10 @@
 //!   patches through a compressed 1152-wide view), `final_layer`, and `lq_proj`: convolutions
 //!   over the reference image's VAE latent (resized to the patch grid, nearest), whose heads
 //!   are gated into the patch tokens before every `lq_interval`-th block.
+//! - PiD 1.5 (`lq_proj.pit_head`): one more head, gated (`pit_lq_gate`) into the patch tokens
+//!   after the last block, where they condition the pixel blocks; its LQ convolutions pad by
+//!   repeating the edge, its gates may be one scalar per token, its RoPE grid reference is
+//!   128, and a 32-channel projection reads Flux.2's 128-channel latent unpatchified 2×2.
 //! - Sizes are the reference's fixed values apart from the block counts (at least 14 / 2), the
 //!   MLP width and the LQ projection's width and input channels, read from the weights.
 //! - RoPE turns interleaved pairs: text tokens by index, patches by their normalised grid
@@ -34,7 +38,6 @@ pub const TXT_DIM: i64 = 2304;
 pub const TXT_MAX: usize = 300;
 const LQ_RES_BLOCKS: usize = 4;
 const LQ_SR_SCALE: i64 = 4;
-const ROPE_REF_GRID: usize = 64;
 const EPS: f32 = 1e-6;
 
 #[derive(Clone, Debug, PartialEq)]
@@ -48,12 +51,36 @@ pub struct PidConfig {
     pub lq_interval: usize,
     /// PiD 1.5's extra LQ head into the pixel stream (`lq_proj.pit_head`).
     pub pit_lq_inject: bool,
+    /// Channels of the convolutions' input: the latent's, or a quarter of them when the
+    /// latent is unpatchified 2×2 first (`lq_unpatchify` 2).
+    pub lq_in: i64,
+    pub lq_unpatchify: i64,
+    /// The LQ convolutions pad by repeating the edge instead of zeros (PiD 1.5).
+    pub lq_replicate_padding: bool,
+    /// One gate value per token instead of per channel (PiD 1.5 checkpoints that say so).
+    pub lq_gate_per_token: bool,
+    /// The patch grid the RoPE bases are scaled against.
+    pub rope_ref_grid: usize,
 }
 
 impl PidConfig {
     /// The configuration under `prefix` (ending in '.'), like the reference's detection.
     pub fn detect(types: &TypeMap, shape_of: &dyn Fn(&str) -> Option<Vec<i64>>, prefix: &str) -> PidConfig {
-        let mut cfg = PidConfig { patch_depth: 14, pixel_depth: 2, mlp_hidden: 4096, lq_channels: 16, lq_hidden: 512, lq_down_factor: 8, lq_interval: 2, pit_lq_inject: false };
+        let mut cfg = PidConfig {
+            patch_depth: 14,
+            pixel_depth: 2,
+            mlp_hidden: 4096,
+            lq_channels: 16,
+            lq_hidden: 512,
+            lq_down_factor: 8,
+            lq_interval: 2,
+            pit_lq_inject: false,
+            lq_in: 16,
+            lq_unpatchify: 1,
+            lq_replicate_padding: false,
+            lq_gate_per_token: false,
+            rope_ref_grid: 64,
+        };
         let lq = format!("{prefix}lq_proj.");
         let mut gates = 0;
         for name in types.keys().filter(|n| n.starts_with(prefix)) {
@@ -65,7 +92,10 @@ impl PidConfig {
             }
             let shape = shape_of(name).unwrap_or_default();
             if *name == format!("{lq}latent_proj.0.weight") && shape.len() == 4 {
-                (cfg.lq_channels, cfg.lq_hidden) = (shape[2], shape[3]);
+                (cfg.lq_in, cfg.lq_hidden) = (shape[2], shape[3]);
+            }
+            if *name == format!("{lq}gate_modules.0.content_proj.weight") && shape.len() >= 2 {
+                cfg.lq_gate_per_token = shape[1] == 1;
             }
             if let Some(i) = name.strip_prefix(&format!("{lq}gate_modules.")).and_then(|r| r.split('.').next()?.parse::<usize>().ok()) {
                 gates = gates.max(i + 1);
@@ -80,15 +110,26 @@ impl PidConfig {
         if gates > 0 {
             cfg.lq_interval = cfg.patch_depth.div_ceil(gates);
         }
-        cfg.lq_down_factor = if cfg.lq_channels >= 64 { 16 } else { 8 };
+        if cfg.pit_lq_inject {
+            // 16 channels: an SD3/Flux latent at 1/8; 32: Flux.2's 128 at 1/16, unpatchified.
+            // Other widths are refused by `validate` (the reference aborts).
+            (cfg.lq_channels, cfg.lq_down_factor, cfg.lq_unpatchify) = if cfg.lq_in == 32 { (128, 16, 2) } else { (cfg.lq_in, 8, 1) };
+            (cfg.lq_replicate_padding, cfg.rope_ref_grid) = (true, 128);
+        } else {
+            cfg.lq_channels = cfg.lq_in;
+            cfg.lq_down_factor = if cfg.lq_channels >= 64 { 16 } else { 8 };
+            cfg.lq_gate_per_token = false;
+        }
         sd_debug!(
-            "pid: patch_depth = {}, pixel_depth = {}, patch_mlp_hidden_dim = {}, lq_latent_channels = {}, lq_hidden_dim = {}, lq_latent_down_factor = {}, lq_interval = {}",
+            "pid: version = {}, patch_depth = {}, pixel_depth = {}, patch_mlp_hidden_dim = {}, lq_latent_channels = {}, lq_hidden_dim = {}, lq_latent_down_factor = {}, lq_latent_unpatchify_factor = {}, lq_interval = {}",
+            if cfg.pit_lq_inject { "1.5" } else { "1" },
             cfg.patch_depth,
             cfg.pixel_depth,
             cfg.mlp_hidden,
             cfg.lq_channels,
             cfg.lq_hidden,
             cfg.lq_down_factor,
+            cfg.lq_unpatchify,
             cfg.lq_interval
         );
         cfg
@@ -96,9 +137,13 @@ impl PidConfig {
 
     /// What this implementation does not run.
     pub fn validate(&self) -> Result<()> {
-        ensure!(!self.pit_lq_inject, "PiD 1.5 checkpoints (lq_proj.pit_head) are not supported yet");
+        ensure!(
+            !self.pit_lq_inject || matches!(self.lq_in, 16 | 32),
+            "PiD 1.5's LQ projection reads 16 or 32 channels (a 16-channel latent, or Flux.2's 128 unpatchified), not {} (stable-diffusion.cpp aborts here)",
+            self.lq_in
+        );
         ensure!(self.lq_hidden % 4 == 0, "PiD's LQ projection groups its {} channels in 4 groups", self.lq_hidden);
-        ensure!(LQ_SR_SCALE * self.lq_down_factor >= PATCH, "PiD's LQ latent is coarser than its patches");
+        ensure!(LQ_SR_SCALE * self.lq_down_factor / self.lq_unpatchify >= PATCH, "PiD's LQ latent is coarser than its patches");
         Ok(())
     }
 
@@ -305,24 +350,58 @@ impl PixelBlock {
     }
 }
 
+/// A 3×3 convolution of the LQ projection: zero padding, or (PiD 1.5) none after the input's
+/// edge is repeated once around it.
+#[derive(Clone, Copy, Debug)]
+struct LqConv {
+    conv: Conv2d,
+    replicate: bool,
+}
+
+impl LqConv {
+    fn new(s: &mut Scope, name: &str, cin: i64, cout: i64, replicate: bool) -> LqConv {
+        LqConv { conv: Conv2d::square(s, name, cin, cout, 3, 1, if replicate { 0 } else { 1 }), replicate }
+    }
+
+    fn forward<'g>(&self, g: &'g Graph, x: T<'g>) -> T<'g> {
+        self.conv.forward(g, if self.replicate { replicate_pad(x) } else { x })
+    }
+}
+
+/// `x` `[W, H, C, N]` with its first and last column, then row, repeated once outside.
+fn replicate_pad(x: T<'_>) -> T<'_> {
+    let [w, ..] = x.ne();
+    let x = edge(x, 0, 0).concat(x, 0).concat(edge(x, 0, w - 1), 0);
+    let [_, h, ..] = x.ne();
+    edge(x, 1, 0).concat(x, 1).concat(edge(x, 1, h - 1), 1)
+}
+
+/// The slice of `x` at index `at` of dimension `dim`, dense.
+fn edge(x: T<'_>, dim: usize, at: i64) -> T<'_> {
+    let mut ne = x.ne();
+    ne[dim] = 1;
+    let nb = x.nb();
+    x.view(&ne, &[nb[1], nb[2], nb[3]], nb[dim] * at as usize).cont()
+}
+
 /// GroupNorm, SiLU, conv, twice, plus the input. The reference declares its group norms with
 /// eps 1e-5 but normalises with 1e-6 (its group-norm helper's own), so 1e-6 it is.
 #[derive(Clone, Copy, Debug)]
 struct ResBlock {
     norm1: GroupNorm,
-    conv1: Conv2d,
+    conv1: LqConv,
     norm2: GroupNorm,
-    conv2: Conv2d,
+    conv2: LqConv,
 }
 
 impl ResBlock {
-    fn new(s: &mut Scope, ch: i64) -> ResBlock {
+    fn new(s: &mut Scope, ch: i64, replicate: bool) -> ResBlock {
         let mut b = s.sub("block");
         ResBlock {
             norm1: GroupNorm::new(&mut b, "0", 4, ch, true),
-            conv1: Conv2d::square(&mut b, "2", ch, ch, 3, 1, 1),
+            conv1: LqConv::new(&mut b, "2", ch, ch, replicate),
             norm2: GroupNorm::new(&mut b, "3", 4, ch, true),
-            conv2: Conv2d::square(&mut b, "5", ch, ch, 3, 1, 1),
+            conv2: LqConv::new(&mut b, "5", ch, ch, replicate),
         }
     }
 
@@ -333,7 +412,8 @@ impl ResBlock {
     }
 }
 
-/// `x + lq · σ(content_proj([x, lq]) - e^log_alpha · degrade_sigma)`.
+/// `x + lq · σ(content_proj([x, lq]) - e^log_alpha · degrade_sigma)`; the projection gives
+/// one value per channel, or one per token.
 #[derive(Clone, Copy, Debug)]
 struct Gate {
     content_proj: Linear,
@@ -341,6 +421,12 @@ struct Gate {
 }
 
 impl Gate {
+    fn new(s: &mut Scope, name: &str, per_token: bool) -> Gate {
+        let mut gs = s.sub(name);
+        let out = if per_token { 1 } else { HIDDEN };
+        Gate { content_proj: Linear::new(&mut gs, "content_proj", 2 * HIDDEN, out, true), log_alpha: gs.tensor("log_alpha", F32, &[1]) }
+    }
+
     fn forward<'g>(&self, g: &'g Graph, x: T<'g>, lq: T<'g>, sigma: T<'g>) -> T<'g> {
         let logit = self.content_proj.forward(g, x.concat(lq, 0));
         let sigma = sigma.reshape(&[1, 1, sigma.ne()[0]]);
@@ -351,39 +437,46 @@ impl Gate {
 
 #[derive(Debug)]
 struct LqProjection {
-    conv0: Conv2d,
-    conv2: Conv2d,
+    conv0: LqConv,
+    conv2: LqConv,
     res: Vec<ResBlock>,
     heads: Vec<Linear>,
     gates: Vec<Gate>,
+    /// PiD 1.5's head for the tokens after the patch blocks.
+    pit_head: Option<Linear>,
+    unpatchify: i64,
 }
 
 impl LqProjection {
     fn new(s: &mut Scope, cfg: &PidConfig) -> LqProjection {
-        let h = cfg.lq_hidden;
-        let conv0 = Conv2d::square(s, "latent_proj.0", cfg.lq_channels, h, 3, 1, 1);
-        let conv2 = Conv2d::square(s, "latent_proj.2", h, h, 3, 1, 1);
-        let res = (0..LQ_RES_BLOCKS).map(|i| ResBlock::new(&mut s.sub(&format!("latent_proj.{}", 3 + i)), h)).collect();
+        let (h, rep) = (cfg.lq_hidden, cfg.lq_replicate_padding);
+        let conv0 = LqConv::new(s, "latent_proj.0", cfg.lq_in, h, rep);
+        let conv2 = LqConv::new(s, "latent_proj.2", h, h, rep);
+        let res = (0..LQ_RES_BLOCKS).map(|i| ResBlock::new(&mut s.sub(&format!("latent_proj.{}", 3 + i)), h, rep)).collect();
         let heads = (0..cfg.lq_outputs()).map(|i| Linear::new(s, &format!("output_heads.{i}"), h, HIDDEN, true)).collect();
-        let gates = (0..cfg.lq_outputs())
-            .map(|i| {
-                let mut gs = s.sub(&format!("gate_modules.{i}"));
-                Gate { content_proj: Linear::new(&mut gs, "content_proj", 2 * HIDDEN, HIDDEN, true), log_alpha: gs.tensor("log_alpha", F32, &[1]) }
-            })
-            .collect();
-        LqProjection { conv0, conv2, res, heads, gates }
+        let gates = (0..cfg.lq_outputs()).map(|i| Gate::new(s, &format!("gate_modules.{i}"), cfg.lq_gate_per_token)).collect();
+        let pit_head = cfg.pit_lq_inject.then(|| Linear::new(s, "pit_head", h, HIDDEN, true));
+        LqProjection { conv0, conv2, res, heads, gates, pit_head, unpatchify: cfg.lq_unpatchify }
     }
 
-    /// The heads' features `[hidden, hs·ws, N]` of the latent `[w, h, C, N]`, resized to the
-    /// patch grid.
+    /// The heads' features `[hidden, hs·ws, N]` of the latent `[w, h, C, N]` (unpatchified
+    /// first when the projection says so), resized to the patch grid; PiD 1.5's pixel-stream
+    /// head last.
     fn forward<'g>(&self, g: &'g Graph, lq: T<'g>, hs: i64, ws: i64) -> Vec<T<'g>> {
+        let lq = if self.unpatchify > 1 {
+            let [w, h, c, n] = lq.ne();
+            let rows = lq.permute_axes([2, 0, 1, 3]).cont().reshape(&[c, w * h, n]);
+            unpatchify(rows, h, w, self.unpatchify, true)
+        } else {
+            lq
+        };
         let [w, h, c, n] = lq.ne();
         let lq = if (w, h) != (ws, hs) { lq.interpolate([ws, hs, c, n], ggml_sys::GGML_SCALE_MODE_NEAREST) } else { lq };
         let feat = self.conv2.forward(g, self.conv0.forward(g, lq).silu_inplace());
         let feat = self.res.iter().fold(feat, |f, b| b.forward(g, f));
         let ch = feat.ne()[2];
         let tokens = feat.permute_axes([2, 0, 1, 3]).cont().reshape(&[ch, hs * ws, n]);
-        self.heads.iter().map(|head| head.forward(g, tokens)).collect()
+        self.heads.iter().chain(&self.pit_head).map(|head| head.forward(g, tokens)).collect()
     }
 }
 
@@ -402,6 +495,8 @@ pub struct PidModel {
     final_norm: RmsNorm,
     final_linear: Linear,
     lq: LqProjection,
+    /// PiD 1.5: gates the pixel-stream LQ head into the patch tokens after the blocks.
+    pit_gate: Option<Gate>,
 }
 
 /// The position tables of one evaluation: text then patches for the joint attention, the
@@ -435,6 +530,7 @@ impl PidModel {
             final_norm,
             final_linear,
             lq: LqProjection::new(&mut s.sub("lq_proj"), cfg),
+            pit_gate: cfg.pit_lq_inject.then(|| Gate::new(s, "pit_lq_gate", cfg.lq_gate_per_token)),
         }
     }
 
@@ -460,7 +556,8 @@ impl PidModel {
         let y_pos = if ltxt == TXT_MAX as i64 { y_pos } else { tokens(y_pos, 0, ltxt) };
         let mut y = y.add(y_pos);
 
-        let lq = self.lq.forward(g, lq, hs, ws);
+        let mut lq = self.lq.forward(g, lq, hs, ws);
+        let pit_lq = if self.pit_gate.is_some() { lq.pop() } else { None };
         let mut s = self.s_embedder.forward(g, x_patches);
         for (i, block) in self.patch_blocks.iter().enumerate() {
             if i % cfg.lq_interval == 0 {
@@ -471,7 +568,10 @@ impl PidModel {
             }
             (s, y) = block.forward(g, s, y, c, pe);
         }
-        let s = s.add(t_emb).silu();
+        let mut s = s.add(t_emb).silu();
+        if let (Some(gate), Some(pit_lq)) = (&self.pit_gate, pit_lq) {
+            s = gate.forward(g, s, pit_lq, sigma);
+        }
         let s_cond = s.reshape(&[HIDDEN, l * n]);
 
         // Pixel tokens: [16, p², L·N], each patch's pixels with channels fastest.
@@ -494,19 +594,21 @@ impl PidModel {
     fn tables(&self, hs: usize, ws: usize, ltxt: usize) -> Tables {
         let head = (HIDDEN / HEADS) as usize;
         let mut joint = rope::embed_nd(&Ids { n_axes: 1, data: (0..ltxt).map(|i| i as f32).collect() }, 10000.0, &[head], None);
-        joint.extend(rope_2d(hs, ws, head));
-        Tables { joint, pixel: pixel_abs_pos(hs * PATCH as usize, ws * PATCH as usize, PIXEL_DIM as usize), pixel_comp: rope_2d(hs, ws, (PIXEL_ATTN / PIXEL_HEADS) as usize) }
+        let grid = self.config.rope_ref_grid;
+        joint.extend(rope_2d(hs, ws, head, grid));
+        let pixel_comp = rope_2d(hs, ws, (PIXEL_ATTN / PIXEL_HEADS) as usize, grid);
+        Tables { joint, pixel: pixel_abs_pos(hs * PATCH as usize, ws * PATCH as usize, PIXEL_DIM as usize), pixel_comp }
     }
 }
 
 /// The patches' rotations (the reference's `embed_2d_interleaved`): per patch `dim / 2`
 /// rotations alternating x and y, positions spread over 0..16 across the grid, each axis's
-/// base scaled by (its patches / 64)^(d / (d - 2)).
-fn rope_2d(h: usize, w: usize, dim: usize) -> Vec<f32> {
+/// base scaled by (its patches / `ref_grid`)^(d / (d - 2)).
+fn rope_2d(h: usize, w: usize, dim: usize, ref_grid: usize) -> Vec<f32> {
     let axis = dim / 2;
     let power = axis as f32 / (axis as f32 - 2.0);
-    let h_ntk = (h as f32 / ROPE_REF_GRID as f32).powf(power);
-    let w_ntk = (w as f32 / ROPE_REF_GRID as f32).powf(power);
+    let h_ntk = (h as f32 / ref_grid as f32).powf(power);
+    let w_ntk = (w as f32 / ref_grid as f32).powf(power);
     let coord = |i: usize, n: usize| if n == 1 { 0.0 } else { 16.0 * i as f32 / (n - 1) as f32 };
     let xs: Vec<f32> = (0..h).flat_map(|_| (0..w).map(move |ix| coord(ix, w))).collect();
     let ys: Vec<f32> = (0..h).flat_map(|iy| std::iter::repeat_n(coord(iy, h), w)).collect();
@@ -585,5 +687,50 @@ impl DiffusionModel for Loaded<PidModel> {
             let pixel_pe = g.input_f32(&tables.pixel_comp, &[2, 2, pixel_head, (hs * ws) as i64]);
             Ok(model.forward(g, xi, t, ctx, lq, sigma, pe, pixel_pos, pixel_pe))
         })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::HashMap;
+
+    /// The config of tensors `(name under "net.", ggml shape)`.
+    fn detect(tensors: &[(&str, &[i64])]) -> PidConfig {
+        let shapes: HashMap<String, Vec<i64>> = tensors.iter().map(|(n, s)| (format!("net.{n}"), s.to_vec())).collect();
+        let types: TypeMap = shapes.keys().map(|n| (n.clone(), F32)).collect();
+        PidConfig::detect(&types, &|n| shapes.get(n).cloned(), "net.")
+    }
+
+    #[test]
+    fn pid_15_layouts() {
+        let v1 = detect(&[("lq_proj.latent_proj.0.weight", &[3, 3, 16, 32]), ("lq_proj.gate_modules.0.content_proj.weight", &[3072, 1])]);
+        assert!(!v1.pit_lq_inject && !v1.lq_gate_per_token && !v1.lq_replicate_padding);
+        assert_eq!((v1.lq_channels, v1.lq_unpatchify, v1.rope_ref_grid), (16, 1, 64));
+        let pit = [("lq_proj.pit_head.weight", &[32i64, 1536][..])];
+        let v15 = detect(&[pit[0], ("lq_proj.latent_proj.0.weight", &[3, 3, 16, 32]), ("lq_proj.gate_modules.0.content_proj.weight", &[3072, 1536])]);
+        assert!(v15.pit_lq_inject && !v15.lq_gate_per_token && v15.lq_replicate_padding);
+        assert_eq!((v15.lq_channels, v15.lq_down_factor, v15.lq_unpatchify, v15.rope_ref_grid), (16, 8, 1, 128));
+        v15.validate().unwrap();
+        let flux2 = detect(&[pit[0], ("lq_proj.latent_proj.0.weight", &[3, 3, 32, 32]), ("lq_proj.gate_modules.0.content_proj.weight", &[3072, 1])]);
+        assert!(flux2.lq_gate_per_token);
+        assert_eq!((flux2.lq_channels, flux2.lq_down_factor, flux2.lq_unpatchify), (128, 16, 2));
+        flux2.validate().unwrap();
+        assert!(detect(&[pit[0], ("lq_proj.latent_proj.0.weight", &[3, 3, 128, 32])]).validate().is_err());
+    }
+
+    #[test]
+    fn replicate_pad_repeats_the_edges() {
+        use crate::graph::{Backend, Runner};
+        let x: Vec<f32> = (0..6).map(|v| v as f32).collect();
+        let out = Runner::new(std::sync::Arc::new(Backend::cpu().unwrap()), 1).compute(|g| Ok(replicate_pad(g.input_f32(&x, &[3, 2, 1, 1])))).unwrap();
+        assert_eq!(out.shape()[..2], [5, 4]);
+        #[rustfmt::skip]
+        assert_eq!(out.data(), &[
+            0., 0., 1., 2., 2.,
+            0., 0., 1., 2., 2.,
+            3., 3., 4., 5., 5.,
+            3., 3., 4., 5., 5.,
+        ]);
     }
 }

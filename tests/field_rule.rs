@@ -152,8 +152,14 @@ impl Arena {
 
 /// A file that loads as an (empty) component: one tensor nobody reads.
 fn tiny_safetensors() -> String {
-    let path = std::env::temp_dir().join(format!("field-rule-{}.safetensors", std::process::id()));
-    let header = br#"{"unused_tensor":{"dtype":"F32","shape":[1],"data_offsets":[0,4]}}"#;
+    tiny_safetensors_with("unused_tensor", "")
+}
+
+/// A one-tensor safetensors file whose tensor is `name` (`tag` tells files apart).
+fn tiny_safetensors_with(name: &str, tag: &str) -> String {
+    let path = std::env::temp_dir().join(format!("field-rule-{}{tag}.safetensors", std::process::id()));
+    let header = format!(r#"{{"{name}":{{"dtype":"F32","shape":[1],"data_offsets":[0,4]}}}}"#);
+    let header = header.as_bytes();
     let mut bytes = (header.len() as u64).to_le_bytes().to_vec();
     bytes.extend_from_slice(header);
     bytes.extend_from_slice(&0f32.to_le_bytes());
@@ -359,6 +365,15 @@ fn every_warned_field_and_key_warns_on_sd1() {
     // field would cost a model load each).
     let mut cp = ctx_params(&model);
     let ctx_warned = set_all_warned(&m, "sd_ctx_params_t", &mut cp, &file, &mut arena);
+    // A family without sound reads audio_vae_path as LTX-2.3's audio VAE, like the reference:
+    // an LTX-2.3 one is ignored with the warning, any other file fails the context.
+    let ltx_audio = CString::new(tiny_safetensors_with("vocoder.conv_pre.weight", "-ltx-audio")).unwrap();
+    cp.audio_vae_path = ltx_audio.as_ptr();
+    let mut refused = ctx_params(&model);
+    let other_audio = CString::new(file.as_bytes()).unwrap();
+    refused.audio_vae_path = other_audio.as_ptr();
+    // SAFETY: valid params whose pointers outlive the call.
+    assert!(unsafe { new_sd_ctx(&refused) }.is_null(), "SD 1.x with an audio VAE that is not LTX-2.3's must fail new_sd_ctx");
     LOG.lock().unwrap().clear();
     let all_ctx = new_ctx(&cp);
     generate_img(all_ctx, &img_params(&prompt), false);

@@ -65,6 +65,11 @@ fn main() {
     println!("cargo:rustc-env=SD_GEMMA2_MERGES={}", merges.display());
     let vocab = decode_vocab(&manifest_dir, "gemma2_vocab.hpp", &out_dir.join("gemma2_vocab.json"));
     println!("cargo:rustc-env=SD_GEMMA2_VOCAB={}", vocab.display());
+    // Gemma 3's (LTX-2.3), as Gemma 2's.
+    let merges = decode_vocab(&manifest_dir, "gemma_merges.hpp", &out_dir.join("gemma3_merges.txt"));
+    println!("cargo:rustc-env=SD_GEMMA3_MERGES={}", merges.display());
+    let vocab = decode_vocab(&manifest_dir, "gemma_vocab.hpp", &out_dir.join("gemma3_vocab.json"));
+    println!("cargo:rustc-env=SD_GEMMA3_VOCAB={}", vocab.display());
     if let Ok(dir) = env::var("DEP_GGML_LIB_DIR") {
         println!("cargo:rustc-env=SD_GGML_LIB_DIR={dir}");
     }

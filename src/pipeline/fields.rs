@@ -3,7 +3,7 @@
 //! keys: each acts, or draws a warning naming it when set, so nothing a caller passes is
 //! dropped silently. `tests/field_rule.rs` walks the ABI manifest against [`FIELDS`].
 
-use super::families::{ModelSet, VideoCond};
+use super::families::{Arch, ModelSet, VideoCond};
 use crate::params::{CtxParams, HiresParams, ImgGenParams, SampleParams, VidGenParams};
 
 /// What a field does.
@@ -27,6 +27,8 @@ pub enum Use {
     NeedsIpAdapter(&'static str),
     /// Acts only with PuLID's modules loaded (a Flux model); warns like `Warns` otherwise.
     NeedsPulid(&'static str),
+    /// Acts only on LTX-2.3 models; warns like `Warns` otherwise.
+    NeedsLtx(&'static str),
     /// Warned about where the context is built (`families::ModelSet::new`) when the loaded
     /// family has no use for it.
     AtLoad,
@@ -34,7 +36,9 @@ pub enum Use {
 
 use Use::*;
 
-const LTX: Use = Warns("only LTX video models read it and this build has none");
+const LTX: Use = NeedsLtx("only LTX-2.3 video models read it");
+/// Read by the reference's LTX VAE temporal tiling, which is not built here.
+const LTX_TEMPORAL: Use = Warns("only the LTX VAE's temporal tiling reads it, and it is not supported yet");
 /// Reference clips: LTX-2.3's and MiniMax-H3's reference-to-video, not built here.
 const REF_CLIPS: Use = Warns("only LTX-2.3 and MiniMax-H3 reference clips read it, and this build takes neither");
 const IP_ADAPTER: Use = NeedsIpAdapter("no IP-Adapter is loaded (ip_adapter_path, SD 1.x and SDXL models)");
@@ -43,7 +47,7 @@ const IP_ADAPTER: Use = NeedsIpAdapter("no IP-Adapter is loaded (ip_adapter_path
 const DIT_CACHE_UNREAD: Use = Warns("cache-dit decides each step from the input change alone (as the reference does), this option has no effect");
 const EXPERT: Use = NeedsHighNoise("no high noise diffusion model is loaded");
 /// Read by AnimateDiff's picture job; otherwise only by LTX.
-const LTX_OR_ANIMATEDIFF: Use = NeedsMotionModules("only LTX video models and AnimateDiff read it and this build has no LTX");
+const LTX_OR_ANIMATEDIFF: Use = NeedsMotionModules("only AnimateDiff reads it here (LTX-2.3's keyframes and latent-upscale refine pass are not supported yet)");
 
 /// Every field of the three request structs and the structs they hold, by C struct.
 pub const FIELDS: &[(&str, &[(&str, Use)])] = &[
@@ -110,7 +114,7 @@ pub const FIELDS: &[(&str, &[(&str, Use)])] = &[
         "sd_tiling_params_t",
         &[
             ("enabled", Acts), ("temporal_tiling", Acts), ("tile_size_x", Acts), ("tile_size_y", Acts),
-            ("target_overlap", Acts), ("rel_size_x", Acts), ("rel_size_y", Acts), ("extra_tiling_args", LTX),
+            ("target_overlap", Acts), ("rel_size_x", Acts), ("rel_size_y", Acts), ("extra_tiling_args", LTX_TEMPORAL),
         ],
     ),
     (
@@ -170,6 +174,8 @@ pub struct ModelFacts {
     pub ip_adapter: bool,
     /// PuLID's modules are loaded.
     pub pulid: bool,
+    /// The model is LTX-2.3.
+    pub ltx: bool,
 }
 
 impl ModelFacts {
@@ -180,6 +186,7 @@ impl ModelFacts {
             motion_modules: ms.animates_frames(),
             ip_adapter: ms.ip_adapter.is_some(),
             pulid: ms.diffusion.takes_identity(),
+            ltx: ms.spec.arch == Arch::Ltx,
         }
     }
 }
@@ -192,6 +199,7 @@ fn warning(strukt: &str, field: &str, path: &str, set: bool, facts: ModelFacts) 
         NeedsVace(why) if !facts.vace => why,
         NeedsMotionModules(why) if !facts.motion_modules => why,
         NeedsIpAdapter(why) if !facts.ip_adapter => why,
+        NeedsLtx(why) if !facts.ltx => why,
         NeedsPulid(why) if !facts.pulid => why,
         _ => return None,
     };

@@ -36,6 +36,7 @@ fn sources(params: &CtxParams) -> Vec<(Component, &str, &'static str)> {
         (Component::LlmVision, &params.llm_vision_path, "llm vision"),
         (Component::Vae, &params.vae_path, "vae"),
         (Component::Taesd, &params.taesd_path, "tae"),
+        (Component::EmbeddingsConnectors, &params.embeddings_connectors_path, "embeddings connectors"),
         (Component::MotionModule, &params.motion_module_path, "motion module (AnimateDiff)"),
         (Component::IpAdapter, &params.ip_adapter_path, "ip-adapter"),
     ];
@@ -59,6 +60,10 @@ impl Weights {
             // Like the reference, an unreadable PuLID file leaves the model without PuLID.
             if let (Component::PulidWeights, Err(e)) = (component, &added) {
                 sd_warn!("loading PuLID weights from '{path}' failed: {e}");
+                continue;
+            }
+            if let (Component::EmbeddingsConnectors, Err(e)) = (component, &added) {
+                sd_warn!("loading embeddings connectors from '{path}' failed: {e}");
                 continue;
             }
             added.map_err(|e| crate::error::Error::new(format!("init model loader from file failed: '{path}': {e}")))?;

@@ -100,6 +100,19 @@ fn check_minimax_h3(p: &VidGenParams) -> Result<()> {
     Ok(())
 }
 
+/// What LTX-2.3 takes here: text alone. Its keyframes need the VAE's encoder, and its
+/// reference audio, sound and latent-upscale refine pass are not built.
+fn check_ltx(p: &VidGenParams) -> Result<()> {
+    ensure!(p.control_frames.is_empty(), "LTXAV control_frames are not implemented");
+    ensure!(
+        p.init_image.is_none() && p.end_image.is_none(),
+        "LTX-2.3 keyframes (init_image, end_image) are not supported yet: they need the LTX VAE's encoder"
+    );
+    ensure!(p.ref_audios.is_empty(), "LTX-2.3 reference audio (ref_audios) is not supported yet");
+    ensure!(!p.hires.enabled, "LTX-2.3's latent spatial upscale (hires) refine pass is not supported yet");
+    Ok(())
+}
+
 /// Reference images draw a warning: the Wan models do not read them (the reference ignores
 /// them). The other ignored fields are warned about by `fields::warn_video`.
 fn warn_unused(ms: &ModelSet, p: &VidGenParams) {
@@ -158,8 +171,8 @@ fn resolve_plan(ms: &mut ModelSet, p: &VidGenParams, r: &VideoRequest) -> Result
     let mut high_steps: i64 = if has_expert { hp.sample_steps as i64 } else { 0 };
     let total = sample_steps + high_steps.max(0) as usize;
     let mut seq_len = ((r.width / ms.spec.latent.vae_scale) * (r.height / ms.spec.latent.vae_scale)) as i32;
-    if let Some(f) = ms.spec.video().filter(|f| f.frame_rule == FrameRule::MinimaxH3) {
-        // MiniMax-H3's schedule sees every latent frame's tokens.
+    if let Some(f) = ms.spec.video().filter(|f| matches!(f.frame_rule, FrameRule::MinimaxH3 | FrameRule::Ltx)) {
+        // MiniMax-H3's and LTX-2.3's schedules see every latent frame's tokens.
         seq_len *= f.latent_frames(r.frames) as i32;
     }
     let sigmas = schedule(ms, sp, method, total, seq_len, &extra)?;
@@ -433,7 +446,7 @@ fn video_latents(ms: &mut ModelSet, p: &VidGenParams, r: &mut VideoRequest, form
     if out.init_latent.is_empty() {
         // An audio latent goes behind the video's channels, zero-padded to whole channels.
         let lt = format.latent_frames(r.frames);
-        let audio = format.audio_latents(r.frames) * AUDIO_VALUES_PER_STEP;
+        let audio = format.audio_latents(r.frames, p.fps.max(1) as f32) * format.audio_step_values();
         let extra = audio.div_ceil((lw * lh * lt).max(1));
         out.init_latent = Tensor::zeros(&[lw, lh, lt, latent.channels + extra, 1]);
     }
@@ -565,10 +578,12 @@ pub fn generate_video(ms: &mut ModelSet, p: &VidGenParams, cancel: &CancelFlag) 
         .video()
         .ok_or_else(|| Error::new(format!("{} is an image model and cannot generate video; use generate_image", ms.version.name())))?;
     check_params(p)?;
-    ensure!(!p.hires.enabled, "LTX latent spatial upscale is only supported for LTX video models");
-    if format.frame_rule == FrameRule::MinimaxH3 {
-        check_minimax_h3(p)?;
+    match format.frame_rule {
+        FrameRule::MinimaxH3 => check_minimax_h3(p)?,
+        FrameRule::Ltx => check_ltx(p)?,
+        FrameRule::Causal => {}
     }
+    ensure!(!p.hires.enabled, "LTX latent spatial upscale is only supported for LTX video models");
     warn_unused(ms, p);
     let t0 = Instant::now();
     let tiling = runtime_tiling(&p.vae_tiling_params);
@@ -672,7 +687,7 @@ pub fn generate_video(ms: &mut ModelSet, p: &VidGenParams, cancel: &CancelFlag) 
     sd_info!("sampling completed, taking {:.2}s", start.elapsed().as_secs_f32());
     sd_info!("generating latent video completed, taking {:.2}s", latent_start.elapsed().as_secs_f32());
     drop(job);
-    let audio = decode_sound(ms, &latent, format.audio_latents(r.frames), cancel)?;
+    let audio = decode_sound(ms, &latent, format.audio_latents(r.frames, p.fps.max(1) as f32), cancel)?;
     let latent = if lat.ref_frames > 0 { drop_frames(&latent, lat.ref_frames)? } else { latent };
     let frames = decode(ms, &latent, r.frames, &tiling, circular, cancel)?;
     sd_info!("generate_video completed in {:.2}s", t0.elapsed().as_secs_f32());

@@ -160,6 +160,10 @@ MINIMAX = {"model_path": "", "diffusion_model_path": "{fx}/minimax_h3.safetensor
            "vae_path": "{fx}/minimax_h3_vae.safetensors", "enable_mmap": True}
 MINIMAX_SOUND = {**MINIMAX, "audio_vae_path": "{fx}/minimax_h3_audio_vae.safetensors"}
 
+LTX = {"model_path": "", "diffusion_model_path": "{fx}/ltx.safetensors", "llm_path": "{fx}/gemma3_ltx.safetensors",
+       "embeddings_connectors_path": "{fx}/ltx_connectors.safetensors", "vae_path": "{fx}/ltx_vae.safetensors",
+       "enable_mmap": True}
+
 SETS = {
     "animatediff": {
         # SD 1.x + an AnimateDiff motion module (mm_sd_v15_v2 layout): generate_video renders the
@@ -301,6 +305,22 @@ SETS = {
                   _params(steps=1, w=32, h=32),
                   note="a 128-wide DiT: the reference reads 2048 / 128 = 16 heads of 8 and asserts (heads of 128 "
                        "for its RoPE); ours must fail cleanly"),
+        ],
+    },
+    "ltx": {
+        # LTX-2.3: the joint audio-video DiT (ltx.safetensors), Gemma 3 (3840 x 48 layers, every
+        # state projected by ltx_connectors' text_embedding_projection; 2.3e9 + 7.2e8 weights sharing
+        # bytes: mmap), the LTX video VAE; no audio_vae_path, so no sound. Each Gemma encode pads
+        # the prompt to 1024 tokens (about 4.7 TFLOP): few cases. Its defaults: euler, the ltx2
+        # schedule, flow shift 2.37 (unused by ltx2), cfg 7 with the empty negative prompt
+        "model": "ltx.safetensors",
+        "fixtures": ["ltx.safetensors", "gemma3_ltx.safetensors", "ltx_connectors.safetensors", "ltx_vae.safetensors"],
+        "cases": [
+            _case("ltx_cfg1_9frames", LTX, _params(steps=2, frames=9)),
+            _case("ltx_cfg3_negative_96x64_17frames", LTX, _params(steps=2, frames=17, w=96, h=64, seed=7, cfg=3.0,
+                                                                    negative_prompt="blurry, static",
+                                                                    prompt="a red fox running through snow")),
+            _case("ltx_1frame_fps24", LTX, _params(steps=3, frames=1, seed=123, fps=24)),
         ],
     },
     "minimax-h3": {

@@ -11,6 +11,7 @@ pub mod ideogram4;
 pub mod krea2;
 pub mod lens;
 pub mod lingbot_video;
+pub mod ltx;
 pub mod mage_flow;
 pub mod minimax_h3;
 pub mod minit2i;

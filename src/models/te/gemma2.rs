@@ -47,22 +47,37 @@ impl Gemma2Config {
         let c = LlmConfig::detect(types, shape_of, prefix, LlmArch::Qwen3);
         Gemma2Config { num_layers: c.num_layers, hidden_size: c.hidden_size, intermediate_size: c.intermediate_size, vocab_size: c.vocab_size }
     }
+
+    /// Hidden states per token when every one is read (the embeddings and one per layer).
+    pub fn states(&self) -> usize {
+        self.num_layers + 1
+    }
 }
 
-/// RMS norm whose weight is an offset from 1 (`x̂·w + x̂`).
+/// RMS norm whose weight is an offset from 1 (`x̂·w + x̂`; Gemma 3's: `x̂·w`).
 #[derive(Clone, Copy, Debug)]
-struct Norm {
+pub(super) struct Norm {
     weight: W,
+    unit_offset: bool,
 }
 
 impl Norm {
     fn new(s: &mut Scope, name: &str, dim: i64) -> Norm {
-        Norm { weight: s.sub(name).tensor("weight", F32, &[dim]) }
+        Norm { weight: s.sub(name).tensor("weight", F32, &[dim]), unit_offset: true }
     }
 
-    fn forward<'g>(&self, g: &'g Graph, x: T<'g>) -> T<'g> {
+    pub(super) fn plain(s: &mut Scope, name: &str, dim: i64) -> Norm {
+        Norm { unit_offset: false, ..Norm::new(s, name, dim) }
+    }
+
+    pub(super) fn forward<'g>(&self, g: &'g Graph, x: T<'g>) -> T<'g> {
         let x = x.rms_norm(EPS);
-        x.mul(g.adapted_param(self.weight)).add_inplace(x)
+        let y = x.mul(g.adapted_param(self.weight));
+        if self.unit_offset {
+            y.add_inplace(x)
+        } else {
+            y
+        }
     }
 }
 
@@ -113,21 +128,38 @@ impl Block {
         let q = self.q.forward(g, x).reshape(&[HEAD_DIM, HEADS, l, n]).rope_ext(pos, &ROPE);
         let k = self.k.forward(g, x).reshape(&[HEAD_DIM, KV_HEADS, l, n]).rope_ext(pos, &ROPE);
         let v = self.v.forward(g, x).reshape(&[HEAD_DIM, KV_HEADS, l, n]);
-        let heads_first = |t: T<'g>| {
-            let ne = t.ne();
-            t.permute(0, 2, 1, 3).cont().reshape(&[ne[0], ne[2], ne[1] * ne[3]])
-        };
-        let out = attention(g, heads_first(q), heads_first(k), v, HEADS, Some(mask), true, false, 1.0);
-        self.o.forward(g, out)
+        self.o.forward(g, grouped_attention(g, q, k, v, HEADS, mask))
     }
 
     fn forward<'g>(&self, g: &'g Graph, x: T<'g>, pos: T<'g>, mask: T<'g>) -> T<'g> {
         let h = self.attention(g, self.input_norm.forward(g, x), pos, mask);
         let x = self.post_attention_norm.forward(g, h).add_inplace(x);
         let y = self.pre_ffw_norm.forward(g, x);
-        let gated = self.gate.forward(g, y).gelu_inplace().mul_inplace(self.up.forward(g, y));
-        self.post_ffw_norm.forward(g, self.down.forward(g, gated)).add_inplace(x)
+        self.post_ffw_norm.forward(g, gelu_mlp(g, [self.gate, self.up, self.down], y)).add_inplace(x)
     }
+}
+
+/// Attention of q, k `[d, heads, L, N]` (rotated) and v under the additive `mask`, the
+/// LLMs' way (Gemma 2 and 3): heads first, then the reference's attention.
+pub(super) fn grouped_attention<'g>(g: &'g Graph, q: T<'g>, k: T<'g>, v: T<'g>, heads: i64, mask: T<'g>) -> T<'g> {
+    let heads_first = |t: T<'g>| {
+        let ne = t.ne();
+        t.permute(0, 2, 1, 3).cont().reshape(&[ne[0], ne[2], ne[1] * ne[3]])
+    };
+    attention(g, heads_first(q), heads_first(k), v, heads, Some(mask), true, false, 1.0)
+}
+
+/// `down(gelu(gate(y)) · up(y))`.
+pub(super) fn gelu_mlp<'g>(g: &'g Graph, [gate, up, down]: [Linear; 3], y: T<'g>) -> T<'g> {
+    down.forward(g, gate.forward(g, y).gelu_inplace().mul_inplace(up.forward(g, y)))
+}
+
+/// Token ids must index the embeddings.
+pub(super) fn check_ids(ids: &[i32], vocab: i64, model: &str) -> Result<()> {
+    if let Some(&bad) = ids.iter().find(|&&t| t < 0 || t as i64 >= vocab) {
+        bail!("token id {bad} is outside the {model} model's {vocab} embeddings");
+    }
+    Ok(())
 }
 
 /// Gemma 2's text model whose weights live in a `ParamStore`.
@@ -164,9 +196,7 @@ pub fn hidden_states(runner: &mut Runner, model: &Gemma2Model, ids: &[i32], keep
     let len = ids.len();
     ensure!(len > 0 && keep.len() == len, "Gemma 2 input has {len} tokens and {} mask values", keep.len());
     ensure!(cfg.num_layers > 0, "the Gemma 2 text model has no layers");
-    if let Some(&bad) = ids.iter().find(|&&t| t < 0 || t as i64 >= cfg.vocab_size) {
-        bail!("token id {bad} is outside the Gemma 2 model's {} embeddings", cfg.vocab_size);
-    }
+    check_ids(ids, cfg.vocab_size, "Gemma 2")?;
     let mask = causal_mask(keep);
     let pos: Vec<i32> = (0..len as i32).collect();
     let out = runner.compute(|g| {

@@ -11,6 +11,10 @@
 //! - a merged string that is no vocabulary token is spelled by its UTF-8 bytes (`<0xNN>`).
 //!
 //! Every sequence starts with `<bos>` and is padded with `<pad>` (id 0) behind.
+//!
+//! Gemma 3's (`GemmaTokenizer`, LTX-2.3's text encoder) is the same algorithm over its own
+//! tables (`gemma_*.hpp`) and list of special tokens ([`gemma3()`]); its prompts are padded in
+//! front (the LTXAV embedder keeps the last tokens).
 
 use super::bpe::{pre_tokenize, SpecialIds};
 use super::tokenizer::{merge_pair, split_specials};
@@ -20,34 +24,54 @@ use std::collections::HashMap;
 
 const MERGES: &[u8] = include_bytes!(env!("SD_GEMMA2_MERGES"));
 const VOCAB: &[u8] = include_bytes!(env!("SD_GEMMA2_VOCAB"));
+const GEMMA3_MERGES: &[u8] = include_bytes!(env!("SD_GEMMA3_MERGES"));
+const GEMMA3_VOCAB: &[u8] = include_bytes!(env!("SD_GEMMA3_VOCAB"));
 
 pub const PAD_TOKEN: u32 = 0;
 pub const BOS_TOKEN: u32 = 2;
 pub const UNK_TOKEN: u32 = 3;
 
-/// The special tokens in the reference's order.
-pub fn special_tokens() -> Vec<String> {
-    let mut s: Vec<String> = ["<pad>", "<eos>", "<bos>", "<unk>", "<mask>", "<2mass>", "[@BOS@]"].iter().map(|t| t.to_string()).collect();
+/// `head`, then what both Gemma tokenizers split off alike: 99 unused slots, the turn
+/// markers, runs of newlines and of `▁`, and the HTML tags (Gemma 3 has `extra_markup` more).
+fn shared_specials(head: &[&str], extra_markup: &[&str]) -> Vec<String> {
+    let mut s: Vec<String> = head.iter().map(|t| t.to_string()).collect();
     s.extend((0..=98).map(|i| format!("<unused{i}>")));
     s.push("<start_of_turn>".into());
     s.push("<end_of_turn>".into());
     s.extend((1..=31).map(|i| "\n".repeat(i)));
     s.extend((2..=31).map(|i| "\u{2581}".repeat(i)));
-    for tag in ["table", "caption", "thead", "tbody", "tfoot", "tr", "th", "td"] {
-        s.push(format!("<{tag}>"));
-    }
-    for tag in ["table", "caption", "thead", "tbody", "tfoot", "tr", "th", "td"] {
-        s.push(format!("</{tag}>"));
-    }
+    let table = ["table", "caption", "thead", "tbody", "tfoot", "tr", "th", "td"];
+    s.extend(table.iter().map(|t| format!("<{t}>")));
+    s.extend(table.iter().map(|t| format!("</{t}>")));
     s.extend(["<h1>", "<h2>", "<h3>", "<h4>", "<h5>", "<h6>", "<blockquote>"].iter().map(|t| t.to_string()));
     s.extend(["</h1>", "</h2>", "</h3>", "</h4>", "</h5>", "</h6>", "</blockquote>"].iter().map(|t| t.to_string()));
     let inline = ["strong", "em", "b", "i", "u", "s", "sub", "sup", "code"];
     s.extend(inline.iter().map(|t| format!("<{t}>")));
     s.extend(inline.iter().map(|t| format!("</{t}>")));
+    s.extend(extra_markup.iter().map(|t| format!("<{t}>")));
+    s.extend(extra_markup.iter().map(|t| format!("</{t}>")));
     s.extend((0..=0xFF).map(|b| format!("<0x{b:02X}>")));
     s.extend((1..=31).map(|i| "\t".repeat(i)));
+    s
+}
+
+/// The special tokens in the reference's order.
+pub fn special_tokens() -> Vec<String> {
+    let mut s = shared_specials(&["<pad>", "<eos>", "<bos>", "<unk>", "<mask>", "<2mass>", "[@BOS@]"], &[]);
     s.push("[toxicity=0]".into());
     s.push("<unused99>".into());
+    s
+}
+
+/// Gemma 3's special tokens in the reference's order: those split off before the merges, then
+/// the tabs, the image markers and the unused slots it adds after them.
+pub fn gemma3_special_tokens() -> Vec<String> {
+    let markup = ["a", "html", "body", "img", "span", "bbox", "ul", "li", "div", "iframe", "footer"];
+    let mut s = shared_specials(&["<pad>", "<eos>", "<bos>", "<unk>", "<mask>", "[multimodal]"], &markup);
+    s.push("<start_of_image>".into());
+    s.push("<end_of_image>".into());
+    s.extend((99..=6241).map(|i| format!("<unused{i}>")));
+    s.push("<image_soft_token>".into());
     s
 }
 
@@ -75,17 +99,26 @@ pub fn shared() -> Result<&'static GemmaTokenizer> {
     static SHARED: OnceCell<GemmaTokenizer> = OnceCell::new();
     SHARED.get_or_try_init(|| {
         let merges = std::str::from_utf8(MERGES).map_err(|e| crate::error::Error::new(format!("bundled Gemma 2 merges are not UTF-8: {e}")))?;
-        GemmaTokenizer::from_tables(merges, VOCAB)
+        GemmaTokenizer::from_tables(merges, VOCAB, special_tokens())
+    })
+}
+
+/// Gemma 3's tokenizer over its bundled tables, built once per process.
+pub fn gemma3() -> Result<&'static GemmaTokenizer> {
+    static SHARED: OnceCell<GemmaTokenizer> = OnceCell::new();
+    SHARED.get_or_try_init(|| {
+        let merges = std::str::from_utf8(GEMMA3_MERGES).map_err(|e| crate::error::Error::new(format!("bundled Gemma 3 merges are not UTF-8: {e}")))?;
+        GemmaTokenizer::from_tables(merges, GEMMA3_VOCAB, gemma3_special_tokens())
     })
 }
 
 impl GemmaTokenizer {
     /// A merges table (`left right` per line; like the reference, every line ending in '\n'
     /// counts, the header line included) and a vocabulary JSON object (token → id).
-    pub fn from_tables(merges: &str, vocab_json: &[u8]) -> Result<GemmaTokenizer> {
-        let vocab: HashMap<String, u32> = serde_json::from_slice(vocab_json).context("Gemma 2 vocabulary is not a JSON object of token ids")?;
+    pub fn from_tables(merges: &str, vocab_json: &[u8], specials: Vec<String>) -> Result<GemmaTokenizer> {
+        let vocab: HashMap<String, u32> = serde_json::from_slice(vocab_json).context("Gemma vocabulary is not a JSON object of token ids")?;
         let size = vocab.values().max().map_or(0, |&m| m + 1);
-        ensure!(size as usize >= vocab.len() && size <= 1 << 24, "Gemma 2 vocabulary: ids up to {size} for {} tokens", vocab.len());
+        ensure!(size as usize >= vocab.len() && size <= 1 << 24, "Gemma vocabulary: ids up to {size} for {} tokens", vocab.len());
         let mut symbols = vec![String::new(); size as usize];
         let mut index: HashMap<String, u32> = HashMap::with_capacity(vocab.len() * 2);
         for (text, &id) in &vocab {
@@ -122,7 +155,6 @@ impl GemmaTokenizer {
                 *id = v;
             }
         }
-        let specials = special_tokens();
         let special_ids = specials.iter().map(|s| (s.clone(), vocab.get(s).copied().unwrap_or(0))).collect();
         Ok(GemmaTokenizer { symbols, vocab_len: size, char_ids, merges: table, specials, special_ids, byte_ids })
     }

@@ -7,6 +7,7 @@ pub mod clip_vision;
 pub mod gpt_oss;
 pub mod gpt_oss_tokenizer;
 pub mod gemma2;
+pub mod gemma3;
 pub mod gemma_tokenizer;
 pub mod llm;
 pub mod mistral_tokenizer;

@@ -27,6 +27,7 @@
 
 pub mod autoencoder_kl;
 pub mod hunyuan;
+pub mod ltx;
 pub mod mage;
 pub mod minimax_h3;
 pub mod minimax_h3_audio;

@@ -28,7 +28,7 @@ pub(super) fn build(ctx: &BuildCtx<'_>, place: Placement) -> Result<(Box<dyn Fir
     // video autoencoder (TAEHV: taew2_1 / taew2_2) for the Wan VAEs'.
     let load_tiny = |decode_only: bool, place: Placement| -> Result<Box<dyn FirstStage>> {
         ensure!(
-            !matches!(spec.first_stage, FirstStageKind::Mage | FirstStageKind::MinimaxH3),
+            !matches!(spec.first_stage, FirstStageKind::Mage | FirstStageKind::MinimaxH3 | FirstStageKind::Ltx),
             "{} models have no tiny autoencoder (taesd_path)",
             ctx.version.name()
         );
@@ -86,6 +86,12 @@ pub(super) fn build(ctx: &BuildCtx<'_>, place: Placement) -> Result<(Box<dyn Fir
             v.runner.options.flash_attn = params.flash_attn;
             v.runner.options.conv_direct = params.vae_conv_direct;
             Box::new(v)
+        }
+        FirstStageKind::Ltx => {
+            let prefix = vae::ltx::PREFIX;
+            ensure!(weights.has_prefix(&format!("{prefix}decoder.")), "{} needs its VAE (vae_path): no '{prefix}decoder.' weights", ctx.version.name());
+            let cfg = vae::ltx::LtxVaeConfig::detect(&|n| weights.shape_of(n), prefix)?;
+            configure(weights.load_model(place.clone(), n_threads, prefix, "VAE", |s| vae::ltx::LtxVae::new(s, &cfg))?, ctx)
         }
         FirstStageKind::Mage => {
             let prefix = vae::mage::PREFIX;

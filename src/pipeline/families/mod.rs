@@ -20,6 +20,7 @@ mod krea2;
 mod lens;
 mod lingbot;
 mod mage_flow;
+mod ltx;
 mod minimax_h3;
 mod minit2i;
 mod mmdit;
@@ -129,6 +130,9 @@ pub enum Arch {
     /// MiniMax-H3: layer 50 of a Qwen3-VL LLM, the joint audio-video transformer and its
     /// transformer-decoder video VAE.
     MinimaxH3,
+    /// LTX-2.3: every state of Gemma 3 projected, the joint audio-video transformer and the
+    /// LTX video VAE.
+    Ltx,
 }
 
 /// Extra latent channels the diffusion model takes next to the noisy latent.
@@ -165,6 +169,8 @@ pub enum FirstStageKind {
     MinimaxH3,
     /// HunyuanVideo 1.5's VAE: 32 channels at 1/16, frames in groups of 4.
     Hunyuan,
+    /// The LTX video VAE: 128 channels at 1/32, frames in groups of 8.
+    Ltx,
 }
 
 /// How the prediction type is chosen when the context does not set it.
@@ -280,13 +286,16 @@ pub enum FrameRule {
     /// 17k + 5 frames. The audio latent of the video (at 24 fps) is packed behind the video's
     /// channels.
     MinimaxH3,
+    /// LTX-2.3: `(frames - 1) / 8 + 1` like [`FrameRule::Causal`]; the audio latent of the
+    /// video at the request's fps is packed behind the video's channels.
+    Ltx,
 }
 
 impl VideoFormat {
     /// Latent frames of a request for `frames` (at least one), as the first stage counts them.
     pub fn latent_frames(&self, frames: usize) -> usize {
         match self.frame_rule {
-            FrameRule::Causal => crate::models::vae::latent_frames(frames.max(1), self.time_scale),
+            FrameRule::Causal | FrameRule::Ltx => crate::models::vae::latent_frames(frames.max(1), self.time_scale),
             FrameRule::MinimaxH3 => crate::models::diffusion::minimax_h3::latent_frames(frames),
         }
     }
@@ -294,17 +303,27 @@ impl VideoFormat {
     /// The frame count a request for `frames` gets (the reference aligns down to 4k + 1).
     pub fn align_frames(&self, frames: usize) -> usize {
         match self.frame_rule {
-            FrameRule::Causal => (self.latent_frames(frames) - 1) * self.time_scale + 1,
+            FrameRule::Causal | FrameRule::Ltx => (self.latent_frames(frames) - 1) * self.time_scale + 1,
             FrameRule::MinimaxH3 => crate::models::diffusion::minimax_h3::align_frames(frames),
         }
     }
 
-    /// Audio latent steps packed behind the video's channels for `frames` frames (none but
-    /// MiniMax-H3's).
-    pub fn audio_latents(&self, frames: usize) -> usize {
+    /// Audio latent steps packed behind the video's channels for `frames` frames at `fps`
+    /// (none but MiniMax-H3's, which is always at 24 fps, and LTX-2.3's).
+    pub fn audio_latents(&self, frames: usize, fps: f32) -> usize {
         match self.frame_rule {
             FrameRule::Causal => 0,
             FrameRule::MinimaxH3 => crate::models::diffusion::minimax_h3::audio_latents(frames),
+            FrameRule::Ltx => crate::models::diffusion::ltx::audio_steps(frames, fps),
+        }
+    }
+
+    /// Values of one audio latent step.
+    pub fn audio_step_values(&self) -> usize {
+        match self.frame_rule {
+            FrameRule::Causal => 0,
+            FrameRule::MinimaxH3 => crate::models::diffusion::minimax_h3::AUDIO_CHANNELS * crate::models::diffusion::minimax_h3::AUDIO_ROWS,
+            FrameRule::Ltx => crate::models::diffusion::ltx::AUDIO_CHANNELS * crate::models::diffusion::ltx::AUDIO_BINS,
         }
     }
 }
@@ -625,6 +644,20 @@ const fn minimax_h3_family() -> FamilySpec {
     }
 }
 
+/// LTX-2.3's latent: its VAE's 128 channels at 1/32, one token per latent cell.
+const LTX_LATENT: LatentFormat = LatentFormat { channels: 128, vae_scale: 32, down_factor: 1, scale_factor: 1.0, shift_factor: 0.0 };
+
+/// LTX-2.3: frames in groups of 8 with the audio packed behind the video, no preview
+/// projection here.
+const fn ltx_family() -> FamilySpec {
+    FamilySpec {
+        media: Media::Video(VideoFormat { time_scale: 8, timesteps: TimestepRule::Scalar, frame_rule: FrameRule::Ltx }),
+        first_stage: FirstStageKind::Ltx,
+        preview: None,
+        ..dit_family(ModelFamily::Ltxav, Arch::Ltx, LTX_LATENT, &preview::WAN21, Concat::None, Prediction::FluxFlow)
+    }
+}
+
 const fn with_tae(spec: FamilySpec) -> FamilySpec {
     FamilySpec { tae_first_stage: true, ..spec }
 }
@@ -675,6 +708,7 @@ static ANIMA: FamilySpec = anima_family();
 static MINIT2I: FamilySpec = minit2i_family();
 static PID: FamilySpec = pid_family();
 static MINIMAX_H3: FamilySpec = minimax_h3_family();
+static LTX: FamilySpec = ltx_family();
 static WAN: FamilySpec = wan_family(WAN_LATENT, &preview::WAN21, FirstStageKind::Wan21, TimestepRule::Scalar);
 static WAN22_TI2V: FamilySpec = wan_family(WAN22_LATENT, &preview::WAN22, FirstStageKind::Wan22, TimestepRule::PerFrameMasked);
 static HUNYUAN_VIDEO: FamilySpec = hunyuan_video_family();
@@ -722,6 +756,7 @@ pub fn spec(version: SdVersion) -> Option<&'static FamilySpec> {
         V::Minit2i => &MINIT2I,
         V::Pid => &PID,
         V::MinimaxH3 => &MINIMAX_H3,
+        V::Ltxav => &LTX,
         V::Wan2 | V::Wan2_2I2v => &WAN,
         V::Wan2_2Ti2v => &WAN22_TI2V,
         V::HunyuanVideo => &HUNYUAN_VIDEO,
@@ -872,6 +907,10 @@ impl ModelSet {
         // The sound's VAE first: a file the family cannot read fails the context early.
         let audio = match params.audio_vae_path.as_deref().filter(|p| !p.is_empty()) {
             Some(path) if spec.video().is_some_and(|v| v.frame_rule == FrameRule::MinimaxH3) => minimax_h3::load_audio_vae(path, &devices, n_threads)?,
+            Some(path) if spec.video().is_some_and(|v| v.frame_rule == FrameRule::Ltx) => {
+                sd_warn!("LTX-2.3's audio VAE and vocoder are not supported yet: no sound is decoded; ignoring audio_vae_path '{path}'");
+                None
+            }
             Some(path) => {
                 minimax_h3::audio_vae_without_sound(path, version)?;
                 None
@@ -901,6 +940,7 @@ impl ModelSet {
             Arch::Pid => pid::build(&mut ctx)?,
             Arch::Ideogram4 => ideogram4::build(&mut ctx)?,
             Arch::MinimaxH3 => minimax_h3::build(&mut ctx)?,
+            Arch::Ltx => ltx::build(&mut ctx)?,
         };
         let given = |p: &Option<String>| p.as_deref().is_some_and(|p| !p.is_empty());
         if given(&params.ip_adapter_path) && parts.ip_adapter.is_none() {
@@ -1178,10 +1218,16 @@ mod tests {
                     assert_eq!((s.latent.size_multiple(), s.latent.channels, s.defaults), (1, 3, ModelFamily::HidreamO1));
                     assert!(s.noise_times_eta && s.preview.is_none() && !s.ref_latents && !s.supports_img_cfg(true));
                 }
+                Some(s) if *v == SdVersion::Ltxav => {
+                    let video = s.video().expect("LTX-2.3 generates video");
+                    assert_eq!((video.frame_rule, video.align_frames(5), video.align_frames(17), video.latent_frames(9)), (FrameRule::Ltx, 1, 17, 2));
+                    assert_eq!((s.latent.size_multiple(), s.latent.channels, s.arch, s.first_stage), (32, 128, Arch::Ltx, FirstStageKind::Ltx));
+                    assert_eq!(video.audio_latents(9, 16.0) * video.audio_step_values(), 15 * 128);
+                }
                 Some(s) if *v == SdVersion::MinimaxH3 => {
                     let video = s.video().expect("MiniMax-H3 generates video");
                     assert_eq!((video.frame_rule, video.align_frames(1), video.align_frames(9), video.latent_frames(22)), (FrameRule::MinimaxH3, 5, 22, 7));
-                    assert_eq!((video.audio_latents(5), video.latent_frames(39)), (8, 12));
+                    assert_eq!((video.audio_latents(5, 24.0), video.latent_frames(39)), (8, 12));
                     assert_eq!((s.latent.size_multiple(), s.latent.channels, s.arch, s.first_stage), (32, 24, Arch::MinimaxH3, FirstStageKind::MinimaxH3));
                 }
                 Some(s) if *v == SdVersion::BooguImage => {

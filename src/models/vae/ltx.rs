@@ -1,0 +1,350 @@
+//! LTX-2.3's video VAE, like the reference's `ltx_vae.hpp` (decoder only here).
+//!
+//! - Latents: 128 channels at 1/32 of the pixels, one latent frame per 8 frames after the
+//!   first; the decoder un-normalises them with the file's per-channel statistics
+//!   (`per_channel_statistics.{std,mean}-of-means`) and the diffusion latents are the VAE's.
+//! - Decoder (`decoder.`), its levels read from the weights like the reference: `conv_in`,
+//!   then `up_blocks.N` that are either residual blocks (`res_blocks.M`: pixel norm, SiLU,
+//!   3×3×3 convolution, twice) or depth-to-space upsamplers (a convolution to 8, 4 or 2 times
+//!   the channels it keeps, rearranged into 2× time and/or space; the first new frame is
+//!   dropped when time doubles), a pixel norm, SiLU, `conv_out` to 4×4 RGB patches. Its
+//!   convolutions pad in time with copies of the first and last frames.
+//! - Not supported yet: the encoder (init / end images, keyframes), the timestep-conditioned
+//!   decoder (`decoder.timestep_scale_multiplier`) and temporal tiling.
+
+use super::{Progress, VaeNet};
+use crate::error::Result;
+use crate::graph::nn;
+use crate::graph::{Graph, Runner, Scope, F16, F32, T, W};
+use crate::tensor::Tensor;
+
+/// Where the VAE's weights live.
+pub const PREFIX: &str = "first_stage_model.";
+pub const CHANNELS: usize = 128;
+pub const SCALE: usize = 32;
+pub const TIME_SCALE: usize = 8;
+const PATCH: i64 = 4;
+const RES_EPS: f32 = 1e-6;
+const OUT_EPS: f32 = 1e-8;
+
+pub type ShapeOf<'a> = &'a dyn Fn(&str) -> Option<Vec<i64>>;
+
+/// A 3×3×3 convolution that pads its input in time with copies of the edge frames.
+#[derive(Clone, Copy, Debug)]
+struct Conv {
+    weight: W,
+    bias: W,
+    ic: i64,
+}
+
+impl Conv {
+    fn new(s: &mut Scope, ic: i64, oc: i64) -> Conv {
+        let mut c = s.sub("conv");
+        Conv { weight: c.tensor("weight", F16, &[3, 3, 3, ic * oc]), bias: c.tensor("bias", F32, &[oc]), ic }
+    }
+
+    /// `x` `[W, H, T, C]`, non-causal: one copy of the first frame in front, one of the last
+    /// behind.
+    fn forward<'g>(&self, g: &'g Graph, x: T<'g>) -> T<'g> {
+        let [w, h, t, c] = x.ne();
+        let nb = x.nb();
+        let frame = |i: i64| x.view(&[w, h, 1, c], &[nb[1], nb[2], nb[3]], i as usize * nb[2]);
+        let x = frame(0).concat(x, 2).concat(frame(t - 1), 2);
+        nn::conv_3d(g, x, g.param(self.weight), Some(g.param(self.bias)), self.ic, [1; 3], [1, 1, 0], [1; 3])
+    }
+}
+
+/// RMS norm over the channels of `[W, H, T, C]`.
+fn pixel_norm<'g>(x: T<'g>, eps: f32) -> T<'g> {
+    x.permute_axes([3, 0, 1, 2]).cont().rms_norm(eps).permute_axes([1, 2, 3, 0]).cont()
+}
+
+#[derive(Clone, Copy, Debug)]
+struct ResBlock {
+    conv1: Conv,
+    conv2: Conv,
+}
+
+impl ResBlock {
+    fn forward<'g>(&self, g: &'g Graph, x: T<'g>) -> T<'g> {
+        let h = self.conv1.forward(g, pixel_norm(x, RES_EPS).silu_inplace());
+        let h = self.conv2.forward(g, pixel_norm(h, RES_EPS).silu_inplace());
+        h.add(x)
+    }
+}
+
+/// `"b (c p1 p2 p3) d h w -> b c (d p1) (h p2) (w p3)"` on `[W, H, T, c·ft·fs·fs]`, the first
+/// frame dropped when time doubles.
+fn depth_to_space<'g>(x: T<'g>, c: i64, ft: i64, fs: i64) -> T<'g> {
+    let [w, h, t, _] = x.ne();
+    let x = x.permute_axes([0, 1, 3, 2]).cont().reshape(&[w, h, fs, fs * ft * c * t]);
+    let x = x.permute_axes([2, 0, 1, 3]).cont().reshape(&[fs * w, h, fs, ft * c * t]);
+    let x = x.permute_axes([0, 2, 1, 3]).cont().reshape(&[fs * w * fs * h, ft, c, t]);
+    let x = x.permute_axes([0, 1, 3, 2]).cont().reshape(&[fs * w, fs * h, ft * t, c]);
+    if ft > 1 {
+        let [w2, h2, t2, c2] = x.ne();
+        let nb = x.nb();
+        return x.view(&[w2, h2, t2 - 1, c2], &[nb[1], nb[2], nb[3]], nb[2]).cont();
+    }
+    x
+}
+
+/// 4×4 RGB patches `[W, H, T, 3·16]` → pixels `[4W, 4H, T, 3]`.
+fn unpatchify<'g>(x: T<'g>) -> T<'g> {
+    let [w, h, f, ch] = x.ne();
+    let (q, r) = (PATCH, PATCH);
+    let c = ch / (q * r);
+    let x = x.reshape(&[w * h, f, q * r, c]).permute_axes([0, 2, 1, 3]).cont();
+    let x = x.reshape(&[w, h * q, r, f * c]).permute_axes([2, 0, 1, 3]).cont();
+    let x = x.reshape(&[r * w, h, q, f * c]).permute_axes([0, 2, 1, 3]).cont();
+    x.reshape(&[r * w, q * h, f, c])
+}
+
+#[derive(Clone, Debug)]
+enum Up {
+    Res(Vec<ResBlock>),
+    /// The convolution, the channels kept and the time and space factors.
+    DepthToSpace { conv: Conv, channels: i64, ft: i64, fs: i64 },
+}
+
+/// The decoder's levels as the reference reads them from the weights.
+fn levels(shape_of: ShapeOf, prefix: &str, conv_in: i64) -> Result<Vec<(String, i64, i64, i64)>> {
+    // (kind, layers or kept channels, ft, fs)
+    let bias = |n: String| shape_of(&n).map(|s| s[0]);
+    let up = |i: usize| format!("{prefix}decoder.up_blocks.{i}.");
+    let mut out = Vec::new();
+    let mut channels = conv_in;
+    for i in 0.. {
+        if let Some(c) = bias(format!("{}res_blocks.0.conv1.conv.bias", up(i))) {
+            let layers = (0..).take_while(|m| bias(format!("{}res_blocks.{m}.conv1.conv.bias", up(i))).is_some()).count();
+            out.push(("res".to_string(), layers as i64, 0, 0));
+            channels = c;
+            continue;
+        }
+        let Some(conv_out) = bias(format!("{}conv.conv.bias", up(i))) else { break };
+        let mut next = 0;
+        for j in i + 1.. {
+            if let Some(c) = bias(format!("{}res_blocks.0.conv1.conv.bias", up(j))) {
+                next = c;
+                break;
+            }
+            if bias(format!("{}conv.conv.bias", up(j))).is_none() {
+                break;
+            }
+        }
+        if next <= 0 || channels % next != 0 {
+            next = (channels / 2).max(1);
+        }
+        let (ft, fs) = match conv_out / next {
+            4 => (1, 2),
+            2 => (2, 1),
+            8 => (2, 2),
+            f => {
+                sd_warn!("unexpected LTX VAE upsample factor at '{}': conv_out={conv_out} current={channels} next={next}, falling back to 2x2x2", up(i));
+                let _ = f;
+                (2, 2)
+            }
+        };
+        let reduction = (channels / next).max(1);
+        ensure!(channels % reduction == 0, "LTX VAE: up block {i} reduces {channels} channels by {reduction}");
+        out.push(("d2s".to_string(), channels / reduction, ft, fs));
+        channels /= reduction;
+    }
+    Ok(out)
+}
+
+/// The decoder's sizes read from the weights.
+#[derive(Clone, Debug, PartialEq)]
+pub struct LtxVaeConfig {
+    conv_in: i64,
+    levels: Vec<(String, i64, i64, i64)>,
+}
+
+impl LtxVaeConfig {
+    /// The decoder under `prefix` (full names through `shape_of`); the timestep-conditioned
+    /// decoder is refused.
+    pub fn detect(shape_of: ShapeOf, prefix: &str) -> Result<LtxVaeConfig> {
+        ensure!(
+            shape_of(&format!("{prefix}decoder.timestep_scale_multiplier")).is_none(),
+            "the LTX VAE's timestep-conditioned decoder (decoder.timestep_scale_multiplier) is not supported yet"
+        );
+        let conv_in = shape_of(&format!("{prefix}decoder.conv_in.conv.bias")).map_or(128, |s| s[0]);
+        Ok(LtxVaeConfig { conv_in, levels: levels(shape_of, prefix, conv_in)? })
+    }
+}
+
+pub struct LtxVae {
+    std: W,
+    mean: W,
+    conv_in: Conv,
+    ups: Vec<Up>,
+    conv_out: Conv,
+}
+
+impl LtxVae {
+    /// The decoder under `s` (`PREFIX`).
+    pub fn new(s: &mut Scope, cfg: &LtxVaeConfig) -> LtxVae {
+        let mut stats = s.sub("per_channel_statistics");
+        let std = stats.tensor("std-of-means", F32, &[CHANNELS as i64]);
+        let mean = stats.tensor("mean-of-means", F32, &[CHANNELS as i64]);
+        let mut d = s.sub("decoder");
+        let conv_in = Conv::new(&mut d.sub("conv_in"), CHANNELS as i64, cfg.conv_in);
+        let mut channels = cfg.conv_in;
+        let mut ups = Vec::new();
+        for (i, (kind, n, ft, fs)) in cfg.levels.iter().cloned().enumerate() {
+            let mut b = d.sub(&format!("up_blocks.{i}"));
+            if kind == "res" {
+                let blocks = (0..n)
+                    .map(|m| {
+                        let mut r = b.sub(&format!("res_blocks.{m}"));
+                        ResBlock { conv1: Conv::new(&mut r.sub("conv1"), channels, channels), conv2: Conv::new(&mut r.sub("conv2"), channels, channels) }
+                    })
+                    .collect();
+                ups.push(Up::Res(blocks));
+            } else {
+                let conv = Conv::new(&mut b.sub("conv"), channels, n * ft * fs * fs);
+                ups.push(Up::DepthToSpace { conv, channels: n, ft, fs });
+                channels = n;
+            }
+        }
+        let conv_out = Conv::new(&mut d.sub("conv_out"), channels, 3 * PATCH * PATCH);
+        LtxVae { std, mean, conv_in, ups, conv_out }
+    }
+
+    /// VAE-space latent `[w, h, t, 128]` → frames `[32w, 32h, 8(t-1)+1, 3]` in [-1, 1].
+    fn graph<'g>(&self, g: &'g Graph, z: T<'g>) -> T<'g> {
+        let c = CHANNELS as i64;
+        let x = z.mul(g.param(self.std).reshape(&[1, 1, 1, c])).add(g.param(self.mean).reshape(&[1, 1, 1, c]));
+        let mut x = self.conv_in.forward(g, x);
+        for up in &self.ups {
+            x = match up {
+                Up::Res(blocks) => blocks.iter().fold(x, |x, b| b.forward(g, x)),
+                Up::DepthToSpace { conv, channels, ft, fs } => depth_to_space(conv.forward(g, x), *channels, *ft, *fs),
+            };
+        }
+        let x = self.conv_out.forward(g, pixel_norm(x, OUT_EPS).silu_inplace());
+        unpatchify(x)
+    }
+
+    fn run(&self, runner: &mut Runner, z: &Tensor) -> Result<Tensor> {
+        ensure!(z.shape().len() >= 4 && z.ne(3) == CHANNELS, "vae decode: the LTX VAE takes {CHANNELS} latent channels, got {:?}", z.shape());
+        let shape = [z.ne(0), z.ne(1), z.ne(2), CHANNELS];
+        let data = &z.data()[..shape.iter().product::<usize>()];
+        runner.compute(|g| {
+            let x = g.input_f32(data, &shape.map(|d| d as i64));
+            Ok(self.graph(g, x))
+        })
+    }
+}
+
+impl VaeNet for LtxVae {
+    fn name(&self) -> &'static str {
+        "LTX VAE"
+    }
+
+    fn scale(&self) -> usize {
+        SCALE
+    }
+
+    fn time_scale(&self) -> usize {
+        TIME_SCALE
+    }
+
+    fn encoder_output_channels(&self) -> i64 {
+        2 * CHANNELS as i64
+    }
+
+    fn encode(&self, _runner: &mut Runner, _image: &Tensor) -> Result<Tensor> {
+        bail!("the LTX VAE's encoder is not supported yet: pictures cannot be encoded (init, end or keyframe images)")
+    }
+
+    fn decode(&self, runner: &mut Runner, latent: &Tensor) -> Result<Tensor> {
+        let (w, h, c, n) = (latent.ne(0), latent.ne(1), latent.ne(2), latent.ne(3));
+        ensure!(n == 1, "vae decode: the LTX VAE decodes one picture at a time, got {n}");
+        let one = Tensor::from_vec(&[w, h, 1, c], latent.data().to_vec())?;
+        let out = self.run(runner, &one)?;
+        Tensor::from_vec(&[out.ne(0), out.ne(1), 3, 1], out.data().to_vec())
+    }
+
+    fn vae_to_diffusion(&self, z: &Tensor) -> Tensor {
+        z.clone()
+    }
+
+    /// The video's channels of a packed latent `[w, h, t, C, 1]` (the audio's dropped).
+    fn diffusion_to_vae(&self, z: &Tensor) -> Tensor {
+        let s = z.shape();
+        if s.len() < 4 || s[3] <= CHANNELS {
+            return z.clone();
+        }
+        let mut shape = s.to_vec();
+        shape[3] = CHANNELS;
+        let len = s[0] * s[1] * s[2] * CHANNELS;
+        Tensor::from_vec(&shape, z.data()[..len].to_vec()).expect("a prefix of the latent")
+    }
+
+    fn supports_video(&self) -> bool {
+        true
+    }
+
+    fn decode_video(&self, runner: &mut Runner, latents: &Tensor, _temporal_tiling: bool, _progress: Progress<'_>) -> Result<Tensor> {
+        self.run(runner, latents)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::graph::Backend;
+    use std::sync::Arc;
+
+    fn runner() -> Runner {
+        Runner::new(Arc::new(Backend::cpu().unwrap()), 1)
+    }
+
+    /// Channel (c, p1, p2, p3) of input cell (d, h, w) lands on frame d·2 + p1 (less the dropped
+    /// first), row h·2 + p2, column w·2 + p3 of output channel c.
+    #[test]
+    fn depth_to_space_moves_channels_into_time_and_space() {
+        let (w, h, t, c) = (3usize, 2usize, 2usize, 2usize);
+        let n = w * h * t * c * 8;
+        let data: Vec<f32> = (0..n).map(|v| v as f32).collect();
+        let out = runner().compute(|g| Ok(depth_to_space(g.input_f32(&data, &[w as i64, h as i64, t as i64, (c * 8) as i64]), c as i64, 2, 2))).unwrap();
+        assert_eq!(out.shape(), &[2 * w, 2 * h, 2 * t - 1, c]);
+        let at = |x: usize, y: usize, f: usize, ch: usize| out.data()[((ch * (2 * t - 1) + f) * 2 * h + y) * 2 * w + x];
+        let input = |x: usize, y: usize, f: usize, ch: usize| data[((ch * t + f) * h + y) * w + x];
+        for ch in 0..c {
+            for (p1, p2, p3) in [(0, 0, 0), (1, 0, 1), (1, 1, 0), (0, 1, 1)] {
+                let src_ch = ((ch * 2 + p1) * 2 + p2) * 2 + p3;
+                for (x, y, d) in [(0, 0, 1), (2, 1, 1), (1, 0, 0)] {
+                    let f = d * 2 + p1;
+                    if f == 0 {
+                        continue;
+                    }
+                    assert_eq!(at(x * 2 + p3, y * 2 + p2, f - 1, ch), input(x, y, d, src_ch), "c{ch} p{p1}{p2}{p3} at {x},{y},{d}");
+                }
+            }
+        }
+    }
+
+    /// Patch channel (c, r, q) (q fastest) of cell (x, y) is pixel (4x + r, 4y + q) of colour c.
+    #[test]
+    fn patches_become_pixels() {
+        let (w, h) = (2usize, 3usize);
+        let data: Vec<f32> = (0..w * h * 48).map(|v| v as f32).collect();
+        let out = runner().compute(|g| Ok(unpatchify(g.input_f32(&data, &[w as i64, h as i64, 1, 48])))).unwrap();
+        assert_eq!(out.shape(), &[4 * w, 4 * h, 1, 3]);
+        let (x, y, c, q, r) = (1, 2, 2, 3, 1);
+        let ch = (c * 4 + r) * 4 + q;
+        assert_eq!(out.data()[(c * 4 * h + 4 * y + q) * 4 * w + 4 * x + r], data[(ch * h + y) * w + x]);
+    }
+
+    #[test]
+    fn pixel_norm_normalises_each_cell_over_channels() {
+        let data = [3.0f32, 0.0, 4.0, 0.0];
+        let out = runner().compute(|g| Ok(pixel_norm(g.input_f32(&data, &[2, 1, 1, 2]), 1e-6))).unwrap();
+        // Cell 0 holds (3, 4): rms 3.5355; cell 1 is zero.
+        let r = (12.5f32).sqrt();
+        assert!((out.data()[0] - 3.0 / r).abs() < 1e-5 && (out.data()[2] - 4.0 / r).abs() < 1e-5);
+        assert_eq!((out.data()[1], out.data()[3]), (0.0, 0.0));
+    }
+}

@@ -17,7 +17,7 @@ use stable_diffusion::capi::*;
 use stable_diffusion::pipeline::fields::{rule, Use, EXTRA_SAMPLE_ARGS, FIELDS, MODEL_ARGS};
 use std::collections::BTreeSet;
 use std::ffi::{c_char, c_int, c_void, CString};
-use std::ptr::null_mut;
+use std::ptr::{null, null_mut};
 use std::sync::Mutex;
 
 const TOP: [&str; 3] = ["sd_ctx_params_t", "sd_img_gen_params_t", "sd_vid_gen_params_t"];
@@ -364,7 +364,11 @@ fn every_warned_field_and_key_warns_on_sd1() {
     // Context fields: all in one context (each warning names its own field; a context per
     // field would cost a model load each).
     let mut cp = ctx_params(&model);
-    let ctx_warned = set_all_warned(&m, "sd_ctx_params_t", &mut cp, &file, &mut arena);
+    let mut ctx_warned = set_all_warned(&m, "sd_ctx_params_t", &mut cp, &file, &mut arena);
+    // SD 1.x takes IP-Adapters: its ip_adapter_path is loaded, not warned about (and the
+    // tiny file, which holds no adapter, would fail the context as in the reference).
+    cp.ip_adapter_path = null();
+    ctx_warned.retain(|by| by != "ip_adapter_path");
     // A family without sound reads audio_vae_path as LTX-2.3's audio VAE, like the reference:
     // an LTX-2.3 one is ignored with the warning, any other file fails the context.
     let ltx_audio = CString::new(tiny_safetensors_with("vocoder.conv_pre.weight", "-ltx-audio")).unwrap();

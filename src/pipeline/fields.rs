@@ -27,6 +27,8 @@ pub enum Use {
     NeedsIpAdapter(&'static str),
     /// Acts only with PuLID's modules loaded (a Flux model); warns like `Warns` otherwise.
     NeedsPulid(&'static str),
+    /// Acts only with PhotoMaker loaded (`photo_maker_path`); warns like `Warns` otherwise.
+    NeedsPhotoMaker(&'static str),
     /// Acts only on LTX-2.3 models; warns like `Warns` otherwise.
     NeedsLtx(&'static str),
     /// Warned about where the context is built (`families::ModelSet::new`) when the loaded
@@ -79,7 +81,7 @@ pub const FIELDS: &[(&str, &[(&str, Use)])] = &[
             ("init_image", Acts), ("ref_images", Acts), ("ref_images_count", Acts), ("ref_image_args", Acts),
             ("mask_image", Acts), ("width", Acts), ("height", Acts), ("sample_params", Acts), ("strength", Acts),
             ("seed", Acts), ("batch_count", Acts), ("control_image", Acts), ("control_strength", Acts),
-            ("ip_adapter_image", IP_ADAPTER), ("ip_adapter_strength", IP_ADAPTER), ("pm_params", Acts),
+            ("ip_adapter_image", IP_ADAPTER), ("ip_adapter_strength", IP_ADAPTER), ("pm_params", NeedsPhotoMaker("no PhotoMaker is loaded (photo_maker_path, SDXL models)")),
             ("pulid_params", NeedsPulid("no PuLID weights are in effect (pulid_weights_path with a Flux model)")), ("vae_tiling_params", Acts), ("cache", Acts), ("hires", Acts),
             ("qwen_image_layers", Acts), ("circular_x", Acts), ("circular_y", Acts),
         ],
@@ -174,6 +176,8 @@ pub struct ModelFacts {
     pub ip_adapter: bool,
     /// PuLID's modules are loaded.
     pub pulid: bool,
+    /// PhotoMaker is loaded.
+    pub photomaker: bool,
     /// The model is LTX-2.3.
     pub ltx: bool,
 }
@@ -186,6 +190,7 @@ impl ModelFacts {
             motion_modules: ms.animates_frames(),
             ip_adapter: ms.ip_adapter.is_some(),
             pulid: ms.diffusion.takes_identity(),
+            photomaker: ms.extensions.iter().any(|e| e.name() == super::photomaker::NAME),
             ltx: ms.spec.arch == Arch::Ltx,
         }
     }
@@ -201,6 +206,7 @@ fn warning(strukt: &str, field: &str, path: &str, set: bool, facts: ModelFacts) 
         NeedsIpAdapter(why) if !facts.ip_adapter => why,
         NeedsLtx(why) if !facts.ltx => why,
         NeedsPulid(why) if !facts.pulid => why,
+        NeedsPhotoMaker(why) if !facts.photomaker => why,
         _ => return None,
     };
     set.then(|| format!("{why}; ignoring {path}"))
@@ -273,6 +279,7 @@ pub fn image_warnings(ctx: &CtxParams, p: &ImgGenParams, facts: ModelFacts) -> V
     let set = [
         ("ip_adapter_image", p.ip_adapter_image.is_some()),
         ("ip_adapter_strength", p.ip_adapter_strength != d.ip_adapter_strength),
+        ("pm_params", p.pm_params != d.pm_params),
         ("pulid_params", p.pulid_params != d.pulid_params),
     ];
     out.extend(set.into_iter().filter_map(|(f, s)| warning("sd_img_gen_params_t", f, f, s, facts)));

@@ -120,9 +120,12 @@ fn merge_trigger(source: &WeightedTokens, trigger: u32, count: usize) -> (Weight
     (out, positions)
 }
 
+/// The extension's name, which the field rule looks for.
+pub const NAME: &str = "photomaker";
+
 impl Extension for PhotoMaker {
     fn name(&self) -> &'static str {
-        "photomaker"
+        NAME
     }
 
     fn loras(&self) -> Vec<Lora> {

@@ -252,6 +252,7 @@ pub fn ctx_params(model: &str, ctx: &Value, arena: &mut Arena) -> sd_ctx_params_
             "pulid_weights_path" => p.pulid_weights_path = arena.str(v.as_str().unwrap()),
             "motion_module_path" => p.motion_module_path = arena.str(v.as_str().unwrap()),
             "audio_vae_path" => p.audio_vae_path = arena.str(v.as_str().unwrap()),
+            "embeddings_connectors_path" => p.embeddings_connectors_path = arena.str(v.as_str().unwrap()),
             "wtype" => p.wtype = sd_type_t(enum_value(v)),
             "force_sdxl_vae_conv_scale" => p.force_sdxl_vae_conv_scale = CBool(v.as_bool().unwrap() as u8),
             "tae_preview_only" => p.tae_preview_only = CBool(v.as_bool().unwrap() as u8),

@@ -245,4 +245,20 @@ mod tests {
         }
         assert_eq!(t.decode(&t.encode("a lovely cat")), "a lovely cat");
     }
+
+    /// Gemma 3's pieces as the reference's `GemmaTokenizer` logs them ("split prompt ... to N
+    /// tokens") for the golden LTX-2.3 prompts.
+    #[test]
+    fn gemma3_pieces_match_the_reference() {
+        let t = gemma3().unwrap();
+        let cases: [(&str, &[&str]); 3] = [
+            ("a lovely cat", &["a", "\u{2581}lovely", "\u{2581}cat"]),
+            ("a red fox running through snow", &["a", "\u{2581}red", "\u{2581}fox", "\u{2581}running", "\u{2581}through", "\u{2581}snow"]),
+            ("blurry, static", &["bl", "urry", ",", "\u{2581}static"]),
+        ];
+        for (text, pieces) in cases {
+            let got: Vec<&str> = t.encode(text).iter().map(|&i| t.symbols[i as usize].as_str()).collect();
+            assert_eq!(got, pieces, "{text:?}");
+        }
+    }
 }

@@ -67,7 +67,7 @@ impl Context {
     }
 
     pub fn has_control_net(&self) -> bool {
-        self.sd.lock().control_net.is_some()
+        self.sd.lock().has_extension(crate::pipeline::control::NAME)
     }
 
     /// The sampler used when a request leaves it unset.

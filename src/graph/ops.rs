@@ -59,6 +59,7 @@ impl<'g> T<'g> {
         tanh_inplace => ggml_tanh_inplace,
         sigmoid => ggml_sigmoid,
         exp => ggml_exp,
+        log => ggml_log,
         sqr => ggml_sqr,
         sqrt => ggml_sqrt,
         neg => ggml_neg,

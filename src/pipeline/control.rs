@@ -1,7 +1,9 @@
 //! ControlNet in the pipeline: loading one for a context (at creation from
-//! `control_net_path`, or swapped in and out later), and the residuals it adds to each
-//! UNet evaluation while sampling, like the reference's `compute_sample_controls`.
+//! `control_net_path`, or swapped in and out later), and, as a generation extension, the
+//! residuals it adds to each UNet evaluation while sampling, like the reference's
+//! `compute_sample_controls`. It acts only on requests with a control image.
 
+use super::extensions::{ExtRequest, Extension};
 use super::loader::Weights;
 use crate::error::{Context as _, Result};
 use crate::graph::{Component, Components, DeviceMap, Loaded, Module};
@@ -18,9 +20,14 @@ pub struct ControlNetModel {
     /// Kept open: weights living on disk are re-read from it for each sampling run.
     weights: Arc<Weights>,
     path: String,
+    /// The request's control image.
+    image: Option<Tensor>,
     /// The guided hint of the current sampling run's control image.
     hint: Option<Tensor>,
 }
+
+/// The extension's name (the context asks for its ControlNet by it).
+pub const NAME: &str = "controlnet";
 
 impl ControlNetModel {
     /// Loads the ControlNet in `path` for a context of `version` (SD 1.x, SD 2.x or SDXL;
@@ -44,28 +51,45 @@ impl ControlNetModel {
             sd_info!("Using Conv2d direct in the control net");
         }
         sd_info!("control net model loaded");
-        Ok(ControlNetModel { net, weights, path: path.to_string(), hint: None })
-    }
-
-    pub fn path(&self) -> &str {
-        &self.path
+        Ok(ControlNetModel { net, weights, path: path.to_string(), image: None, hint: None })
     }
 
     pub fn config(&self) -> &ControlNetConfig {
         &self.net.model.config
     }
+}
+
+impl Extension for ControlNetModel {
+    fn name(&self) -> &'static str {
+        NAME
+    }
+
+    fn file(&self) -> Option<&str> {
+        Some(&self.path)
+    }
+
+    fn prepare(&mut self, req: &mut ExtRequest<'_>) -> Result<()> {
+        self.image = req.control_image.cloned();
+        Ok(())
+    }
+
+    fn reads_control_image(&self) -> bool {
+        true
+    }
 
     /// Fails, naming the file, when it changed since it was opened (see `Weights::validate`).
-    pub fn validate(&self) -> Result<()> {
+    fn validate(&self) -> Result<()> {
         self.weights.validate()
     }
 
-    /// Starts a sampling run with `hint` ([W, H, C, 1] in [0, 1], the request's size): the
-    /// weights are made usable and the hint blocks run once.
-    pub fn begin_run(&mut self, hint: &Tensor) -> Result<()> {
+    /// With a control image, the weights are made usable and the hint blocks run once.
+    fn begin_run(&mut self) -> Result<()> {
+        let Some(image) = &self.image else {
+            return Ok(());
+        };
         Component::begin(&mut self.net)?;
         let (model, runner) = self.net.parts();
-        match controlnet::compute_hint(runner, model, hint).context("controlnet compute failed") {
+        match controlnet::compute_hint(runner, model, image).context("controlnet compute failed") {
             Ok(h) => {
                 self.hint = Some(h);
                 Ok(())
@@ -77,18 +101,24 @@ impl ControlNetModel {
         }
     }
 
-    /// Ends a sampling run: compute buffers, phase copies of weights and the hint are freed.
-    pub fn end_run(&mut self) {
-        self.hint = None;
-        Component::end(&mut self.net);
+    /// Compute buffers, phase copies of weights and the hint are freed.
+    fn end_run(&mut self) {
+        if self.hint.take().is_some() {
+            Component::end(&mut self.net);
+        }
     }
 
-    /// The residuals for one UNet evaluation of `x` (the scaled noisy latent) under `cond`.
-    pub fn controls(&mut self, x: &Tensor, timesteps: &[f32], cond: &Condition) -> Result<Vec<Tensor>> {
-        let hint = self.hint.as_ref().context("ControlNet used outside a sampling run")?;
+    fn residuals(&mut self, x: &Tensor, timesteps: &[f32], cond: &Condition) -> Result<Option<Vec<Tensor>>> {
+        let Some(hint) = self.hint.as_ref() else {
+            return Ok(None);
+        };
         let context = cond.crossattn.as_ref().context("the ControlNet needs a cross-attention context")?;
         let (model, runner) = self.net.parts();
-        controlnet::compute(runner, model, x, hint, timesteps, context, cond.vector.as_ref()).context("controlnet compute failed")
+        controlnet::compute(runner, model, x, hint, timesteps, context, cond.vector.as_ref()).context("controlnet compute failed").map(Some)
+    }
+
+    fn end_request(&mut self) {
+        self.image = None;
     }
 }
 

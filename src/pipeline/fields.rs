@@ -188,9 +188,9 @@ impl ModelFacts {
             high_noise: ms.high_noise.is_some(),
             vace: matches!(ms.video_cond, VideoCond::Vace),
             motion_modules: ms.animates_frames(),
-            ip_adapter: ms.ip_adapter.is_some(),
+            ip_adapter: ms.has_extension(super::ip_adapter::NAME),
             pulid: ms.diffusion.takes_identity(),
-            photomaker: ms.extensions.iter().any(|e| e.name() == super::photomaker::NAME),
+            photomaker: ms.has_extension(super::photomaker::NAME),
             ltx: ms.spec.arch == Arch::Ltx,
         }
     }

@@ -7,7 +7,7 @@
 
 use super::callbacks::{self, CancelFlag};
 use super::conditioning::CondRequest;
-use super::extensions::ExtRequest;
+use super::extensions::{Conditioned, ExtRequest};
 use super::families::{Concat, ModelSet};
 use super::imageops::{concat_channels, image_to_tensor, max_pool_3x3, resize_nearest, resize_nearest_max, tensor_to_image, zip_channels};
 use super::request::{check_params, resolve_plan, resolve_request, runtime_tiling, Plan, Request};
@@ -49,7 +49,7 @@ fn record_final_latent(t: &Tensor) {
 
 /// An image as [W, H, 3, 1] in [0, 1] at the request's size (grey images become RGB,
 /// extra channels such as alpha are dropped).
-fn rgb_tensor(img: &Image, w: usize, h: usize) -> Result<Tensor> {
+pub(super) fn rgb_tensor(img: &Image, w: usize, h: usize) -> Result<Tensor> {
     image_tensor(img, w, h, 3)
 }
 
@@ -217,16 +217,15 @@ fn prepare(
     // reference images; the encoding draws from the noise generator); only the control
     // families read the latent, a ControlNet reads the image itself.
     let takes_control = matches!(concat_kind, Concat::FluxControls | Concat::Flex2);
-    let mut control_hint = None;
+    let mut control_image = None;
     let control_latent = match &p.control_image {
         Some(img) => {
             let image = rgb_tensor(img, w, h)?;
             let latent = encode("control image", &image)?;
-            if ms.control_net.is_some() {
-                control_hint = Some(image);
-            } else if !takes_control {
+            if !takes_control && !ms.extensions.iter().any(|e| e.reads_control_image()) {
                 sd_warn!("a control image was given but no ControlNet is loaded; ignoring it");
             }
+            control_image = Some(image);
             Some(latent)
         }
         None => None,
@@ -315,7 +314,16 @@ fn prepare(
     ms.cond.begin()?;
     // Extensions act before the prompt is encoded (PhotoMaker fuses its ID embeddings into a
     // condition of its own and takes its trigger word out of the prompt).
-    let mut ext = ExtRequest { cond: ms.cond.as_mut(), params: p, text: p.prompt.clone(), clip_skip: p.clip_skip, width: w, height: h, total_steps };
+    let mut ext = ExtRequest {
+        cond: ms.cond.as_mut(),
+        params: p,
+        text: p.prompt.clone(),
+        clip_skip: p.clip_skip,
+        width: w,
+        height: h,
+        total_steps,
+        control_image: control_image.as_ref(),
+    };
     let mut prepared_ext = Ok(());
     for e in ms.extensions.iter_mut() {
         prepared_ext = prepared_ext.and_then(|_| e.prepare(&mut ext));
@@ -325,17 +333,14 @@ fn prepare(
     let conds = prepared_ext.and_then(|_| encode_conditions(ms, &base, p, r, !ref_latents.is_empty(), concat, img_uncond_concat));
     ms.cond.end();
     let (cond, uncond, img_uncond) = conds?;
-    for e in ms.extensions.iter_mut() {
-        e.conditioned(&cond);
-    }
     sd_info!("get_learned_condition completed, taking {:.2}s", start.elapsed().as_secs_f32());
-    // The IP-Adapter's image tokens; without an image the UNet runs as without the adapter.
-    let image_tokens = match (ms.ip_adapter.as_mut(), &p.ip_adapter_image) {
-        (Some(ip), Some(img)) => Some(ip.tokens(&rgb_tensor(img, img.width as usize, img.height as usize)?, p.ip_adapter_strength)?),
-        _ => None,
-    };
+    // The IP-Adapter encodes its image here.
+    let done = Conditioned { cond: &cond, params: p };
+    for e in ms.extensions.iter_mut() {
+        e.conditioned(&done)?;
+    }
     let init_latent = repeat_frames(init_latent, frames)?;
-    Ok(Prepared { init_latent, denoise_mask: Some(denoise_mask), ref_latents, cond, uncond, img_uncond, control_hint, image_tokens })
+    Ok(Prepared { init_latent, denoise_mask: Some(denoise_mask), ref_latents, cond, uncond, img_uncond })
 }
 
 /// The request's conditions: prompt, negative prompt (when guidance needs it) and the
@@ -427,7 +432,7 @@ pub(super) fn sample_image(
     } else {
         noise
     };
-    let ModelSet { diffusion, denoiser, first_stage, preview, control_net, extensions, .. } = ms;
+    let ModelSet { diffusion, denoiser, first_stage, preview, extensions, .. } = ms;
     let decoder: &mut dyn FirstStage = match preview {
         Some(p) => p.as_mut(),
         None => first_stage.as_mut(),
@@ -436,7 +441,6 @@ pub(super) fn sample_image(
         request: r,
         prepared,
         denoiser,
-        control: control_net.as_mut(),
         preview: Previewer { decoder, projection: spec.preview, tiling, circular, video: false },
         backbone: spec.backbone(),
         slg_supported: spec.skip_layer_guidance,
@@ -552,10 +556,17 @@ pub(super) fn generate_frames(ms: &mut ModelSet, p: &ImgGenParams, frames: usize
     generate(ms, p, frames, cancel)
 }
 
+/// One request; the extensions drop what they kept of it afterwards, whatever the outcome.
 fn generate(ms: &mut ModelSet, p: &ImgGenParams, frames: usize, cancel: &CancelFlag) -> Result<Vec<Image>> {
+    let out = run_request(ms, p, frames, cancel);
+    ms.extensions.iter_mut().for_each(|e| e.end_request());
+    out
+}
+
+fn run_request(ms: &mut ModelSet, p: &ImgGenParams, frames: usize, cancel: &CancelFlag) -> Result<Vec<Image>> {
     ms.weights.validate()?;
-    if let Some(cn) = &ms.control_net {
-        cn.validate()?;
+    for e in &ms.extensions {
+        e.validate()?;
     }
     check_params(p)?;
     let t0 = Instant::now();

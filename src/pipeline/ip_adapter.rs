@@ -1,11 +1,12 @@
-//! IP-Adapter in the pipeline, like the reference's `compute_ip_adapter_tokens`: after the
-//! conditioning, the request's `ip_adapter_image` goes through the CLIP vision tower
-//! (`clip_vision_path`) and the adapter's image projection once; its tokens, and those of
-//! all-zero features for the negative passes, reach every UNet evaluation with
-//! `ip_adapter_strength` (`sampling::sample`). Without an image the UNet runs as it would
-//! without an adapter.
+//! IP-Adapter in the pipeline, a generation extension like the reference's
+//! `compute_ip_adapter_tokens`: after the conditioning, the request's `ip_adapter_image` goes
+//! through the CLIP vision tower (`clip_vision_path`) and the adapter's image projection
+//! once; its tokens, and those of all-zero features for the negative passes, reach every UNet
+//! evaluation with `ip_adapter_strength`. Without an image the UNet runs as it would without
+//! an adapter.
 
 use super::conditioning::clip_vision::ClipVision;
+use super::extensions::{Conditioned, Extension};
 use super::loader::Weights;
 use crate::error::{Context as _, Result};
 use crate::graph::{Component, Components, Loaded, Placement};
@@ -23,7 +24,12 @@ const PLAIN_CLIP_SKIP: i32 = -1;
 pub struct IpAdapterModel {
     net: Loaded<IpAdapter>,
     clip: ClipVision,
+    /// The current request's tokens.
+    tokens: Option<ImageTokens>,
 }
+
+/// The extension's name, which the field rule looks for.
+pub const NAME: &str = "ip_adapter";
 
 /// One request's image tokens: for the prompt's passes and for the negative ones (features
 /// of zeros), with the strength the cross-attentions add them at.
@@ -64,7 +70,7 @@ impl IpAdapterModel {
         );
         sd_debug!("ip_adapter: {} image tokens of {} from {}-wide features", cfg.tokens(), cfg.token_width(), cfg.input_width());
         let net = weights.load_model(place, n_threads, IMAGE_PROJ_PREFIX, "ip_adapter", |s| IpAdapter::new(s, &cfg))?;
-        Ok(IpAdapterModel { net, clip })
+        Ok(IpAdapterModel { net, clip, tokens: None })
     }
 
     pub fn config(&self) -> &IpAdapterConfig {
@@ -87,6 +93,29 @@ impl IpAdapterModel {
         })?;
         sd_info!("IP-Adapter: {} image tokens, strength {strength:.2}, taking {} ms", cond.ne(1), start.elapsed().as_millis());
         Ok(ImageTokens { cond, uncond, strength })
+    }
+}
+
+impl Extension for IpAdapterModel {
+    fn name(&self) -> &'static str {
+        NAME
+    }
+
+    fn conditioned(&mut self, req: &Conditioned<'_>) -> Result<()> {
+        self.tokens = None;
+        if let Some(img) = &req.params.ip_adapter_image {
+            let image = super::image::rgb_tensor(img, img.width as usize, img.height as usize)?;
+            self.tokens = Some(self.tokens(&image, req.params.ip_adapter_strength)?);
+        }
+        Ok(())
+    }
+
+    fn image_tokens(&self, negative: bool) -> Option<(&Tensor, f32)> {
+        self.tokens.as_ref().map(|t| (if negative { &t.uncond } else { &t.cond }, t.strength))
+    }
+
+    fn end_request(&mut self) {
+        self.tokens = None;
     }
 }
 

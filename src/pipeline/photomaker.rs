@@ -12,7 +12,7 @@
 //! Like the reference, a request without ID images, without the trigger word or (v2)
 //! without matching ID embeddings runs without PhotoMaker, with a warning.
 
-use super::extensions::{ExtRequest, Extension};
+use super::extensions::{Conditioned, ExtRequest, Extension};
 use super::imageops::image_to_tensor;
 use super::loader::Weights;
 use crate::error::{Context as _, Result};
@@ -208,11 +208,12 @@ impl Extension for PhotoMaker {
         Ok(())
     }
 
-    fn conditioned(&mut self, cond: &Condition) {
+    fn conditioned(&mut self, req: &Conditioned<'_>) -> Result<()> {
         // The fused condition's pass takes the prompt's concatenated latent channels.
         if let Some(c) = self.id_condition.as_mut() {
-            c.concat = cond.concat.clone();
+            c.concat = req.cond.concat.clone();
         }
+        Ok(())
     }
 
     fn step_condition(&self, step: i32) -> Option<&Condition> {

@@ -1,19 +1,18 @@
 //! The one sampling loop every family and medium shares: classifier-free guidance (and its
-//! 3-way and skip-layer variants), step caches, ControlNet residuals, previews, progress and
-//! cancellation around the samplers of `runtime::samplers`.
+//! 3-way and skip-layer variants), step caches, the extensions' per-evaluation inputs
+//! (ControlNet residuals, image tokens, identity), previews, progress and cancellation around
+//! the samplers of `runtime::samplers`.
 //!
 //! A run is split in two: the [`Job`] holds what every stage of one generation shares (the
-//! prepared conditions and latents, the denoiser, the preview decoder, the ControlNet), and a
+//! prepared conditions and latents, the denoiser, the preview decoder, the extensions), and a
 //! [`Stage`] is one call of [`sample`] with one diffusion model, its sigmas, sampler and
 //! guidance. An image is one stage; hires runs a second one; Wan 2.2's high-noise and
 //! low-noise experts are two stages over consecutive parts of one schedule.
 
 use super::callbacks::{self, CancelFlag, PreviewConfig};
-use super::control::ControlNetModel;
 use super::extensions::{self, Extension};
 use super::guidance::{Guider, SkipLayerGuidance};
 use super::imageops::tensor_to_image;
-use super::ip_adapter::ImageTokens;
 use super::request::Request;
 use crate::error::{Error, Result};
 use crate::models::diffusion::{DiffusionInput, DiffusionModel, VideoInput};
@@ -46,11 +45,6 @@ pub(super) struct Prepared {
     pub(super) cond: Condition,
     pub(super) uncond: Option<Condition>,
     pub(super) img_uncond: Option<Condition>,
-    /// The control image [W, H, 3, 1] in [0, 1] when a ControlNet will read it.
-    pub(super) control_hint: Option<Tensor>,
-    /// An IP-Adapter's image tokens: the prompt's passes read `cond`, the negative and
-    /// image-unconditioned ones `uncond`.
-    pub(super) image_tokens: Option<ImageTokens>,
 }
 
 /// How the model timestep of an evaluation is formed from the sigma's.
@@ -82,7 +76,6 @@ pub(super) struct Job<'a> {
     pub(super) request: &'a Request,
     pub(super) prepared: &'a Prepared,
     pub(super) denoiser: &'a Denoiser,
-    pub(super) control: Option<&'a mut ControlNetModel>,
     pub(super) preview: Previewer<'a>,
     /// Which step caches apply (the family's backbone).
     pub(super) backbone: Backbone,
@@ -91,8 +84,8 @@ pub(super) struct Job<'a> {
     pub(super) ref_latent_img_cfg: bool,
     pub(super) timesteps: TimestepRule,
     pub(super) video: Option<VideoInput<'a>>,
-    /// Extensions that may give the prompt's pass another condition per step.
-    pub(super) extensions: &'a [Box<dyn Extension>],
+    /// The context's extensions (their per-run, per-step and per-evaluation hooks).
+    pub(super) extensions: &'a mut [Box<dyn Extension>],
     pub(super) cancel: &'a CancelFlag,
 }
 
@@ -123,7 +116,7 @@ pub fn cancelled() -> Error {
 /// Runs one stage from `x` (the init latent, or the previous stage's result) and returns the
 /// denoised latent.
 pub(super) fn sample(job: &mut Job<'_>, stage: Stage<'_>, x: &Tensor, rng: &mut dyn Rng) -> Result<Tensor> {
-    let Job { request: r, prepared, denoiser, control, preview: previewer, backbone, slg_supported, ref_latent_img_cfg, timesteps: rule, video, extensions: exts, cancel } = job;
+    let Job { request: r, prepared, denoiser, preview: previewer, backbone, slg_supported, ref_latent_img_cfg, timesteps: rule, video, extensions: exts, cancel } = job;
     let (r, prepared, denoiser, cancel): (&Request, &Prepared, &Denoiser, &CancelFlag) = (r, prepared, denoiser, cancel);
     let Stage { diffusion, sigmas, method, eta, guidance, use_uncond, extra, noise, shifted_timestep, last } = stage;
     let steps = sigmas.len().saturating_sub(1) as i32;
@@ -146,18 +139,9 @@ pub(super) fn sample(job: &mut Job<'_>, stage: Stage<'_>, x: &Tensor, rng: &mut 
     };
     // Masked inputs and denoised latents keep the stage's starting latent where the mask is 0.
     let init = x;
-    // The ControlNet runs only with a control image.
-    let mut control = match (control.as_deref_mut(), &prepared.control_hint) {
-        (Some(cn), Some(hint)) => {
-            cn.begin_run(hint)?;
-            Some(cn)
-        }
-        _ => None,
-    };
+    extensions::begin_run(exts)?;
     if let Err(e) = diffusion.begin() {
-        if let Some(cn) = control.as_mut() {
-            cn.end_run();
-        }
+        extensions::end_run(exts);
         return Err(e);
     }
     let mut model = |x: &Tensor, sigma: f32, step: i32| -> Result<ModelOutput> {
@@ -195,11 +179,11 @@ pub(super) fn sample(job: &mut Job<'_>, stage: Stage<'_>, x: &Tensor, rng: &mut 
             Some(denoised) => (denoised, None),
             None => {
                 cache.begin_step(step, sigma);
-                let mut run = |cache: &mut StepCache, pass: Pass, c: &Condition, refs: &[Tensor], skip_layers: &[i32], controls: Option<&[Tensor]>| {
+                let mut run = |exts: &[Box<dyn Extension>], cache: &mut StepCache, pass: Pass, c: &Condition, refs: &[Tensor], skip_layers: &[i32], controls: Option<&[Tensor]>| {
                     if let Some(out) = cache.reuse(pass, &input) {
                         return Ok(out);
                     }
-                    let image_tokens = prepared.image_tokens.as_ref().map(|t| (if pass == Pass::Cond { &t.cond } else { &t.uncond }, t.strength));
+                    let image_tokens = extensions::image_tokens(exts, pass != Pass::Cond);
                     let dinput = DiffusionInput {
                         guidance: guidance.distilled_guidance,
                         ref_latents: refs,
@@ -220,32 +204,29 @@ pub(super) fn sample(job: &mut Job<'_>, stage: Stage<'_>, x: &Tensor, rng: &mut 
                 };
                 // Like the reference, the ControlNet runs under the prompt's condition, then
                 // under the negative one; the image-unconditioned pass reuses the last residuals.
-                let mut controls = None;
-                if let Some(cn) = control.as_mut() {
-                    controls = Some(cn.controls(&input, &timesteps, &prepared.cond)?);
-                }
+                let mut controls = extensions::residuals(exts, &input, &timesteps, &prepared.cond)?;
                 // An extension may swap the prompt's condition for this step (PhotoMaker after
                 // its merge step); the ControlNet and skip-layer passes keep the plain one.
                 let step_cond = extensions::step_condition(exts, step, &prepared.cond);
-                let cond_out = run(&mut cache, Pass::Cond, step_cond, ref_latents, &[], controls.as_deref())?;
+                let cond_out = run(exts, &mut cache, Pass::Cond, step_cond, ref_latents, &[], controls.as_deref())?;
                 let uncond_skip: &[i32] = if skip_step && slg.uncond { &slg.layers } else { &[] };
                 if !uncond_skip.is_empty() {
                     sd_debug!("Skipping layers at uncond step {step}");
                 }
-                if let (Some(cn), Some(u)) = (control.as_mut(), uncond_cond) {
-                    controls = Some(cn.controls(&input, &timesteps, u)?);
+                if let (Some(_), Some(u)) = (&controls, uncond_cond) {
+                    controls = extensions::residuals(exts, &input, &timesteps, u)?;
                 }
-                let uncond_out = uncond_cond.map(|c| run(&mut cache, Pass::Uncond, c, ref_latents, uncond_skip, controls.as_deref())).transpose()?;
+                let uncond_out = uncond_cond.map(|c| run(exts, &mut cache, Pass::Uncond, c, ref_latents, uncond_skip, controls.as_deref())).transpose()?;
                 let img_out = prepared
                     .img_uncond
                     .as_ref()
-                    .map(|c| run(&mut cache, Pass::ImgUncond, c, img_uncond_refs, &[], controls.as_deref()))
+                    .map(|c| run(exts, &mut cache, Pass::ImgUncond, c, img_uncond_refs, &[], controls.as_deref()))
                     .transpose()?;
                 let mut guided = guider.guide(step, &cond_out, uncond_out.as_ref(), img_out.as_ref());
                 // Like the reference, a step whose outputs are reused gets no skip-layer pass.
                 if skip_step && slg.scale != 0.0 && !cache.step_skipped() {
                     sd_debug!("Skipping layers at step {step}");
-                    let skipped = run(&mut cache, Pass::Cond, &prepared.cond, ref_latents, &slg.layers, controls.as_deref())?;
+                    let skipped = run(exts, &mut cache, Pass::Cond, &prepared.cond, ref_latents, &slg.layers, controls.as_deref())?;
                     let scale = slg.scale;
                     let d: Vec<f32> = guided.data().iter().zip(cond_out.data()).zip(skipped.data()).map(|((&g, &c), &k)| g + (c - k) * scale).collect();
                     guided = Tensor::from_vec(guided.shape(), d)?;
@@ -274,9 +255,7 @@ pub(super) fn sample(job: &mut Job<'_>, stage: Stage<'_>, x: &Tensor, rng: &mut 
     };
     let result = samplers::sample(method, &mut model, x_t, sigmas, rng, eta, denoiser.is_flow(), extra, Some(denoiser));
     diffusion.end();
-    if let Some(cn) = control {
-        cn.end_run();
-    }
+    extensions::end_run(exts);
     let x0 = result?;
     cache.log_summary(sigmas.len().saturating_sub(1));
     Ok(if last { denoiser.inverse_noise_scaling(*sigmas.last().unwrap_or(&0.0), x0) } else { x0 })

@@ -29,9 +29,6 @@ use std::time::Instant;
 /// Most frames one request may ask for (the latent and the decoder's output grow with it).
 pub const MAX_FRAMES: i32 = 4096;
 
-/// Values of one step of a packed audio latent (MiniMax-H3: 2 rows of 32 channels).
-const AUDIO_VALUES_PER_STEP: usize = crate::models::diffusion::minimax_h3::AUDIO_ROWS * crate::models::diffusion::minimax_h3::AUDIO_CHANNELS;
-
 /// A video request after the reference's adjustments.
 struct VideoRequest {
     width: usize,
@@ -529,7 +526,7 @@ fn decode(ms: &mut ModelSet, latent: &Tensor, frames: usize, tiling: &TilingPara
 }
 
 /// The sound of a sampled latent whose audio is packed behind the video's channels, when an
-/// audio VAE is loaded (MiniMax-H3): decoded before the video, like the reference. A failed
+/// audio VAE is loaded (MiniMax-H3, LTX-2.3): decoded before the video, like the reference. A failed
 /// decode leaves the video silent with a warning, as there; cancelling stops the generation.
 fn decode_sound(ms: &mut ModelSet, latent: &Tensor, steps: usize, cancel: &CancelFlag) -> Result<Option<Audio>> {
     let Some(stage) = ms.audio.as_mut() else { return Ok(None) };
@@ -543,10 +540,10 @@ fn decode_sound(ms: &mut ModelSet, latent: &Tensor, steps: usize, cancel: &Cance
     let start = Instant::now();
     let s = latent.shape();
     let video = s[..3].iter().product::<usize>() * ms.spec.latent.channels;
-    let values = steps * AUDIO_VALUES_PER_STEP;
+    let shape = stage.latent_shape(steps);
+    let values = shape.iter().product::<usize>();
     // The reference decodes nothing (and says nothing) when the latent holds no audio.
     let Some(packed) = latent.data().get(video..video + values) else { return Ok(None) };
-    let shape = [steps, crate::models::diffusion::minimax_h3::AUDIO_ROWS, crate::models::diffusion::minimax_h3::AUDIO_CHANNELS];
     sd_debug!("decode audio latent {}x{}x{}x1", shape[0], shape[1], shape[2]);
     let audio_latent = Tensor::from_vec(&shape, packed.to_vec())?;
     let decoded = stage.begin().and_then(|()| {
@@ -610,8 +607,6 @@ pub fn generate_video(ms: &mut ModelSet, p: &VidGenParams, cancel: &CancelFlag) 
         cond,
         uncond,
         img_uncond: None,
-        control_hint: None,
-        image_tokens: None,
     };
     sd_info!("generate_video {}x{}x{}", r.width, r.height, r.frames);
     let latent_start = Instant::now();
@@ -629,14 +624,13 @@ pub fn generate_video(ms: &mut ModelSet, p: &VidGenParams, cancel: &CancelFlag) 
         request: &request,
         prepared: &prepared,
         denoiser,
-        control: None,
         preview: Previewer { decoder, projection: spec.preview, tiling: &tiling, circular, video: true },
         backbone: spec.backbone(),
         slg_supported: spec.skip_layer_guidance,
         ref_latent_img_cfg: false,
         timesteps: format.timesteps,
         video: Some(vace),
-        extensions: &[],
+        extensions: &mut [],
         cancel,
     };
     let mut x = prepared.init_latent.clone();

@@ -25,9 +25,12 @@
 //! its own), and temporal tiling is the network's own business ([`VaeNet::decode_video`]).
 //! [`decode_video_with_retry`] retries a failed video decode with temporal, then spatial tiling.
 
+pub mod audio;
 pub mod autoencoder_kl;
+pub mod bigvgan;
 pub mod hunyuan;
 pub mod ltx;
+pub mod ltx_audio;
 pub mod mage;
 pub mod minimax_h3;
 pub mod minimax_h3_audio;

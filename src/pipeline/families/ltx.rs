@@ -1,9 +1,9 @@
 //! LTX-2.3 (the reference's LTXAV): Gemma 3's every hidden state projected to the text
 //! context (the `LTXAVEmbedder`), the joint audio-video transformer and the LTX video VAE.
 //! Flow prediction (the reference's Flux-flow denoiser, default shift 2.37) and its own
-//! schedule (`ltx2`). The audio latent rides behind the video's channels through sampling;
-//! sound (the audio VAE and vocoder), keyframes, reference audio and the latent-upscale refine
-//! pass are not built here.
+//! schedule (`ltx2`). The audio latent rides behind the video's channels through sampling
+//! and, with an audio VAE (`audio_vae_path`), becomes the sound (`models::vae::ltx_audio`);
+//! keyframes, reference audio and the latent-upscale refine pass are not built here.
 //!
 //! The embedder: the prompt's attention syntax parsed, Gemma 3's tokens behind `<bos>`,
 //! padded in front with masked `<pad>` to 1024; the hidden states of the real tokens
@@ -19,6 +19,8 @@ use crate::error::Result;
 use crate::graph::nn::Linear;
 use crate::graph::{Component, Components, Graph, Loaded, Module, Placement, Scope, T};
 use crate::models::diffusion::ltx::{LtxConfig, LtxModel};
+use crate::models::vae::audio::AudioStage;
+use crate::models::vae::ltx_audio::{LtxAudioConfig, LtxAudioVae};
 use crate::models::te::gemma3::{self, Gemma3Config, Gemma3Model, PREFIX};
 use crate::models::te::gemma_tokenizer::{self, GemmaTokenizer, BOS_TOKEN, PAD_TOKEN};
 use crate::models::Condition;
@@ -255,4 +257,28 @@ mod tests {
         let mean = s0.iter().map(|&v| v as f64).sum::<f64>() / s0.len() as f64;
         assert!(mean.abs() < 1e-3);
     }
+}
+
+/// LTX-2.3's audio VAE and vocoder from `path` (their own names, no prefix, the file's types).
+/// A file of another layout is refused before any weight is read (the reference fails the
+/// context on missing tensors and its graph on other widths).
+pub(super) fn load_audio_vae(path: &str, devices: &crate::graph::DeviceMap, n_threads: i32) -> Result<Option<Box<dyn AudioStage>>> {
+    let Some(weights) = super::open_audio_vae(path) else { return Ok(None) };
+    let not_ours = |e: crate::error::Error| crate::error::Error::new(format!("the audio VAE '{path}' is not LTX-2.3's: {e}"));
+    let cfg = LtxAudioConfig::detect(&|n| weights.shape_of(n)).map_err(not_ours)?;
+    // ggml's 1-D convolutions take float kernels only.
+    if let Some((name, _)) = weights.types().iter().find(|(n, &t)| !n.starts_with("audio_vae.encoder.") && crate::graph::is_block_quantized(t)) {
+        bail!("the audio VAE '{path}': tensor '{name}' is quantized; LTX-2.3's audio VAE takes float weights only");
+    }
+    sd_debug!(
+        "ltx_audio_vae: decoder {} x {:?} ({} blocks a level), vocoder {}, {} Hz",
+        cfg.decoder_channels,
+        cfg.multipliers,
+        cfg.level_blocks,
+        cfg.vocoder_channels,
+        cfg.sample_rate()
+    );
+    let place = devices.placement(Module::Vae)?;
+    let vae = Arc::new(weights).load_model(place, n_threads, "", "audio VAE", |s| LtxAudioVae::new(s, &cfg)).map_err(not_ours)?;
+    Ok(Some(Box::new(vae)))
 }

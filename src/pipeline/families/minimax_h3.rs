@@ -13,8 +13,8 @@ use crate::models::diffusion::minimax_h3::{MinimaxH3Config, MinimaxH3Model};
 use crate::models::te::llm::LlmArch;
 use crate::pipeline::conditioning::llm::{tokenize_parts, LlmText};
 use crate::pipeline::conditioning::{CondRequest, Conditioner};
-use crate::models::vae::minimax_h3_audio::{self, AudioStage, MinimaxH3AudioVae};
-use crate::pipeline::loader::Weights;
+use crate::models::vae::audio::AudioStage;
+use crate::models::vae::minimax_h3_audio::{self, MinimaxH3AudioVae};
 use crate::types::Prediction;
 use std::sync::Arc;
 
@@ -70,17 +70,10 @@ pub(super) fn build(ctx: &mut BuildCtx<'_>) -> Result<Parts> {
     Ok(flow_parts(params, Box::new(cond), Box::new(model), first, Prediction::Flow, DEFAULT_FLOW_SHIFT))
 }
 
-/// The file of `audio_vae_path`, or none (with the reference's warning) when it cannot be read:
-/// the reference then goes on without sound.
-fn open_audio_vae(path: &str) -> Option<Weights> {
-    sd_info!("loading audio VAE from '{path}'");
-    Weights::open_file_as_stored(path).map_err(|e| sd_warn!("loading audio VAE weights from '{path}' failed: {e}")).ok()
-}
-
 /// MiniMax-H3's audio VAE from `path` (its own names, no prefix, the file's types). A file that
 /// is not its layout is refused before any weight is read, as the reference refuses it.
 pub(super) fn load_audio_vae(path: &str, devices: &crate::graph::DeviceMap, n_threads: i32) -> Result<Option<Box<dyn AudioStage>>> {
-    let Some(weights) = open_audio_vae(path) else { return Ok(None) };
+    let Some(weights) = super::open_audio_vae(path) else { return Ok(None) };
     let weights = Arc::new(weights);
     let not_ours = |e: crate::error::Error| crate::error::Error::new(format!("the audio VAE '{path}' is not MiniMax-H3's: {e}"));
     minimax_h3_audio::check_layout(|n| weights.shape_of(n)).map_err(not_ours)?;
@@ -95,15 +88,15 @@ pub(super) fn load_audio_vae(path: &str, devices: &crate::graph::DeviceMap, n_th
 
 /// `audio_vae_path` for a family without sound. The reference reads such a file as LTX-2.3's
 /// audio VAE whatever the family: one without LTX-2.3's tensors fails the context (its metadata
-/// validation), an LTX-2.3 one is loaded and never used (that VAE is not built here: a warning).
+/// validation), an LTX-2.3 one is loaded and never used (here: a warning).
 pub(super) fn audio_vae_without_sound(path: &str, version: crate::io::SdVersion) -> Result<()> {
-    let Some(weights) = open_audio_vae(path) else { return Ok(()) };
+    let Some(weights) = super::open_audio_vae(path) else { return Ok(()) };
     let ltx = weights.names().any(|n| n.starts_with("audio_vae.decoder.") || n.starts_with("vocoder."));
     ensure!(
         ltx,
         "{} models make no sound; the audio VAE '{path}' would have to be LTX-2.3's (audio_vae.decoder.*, vocoder.*), as the reference reads it for them",
         version.name()
     );
-    sd_warn!("{} models make no sound (LTX-2.3's audio VAE is not built here); ignoring audio_vae_path", version.name());
+    sd_warn!("{} models make no sound; ignoring audio_vae_path", version.name());
     Ok(())
 }

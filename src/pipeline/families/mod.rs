@@ -35,7 +35,7 @@ use super::conditioning::clip::ClipSet;
 use super::conditioning::clip_vision::ClipVision;
 use super::ip_adapter::IpAdapterModel;
 use super::conditioning::Conditioner;
-use super::control::ControlNetModel;
+use super::control::{self, ControlNetModel};
 use super::extensions::Extension;
 use super::loader::Weights;
 use super::lora::LoraSet;
@@ -875,14 +875,12 @@ pub struct ModelSet {
     pub preview: Option<Box<dyn FirstStage>>,
     /// The LoRAs in effect on the conditioner, diffusion model and first stage.
     pub loras: LoraSet,
-    /// The ControlNet (UNet families), loaded from `control_net_path` or swapped later.
-    pub control_net: Option<ControlNetModel>,
-    /// Generation extensions (PhotoMaker from `photo_maker_path`, PuLID with `pulid_weights_path`).
+    /// Generation extensions: the IP-Adapter (`ip_adapter_path`), the ControlNet
+    /// (`control_net_path`, or swapped later), PhotoMaker (`photo_maker_path`) and PuLID
+    /// (with `pulid_weights_path`), in that order.
     pub extensions: Vec<Box<dyn Extension>>,
-    /// The IP-Adapter (UNet families), from `ip_adapter_path`.
-    pub ip_adapter: Option<IpAdapterModel>,
     /// The audio VAE that decodes the sound of a video (MiniMax-H3, `audio_vae_path`).
-    pub audio: Option<Box<dyn crate::models::vae::minimax_h3_audio::AudioStage>>,
+    pub audio: Option<Box<dyn crate::models::vae::audio::AudioStage>>,
     /// What add-on networks loaded later are read with (mmap, weight types, devices).
     ctx_params: CtxParams,
 }
@@ -907,10 +905,7 @@ impl ModelSet {
         // The sound's VAE first: a file the family cannot read fails the context early.
         let audio = match params.audio_vae_path.as_deref().filter(|p| !p.is_empty()) {
             Some(path) if spec.video().is_some_and(|v| v.frame_rule == FrameRule::MinimaxH3) => minimax_h3::load_audio_vae(path, &devices, n_threads)?,
-            Some(path) if spec.video().is_some_and(|v| v.frame_rule == FrameRule::Ltx) => {
-                sd_warn!("LTX-2.3's audio VAE and vocoder are not supported yet: no sound is decoded; ignoring audio_vae_path '{path}'");
-                None
-            }
+            Some(path) if spec.video().is_some_and(|v| v.frame_rule == FrameRule::Ltx) => ltx::load_audio_vae(path, &devices, n_threads)?,
             Some(path) => {
                 minimax_h3::audio_vae_without_sound(path, version)?;
                 None
@@ -987,18 +982,20 @@ impl ModelSet {
             high_noise: parts.high_noise,
             video_cond: parts.video_cond,
             clip_vision: parts.clip_vision,
-            ip_adapter: parts.ip_adapter,
             audio,
             first_stage: parts.first_stage,
             preview: parts.preview,
-            control_net: None,
             extensions: Vec::new(),
             ctx_params: params.clone(),
         };
         let targets = lora_targets(&mut *set.cond, &mut *set.diffusion, set.high_noise.as_deref_mut(), &mut *set.first_stage);
         set.loras = LoraSet::new(params.lora_apply_mode, &set.weights, &targets);
+        if let Some(ip) = parts.ip_adapter {
+            set.extensions.push(Box::new(ip));
+        }
         if let Some(path) = params.control_net_path.as_deref().filter(|p| !p.is_empty()) {
-            set.control_net = Some(set.read_control_net(path)?);
+            let net = set.read_control_net(path)?;
+            set.extensions.push(Box::new(net));
         }
         if let Some(path) = params.photo_maker_path.as_deref().filter(|p| !p.is_empty()) {
             let pm = super::photomaker::PhotoMaker::load(path, version, params, &set.devices, n_threads)?;
@@ -1024,18 +1021,40 @@ impl ModelSet {
     /// one (or none) stays in place. Nothing else is reloaded.
     pub fn load_control_net(&mut self, path: &str) -> Result<()> {
         let net = self.read_control_net(path)?;
-        if let Some(old) = &self.control_net {
-            sd_info!("replacing control net '{}'", old.path());
+        match self.extension_at(control::NAME) {
+            Some(i) => {
+                sd_info!("replacing control net '{}'", self.control_net_path().unwrap_or_default());
+                self.extensions[i] = Box::new(net);
+            }
+            // After the IP-Adapter, before PhotoMaker and PuLID, as when loaded with the context.
+            None => {
+                let at = self.extension_at(super::ip_adapter::NAME).map_or(0, |i| i + 1);
+                self.extensions.insert(at, Box::new(net));
+            }
         }
-        self.control_net = Some(net);
         Ok(())
     }
 
     /// Drops the ControlNet (nothing to do without one).
     pub fn unload_control_net(&mut self) {
-        if let Some(old) = self.control_net.take() {
-            sd_info!("unloaded control net '{}'", old.path());
+        if let Some(i) = self.extension_at(control::NAME) {
+            sd_info!("unloaded control net '{}'", self.control_net_path().unwrap_or_default());
+            self.extensions.remove(i);
         }
+    }
+
+    /// The file of the loaded ControlNet.
+    fn control_net_path(&self) -> Option<String> {
+        self.extension_at(control::NAME).and_then(|i| self.extensions[i].file()).map(str::to_string)
+    }
+
+    fn extension_at(&self, name: &str) -> Option<usize> {
+        self.extensions.iter().position(|e| e.name() == name)
+    }
+
+    /// An extension of that name is loaded.
+    pub fn has_extension(&self, name: &str) -> bool {
+        self.extension_at(name).is_some()
     }
 
     /// Brings the model to the LoRAs of a request (see [`LoraSet::apply`]): nothing to do
@@ -1080,17 +1099,18 @@ impl ModelSet {
         if let Some(p) = self.preview.as_mut() {
             v.extend(p.runners());
         }
-        if let Some(c) = self.control_net.as_mut() {
-            v.extend(c.runners());
-        }
-        if let Some(a) = self.ip_adapter.as_mut() {
-            v.extend(a.runners());
-        }
         for e in self.extensions.iter_mut() {
             v.extend(e.runners());
         }
         v
     }
+}
+
+/// The file of `audio_vae_path`, or none (with the reference's warning) when it cannot be read:
+/// the reference then goes on without sound.
+fn open_audio_vae(path: &str) -> Option<Weights> {
+    sd_info!("loading audio VAE from '{path}'");
+    Weights::open_file_as_stored(path).map_err(|e| sd_warn!("loading audio VAE weights from '{path}' failed: {e}")).ok()
 }
 
 /// The weights LoRAs apply to, like the reference: the conditioner's, the diffusion model's

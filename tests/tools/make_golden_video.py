@@ -163,6 +163,7 @@ MINIMAX_SOUND = {**MINIMAX, "audio_vae_path": "{fx}/minimax_h3_audio_vae.safeten
 LTX = {"model_path": "", "diffusion_model_path": "{fx}/ltx.safetensors", "llm_path": "{fx}/gemma3_ltx.safetensors",
        "embeddings_connectors_path": "{fx}/ltx_connectors.safetensors", "vae_path": "{fx}/ltx_vae.safetensors",
        "enable_mmap": True}
+LTX_SOUND = {**LTX, "audio_vae_path": "{fx}/ltx_audio_vae.safetensors"}
 
 SETS = {
     "animatediff": {
@@ -321,6 +322,32 @@ SETS = {
                                                                     negative_prompt="blurry, static",
                                                                     prompt="a red fox running through snow")),
             _case("ltx_1frame_fps24", LTX, _params(steps=3, frames=1, seed=123, fps=24)),
+        ],
+    },
+    "ltx-audio": {
+        # The ltx set's model with sound: audio_vae_path is LTX-2.3's audio VAE decoder + vocoder
+        # (synth_ltx_audio.py). The DiT's audio latent (8 channels x 16 bins, ceil(frames / fps *
+        # 25) steps) is decoded to a log-mel spectrogram (4 x steps - 3 frames, 64 bins, stereo)
+        # and the vocoder makes 160 samples a frame at 16 kHz; with the bandwidth extension a
+        # second vocoder adds the high band at 48 kHz. Not a case: ltx_audio_vae_wrong (4 latent
+        # channels) loads, and after the whole generation the reference aborts in the audio
+        # decode (GGML_ASSERT in ggml_reshape_4d, denormalizing 8 x 16 latent values as 4 x 16)
+        "model": "ltx.safetensors",
+        "fixtures": ["ltx.safetensors", "gemma3_ltx.safetensors", "ltx_connectors.safetensors", "ltx_vae.safetensors",
+                     "ltx_audio_vae.safetensors", "ltx_audio_vae_bwe.safetensors", "ltx_audio_vae_no_vocoder.safetensors"],
+        "cases": [
+            _case("ltxa_cfg1_9frames", LTX_SOUND, _params(steps=2, frames=9),
+                  note="ltx_cfg1_9frames with sound: 9 frames at fps 16 are 15 audio latent steps, 57 mel frames, "
+                       "9120 stereo samples at 16 kHz"),
+            _case("ltxa_bwe_cfg1_9frames", {**LTX, "audio_vae_path": "{fx}/ltx_audio_vae_bwe.safetensors"},
+                  _params(steps=2, frames=9),
+                  note="the same request with the bandwidth extension: 27360 stereo samples at 48 kHz"),
+            _case("ltxa_17frames_fps12", LTX_SOUND, _params(steps=2, frames=17, fps=12),
+                  note="17 frames at fps 12: 36 audio latent steps (ceil(17 / 12 * 25)), 141 mel frames, 22560 samples"),
+            _case("ltxa_vae_no_vocoder", {**LTX, "audio_vae_path": "{fx}/ltx_audio_vae_no_vocoder.safetensors"},
+                  _params(steps=2, frames=9),
+                  note="an audio VAE file without the vocoder: the reference falls back to its default (full-size) "
+                       "layout, misses those tensors and new_sd_ctx fails"),
         ],
     },
     "minimax-h3": {

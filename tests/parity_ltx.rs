@@ -3,7 +3,7 @@
 //! the width and depth the LTXAV embedder fixes (`llm_path`, 2.3e9 weights sharing bytes:
 //! mmap) with its text projection (`embeddings_connectors_path`) and the LTX video VAE
 //! (`vae_path`) — cfg 1 with 9 frames, cfg 3 with a negative prompt at 96×64 with 17 frames,
-//! one frame at 24 fps. No audio VAE: no sound, as the reference.
+//! one frame at 24 fps. No audio VAE: no sound, as the reference (sound: `parity_ltx_audio.rs`).
 //!
 //! The reference pads every prompt to 1024 tokens and runs Gemma 3 over all of them (about
 //! seven minutes per prompt here); ours computes only the prompt's tokens (seconds). Without

@@ -10,7 +10,9 @@
 //! width come from the weights.
 
 use super::gemma2::{check_ids, gelu_mlp, grouped_attention, Norm};
-use super::llm::{causal_mask, LLM_PREFIX};
+use super::llm::{LLM_PREFIX, MASKED};
+#[cfg(test)]
+use super::llm::causal_mask;
 use crate::error::Result;
 use crate::graph::nn::{Embedding, Linear};
 use crate::graph::{Graph, RopeParams, Runner, Scope, T};
@@ -93,18 +95,24 @@ impl Block {
         }
     }
 
-    fn attention<'g>(&self, g: &'g Graph, x: T<'g>, pos: T<'g>, mask: T<'g>) -> T<'g> {
+    /// `front` zero keys and values go before the tokens' own (see [`all_hidden_states`]).
+    fn attention<'g>(&self, g: &'g Graph, x: T<'g>, pos: T<'g>, mask: T<'g>, front: i32) -> T<'g> {
         let [_, l, n, _] = x.ne();
         let rope = if self.global { &GLOBAL_ROPE } else { &LOCAL_ROPE };
         let q = self.q_norm.forward(g, self.q.forward(g, x).reshape(&[HEAD_DIM, HEADS, l, n])).rope_ext(pos, rope);
-        let k = self.k_norm.forward(g, self.k.forward(g, x).reshape(&[HEAD_DIM, KV_HEADS, l, n])).rope_ext(pos, rope);
-        let v = self.v.forward(g, x).reshape(&[HEAD_DIM, KV_HEADS, l, n]);
+        let mut k = self.k_norm.forward(g, self.k.forward(g, x).reshape(&[HEAD_DIM, KV_HEADS, l, n])).rope_ext(pos, rope);
+        let mut v = self.v.forward(g, x).reshape(&[HEAD_DIM, KV_HEADS, l, n]);
+        if front > 0 {
+            k = k.pad_ext([0, 0, front, 0], [0; 4]);
+            v = v.pad_ext([0, 0, front, 0], [0; 4]);
+        }
         self.o.forward(g, grouped_attention(g, q, k, v, HEADS, mask))
     }
 
-    fn forward<'g>(&self, g: &'g Graph, x: T<'g>, pos: T<'g>, mask: T<'g>, local_mask: T<'g>) -> T<'g> {
+    #[allow(clippy::too_many_arguments)]
+    fn forward<'g>(&self, g: &'g Graph, x: T<'g>, pos: T<'g>, mask: T<'g>, local_mask: T<'g>, front: i32) -> T<'g> {
         let mask = if self.global { mask } else { local_mask };
-        let h = self.attention(g, self.input_norm.forward(g, x), pos, mask);
+        let h = self.attention(g, self.input_norm.forward(g, x), pos, mask, front);
         let x = self.post_attention_norm.forward(g, h).add_inplace(x);
         let y = self.pre_ffw_norm.forward(g, x);
         self.post_ffw_norm.forward(g, gelu_mlp(g, [self.gate, self.up, self.down], y)).add_inplace(x)
@@ -131,9 +139,10 @@ impl Gemma3Model {
 
     /// Every hidden state of `ids` (i32 `[L, 1]`) side by side, `[hidden × (layers + 1), keep]`
     /// for the last `keep` tokens: the scaled embeddings, the outputs of layers 0..L-2 and the
-    /// normed final state. `mask` / `local_mask` are the additive `[L, L]` masks of the global
-    /// and the local layers.
-    pub fn all_states<'g>(&self, g: &'g Graph, ids: T<'g>, pos: T<'g>, mask: T<'g>, local_mask: T<'g>, keep: i64) -> T<'g> {
+    /// normed final state. `mask` / `local_mask` are the additive `[front + L, L]` masks of the
+    /// global and the local layers, over `front` zero keys and then the tokens'.
+    #[allow(clippy::too_many_arguments)]
+    pub fn all_states<'g>(&self, g: &'g Graph, ids: T<'g>, pos: T<'g>, mask: T<'g>, local_mask: T<'g>, keep: i64, front: i32) -> T<'g> {
         let len = ids.ne()[0];
         let last = |t: T<'g>| {
             let nb1 = t.nb()[1];
@@ -142,7 +151,7 @@ impl Gemma3Model {
         let mut x = self.embed_tokens.forward(g, ids).scale_inplace((self.cfg.hidden_size as f32).sqrt());
         let mut states = vec![last(x)];
         for (i, b) in self.layers.iter().enumerate() {
-            x = b.forward(g, x, pos, mask, local_mask);
+            x = b.forward(g, x, pos, mask, local_mask, front);
             if i + 1 < self.layers.len() {
                 states.push(last(x));
             }
@@ -152,24 +161,42 @@ impl Gemma3Model {
     }
 }
 
-/// The additive mask of the local layers: the causal / padding mask `full` of `len` tokens,
-/// and nothing [`SLIDING_WINDOW`] or more tokens back.
-pub fn local_mask(full: &[f32], len: usize) -> Vec<f32> {
-    let mut m = full.to_vec();
+/// The additive masks `[front + len, len]` (global, local) of `len` tokens at positions
+/// `front..`: causal, never to a token whose `attend` is false nor to the `front` keys before
+/// them, and in the local layers nothing [`SLIDING_WINDOW`] or more positions back.
+pub fn masks(attend: &[bool], front: usize) -> (Vec<f32>, Vec<f32>) {
+    let len = attend.len();
+    let keys = front + len;
+    let mut global = vec![0.0f32; keys * len];
     for q in 0..len {
-        for k in 0..len {
-            if k + SLIDING_WINDOW <= q {
-                m[q * len + k] = f32::NEG_INFINITY;
+        for k in 0..keys {
+            let mut v = 0.0;
+            if k < front || !attend[k - front] {
+                v += MASKED;
+            }
+            if k > front + q {
+                v += MASKED;
+            }
+            global[q * keys + k] = v;
+        }
+    }
+    let mut local = global.clone();
+    for q in 0..len {
+        for k in 0..keys {
+            if k + SLIDING_WINDOW <= front + q {
+                local[q * keys + k] = f32::NEG_INFINITY;
             }
         }
     }
-    m
+    (global, local)
 }
 
 /// Every hidden state `[hidden × (layers + 1), keep]` of the last `keep` tokens of `ids`,
 /// attending causally and never to the tokens whose `attend` is false (padding). The tokens
-/// sit at positions `first_pos..` (a suffix of a longer sequence whose front they never see
-/// gets the positions it has there).
+/// sit at positions `first_pos..`: a suffix of a longer sequence whose front they never see
+/// (masked padding) gets the positions it has there, and its attention runs over as many
+/// keys as that sequence's (zeros where the padding would be), so that every sum is the
+/// reference's over the whole padded prompt, term for term.
 pub fn all_hidden_states(runner: &mut Runner, model: &Gemma3Model, ids: &[i32], attend: &[bool], keep: usize, first_pos: usize) -> Result<Tensor> {
     let cfg = &model.cfg;
     let len = ids.len();
@@ -177,15 +204,15 @@ pub fn all_hidden_states(runner: &mut Runner, model: &Gemma3Model, ids: &[i32], 
     ensure!(keep > 0 && keep <= len, "Gemma 3: {keep} of {len} tokens asked for");
     ensure!(cfg.num_layers > 0, "the Gemma 3 text model has no layers");
     check_ids(ids, cfg.vocab_size, "Gemma 3")?;
-    let mask = causal_mask(attend);
-    let local = local_mask(&mask, len);
+    let (mask, local) = masks(attend, first_pos);
+    let keys = (first_pos + len) as i64;
     let pos: Vec<i32> = (first_pos..first_pos + len).map(|p| p as i32).collect();
     let out = runner.compute(|g| {
         let ids = g.input_i32(ids, &[len as i64, 1]);
         let pos = g.input_i32(&pos, &[len as i64]);
-        let mask = g.input_f32(&mask, &[len as i64, len as i64]);
-        let local = g.input_f32(&local, &[len as i64, len as i64]);
-        Ok(model.all_states(g, ids, pos, mask, local, keep as i64))
+        let mask = g.input_f32(&mask, &[keys, len as i64]);
+        let local = g.input_f32(&local, &[keys, len as i64]);
+        Ok(model.all_states(g, ids, pos, mask, local, keep as i64, first_pos as i32))
     })?;
     out.reshape(&[cfg.hidden_size as usize * cfg.states(), keep])
 }
@@ -206,12 +233,25 @@ mod tests {
     #[test]
     fn local_mask_cuts_the_window_only() {
         let len = SLIDING_WINDOW + 2;
-        let full = causal_mask(&vec![true; len]);
-        let local = local_mask(&full, len);
+        let (full, local) = masks(&vec![true; len], 0);
+        assert_eq!(full, causal_mask(&vec![true; len]));
         // The last query sees back to SLIDING_WINDOW - 1 tokens before it.
         let q = len - 1;
         assert!(local[q * len + q - SLIDING_WINDOW].is_infinite());
         assert_eq!(local[q * len + q - SLIDING_WINDOW + 1], 0.0);
         assert_eq!(&local[..SLIDING_WINDOW * len], &full[..SLIDING_WINDOW * len]);
+    }
+
+    #[test]
+    fn a_suffix_attends_over_the_whole_sequence_s_keys() {
+        // Two tokens at positions 3 and 4 of five, the first of them padding.
+        let (full, _) = masks(&[false, true], 3);
+        let keys = 5;
+        let row = |q: usize| &full[q * keys..(q + 1) * keys];
+        // The front keys and the padding are never seen; each token sees itself and before.
+        assert!(row(0).iter().all(|&v| v < -1e30));
+        assert_eq!(row(1)[4], 0.0);
+        assert!(row(1)[..4].iter().all(|&v| v < -1e30));
+        assert_eq!(masks(&[true, true], 0).0, causal_mask(&[true, true]));
     }
 }

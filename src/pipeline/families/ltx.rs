@@ -12,7 +12,8 @@
 //! `text_embedding_projection.projection` (from `embeddings_connectors_path`) to 3840, or by
 //! its `video_aggregate_embed` / `audio_aggregate_embed` pair (each state RMS-normalised per
 //! token) to 4096 + 2048. Padding is never attended to, so unless the prompt has token
-//! weights only the real tokens are computed, at the positions they have in the 1024.
+//! weights only the real tokens are computed, at the positions they have in the 1024 and
+//! attending over 1024 keys (zeros for the padding), so every sum is the reference's.
 
 use super::{first_stage, flow_parts, BuildCtx, Parts};
 use crate::error::Result;
@@ -256,6 +257,34 @@ mod tests {
         assert!((hi - lo - 8.0).abs() < 1e-3);
         let mean = s0.iter().map(|&v| v as f64).sum::<f64>() / s0.len() as f64;
         assert!(mean.abs() < 1e-3);
+    }
+
+    /// The synthetic audio VAEs (16 and 48 kHz) decode a pattern latent; with
+    /// `SD_LTX_AUDIO_REF_OUT` (the outputs of tests/tools/ltx_audio_ref.cpp) the sound must be
+    /// the reference's.
+    #[test]
+    fn the_audio_vae_decodes_as_the_reference() {
+        let Ok(dir) = std::env::var("SD_LTX_AUDIO_REF_OUT") else {
+            eprintln!("skipped: set SD_LTX_AUDIO_REF_OUT (tests/tools/ltx_audio_ref.cpp)");
+            return;
+        };
+        let steps = 15;
+        let latent = crate::tensor::Tensor::from_vec(&[16, steps, 8], crate::testutil::pattern(16 * steps * 8, 31)).unwrap();
+        for file in ["ltx_audio_vae", "ltx_audio_vae_bwe"] {
+            let path = crate::testutil::fixture_cache().join(format!("{file}.safetensors"));
+            let devices = crate::graph::DeviceMap::new(&Default::default()).unwrap();
+            let mut stage = load_audio_vae(path.to_str().unwrap(), &devices, 2).unwrap().expect("readable file");
+            stage.begin().unwrap();
+            let w = stage.decode_audio(&latent).unwrap();
+            stage.end();
+            let bytes = std::fs::read(std::path::Path::new(&dir).join(format!("{file}.bin"))).unwrap();
+            let want: Vec<f32> = bytes.chunks_exact(4).map(|b| f32::from_le_bytes(b.try_into().unwrap())).collect();
+            assert_eq!(w.interleaved.len(), want.len(), "{file}");
+            let n = want.len() / 2;
+            let max = (0..n).flat_map(|i| (0..2).map(move |c| (i, c))).map(|(i, c)| (w.interleaved[2 * i + c] - want[c * n + i]).abs()).fold(0f32, f32::max);
+            eprintln!("{file}: {n} samples at {} Hz, max difference {max:e}", w.sample_rate);
+            assert!(max <= 1e-5, "{file}: max difference {max:e}");
+        }
     }
 }
 

@@ -26,7 +26,8 @@ usage: sd-bench [--quick] [options]
                        per size as SIZE:N,... (default 256:3,512:1)
   --load-reps N        repetitions of the load workloads (default 3)
   --sizes LIST         square sizes, comma-separated (default 256,512)
-  --wtypes LIST        weight types at load (default f16,q8_0)
+  --wtypes LIST        weight types at load (default f16,q8_0; `file` keeps the files' own
+                       types, e.g. LTX-2.3's f32 DiT next to f16 text encoder files)
   --steps N|LIST       sampling steps actually run, one number or per size as SIZE:N,...
                        (default 256:4,512:2); the UNet step time is the median of steps
                        2..n and the total wall time is also extrapolated to --nominal-steps
@@ -44,13 +45,16 @@ usage: sd-bench [--quick] [options]
   --model PATH         checkpoint (default $SD_FIXTURE_CACHE/sd1.safetensors,
                        SD_FIXTURE_CACHE defaulting to ~/.cache/sd-rs-fixtures)
   --component KEY=PATH a component file held apart, repeatable (KEY: diffusion_model,
-                       clip_l, clip_g, t5xxl, llm, vae), as DiT models come; with
+                       clip_l, clip_g, t5xxl, llm, vae, embeddings_connectors,
+                       audio_vae), as DiT models come; with
                        --model '' there is no checkpoint
   --video-frames N     generation workloads are videos of N frames (generate_video, e.g.
                        Wan with --model '' and diffusion_model, t5xxl, vae components);
                        only --ref-lib sides (ours too: --ref-lib ours=.../libstable_diffusion.so)
   --sampler NAME       sample method (default euler_a)
   --cfg X              CFG scale (default 7)
+  --mmap               generation workloads with enable_mmap on (default off; e.g. LTX-2.3,
+                       whose Gemma 3 and connector files may share bytes)
   --no-load            skip the load-only workloads (mmap on / off)
   --no-gen             skip the generation workloads
   --upscale-model PATH ESRGAN model of the upscale workloads (default
@@ -85,6 +89,8 @@ struct Options {
     video_frames: i32,
     sampler: String,
     cfg: f32,
+    /// `enable_mmap` of the generation workloads.
+    mmap: bool,
     load: bool,
     gen: bool,
     upscale_model: PathBuf,
@@ -149,6 +155,7 @@ fn parse_args_from(args: Vec<String>) -> Result<Options, String> {
         video_frames: 0,
         sampler: Job::default().sampler,
         cfg: Job::default().cfg,
+        mmap: false,
         load: true,
         gen: true,
         upscale_model: fixture("esrgan_x4.safetensors"),
@@ -198,6 +205,7 @@ fn parse_args_from(args: Vec<String>) -> Result<Options, String> {
             "--video-frames" => o.video_frames = num(value()?)? as i32,
             "--sampler" => o.sampler = value()?,
             "--cfg" => o.cfg = value()?.parse().map_err(|_| "--cfg: not a number".to_string())?,
+            "--mmap" => o.mmap = true,
             "--no-load" => o.load = false,
             "--load" => o.load = true,
             "--no-gen" => o.gen = false,
@@ -334,6 +342,11 @@ struct Workload {
     metrics: &'static [table::Metric],
 }
 
+/// The `wtype` of a job for a `--wtypes` name: `file` is none (the files' own types).
+fn job_wtype(name: &str) -> String {
+    if name == "file" { String::new() } else { name.to_string() }
+}
+
 /// The load workloads first (short), then the sizes in order, so that a run cut short
 /// still has the small results.
 fn workloads(o: &Options) -> Vec<Workload> {
@@ -345,6 +358,7 @@ fn workloads(o: &Options) -> Vec<Workload> {
         threads: o.threads,
         verbose: o.verbose,
         video_frames: o.video_frames,
+        mmap: o.mmap,
         ..Job::default()
     };
     let video = o.video_frames > 0;
@@ -356,7 +370,7 @@ fn workloads(o: &Options) -> Vec<Workload> {
                 w.push(Workload {
                     name: format!("load-{wtype}-mmap-{onoff}"),
                     title: format!("Model load, {wtype} weights, mmap {onoff} (then one 64×64 step)"),
-                    job: Job { wtype: wtype.clone(), mmap, load_only: true, ..base.clone() },
+                    job: Job { wtype: job_wtype(wtype), mmap, load_only: true, ..base.clone() },
                     reps: o.load_reps,
                     metrics: table::LOAD_METRICS,
                 });
@@ -368,13 +382,17 @@ fn workloads(o: &Options) -> Vec<Workload> {
             for wtype in &o.wtypes {
                 let steps = for_size(&o.steps, size, 2);
                 let reps = for_size(&o.reps, size, 1);
-                let job = Job { wtype: wtype.clone(), width: size, height: size, steps, ..base.clone() };
+                let job = Job { wtype: job_wtype(wtype), width: size, height: size, steps, ..base.clone() };
                 w.push(if video {
                     Workload {
                         name: format!("video-{size}x{}-{wtype}", o.video_frames),
                         title: format!(
-                            "Video {size}×{size}×{} frames, {wtype} weights, {steps} steps, {}, CFG {}, {} threads, {reps} repetition(s)",
-                            o.video_frames, base.sampler, base.cfg, base.threads
+                            "Video {size}×{size}×{} frames, {wtype} weights, mmap {}, {steps} steps, {}, CFG {}, {} threads, {reps} repetition(s)",
+                            o.video_frames,
+                            if o.mmap { "on" } else { "off" },
+                            base.sampler,
+                            base.cfg,
+                            base.threads
                         ),
                         job,
                         reps,
@@ -384,8 +402,12 @@ fn workloads(o: &Options) -> Vec<Workload> {
                     Workload {
                         name: format!("gen-{size}-{wtype}"),
                         title: format!(
-                            "{size}×{size}, {wtype} weights, {steps} steps run (totals also extrapolated to {}), {}, CFG {}, {} threads, {reps} A/B pair(s)",
-                            o.nominal_steps, base.sampler, base.cfg, base.threads
+                            "{size}×{size}, {wtype} weights, mmap {}, {steps} steps run (totals also extrapolated to {}), {}, CFG {}, {} threads, {reps} A/B pair(s)",
+                            if o.mmap { "on" } else { "off" },
+                            o.nominal_steps,
+                            base.sampler,
+                            base.cfg,
+                            base.threads
                         ),
                         job,
                         reps,
@@ -687,5 +709,14 @@ mod tests {
         assert!(w[0].metrics.iter().any(|m| m.field == "decode_peak_rss_kb"));
         let (exe, job) = o.runner("ours", &w[0].job);
         assert_eq!((exe, job.library.as_str(), job.video_frames), (runner_path("library"), "/o.so", 17));
+        assert!(!job.mmap && w[0].title.contains("mmap off"));
+        // LTX-2.3 with sound: its Gemma 3 and connector files, mmap on.
+        let ltx = ["--mmap", "--component", "embeddings_connectors=/c", "--component", "audio_vae=/a"];
+        let o = parse_args_from(args(&[&video[..], &sides[..], &ltx[..]].concat())).unwrap();
+        let w = workloads(&o);
+        assert!(w[0].job.mmap && w[0].title.contains("mmap on") && w[0].job.components.len() == 2);
+        assert!(w[0].metrics.iter().any(|m| m.field == "audio_decode_s"));
+        let file = parse_args_from(args(&[&video[..], &sides[..], &["--wtypes", "file"][..]].concat())).unwrap();
+        assert_eq!((workloads(&file)[0].name.as_str(), workloads(&file)[0].job.wtype.as_str()), ("video-256x17-file", ""));
     }
 }

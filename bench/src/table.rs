@@ -20,7 +20,7 @@ pub enum Unit {
 
 /// The rows of a generation workload.
 pub const GEN_METRICS: &[Metric] = &[
-    Metric { label: "model load: `new_sd_ctx` (mmap off)", field: "load_s", unit: Unit::Seconds },
+    Metric { label: "model load: `new_sd_ctx` (mmap as in the title)", field: "load_s", unit: Unit::Seconds },
     Metric { label: "lazy weight loading inside `generate_image`", field: "lazy_load_s", unit: Unit::Seconds },
     Metric { label: "model load, both together", field: "load_total_s", unit: Unit::Seconds },
     Metric { label: "text encoding (cond + uncond)", field: "cond_s", unit: Unit::Seconds },
@@ -36,16 +36,17 @@ pub const GEN_METRICS: &[Metric] = &[
 
 /// The rows of a video workload (`generate_video`): a step is one sampling step of the video
 /// transformer (one evaluation at CFG 1); the decode's memory is measured from the end of
-/// sampling to the end of the decode (`sd_bench_common`).
+/// sampling to the end of the decode (`sd_bench_common`), the audio decode included.
 pub const VIDEO_METRICS: &[Metric] = &[
-    Metric { label: "model load: `new_sd_ctx` (mmap off)", field: "load_s", unit: Unit::Seconds },
+    Metric { label: "model load: `new_sd_ctx` (mmap as in the title)", field: "load_s", unit: Unit::Seconds },
     Metric { label: "lazy weight loading inside `generate_video`", field: "lazy_load_s", unit: Unit::Seconds },
     Metric { label: "text encoding", field: "cond_s", unit: Unit::Seconds },
     Metric { label: "transformer: one sampling step (median of steps 2…n)", field: "step_median_s", unit: Unit::Seconds },
     Metric { label: "transformer: CPU seconds of one step (steps 2…n)", field: "step_cpu_median_s", unit: Unit::Seconds },
     Metric { label: "sampling, all steps", field: "sampling_s", unit: Unit::Seconds },
     Metric { label: "VAE decode", field: "decode_s", unit: Unit::Seconds },
-    Metric { label: "VAE decode: CPU seconds", field: "decode_cpu_s", unit: Unit::Seconds },
+    Metric { label: "audio decode (audio VAE and vocoder; LTX-2.3 with `audio_vae_path`)", field: "audio_decode_s", unit: Unit::Seconds },
+    Metric { label: "VAE decode: CPU seconds (with the audio decode, if any)", field: "decode_cpu_s", unit: Unit::Seconds },
     Metric { label: "`generate_video`", field: "generate_s", unit: Unit::Seconds },
     Metric { label: "total wall (process, as run)", field: "wall_s", unit: Unit::Seconds },
     Metric { label: "CPU time (user + sys)", field: "cpu_s", unit: Unit::Seconds },

@@ -22,7 +22,8 @@
 //! The VAE decode's memory is measured apart: when sampling completes the runner notes the
 //! resident set and resets the kernel's high-water mark (`/proc/self/clear_refs`), and
 //! reads the mark again when the decode completes. The process peak before the reset is
-//! kept, so `peak_rss_kb` is still the whole run's peak.
+//! kept, so `peak_rss_kb` is still the whole run's peak. With an audio VAE (LTX-2.3) the
+//! sound is decoded in that window too, before the frames.
 
 use serde_json::{json, Value};
 use std::ffi::{c_char, CStr, CString};
@@ -73,11 +74,12 @@ pub struct Job {
 
 /// Component keys of [`Job::components`], named after the `sd_ctx_params_t` fields
 /// (`diffusion_model` is `diffusion_model_path`, ...).
-pub const COMPONENTS: &[&str] = &["diffusion_model", "clip_l", "clip_g", "t5xxl", "llm", "vae"];
+pub const COMPONENTS: &[&str] =
+    &["diffusion_model", "clip_l", "clip_g", "t5xxl", "llm", "vae", "embeddings_connectors", "audio_vae"];
 
 /// The `sd_ctx_params_t` path field of a component key: `slots` are the fields named by
 /// [`COMPONENTS`], in that order (each runner has its own binding of the struct).
-pub fn component_slot<'a, T>(key: &str, slots: [&'a mut T; 6]) -> Result<&'a mut T, String> {
+pub fn component_slot<'a, T>(key: &str, slots: [&'a mut T; 8]) -> Result<&'a mut T, String> {
     let i = COMPONENTS.iter().position(|k| *k == key).ok_or_else(|| format!("unknown component {key:?}"))?;
     Ok(slots.into_iter().nth(i).expect("one slot per component"))
 }
@@ -94,6 +96,8 @@ macro_rules! component_slots {
             &mut $p.t5xxl_path,
             &mut $p.llm_path,
             &mut $p.vae_path,
+            &mut $p.embeddings_connectors_path,
+            &mut $p.audio_vae_path,
         ]
     };
 }
@@ -550,7 +554,8 @@ pub fn report(job: &Job, outcome: &Outcome) -> Value {
     // The first step also pays for first-use work (the reference's lazy UNet weights, graph
     // and buffer set-up on both sides): the per-step figure is the median of the others.
     let steady = if step_s.len() >= 2 { &step_s[1..] } else { &step_s[..] };
-    const PHASES: [&str; 3] = ["get_learned_condition", "sampling", "decode_first_stage"];
+    // LTX-2.3 with an audio VAE decodes the sound between sampling and the frames' decode.
+    const PHASES: [&str; 4] = ["get_learned_condition", "sampling", "decoding audio latent", "decode_first_stage"];
     let (lazy_load_s, lazy_per_phase) = lazy_loads(&logs, &PHASES);
     let phase = |name: &str| {
         let raw = logged_seconds(&logs, name)?;
@@ -582,6 +587,7 @@ pub fn report(job: &Job, outcome: &Outcome) -> Value {
         "cond_s": phase("get_learned_condition"),
         "sampling_s": phase("sampling"),
         "decode_s": phase("decode_first_stage"),
+        "audio_decode_s": phase("decoding audio latent"),
         "step_s": step_s,
         "step_median_s": median(steady),
         "step_cpu_s": step_cpu_s,
@@ -613,6 +619,8 @@ mod tests {
         assert_eq!(Job::from_args(up.to_args()).unwrap(), up);
         let dit = Job { components: vec![("diffusion_model".into(), "flux.gguf".into()), ("vae".into(), "ae.safetensors".into())], ..Job::default() };
         assert_eq!(Job::from_args(dit.to_args()).unwrap(), dit);
+        let ltx = Job { components: vec![("embeddings_connectors".into(), "c.safetensors".into()), ("audio_vae".into(), "a.safetensors".into())], mmap: true, ..Job::default() };
+        assert_eq!(Job::from_args(ltx.to_args()).unwrap(), ltx);
         let video = Job { video_frames: 17, cfg: 1.0, ..dit };
         assert!(video.is_video() && video.to_args().contains(&"--video-frames".to_string()));
         assert_eq!(Job::from_args(video.to_args()).unwrap(), video);
@@ -634,6 +642,8 @@ mod tests {
         assert_eq!(logged_seconds(&logs, "sampling"), Some(12.5));
         assert_eq!(logged_seconds(&logs, "encode_first_stage"), Some(0.012));
         assert_eq!(logged_seconds(&logs, "decode_first_stage"), None);
+        let audio = [line("video.rs:561 - decoding audio latent completed, taking 0.84s")];
+        assert_eq!(logged_seconds(&audio, "decoding audio latent"), Some(0.84));
     }
 
     #[test]

@@ -42,6 +42,9 @@ pub struct LlmTemplate {
     pub drop_first: usize,
     /// Hidden states (after `drop_first`) shorter than this get zero rows appended.
     pub zero_pad_to: usize,
+    /// Longer token sequences (template included) are cut to this many, the end dropped
+    /// (0: never; Mage-Flow: 2048 after the system prompt).
+    pub max_length: usize,
 }
 
 /// Z-Image: the user turn of Qwen3's chat template, the output of layer 35 (`[-2]` of 36).
@@ -54,6 +57,7 @@ pub const ZIMAGE_TEMPLATE: LlmTemplate = LlmTemplate {
     min_length: 0,
     drop_first: 0,
     zero_pad_to: 0,
+    max_length: 0,
 };
 
 /// What an LLM without a vision tower reads instead of the prompt in its template when
@@ -80,6 +84,23 @@ pub struct LlmTokens {
     pub keep: Vec<bool>,
 }
 
+impl LlmTokens {
+    /// The reference's cut to `max_length` tokens (0: none): the end goes, template included,
+    /// with a warning (the reference says nothing).
+    pub fn cut(mut self, max_length: usize) -> LlmTokens {
+        if max_length > 0 && self.ids.len() > max_length {
+            sd_warn!(
+                "the prompt is {} tokens with its template; this model reads the first {max_length}, the rest is cut",
+                self.ids.len()
+            );
+            self.ids.truncate(max_length);
+            self.weights.truncate(max_length);
+            self.keep.truncate(max_length);
+        }
+        self
+    }
+}
+
 /// The tokenizer of `arch`'s LLM.
 pub fn tokenizer_for(arch: LlmArch) -> Result<&'static BpeTokenizer> {
     match arch {
@@ -98,7 +119,7 @@ pub fn tokenize(tokenizer: &BpeTokenizer, template: &LlmTemplate, text: &str) ->
 /// [`tokenize`], with the prompt's quoted text spelled out character by character when
 /// `spell_quotes` (`spell_quoted`, LongCat).
 fn tokenize_in(tokenizer: &BpeTokenizer, template: &LlmTemplate, text: &str, spell_quotes: bool) -> LlmTokens {
-    tokenize_pieces(tokenizer, template.prefix, &format!("{}{text}", template.lead), template.suffix, template.min_length, spell_quotes)
+    tokenize_pieces(tokenizer, template.prefix, &format!("{}{text}", template.lead), template.suffix, template.min_length, spell_quotes).cut(template.max_length)
 }
 
 /// [`tokenize`] with an explicit prefix and suffix (weight 1) around `text`.
@@ -360,6 +381,7 @@ mod tests {
             min_length: 0,
             drop_first: 0,
             zero_pad_to: 64,
+            max_length: 0,
         };
         let mut cond = LlmConditioner::new(&llm_weights("mistral_small_tiny.safetensors"), template, &place, 2, false).unwrap();
         let cfg = cond.llm.config();

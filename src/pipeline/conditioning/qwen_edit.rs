@@ -34,6 +34,8 @@ pub struct EditTemplate {
     pub drop_first: usize,
     /// Token sequences shorter than this are padded (masked).
     pub min_length: usize,
+    /// Longer token sequences are cut to this many (0: never).
+    pub max_length: usize,
     /// The vision input's default pixel bounds (sides; squared in area mode).
     pub min_size: i32,
     pub max_size: i32,
@@ -50,6 +52,7 @@ pub const QWEN_EDIT: EditTemplate = EditTemplate {
     image_gap: 1 + 6,
     drop_first: 64,
     min_length: 0,
+    max_length: 0,
     min_size: 384,
     max_size: 560,
 };
@@ -66,6 +69,7 @@ pub const LONGCAT_EDIT: EditTemplate = EditTemplate {
     image_gap: 1 + 6,
     drop_first: 67,
     min_length: 512 + 67,
+    max_length: 0,
     min_size: 384,
     max_size: 560,
 };
@@ -221,7 +225,7 @@ pub fn image_prompt(tower: &mut VisionTower, ref_images: &[Tensor], refs: &RefIm
 /// `[width, L, 1]` of the whole sequence (the caller drops `template.drop_first`).
 pub fn encode(llm: &mut LlmText, template: &EditTemplate, images: ImagePrompt, text: &str, suffix: &str, out_layers: &[i32], spell_quotes: bool) -> Result<Tensor> {
     let prefix = format!("{}{}", template.system, images.text);
-    let tokens = super::llm::tokenize_pieces(llm.tokenizer(), &prefix, text, suffix, template.min_length, spell_quotes);
+    let tokens = super::llm::tokenize_pieces(llm.tokenizer(), &prefix, text, suffix, template.min_length, spell_quotes).cut(template.max_length);
     for (index, rows) in &images.images {
         let pads = tokens.ids.get(*index..index + rows.ne(1)).unwrap_or_default();
         if pads.iter().any(|&t| t != IMAGE_PAD) {

@@ -29,6 +29,7 @@ pub const BOOGU_TEMPLATE: LlmTemplate = LlmTemplate {
     min_length: 0,
     drop_first: 0,
     zero_pad_to: 0,
+    max_length: 0,
 };
 
 /// What a blank prompt (an empty negative one, say) is put after instead: the reference
@@ -46,6 +47,7 @@ pub const BOOGU_EDIT: EditTemplate = EditTemplate {
     image_gap: 1 + 1,
     drop_first: 0,
     min_length: 0,
+    max_length: 0,
     min_size: 384,
     max_size: 384,
 };

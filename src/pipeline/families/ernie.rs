@@ -24,6 +24,7 @@ pub const ERNIE_TEMPLATE: LlmTemplate = LlmTemplate {
     min_length: 0,
     drop_first: 0,
     zero_pad_to: 0,
+    max_length: 0,
 };
 
 pub(super) fn build(ctx: &mut BuildCtx<'_>) -> Result<Parts> {

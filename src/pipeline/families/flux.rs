@@ -35,6 +35,7 @@ pub const OVIS_TEMPLATE: LlmTemplate = LlmTemplate {
     min_length: 28 + 256,
     drop_first: 28,
     zero_pad_to: 0,
+    max_length: 0,
 };
 
 /// LongCat-Image asks Qwen2.5-VL for a caption in its chat template (quoted text spelled
@@ -49,6 +50,7 @@ pub const LONGCAT_TEMPLATE: LlmTemplate = LlmTemplate {
     min_length: 36 + 512,
     drop_first: 36,
     zero_pad_to: 0,
+    max_length: 0,
 };
 
 /// LongCat's default flow shift (it has no guidance embedding rule).

@@ -26,6 +26,7 @@ pub const KLEIN_TEMPLATE: LlmTemplate = LlmTemplate {
     min_length: 512,
     drop_first: 0,
     zero_pad_to: 0,
+    max_length: 0,
 };
 
 /// Dev asks Mistral Small 3.2 with BFL's system prompt (BOS first, no token padding), reads
@@ -40,6 +41,7 @@ pub const DEV_TEMPLATE: LlmTemplate = LlmTemplate {
     min_length: 0,
     drop_first: 0,
     zero_pad_to: 512,
+    max_length: 0,
 };
 
 pub(super) fn build(ctx: &mut BuildCtx<'_>) -> Result<Parts> {

@@ -39,6 +39,7 @@ pub const HUNYUAN_VIDEO_TEMPLATE: LlmTemplate = LlmTemplate {
     min_length: 0,
     drop_first: 98,
     zero_pad_to: 0,
+    max_length: 0,
 };
 
 pub(super) fn build(ctx: &mut BuildCtx<'_>) -> Result<Parts> {

@@ -32,6 +32,7 @@ pub const KREA2_TEMPLATE: LlmTemplate = LlmTemplate {
     min_length: 0,
     drop_first: 34,
     zero_pad_to: 0,
+    max_length: 0,
 };
 
 /// With reference images for the vision tower: after the same 34 system tokens, each image
@@ -46,6 +47,7 @@ pub const KREA2_EDIT: EditTemplate = EditTemplate {
     image_gap: 1 + 6,
     drop_first: 34,
     min_length: 0,
+    max_length: 0,
     min_size: 384,
     max_size: 1024,
 };

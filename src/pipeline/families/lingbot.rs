@@ -54,6 +54,7 @@ fn vision_template(drop: usize, factor: i64) -> EditTemplate {
         image_gap: 1 + 1,
         drop_first: drop,
         min_length: 0,
+        max_length: 0,
         min_size: 2 * factor as i32,
         max_size: 128 * factor as i32,
     }

@@ -7,8 +7,8 @@
 //! When the files hold a Qwen3-VL vision tower (`llm_vision_path`, or `visual.` in the LLM
 //! file) reference images are also shown to the LLM in Qwen-Image's edit prompt with
 //! `Image N: ` labels (`MageFlowEditPipeline`; the preset sizes them to at most 384 pixels on
-//! the longest side), as the reference does. The reference cuts prompts after 2048 tokens;
-//! this build does not.
+//! the longest side), as the reference does. Like the reference, only the first 2048 tokens
+//! after the system prompt are read (the template's end is cut with the rest; a warning).
 
 use super::flux::DIT_PREFIX;
 use super::qwen_image::QWEN_IMAGE_TEMPLATE;
@@ -27,12 +27,16 @@ const DEFAULT_FLOW_SHIFT: f32 = 6.0;
 
 /// Qwen-Image's system prompt and turns around the prompt, read by Qwen3-VL, without the
 /// system prompt's 34 tokens.
-pub const MAGE_FLOW_TEMPLATE: LlmTemplate = LlmTemplate { arch: LlmArch::Qwen3Vl, ..QWEN_IMAGE_TEMPLATE };
+pub const MAGE_FLOW_TEMPLATE: LlmTemplate = LlmTemplate { arch: LlmArch::Qwen3Vl, max_length: MAX_TOKENS + QWEN_IMAGE_TEMPLATE.drop_first, ..QWEN_IMAGE_TEMPLATE };
+
+/// The prompt tokens the reference reads after the system prompt; the rest is cut.
+const MAX_TOKENS: usize = 2048;
 
 /// Qwen-Image-Edit's prompt with `Image N: ` labels (the same token count as `Picture N: `,
 /// so the reference's positions hold) and no lower size bound; the `mage_flow` preset sets
 /// the upper one (384 on the longest side).
-pub const MAGE_FLOW_EDIT: EditTemplate = EditTemplate { pipeline: "MageFlowEditPipeline", label: "Image ", min_size: -1, max_size: 384, ..QWEN_EDIT };
+pub const MAGE_FLOW_EDIT: EditTemplate =
+    EditTemplate { pipeline: "MageFlowEditPipeline", label: "Image ", min_size: -1, max_size: 384, max_length: MAX_TOKENS + QWEN_EDIT.drop_first, ..QWEN_EDIT };
 
 pub(super) fn build(ctx: &mut BuildCtx<'_>) -> Result<Parts> {
     let (params, weights, n_threads) = (ctx.params, ctx.weights, ctx.n_threads);
@@ -65,6 +69,21 @@ mod tests {
         let (m, q) = (MAGE_FLOW_TEMPLATE, QWEN_IMAGE_TEMPLATE);
         assert!(m.arch == LlmArch::Qwen3Vl && q.arch == LlmArch::Qwen25Vl);
         assert_eq!((m.prefix, m.suffix, m.drop_first, m.min_length), (q.prefix, q.suffix, 34, 0));
+    }
+
+    /// The reference keeps 2048 prompt tokens after the system prompt (34 tokens, or the edit
+    /// prompt's 64), the template's end cut with the rest.
+    #[test]
+    fn prompts_are_cut_after_2048_tokens() {
+        assert_eq!((MAGE_FLOW_TEMPLATE.max_length, MAGE_FLOW_EDIT.max_length), (2048 + 34, 2048 + 64));
+        let tok = crate::pipeline::conditioning::llm::tokenizer_for(LlmArch::Qwen3Vl).unwrap();
+        let long = "a lovely cat, ".repeat(1000);
+        let t = crate::pipeline::conditioning::llm::tokenize(tok, &MAGE_FLOW_TEMPLATE, &long);
+        assert_eq!((t.ids.len(), t.weights.len(), t.keep.len()), (2082, 2082, 2082));
+        let short = crate::pipeline::conditioning::llm::tokenize(tok, &MAGE_FLOW_TEMPLATE, "a lovely cat");
+        assert!(short.ids.len() < 60);
+        // Other templates are never cut.
+        assert_eq!(QWEN_IMAGE_TEMPLATE.max_length, 0);
     }
 
     /// `Image N: ` has as many tokens as `Picture N: `: the embeddings land on the pads.

@@ -36,6 +36,7 @@ pub const QWEN_IMAGE_TEMPLATE: LlmTemplate = LlmTemplate {
     min_length: 0,
     drop_first: 34,
     zero_pad_to: 0,
+    max_length: 0,
 };
 
 /// `qwen_image_zero_cond_t` of the context's `model_args`: Edit 2511's zero-timestep

@@ -33,10 +33,10 @@ pub const NAME: &str = "ip_adapter";
 
 /// One request's image tokens: for the prompt's passes and for the negative ones (features
 /// of zeros), with the strength the cross-attentions add them at.
-pub struct ImageTokens {
-    pub cond: Tensor,
-    pub uncond: Tensor,
-    pub strength: f32,
+struct ImageTokens {
+    cond: Tensor,
+    uncond: Tensor,
+    strength: f32,
 }
 
 impl IpAdapterModel {
@@ -78,7 +78,7 @@ impl IpAdapterModel {
     }
 
     /// The tokens of `image` (`[W, H, 3, 1]` in [0, 1]) and of zero features.
-    pub fn tokens(&mut self, image: &Tensor, strength: f32) -> Result<ImageTokens> {
+    fn tokens(&mut self, image: &Tensor, strength: f32) -> Result<ImageTokens> {
         let start = Instant::now();
         let features = if self.config().is_plus() {
             self.clip.encode_hidden(image, PLUS_CLIP_SKIP)?

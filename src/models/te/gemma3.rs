@@ -10,7 +10,7 @@
 //! width come from the weights.
 
 use super::gemma2::{check_ids, gelu_mlp, grouped_attention, Norm};
-use super::llm::{LLM_PREFIX, MASKED};
+use super::llm::{causal_mask_after, hide_far_keys, LLM_PREFIX};
 #[cfg(test)]
 use super::llm::causal_mask;
 use crate::error::Result;
@@ -165,29 +165,8 @@ impl Gemma3Model {
 /// `front..`: causal, never to a token whose `attend` is false nor to the `front` keys before
 /// them, and in the local layers nothing [`SLIDING_WINDOW`] or more positions back.
 pub fn masks(attend: &[bool], front: usize) -> (Vec<f32>, Vec<f32>) {
-    let len = attend.len();
-    let keys = front + len;
-    let mut global = vec![0.0f32; keys * len];
-    for q in 0..len {
-        for k in 0..keys {
-            let mut v = 0.0;
-            if k < front || !attend[k - front] {
-                v += MASKED;
-            }
-            if k > front + q {
-                v += MASKED;
-            }
-            global[q * keys + k] = v;
-        }
-    }
-    let mut local = global.clone();
-    for q in 0..len {
-        for k in 0..keys {
-            if k + SLIDING_WINDOW <= front + q {
-                local[q * keys + k] = f32::NEG_INFINITY;
-            }
-        }
-    }
+    let global = causal_mask_after(attend, front);
+    let local = hide_far_keys(&global, front, attend.len(), SLIDING_WINDOW);
     (global, local)
 }
 

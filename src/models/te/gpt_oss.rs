@@ -348,15 +348,7 @@ impl GptOssModel {
 /// `mask` (`[L·L]`, key fastest) with the keys [`SLIDING_WINDOW`] or more tokens before the
 /// query set to -∞.
 pub fn sliding_mask(mask: &[f32], len: usize) -> Vec<f32> {
-    let mut m = mask.to_vec();
-    for q in 0..len {
-        for k in 0..len {
-            if k + SLIDING_WINDOW <= q {
-                m[q * len + k] = f32::NEG_INFINITY;
-            }
-        }
-    }
-    m
+    super::llm::hide_far_keys(mask, 0, len, SLIDING_WINDOW)
 }
 
 /// Hidden states `[width, L, 1]` of one token sequence at `out_layers`, with the additive

@@ -381,18 +381,40 @@ pub fn splice_rows<'g>(x: T<'g>, images: &[(usize, T<'g>)]) -> T<'g> {
 /// false) never attended; `[L, L]` with the key index fastest, masked entries [`MASKED`]
 /// (both reasons add up, like the reference).
 pub fn causal_mask(keep: &[bool]) -> Vec<f32> {
-    let n = keep.len();
-    let mut m = vec![0.0f32; n * n];
-    for q in 0..n {
-        for k in 0..n {
+    causal_mask_after(keep, 0)
+}
+
+/// [`causal_mask`] of `L = keep.len()` tokens at positions `front..` over `front + L` keys:
+/// `[front + L, L]`, the `front` keys before the tokens never attended.
+pub fn causal_mask_after(keep: &[bool], front: usize) -> Vec<f32> {
+    let len = keep.len();
+    let keys = front + len;
+    let mut m = vec![0.0f32; keys * len];
+    for q in 0..len {
+        for k in 0..keys {
             let mut v = 0.0;
-            if !keep[k] {
+            if k < front || !keep[k - front] {
                 v += MASKED;
             }
-            if k > q {
+            if k > front + q {
                 v += MASKED;
             }
-            m[q * n + k] = v;
+            m[q * keys + k] = v;
+        }
+    }
+    m
+}
+
+/// `mask` (`[front + L, L]`, key fastest, queries at positions `front..`) with the keys
+/// `window` or more positions before each query set to -∞ (sliding-window layers).
+pub fn hide_far_keys(mask: &[f32], front: usize, len: usize, window: usize) -> Vec<f32> {
+    let keys = front + len;
+    let mut m = mask.to_vec();
+    for q in 0..len {
+        for k in 0..keys {
+            if k + window <= front + q {
+                m[q * keys + k] = f32::NEG_INFINITY;
+            }
         }
     }
     m

@@ -4,6 +4,7 @@
 #
 #   scripts/fixtures.sh [--venv DIR] NAME...     e.g. scripts/fixtures.sh sd1 loras/lora_sd1.safetensors
 #   scripts/fixtures.sh [--venv DIR] --python    makes the numpy environment, prints its python
+#   scripts/fixtures.sh --make-room              frees disk space now (see below)
 #
 # NAME is a file of tests/fixtures/recipes.tsv (e.g. sdxl.safetensors) or its synth_model.py
 # arch (e.g. sdxl). The cache is $SD_FIXTURE_CACHE (default ~/.cache/sd-rs-fixtures); a file
@@ -11,6 +12,14 @@
 # ($SD_FIXTURE_VENV, default target/fixture-venv) where numpy is installed once. Each file is
 # made by one process at a time (a lock file beside it), under a unique temporary name that
 # is renamed when complete; on failure the script's error is printed and the exit status is 1.
+#
+# The cache is bounded by the disk, not by a size: before a file is written, cached
+# fixtures are removed, least recently used first (the tests stamp a file's access time
+# when they use it), until $SD_FIXTURE_MIN_FREE_MB (default 10240) are free on the cache's
+# file system. A file used in the last two minutes is kept (a test may be about to open
+# it); only files that are made again when missing are removed (recipes.tsv, and the q8_0
+# conversions and split checkpoints the tests write). A write that fails on a full disk is
+# retried once after everything removable is gone. On a large disk nothing is removed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
@@ -32,6 +41,35 @@ python_ready() {
             "$venv/bin/python" -m pip install -q --disable-pip-version-check numpy) 9>"$venv.lock"
 }
 
+min_free_mb=${SD_FIXTURE_MIN_FREE_MB:-10240}
+
+free_mb() { df -Pm "$cache" | awk 'NR == 2 { print $4 }'; }
+
+# Removes least recently used fixtures until $1 MB are free (or nothing removable is left).
+make_room() {
+    local want=$1 now at size path rel
+    mkdir -p "$cache"
+    [ "$(free_mb)" -ge "$want" ] && return 0
+    now=$(date +%s)
+    while read -r at size path; do
+        [ "$(free_mb)" -ge "$want" ] && break
+        [ $((now - ${at%.*})) -lt 120 ] && continue
+        rel=${path#"$cache"/}
+        case "$rel" in
+            *_ref_q8_0.gguf) continue ;;
+            *_q8_0.gguf | *_split_*.safetensors) ;;
+            *) awk -F'\t' -v n="$rel" '!/^#/ && $1 == n { found = 1 } END { exit !found }' "$recipes" || continue ;;
+        esac
+        echo "fixtures: removing $rel ($((size >> 20)) MB, least recently used) to keep $want MB free" >&2
+        rm -f "$path"
+    done < <(find "$cache" -type f ! -name '.*' -printf '%A@ %s %p\n' | sort -n)
+}
+
+if [ "${1:-}" = "--make-room" ]; then
+    make_room "$min_free_mb"
+    exit 0
+fi
+
 if [ "${1:-}" = "--python" ]; then
     python_ready >&2
     echo "$venv/bin/python"
@@ -50,6 +88,7 @@ for name in "$@"; do
     (
         flock 9
         [ -f "$dest" ] && exit 0
+        make_room "$min_free_mb"
         echo "fixtures: writing $dest (synth_model.py $args)" >&2
         tmp=$(dirname "$dest")/.$(basename "$dest").tmp.$$.$RANDOM
         trap 'rm -f "$tmp"' EXIT
@@ -57,7 +96,14 @@ for name in "$@"; do
         set -- $args
         arch=$1
         shift
-        "$venv/bin/python" tests/fixtures/synth_model.py "$arch" "$tmp" "$@"
+        if ! "$venv/bin/python" tests/fixtures/synth_model.py "$arch" "$tmp" "$@"; then
+            full=$(( $(free_mb) < 1024 ))
+            rm -f "$tmp"
+            [ "$full" = 1 ] || exit 1
+            echo "fixtures: the disk filled up; retrying $file with every removable fixture gone" >&2
+            make_room $((1 << 40))
+            "$venv/bin/python" tests/fixtures/synth_model.py "$arch" "$tmp" "$@"
+        fi
         mv -f "$tmp" "$dest"
         trap - EXIT
     ) 9>"$(dirname "$dest")/.$(basename "$dest").lock"

@@ -63,6 +63,9 @@ suite() { # name command...
 fatal() { echo "test.sh: $*" >&2; exit 1; }
 
 echo "=== setup $(stamp)"
+# A short disk is made roomier first: least recently used fixtures go (scripts/fixtures.sh).
+df -h . "${SD_FIXTURE_CACHE:-$HOME/.cache/sd-rs-fixtures}" 2>/dev/null | awk '!seen[$0]++'
+scripts/fixtures.sh --make-room
 scripts/fetch-sources.sh || fatal "fetch-sources failed"
 python3 scripts/gen-bindings.py --check || fatal "generated bindings are stale"
 scripts/install.sh --prefix "$prefix" --release ${features:+--features "$features"} || fatal "build/install failed"
@@ -71,12 +74,17 @@ scripts/install.sh --prefix "$prefix" --release ${features:+--features "$feature
 # bindings use, are made now.
 export SD_FIXTURE_VENV=$venv
 scripts/fixtures.sh --python >/dev/null || fatal "numpy environment failed"
-scripts/fixtures.sh sd1 sdxl loras/lora_sd1.safetensors flux t5xxl-tiny vae16 z-image qwen3-tiny zimage-vae flux2-klein flux2-vae flux2-dev mistral-small-tiny qwen-image qwen25vl-tiny qwen25vl-vision-tiny wan-vae qwen-image-layered wan-vae-rgba chroma-radiance ovis-image qwen3-ovis-tiny taew2-1 taew2-2 taew2-1-wide || fatal "synthetic fixtures failed"
+base_fixtures=(sd1 sdxl loras/lora_sd1.safetensors flux t5xxl-tiny vae16 z-image qwen3-tiny zimage-vae flux2-klein
+    flux2-vae flux2-dev mistral-small-tiny qwen-image qwen25vl-tiny qwen25vl-vision-tiny wan-vae qwen-image-layered
+    wan-vae-rgba chroma-radiance ovis-image qwen3-ovis-tiny taew2-1 taew2-2 taew2-1-wide esrgan-x4)
+scripts/fixtures.sh "${base_fixtures[@]}" || fatal "synthetic fixtures failed"
 export PATH="$venv/bin:$PATH"
 
 cargo_features=()
 [ -n "$features" ] && cargo_features=(--features "$(echo "$features" | sed 's/\([^,]*\)/stable-diffusion\/\1/g')")
 suite cargo cargo test --release --workspace --no-fail-fast "${cargo_features[@]}"
+# On a short disk the parity tests may have removed some of them to make room for theirs.
+scripts/fixtures.sh "${base_fixtures[@]}" || echo "test.sh: synthetic fixtures failed" >&2
 suite c tests/c/run.sh "$prefix"
 suite consumers tests/cmake-consumer/run.sh "$prefix"
 

@@ -42,6 +42,7 @@ pub fn assert_close_rel(what: &str, got: &[f32], want: &[f32], rel: f32) {
 pub fn synthetic_fixture(file: &str) -> std::io::Result<PathBuf> {
     let path = fixture_cache().join(file);
     if path.exists() {
+        mark_used(&path);
         return Ok(path);
     }
     let out = Command::new(repo().join("scripts/fixtures.sh"))
@@ -56,6 +57,14 @@ pub fn synthetic_fixture(file: &str) -> std::io::Result<PathBuf> {
         )));
     }
     Ok(path)
+}
+
+/// Stamps `path`'s access time: `scripts/fixtures.sh` removes the least recently used
+/// fixtures first when the disk runs short, and a relatime mount alone would not say.
+pub fn mark_used(path: &std::path::Path) {
+    if let Ok(f) = std::fs::File::open(path) {
+        let _ = f.set_times(std::fs::FileTimes::new().set_accessed(std::time::SystemTime::now()));
+    }
 }
 
 /// A python with numpy: the fixture environment `scripts/fixtures.sh --python` makes once

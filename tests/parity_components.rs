@@ -6,7 +6,7 @@
 
 mod common;
 
-use common::parity::{fixture, fixture_dir, full, report, run_with};
+use common::parity::{fixture, fixture_dir, full, mark_used, report, run_with};
 use safetensors::SafeTensors;
 use std::path::PathBuf;
 
@@ -20,6 +20,7 @@ const PARTS: [(&str, &str); 3] = [
 fn split_parts() -> Vec<PathBuf> {
     let paths: Vec<PathBuf> = PARTS.iter().map(|(f, _)| fixture_dir().join(f)).collect();
     if paths.iter().all(|p| p.exists()) {
+        paths.iter().for_each(|p| mark_used(p));
         return paths;
     }
     let file = std::fs::File::open(fixture("sd1.safetensors")).expect("open sd1.safetensors");

@@ -78,7 +78,7 @@ fn sdxl_from_split_components() {
 }
 
 mod split {
-    use super::common::parity::{fixture, fixture_dir};
+    use super::common::parity::{fixture, fixture_dir, mark_used};
     use safetensors::tensor::{Dtype, TensorView};
     use safetensors::SafeTensors;
     use std::path::PathBuf;
@@ -129,6 +129,7 @@ mod split {
     pub fn parts() -> Vec<PathBuf> {
         let paths: Vec<PathBuf> = FILES.iter().map(|f| fixture_dir().join(f)).collect();
         if paths.iter().all(|p| p.exists()) {
+            paths.iter().for_each(|p| mark_used(p));
             return paths;
         }
         let file = std::fs::File::open(fixture("sdxl.safetensors")).expect("open sdxl.safetensors");

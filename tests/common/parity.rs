@@ -45,6 +45,7 @@ pub fn fixture_dir() -> PathBuf {
 pub fn fixture(file: &str) -> PathBuf {
     let path = fixture_dir().join(file);
     if path.exists() {
+        mark_used(&path);
         return path;
     }
     // The reference's own q8_0 conversion is not distributed: without it, ours stands in.
@@ -62,6 +63,14 @@ pub fn fixture(file: &str) -> PathBuf {
     path
 }
 
+/// Stamps a cached fixture's access time, which orders what scripts/fixtures.sh removes
+/// first when the disk runs short.
+pub fn mark_used(path: &Path) {
+    if let Ok(f) = std::fs::File::open(path) {
+        let _ = f.set_times(std::fs::FileTimes::new().set_accessed(std::time::SystemTime::now()));
+    }
+}
+
 /// The synthetic sd1 checkpoint converted to q8_0 GGUF by our `convert()`.
 pub fn our_q8_0() -> PathBuf {
     converted_fixture("sd1.safetensors", "sd1_q8_0.gguf", sd_type_t(8)) // SD_TYPE_Q8_0
@@ -72,6 +81,7 @@ pub fn our_q8_0() -> PathBuf {
 pub fn converted_fixture(source: &str, file: &str, ty: sd_type_t) -> PathBuf {
     let path = fixture_dir().join(file);
     if path.exists() {
+        mark_used(&path);
         return path;
     }
     let input = CString::new(fixture(source).to_string_lossy().as_bytes()).unwrap();

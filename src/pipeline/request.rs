@@ -214,7 +214,8 @@ pub(super) fn scheduler_for(ms: &ModelSet, sp: &SampleParams, method: SampleMeth
     sp.scheduler.unwrap_or_else(|| default_scheduler(Some((ms.family(), ms.prediction)), method))
 }
 
-pub(super) fn runtime_tiling(t: &ApiTiling) -> TilingParams {
+/// The request's tiling with the family's encode tile factor.
+pub(super) fn runtime_tiling(t: &ApiTiling, encode_factor: f32) -> TilingParams {
     TilingParams {
         enabled: t.enabled,
         temporal_tiling: t.temporal_tiling,
@@ -223,6 +224,7 @@ pub(super) fn runtime_tiling(t: &ApiTiling) -> TilingParams {
         target_overlap: t.target_overlap,
         rel_size_x: t.rel_size_x,
         rel_size_y: t.rel_size_y,
+        encode_factor,
     }
 }
 

@@ -583,7 +583,7 @@ pub fn generate_video(ms: &mut ModelSet, p: &VidGenParams, cancel: &CancelFlag) 
     ensure!(!p.hires.enabled, "LTX latent spatial upscale is only supported for LTX video models");
     warn_unused(ms, p);
     let t0 = Instant::now();
-    let tiling = runtime_tiling(&p.vae_tiling_params);
+    let tiling = runtime_tiling(&p.vae_tiling_params, ms.spec.encode_tile_factor);
     let circular = (p.circular_x, p.circular_y);
     for runner in ms.runners() {
         runner.options.circular_x = p.circular_x;

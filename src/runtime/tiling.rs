@@ -25,6 +25,9 @@ pub struct TilingParams {
     /// number of tiles across.
     pub rel_size_x: f32,
     pub rel_size_y: f32,
+    /// Encode tiles are this much larger than decode tiles: a fact of the model family
+    /// (`FamilySpec::encode_tile_factor`), not of the request.
+    pub encode_factor: f32,
 }
 
 impl Default for TilingParams {
@@ -38,9 +41,16 @@ impl Default for TilingParams {
             target_overlap: 0.5,
             rel_size_x: 0.0,
             rel_size_y: 0.0,
+            encode_factor: ENCODE_TILE_FACTOR,
         }
     }
 }
+
+/// Encode tiles are this much larger than decode tiles for the image families (more context:
+/// a 512² SD picture is one tile); the reference keeps smaller factors for its video families.
+pub const ENCODE_TILE_FACTOR: f32 = 2.0;
+/// The encode tile factor of Wan, HunyuanVideo and LTX-2.3 (whatever VAE they load).
+pub const VIDEO_ENCODE_TILE_FACTOR: f32 = 1.30539;
 
 const DEFAULT_TILE_SIZE: i32 = 32;
 const MIN_TILE_SIZE: i32 = 4;

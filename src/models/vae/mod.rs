@@ -61,9 +61,6 @@ pub const SCALE: usize = 8;
 /// Progress of tiled runs: (step, steps, seconds per step).
 pub type Progress<'a> = Option<&'a mut dyn FnMut(i32, i32, f32)>;
 
-/// Image tiles for encoding are this much larger than for decoding (more context); the
-/// video VAEs keep a smaller factor ([`VaeNet::encode_tile_factor`]).
-const ENCODE_TILE_FACTOR: f32 = 2.0;
 
 /// A first-stage network: its graphs (one batch of pictures, or one video, per call) and
 /// its latent conventions. The host steps and tiling around it are shared
@@ -84,10 +81,6 @@ pub trait VaeNet: Send {
     }
     /// Channels of the encoder's output (KL: the moments, twice the latent's).
     fn encoder_output_channels(&self) -> i64;
-    /// Encode tiles are this much larger than decode tiles.
-    fn encode_tile_factor(&self) -> f32 {
-        ENCODE_TILE_FACTOR
-    }
     /// Image `[W, H, C, N]` (in [-1, 1] when [`VaeNet::unit_range`]) → encoder output.
     fn encode(&self, runner: &mut Runner, image: &Tensor) -> Result<Tensor>;
     /// VAE-space latent `[w, h, z, N]` → image, unclamped.
@@ -185,7 +178,7 @@ fn encode_with<V: VaeNet + ?Sized>(
     let out = if tiling.enabled {
         let (w, h) = (input.ne(0) / scale, input.ne(1) / scale);
         ensure!(w > 0 && h > 0, "vae encode: image {}x{} is smaller than a latent pixel", input.ne(0), input.ne(1));
-        let spec = tile_spec(tiling, w, h, net.encode_tile_factor(), circular);
+        let spec = tile_spec(tiling, w, h, tiling.encode_factor, circular);
         sd_debug!("VAE Tile size: {}x{}", spec.tile_size_x, spec.tile_size_y);
         tiling::process_tiles(&input, w, h, scale, &spec, None, |t| {
             run(runner, t).map_err(|e| Error::new(format!("vae encode compute failed while processing a tile: {e}")))

@@ -295,10 +295,7 @@ pub(super) fn load_audio_vae(path: &str, devices: &crate::graph::DeviceMap, n_th
     let Some(weights) = super::open_audio_vae(path) else { return Ok(None) };
     let not_ours = |e: crate::error::Error| crate::error::Error::new(format!("the audio VAE '{path}' is not LTX-2.3's: {e}"));
     let cfg = LtxAudioConfig::detect(&|n| weights.shape_of(n)).map_err(not_ours)?;
-    // ggml's 1-D convolutions take float kernels only.
-    if let Some((name, _)) = weights.types().iter().find(|(n, &t)| !n.starts_with("audio_vae.encoder.") && crate::graph::is_block_quantized(t)) {
-        bail!("the audio VAE '{path}': tensor '{name}' is quantized; LTX-2.3's audio VAE takes float weights only");
-    }
+    super::audio_vae_floats_only(&weights, path, "LTX-2.3", |n| !n.starts_with("audio_vae.encoder."))?;
     sd_debug!(
         "ltx_audio_vae: decoder {} x {:?} ({} blocks a level), vocoder {}, {} Hz",
         cfg.decoder_channels,

@@ -77,10 +77,7 @@ pub(super) fn load_audio_vae(path: &str, devices: &crate::graph::DeviceMap, n_th
     let weights = Arc::new(weights);
     let not_ours = |e: crate::error::Error| crate::error::Error::new(format!("the audio VAE '{path}' is not MiniMax-H3's: {e}"));
     minimax_h3_audio::check_layout(|n| weights.shape_of(n)).map_err(not_ours)?;
-    // ggml's 1-D convolutions take float kernels only (the reference would fail in its graph).
-    if let Some((name, _)) = weights.types().iter().find(|(_, &t)| crate::graph::is_block_quantized(t)) {
-        bail!("the audio VAE '{path}': tensor '{name}' is quantized; MiniMax-H3's audio VAE takes float weights only");
-    }
+    super::audio_vae_floats_only(&weights, path, "MiniMax-H3", |_| true)?;
     let place = devices.placement(crate::graph::Module::Vae)?;
     let vae = weights.load_model(place, n_threads, "", "audio VAE", MinimaxH3AudioVae::new).map_err(not_ours)?;
     Ok(Some(Box::new(vae)))

@@ -47,6 +47,7 @@ use crate::models::diffusion::sefi_image::SEMANTIC_CHANNELS as SEFI_SEMANTIC_CHA
 use crate::models::diffusion::unet::UNetVersion;
 use crate::models::diffusion::DiffusionModel;
 use crate::models::vae::FirstStage;
+use crate::runtime::tiling;
 use crate::params::CtxParams;
 use crate::runtime::defaults::ModelFamily;
 use crate::runtime::cache::Backbone;
@@ -228,6 +229,9 @@ pub struct FamilySpec {
     /// Takes AnimateDiff motion modules (`motion_module_path`: SD 1.x, its inpaint and
     /// instruct-pix2pix UNets); `generate_video` then renders frames as one batch.
     pub motion_modules: bool,
+    /// Tiled encodes use tiles this much larger than decodes: the reference decides it by
+    /// model version, so Qwen-Image's Wan VAE takes the image factor and Wan's the video one.
+    pub encode_tile_factor: f32,
 }
 
 /// How a loaded video model takes pictures (decided by its file, like the reference's
@@ -390,6 +394,7 @@ const fn unet_family(defaults: ModelFamily, unet: UNetVersion, concat: Concat) -
         first_stage: FirstStageKind::Kl,
         noise_times_eta: false,
         motion_modules: false,
+        encode_tile_factor: tiling::ENCODE_TILE_FACTOR,
     }
 }
 
@@ -421,6 +426,7 @@ const fn dit_family(defaults: ModelFamily, arch: Arch, latent: LatentFormat, pre
         first_stage: FirstStageKind::Kl,
         noise_times_eta: false,
         motion_modules: false,
+        encode_tile_factor: tiling::ENCODE_TILE_FACTOR,
     }
 }
 
@@ -613,6 +619,7 @@ const fn wan_family(latent: LatentFormat, projection: &'static Projection, first
     FamilySpec {
         media: Media::Video(VideoFormat { time_scale: 4, timesteps, frame_rule: FrameRule::Causal }),
         first_stage,
+        encode_tile_factor: tiling::VIDEO_ENCODE_TILE_FACTOR,
         ..dit_family(ModelFamily::OtherDit, Arch::Wan, latent, projection, Concat::None, Prediction::Flow)
     }
 }
@@ -640,6 +647,7 @@ const fn minimax_h3_family() -> FamilySpec {
         media: Media::Video(VideoFormat { time_scale: 4, timesteps: TimestepRule::Scalar, frame_rule: FrameRule::MinimaxH3 }),
         first_stage: FirstStageKind::MinimaxH3,
         preview: None,
+        encode_tile_factor: 1.0,
         ..dit_family(ModelFamily::OtherDit, Arch::MinimaxH3, MINIMAX_H3_LATENT, &preview::WAN21, Concat::None, Prediction::Flow)
     }
 }
@@ -654,6 +662,7 @@ const fn ltx_family() -> FamilySpec {
         media: Media::Video(VideoFormat { time_scale: 8, timesteps: TimestepRule::Scalar, frame_rule: FrameRule::Ltx }),
         first_stage: FirstStageKind::Ltx,
         preview: None,
+        encode_tile_factor: tiling::VIDEO_ENCODE_TILE_FACTOR,
         ..dit_family(ModelFamily::Ltxav, Arch::Ltx, LTX_LATENT, &preview::WAN21, Concat::None, Prediction::FluxFlow)
     }
 }
@@ -712,7 +721,11 @@ static LTX: FamilySpec = ltx_family();
 static WAN: FamilySpec = wan_family(WAN_LATENT, &preview::WAN21, FirstStageKind::Wan21, TimestepRule::Scalar);
 static WAN22_TI2V: FamilySpec = wan_family(WAN22_LATENT, &preview::WAN22, FirstStageKind::Wan22, TimestepRule::PerFrameMasked);
 static HUNYUAN_VIDEO: FamilySpec = hunyuan_video_family();
-static LINGBOT_VIDEO: FamilySpec = FamilySpec { arch: Arch::LingbotVideo, ..wan_family(WAN_LATENT, &preview::WAN21, FirstStageKind::Wan21, TimestepRule::MaskedInput) };
+static LINGBOT_VIDEO: FamilySpec = FamilySpec {
+    arch: Arch::LingbotVideo,
+    encode_tile_factor: tiling::ENCODE_TILE_FACTOR,
+    ..wan_family(WAN_LATENT, &preview::WAN21, FirstStageKind::Wan21, TimestepRule::MaskedInput)
+};
 
 /// The family of `version`, if this build can generate with it.
 pub fn spec(version: SdVersion) -> Option<&'static FamilySpec> {
@@ -1113,6 +1126,15 @@ fn open_audio_vae(path: &str) -> Option<Weights> {
     Weights::open_file_as_stored(path).map_err(|e| sd_warn!("loading audio VAE weights from '{path}' failed: {e}")).ok()
 }
 
+/// Refuses an audio VAE with a block-quantized tensor among those `used` accepts: ggml's 1-D
+/// convolutions take float kernels only (the reference would fail in its graph).
+fn audio_vae_floats_only(weights: &Weights, path: &str, family: &str, used: impl Fn(&str) -> bool) -> Result<()> {
+    match weights.types().iter().find(|(n, &t)| used(n) && crate::graph::is_block_quantized(t)) {
+        Some((name, _)) => bail!("the audio VAE '{path}': tensor '{name}' is quantized; {family}'s audio VAE takes float weights only"),
+        None => Ok(()),
+    }
+}
+
 /// The weights LoRAs apply to, like the reference: the conditioner's, the diffusion model's
 /// (and the high-noise expert's: `is_high_noise` LoRAs name its tensors) and the first
 /// stage's components (not a preview-only decoder).
@@ -1134,6 +1156,21 @@ fn lora_targets<'a>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The reference picks the encode tile factor by version: 1.30539 for Wan, HunyuanVideo
+    /// and LTX-2.3, 1 for MiniMax-H3, 2 for the rest, even where they load a Wan VAE.
+    #[test]
+    fn encode_tile_factor_follows_the_version_not_the_vae() {
+        use SdVersion as V;
+        let factor = |v| spec(v).expect("a family").encode_tile_factor;
+        for v in [V::Wan2, V::Wan2_2I2v, V::Wan2_2Ti2v, V::HunyuanVideo, V::Ltxav] {
+            assert_eq!(factor(v), tiling::VIDEO_ENCODE_TILE_FACTOR, "{v:?}");
+        }
+        assert_eq!(factor(V::MinimaxH3), 1.0);
+        for v in [V::QwenImage, V::Krea2, V::Anima, V::LingbotVideo, V::Sd1, V::Flux] {
+            assert_eq!(factor(v), tiling::ENCODE_TILE_FACTOR, "{v:?}");
+        }
+    }
 
     #[test]
     fn every_unet_flux_sd3_zimage_qwen_version_has_a_family_and_later_families_are_refused() {

@@ -60,9 +60,6 @@ pub const WAN22_LATENT_STD: [f32; 48] = [
 pub const SCALE: usize = 8;
 /// Video frames per latent frame after the first.
 pub const TIME_SCALE: usize = 4;
-/// Image tiles for encoding are this much larger than for decoding (the reference's factor
-/// for its video VAEs; image VAEs take 2).
-const ENCODE_TILE_FACTOR: f32 = 1.30539;
 /// The latent scale factor (applied with the per-channel tables).
 const SCALE_FACTOR: f32 = 1.0;
 /// Longest video we build graphs for (frames), so sizes stay far from overflow.
@@ -658,10 +655,6 @@ impl VaeNet for WanVae {
 
     fn encoder_output_channels(&self) -> i64 {
         self.cfg.z_dim
-    }
-
-    fn encode_tile_factor(&self) -> f32 {
-        ENCODE_TILE_FACTOR
     }
 
     /// Image `[W, H, C, N]` in [-1, 1] → latent mean `[W/s, H/s, z, N]`.

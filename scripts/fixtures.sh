@@ -17,9 +17,10 @@
 # fixtures are removed, least recently used first (the tests stamp a file's access time
 # when they use it), until $SD_FIXTURE_MIN_FREE_MB (default 10240) are free on the cache's
 # file system. A file used in the last two minutes is kept (a test may be about to open
-# it); only files that are made again when missing are removed (recipes.tsv, and the q8_0
-# conversions and split checkpoints the tests write). A write that fails on a full disk is
-# retried once after everything removable is gone. On a large disk nothing is removed.
+# it), and so is every file the same invocation was asked for; only files that are made
+# again when missing are removed (recipes.tsv, and the q8_0 conversions and split
+# checkpoints the tests write). A write that fails on a full disk is retried once after
+# everything removable is gone. On a large disk nothing is removed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
@@ -45,6 +46,9 @@ min_free_mb=${SD_FIXTURE_MIN_FREE_MB:-10240}
 
 free_mb() { df -Pm "$cache" | awk 'NR == 2 { print $4 }'; }
 
+# The files this invocation was asked for: making one never removes another.
+declare -A keep=()
+
 # Removes least recently used fixtures until $1 MB are free (or nothing removable is left).
 make_room() {
     local want=$1 now at size path rel
@@ -55,6 +59,7 @@ make_room() {
         [ "$(free_mb)" -ge "$want" ] && break
         [ $((now - ${at%.*})) -lt 120 ] && continue
         rel=${path#"$cache"/}
+        [ -n "${keep[$rel]:-}" ] && continue
         case "$rel" in
             *_ref_q8_0.gguf) continue ;;
             *_q8_0.gguf | *_split_*.safetensors) ;;
@@ -76,8 +81,15 @@ if [ "${1:-}" = "--python" ]; then
     exit 0
 fi
 
+recipe() { awk -F'\t' -v n="$1" '!/^#/ && ($1 == n || $2 == n) { print; exit }' "$recipes"; }
+
 for name in "$@"; do
-    line=$(awk -F'\t' -v n="$name" '!/^#/ && ($1 == n || $2 == n) { print; exit }' "$recipes")
+    line=$(recipe "$name")
+    [ -n "$line" ] && keep[${line%%$'\t'*}]=1
+done
+
+for name in "$@"; do
+    line=$(recipe "$name")
     [ -n "$line" ] || { echo "fixtures: no recipe for '$name' in tests/fixtures/recipes.tsv" >&2; exit 1; }
     file=${line%%$'\t'*}
     args=${line#*$'\t'}

@@ -283,7 +283,7 @@ SETS = {
         # with the empty negative prompt
         "model": "hunyuan_video.safetensors",
         "fixtures": ["hunyuan_video.safetensors", "qwen25vl_tiny.safetensors", "hunyuan_vae.safetensors",
-                     "hunyuan_vae_full.safetensors", "hunyuan_video_h128.safetensors"],
+                     "hunyuan_vae_full.safetensors", "hunyuan_video_h128.safetensors", "taehv_hunyuan.safetensors"],
         "cases": [
             _case("hv_defaults", HUNYUAN, {k: v for k, v in _params(steps=2, w=32, h=32).items()
                                            if k != "sample_params.guidance.txt_cfg"},
@@ -300,6 +300,11 @@ SETS = {
                   _params(steps=2, cfg=3.0, seed=7, init_image="init_64.png", end_image="end_64.png",
                           negative_prompt="blurry"),
                   note="start and end pictures: each encoded alone into the first and the last latent frame"),
+            _case("hv_tae", {**HUNYUAN, "taesd_path": "{fx}/taehv_hunyuan.safetensors"}, _params(steps=2, w=32, h=32),
+                  note="the tiny video autoencoder (32 latent channels, 2x2 patches) decodes instead of the VAE"),
+            _case("hv_i2v_tae", {**HUNYUAN, "taesd_path": "{fx}/taehv_hunyuan.safetensors"},
+                  _params(steps=2, init_image="init_64.png"),
+                  note="the tiny video autoencoder's encoder makes the start picture's latent frame"),
             _case("hv_i2v_decoder_only", HUNYUAN, _params(steps=1, w=32, h=32, init_image="init_64.png"),
                   note="an init image with the decoder-only VAE: the reference cannot encode it and fails; ours too"),
             _case("hv_hidden128", {**HUNYUAN, "diffusion_model_path": "{fx}/hunyuan_video_h128.safetensors"},

@@ -38,9 +38,9 @@ const TIME_SCALE: usize = 4;
 
 #[derive(Clone, Debug, PartialEq)]
 pub struct TaehvConfig {
-    /// 16 (Wan 2.1, Qwen-Image) or 48 (Wan 2.2 TI2V).
+    /// 16 (Wan 2.1, Qwen-Image), 32 (HunyuanVideo 1.5) or 48 (Wan 2.2 TI2V).
     pub z_channels: i64,
-    /// Pixels folded into channels around the network (Wan 2.2: 2×2).
+    /// Pixels folded into channels around the network (Wan 2.2, HunyuanVideo: 2×2).
     pub patch: i64,
     /// Without the encoder (previews).
     pub decode_only: bool,
@@ -50,14 +50,11 @@ pub struct TaehvConfig {
 }
 
 impl TaehvConfig {
-    /// The reference's choice by family: taew2_2's 48 channels and 2×2 patches for the Wan2.2
-    /// VAE's latents, taew2_1's 16 otherwise.
-    pub fn for_latents(wan22: bool, decode_only: bool) -> TaehvConfig {
-        if wan22 {
-            TaehvConfig { z_channels: 48, patch: 2, decode_only, wide: false }
-        } else {
-            TaehvConfig { z_channels: 16, patch: 1, decode_only, wide: false }
-        }
+    /// The reference's choice by family, from the latents the family's VAE makes: their
+    /// channels, and 2×2 patches around the network (which itself scales by 8) for VAEs at
+    /// 1/16 (taew2_2 for Wan 2.2's 48 channels, HunyuanVideo 1.5's 32), none at 1/8 (taew2_1).
+    pub fn for_latents(z_channels: usize, vae_scale: usize, decode_only: bool) -> TaehvConfig {
+        TaehvConfig { z_channels: z_channels as i64, patch: (vae_scale / 8).max(1) as i64, decode_only, wide: false }
     }
 
     /// Reads the decoder's kind from the file under `prefix` (wide when it has the reference's
@@ -72,7 +69,7 @@ impl TaehvConfig {
         let z = ne.get(2).copied().unwrap_or(0);
         ensure!(
             ne.len() == 4 && z == self.z_channels,
-            "the tiny video autoencoder (taesd_path) is for {z}-channel latents ('{first}' {ne:?}); this model's are {} channels (taew2_1: 16, Wan 2.1; taew2_2: 48, Wan 2.2)",
+            "the tiny video autoencoder (taesd_path) is for {z}-channel latents ('{first}' {ne:?}); this model's are {} channels (taew2_1: 16, Wan 2.1; taew2_2: 48, Wan 2.2; HunyuanVideo 1.5: 32)",
             self.z_channels
         );
         Ok(self)
@@ -499,7 +496,8 @@ mod tests {
     fn files_for_other_latents_are_refused() {
         let file = |f: &str| crate::models::vae::testutil::SafeFile::new(&crate::models::vae::testutil::fixture(f), PREFIX);
         let (w21, w22, wide, taesd) = (file("taew2_1.safetensors"), file("taew2_2.safetensors"), file("taew2_1_wide.safetensors"), file("taesd.safetensors"));
-        let (c21, c22) = (TaehvConfig::for_latents(false, true), TaehvConfig::for_latents(true, true));
+        let (c21, c22) = (TaehvConfig::for_latents(16, 8, true), TaehvConfig::for_latents(48, 16, true));
+        assert_eq!((c21.patch, c22.patch, TaehvConfig::for_latents(32, 16, true).patch), (1, 2, 2));
         assert!(!c21.clone().detect(PREFIX, |n| w21.shape_of(n)).unwrap().wide && !c22.clone().detect(PREFIX, |n| w22.shape_of(n)).unwrap().wide);
         assert!(c21.clone().detect(PREFIX, |n| wide.shape_of(n)).unwrap().wide);
         let e = c21.clone().detect(PREFIX, |n| w22.shape_of(n)).unwrap_err().to_string();

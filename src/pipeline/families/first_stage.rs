@@ -2,8 +2,9 @@
 //! (`FamilySpec::first_stage`): an AutoencoderKL shaped by the family's latent format (4, 16
 //! or Flux.2's 32 channels, with or without quant convolutions, scale and shift), or a tiny
 //! autoencoder (TAESD / TAESDXL / TAESD3 / TAEF1, TAEF2 for Flux.2's latents) when one is
-//! given; the Wan2.1 VAE (Qwen-Image, Wan 2.1) or the Wan2.2 VAE (Wan2.2 TI2V), or their tiny
-//! video autoencoder (TAEHV: taew2_1 / taew2_2) when one is given; HunyuanVideo 1.5's VAE.
+//! given; the Wan2.1 VAE (Qwen-Image, Wan 2.1) or the Wan2.2 VAE (Wan2.2 TI2V), HunyuanVideo
+//! 1.5's VAE, or their tiny video autoencoder (TAEHV: taew2_1 / taew2_2 / HunyuanVideo's)
+//! when one is given.
 
 use super::{BuildCtx, FirstStageKind};
 use crate::error::Result;
@@ -32,10 +33,9 @@ pub(super) fn build(ctx: &BuildCtx<'_>, place: Placement) -> Result<(Box<dyn Fir
             "{} models have no tiny autoencoder (taesd_path)",
             ctx.version.name()
         );
-        ensure!(spec.first_stage != FirstStageKind::Hunyuan, "a tiny autoencoder (taesd_path) for {} is not supported yet", ctx.version.name());
         if spec.first_stage != FirstStageKind::Kl {
             ensure!(spec.image_channels == 3, "{} models have no tiny autoencoder (taesd_path): TAEHV makes RGB pictures", ctx.version.name());
-            let cfg = TaehvConfig::for_latents(wan22, decode_only).detect(vae::taehv::PREFIX, |n| weights.shape_of(n))?;
+            let cfg = TaehvConfig::for_latents(spec.latent.channels, spec.latent.vae_scale, decode_only).detect(vae::taehv::PREFIX, |n| weights.shape_of(n))?;
             return Ok(configure(weights.load_model(place, n_threads, vae::taehv::PREFIX, "TAE", |s| Taehv::new(s, &cfg))?, ctx));
         }
         let mut cfg = TaeConfig::detect(weights.types(), vae::tae::PREFIX, |n| weights.shape_of(n), decode_only);

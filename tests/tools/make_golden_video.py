@@ -320,9 +320,13 @@ SETS = {
         # the prompt to 1024 tokens (about 4.7 TFLOP): few cases. Its defaults: euler, the ltx2
         # schedule, flow shift 2.37 (unused by ltx2), cfg 7 with the empty negative prompt
         "model": "ltx.safetensors",
-        "fixtures": ["ltx.safetensors", "gemma3_ltx.safetensors", "ltx_connectors.safetensors", "ltx_vae.safetensors"],
+        "fixtures": ["ltx.safetensors", "gemma3_ltx.safetensors", "ltx_connectors.safetensors", "ltx_vae.safetensors",
+                     "taehv_ltx.safetensors"],
         "cases": [
             _case("ltx_cfg1_9frames", LTX, _params(steps=2, frames=9)),
+            _case("ltx_tae_9frames", {**LTX, "taesd_path": "{fx}/taehv_ltx.safetensors"}, _params(steps=2, frames=9),
+                  note="the tiny video autoencoder (128 latent channels, 4x4 patches, 8 frames a latent frame) "
+                       "decodes instead of the LTX VAE"),
             _case("ltx_cfg3_negative_96x64_17frames", LTX, _params(steps=2, frames=17, w=96, h=64, seed=7, cfg=3.0,
                                                                     negative_prompt="blurry, static",
                                                                     prompt="a red fox running through snow")),

@@ -270,16 +270,9 @@ impl VaeNet for LtxVae {
         z.clone()
     }
 
-    /// The video's channels of a packed latent `[w, h, t, C, 1]` (the audio's dropped).
+    /// The video's channels of a packed latent (the audio's dropped).
     fn diffusion_to_vae(&self, z: &Tensor) -> Tensor {
-        let s = z.shape();
-        if s.len() < 4 || s[3] <= CHANNELS {
-            return z.clone();
-        }
-        let mut shape = s.to_vec();
-        shape[3] = CHANNELS;
-        let len = s[0] * s[1] * s[2] * CHANNELS;
-        Tensor::from_vec(&shape, z.data()[..len].to_vec()).expect("a prefix of the latent")
+        super::video_channels(z, CHANNELS)
     }
 
     fn supports_video(&self) -> bool {

@@ -426,6 +426,19 @@ pub(crate) fn per_channel(z: &Tensor, table: usize, f: impl Fn(f32, usize) -> f3
     out
 }
 
+/// The first `channels` channels of a video latent `[w, h, t, C, 1]`: the video's, when a
+/// family packs its audio behind them (LTX-2.3); other tensors as they are.
+pub(crate) fn video_channels(z: &Tensor, channels: usize) -> Tensor {
+    let s = z.shape();
+    if s.len() != 5 || s[4] != 1 || s[3] <= channels {
+        return z.clone();
+    }
+    let mut shape = s.to_vec();
+    shape[3] = channels;
+    let len = s[0] * s[1] * s[2] * channels;
+    Tensor::from_vec(&shape, z.data()[..len].to_vec()).expect("a prefix of the latent")
+}
+
 /// Picture latents `[W, H, C, N]` without their first `n` channels.
 pub(crate) fn drop_leading_channels(z: &Tensor, n: usize) -> Tensor {
     let (plane, c) = (z.ne(0) * z.ne(1), z.ne(2));

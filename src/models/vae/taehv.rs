@@ -1,13 +1,14 @@
 //! TAEHV, the tiny video autoencoder (madebyollin/taehv) the reference uses for Wan's latents
-//! (Wan 2.1's 16 channels: taew2_1; Wan 2.2 TI2V's 48: taew2_2) when `taesd_path` is given.
+//! (Wan 2.1's 16 channels: taew2_1; Wan 2.2 TI2V's 48: taew2_2), HunyuanVideo 1.5's and
+//! LTX-2.3's when `taesd_path` is given.
 //!
 //! Like TAESD it works on diffusion latents and [0, 1] pixels directly, and its convolutions
 //! are 2-D: a video is a batch of frames (`[W, H, C, T]` in the graphs). Time enters through
 //! the memory blocks, which see each frame's predecessor (zeros before the first), and through
 //! reshapes of channels into frames: the decoder's `TGrow` turns `s·C` channels of a frame into
 //! `s` frames, the encoder's `TPool` the reverse. The decoder makes 4 frames of each latent
-//! frame and drops the first 3 (`4t - 3`, Wan's count); the encoder takes the frames padded to a
-//! multiple of 4 with copies of the last one. Weights live under `tae.` like TAESD's, named
+//! frame and drops the first 3 (`4t - 3`, Wan's count; LTX-2.3: 8 and 7, every stage doubling);
+//! the encoder takes the frames padded to a multiple of 4 (8) with copies of the last one. Weights live under `tae.` like TAESD's, named
 //! like the torch `nn.Sequential` (`decoder.N...`, `encoder.N...`; ReLU, Upsample and Clamp
 //! slots have no weights). The latent width and patch size come from the model's family, as
 //! in the reference; a file made for the other width is an error naming it. A file with
@@ -30,18 +31,20 @@ const DECODER_CHANNELS: [i64; 4] = [256, 128, 64, 64];
 const HIDDEN: i64 = 64;
 /// Memory blocks per stage.
 const BLOCKS: usize = 3;
-/// Which decoder stages double the frames, and which encoder stages halve them.
+/// Which decoder stages double the frames, and which encoder stages halve them, for 4 video
+/// frames a latent frame (Wan, HunyuanVideo); with 8 (LTX-2.3) every stage does.
 const TIME_UPSCALE: [bool; 3] = [false, true, true];
 const TIME_DOWNSCALE: [bool; 3] = [true, true, false];
-/// Video frames per latent frame (2 × 2 from the stages above).
-const TIME_SCALE: usize = 4;
 
 #[derive(Clone, Debug, PartialEq)]
 pub struct TaehvConfig {
     /// 16 (Wan 2.1, Qwen-Image), 32 (HunyuanVideo 1.5) or 48 (Wan 2.2 TI2V).
     pub z_channels: i64,
-    /// Pixels folded into channels around the network (Wan 2.2, HunyuanVideo: 2×2).
+    /// Pixels folded into channels around the network (Wan 2.2, HunyuanVideo: 2×2; LTX-2.3:
+    /// 4×4).
     pub patch: i64,
+    /// Video frames per latent frame: 4, or 8 (LTX-2.3).
+    pub time_scale: usize,
     /// Without the encoder (previews).
     pub decode_only: bool,
     /// The wide decoder (1024 → 512 → 256 → 64 channels, grouped convolutions), which the
@@ -51,10 +54,22 @@ pub struct TaehvConfig {
 
 impl TaehvConfig {
     /// The reference's choice by family, from the latents the family's VAE makes: their
-    /// channels, and 2×2 patches around the network (which itself scales by 8) for VAEs at
-    /// 1/16 (taew2_2 for Wan 2.2's 48 channels, HunyuanVideo 1.5's 32), none at 1/8 (taew2_1).
-    pub fn for_latents(z_channels: usize, vae_scale: usize, decode_only: bool) -> TaehvConfig {
-        TaehvConfig { z_channels: z_channels as i64, patch: (vae_scale / 8).max(1) as i64, decode_only, wide: false }
+    /// channels, patches around the network (which itself scales by 8: 2×2 for VAEs at 1/16,
+    /// taew2_2 for Wan 2.2's 48 channels or HunyuanVideo 1.5's 32; 4×4 for LTX-2.3's 1/32;
+    /// none at 1/8, taew2_1) and the frames a latent frame stands for.
+    pub fn for_latents(z_channels: usize, vae_scale: usize, time_scale: usize, decode_only: bool) -> TaehvConfig {
+        let patch = (vae_scale / 8).max(1) as i64;
+        TaehvConfig { z_channels: z_channels as i64, patch, time_scale, decode_only, wide: false }
+    }
+
+    /// Which decoder stages double the frames.
+    fn time_upscale(&self) -> [bool; 3] {
+        if self.time_scale == 8 { [true; 3] } else { TIME_UPSCALE }
+    }
+
+    /// Which encoder stages halve them.
+    fn time_downscale(&self) -> [bool; 3] {
+        if self.time_scale == 8 { [true; 3] } else { TIME_DOWNSCALE }
     }
 
     /// Reads the decoder's kind from the file under `prefix` (wide when it has the reference's
@@ -262,7 +277,7 @@ impl Taehv {
         let first = Conv2d::square(&mut d, "1", cfg.z_channels, ch[0], 3, 1, 1);
         let mut i = 3;
         let mut stages = Vec::new();
-        for (k, &up) in TIME_UPSCALE.iter().enumerate() {
+        for (k, &up) in cfg.time_upscale().iter().enumerate() {
             let blocks = mem_blocks(&mut d, &mut i, ch[k], cfg.wide);
             i += 1; // upsample
             let stride = if up { 2 } else { 1 };
@@ -280,7 +295,7 @@ impl Taehv {
             let first = Conv2d::square(&mut e, "0", 3 * pp, HIDDEN, 3, 1, 1);
             let mut i = 2;
             let mut stages = Vec::new();
-            for &down in &TIME_DOWNSCALE {
+            for down in cfg.time_downscale() {
                 let stride = if down { 2 } else { 1 };
                 let pool = time_conv(&mut e, &i.to_string(), HIDDEN * stride, HIDDEN);
                 let conv = Conv2d::new(&mut e, &(i + 1).to_string(), HIDDEN, HIDDEN, (3, 3), (2, 2), (1, 1), false);
@@ -294,7 +309,8 @@ impl Taehv {
         Taehv { cfg: cfg.clone(), first, stages, last, encoder }
     }
 
-    /// Latent frames `[w, h, z, t]` → frames `[s·w, s·h, 3, 4t - 3]` in about [0, 1].
+    /// Latent frames `[w, h, z, t]` → frames `[s·w, s·h, 3, k·t - (k - 1)]` in about [0, 1]
+    /// (k the time scale).
     pub fn decode_graph<'g>(&self, g: &'g Graph, z: T<'g>) -> T<'g> {
         // Soft clamp of the latents to ±3.
         let h = scale(z, 1.0 / 3.0, false).tanh_inplace();
@@ -315,13 +331,14 @@ impl Taehv {
         if self.cfg.patch > 1 {
             h = super::autoencoder_kl::unpatchify_latent(h, self.cfg.patch);
         }
-        let drop = (TIME_SCALE - 1) as i64;
+        let drop = (self.cfg.time_scale - 1) as i64;
         let [w, hh, c, t] = h.ne();
         let nb = h.nb();
         h.view(&[w, hh, c, t - drop], &[nb[1], nb[2], nb[3]], drop as usize * nb[3])
     }
 
-    /// Frames `[W, H, 3, T]` in [0, 1] (T a multiple of 4) → latent frames `[W/s, H/s, z, T/4]`.
+    /// Frames `[W, H, 3, T]` in [0, 1] (T a multiple of the time scale k) → latent frames
+    /// `[W/s, H/s, z, T/k]`.
     pub fn encode_graph<'g>(&self, g: &'g Graph, x: T<'g>) -> Result<T<'g>> {
         let enc = self.encoder.as_ref().context("this TAEHV was loaded for decoding only")?;
         let x = if self.cfg.patch > 1 { super::autoencoder_kl::patchify_latent(x, self.cfg.patch) } else { x };
@@ -339,7 +356,7 @@ impl Taehv {
         Ok(enc.last.forward(g, h))
     }
 
-    /// Latents `[w, h, t, z]` (video layout) → frames `[W, H, 4t - 3, 3]`.
+    /// Latents `[w, h, t, z]` (video layout) → frames `[W, H, k·t - (k - 1), 3]`.
     fn decode_frames(&self, runner: &mut Runner, latents: &Tensor) -> Result<Tensor> {
         let z = latents.clone().reshape(&[latents.ne(0), latents.ne(1), latents.ne(2), latents.ne(3)])?;
         runner.compute(|g| {
@@ -348,12 +365,13 @@ impl Taehv {
         })
     }
 
-    /// Frames `[W, H, T, 3]` (video layout) → latents `[w, h, ⌈T/4⌉, z]`; the frames are
-    /// padded to a multiple of 4 with copies of the last one. The latents are sampled
+    /// Frames `[W, H, T, 3]` (video layout) → latents `[w, h, ⌈T/k⌉, z]`; the frames are
+    /// padded to a multiple of k with copies of the last one. The latents are sampled
     /// further: ggml's convolution sums, no Winograd (`graph::context::winograd_wanted`).
     fn encode_frames(&self, runner: &mut Runner, frames: &Tensor) -> Result<Tensor> {
         let (w, h, t, c) = (frames.ne(0), frames.ne(1), frames.ne(2), frames.ne(3));
-        let padded_t = t.div_ceil(TIME_SCALE) * TIME_SCALE;
+        let ts = self.cfg.time_scale;
+        let padded_t = t.div_ceil(ts) * ts;
         let mut data = Vec::with_capacity(w * h * padded_t * c);
         for ch in frames.data().chunks_exact(w * h * t) {
             data.extend_from_slice(ch);
@@ -384,7 +402,7 @@ impl super::VaeNet for Taehv {
     }
 
     fn time_scale(&self) -> usize {
-        TIME_SCALE
+        self.cfg.time_scale
     }
 
     fn unit_range(&self) -> bool {
@@ -409,8 +427,9 @@ impl super::VaeNet for Taehv {
         z.clone()
     }
 
+    /// The video's channels of a packed latent (LTX-2.3's audio dropped).
     fn diffusion_to_vae(&self, z: &Tensor) -> Tensor {
-        z.clone()
+        super::video_channels(z, self.cfg.z_channels as usize)
     }
 
     fn supports_video(&self) -> bool {
@@ -496,8 +515,10 @@ mod tests {
     fn files_for_other_latents_are_refused() {
         let file = |f: &str| crate::models::vae::testutil::SafeFile::new(&crate::models::vae::testutil::fixture(f), PREFIX);
         let (w21, w22, wide, taesd) = (file("taew2_1.safetensors"), file("taew2_2.safetensors"), file("taew2_1_wide.safetensors"), file("taesd.safetensors"));
-        let (c21, c22) = (TaehvConfig::for_latents(16, 8, true), TaehvConfig::for_latents(48, 16, true));
-        assert_eq!((c21.patch, c22.patch, TaehvConfig::for_latents(32, 16, true).patch), (1, 2, 2));
+        let (c21, c22) = (TaehvConfig::for_latents(16, 8, 4, true), TaehvConfig::for_latents(48, 16, 4, true));
+        assert_eq!((c21.patch, c22.patch, TaehvConfig::for_latents(32, 16, 4, true).patch), (1, 2, 2));
+        let ltx = TaehvConfig::for_latents(128, 32, 8, true);
+        assert_eq!((ltx.patch, ltx.time_upscale(), ltx.time_downscale()), (4, [true; 3], [true; 3]));
         assert!(!c21.clone().detect(PREFIX, |n| w21.shape_of(n)).unwrap().wide && !c22.clone().detect(PREFIX, |n| w22.shape_of(n)).unwrap().wide);
         assert!(c21.clone().detect(PREFIX, |n| wide.shape_of(n)).unwrap().wide);
         let e = c21.clone().detect(PREFIX, |n| w22.shape_of(n)).unwrap_err().to_string();

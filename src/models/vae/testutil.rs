@@ -238,6 +238,6 @@ pub fn load_tae(decode_only: bool) -> (ParamStore, super::TinyAutoEncoder, PathB
 /// `taew2_2.safetensors`) for Wan 2.1 or 2.2 latents, loaded on the CPU.
 pub fn load_taehv(file: &str, wan22: bool, decode_only: bool) -> (ParamStore, super::Taehv) {
     use super::taehv::PREFIX;
-    let base = if wan22 { super::TaehvConfig::for_latents(48, 16, decode_only) } else { super::TaehvConfig::for_latents(16, 8, decode_only) };
+    let base = if wan22 { super::TaehvConfig::for_latents(48, 16, 4, decode_only) } else { super::TaehvConfig::for_latents(16, 8, 4, decode_only) };
     load(&fixture(file), PREFIX, PREFIX, |s, _, f| super::Taehv::new(s, &base.detect(PREFIX, |n| f.shape_of(n)).expect("a TAEHV file")))
 }

@@ -28,14 +28,12 @@ pub(super) fn build(ctx: &BuildCtx<'_>, place: Placement) -> Result<(Box<dyn Fir
     // The tiny autoencoder of the family's latents: TAESD-like for the KL families, the tiny
     // video autoencoder (TAEHV: taew2_1 / taew2_2) for the Wan VAEs'.
     let load_tiny = |decode_only: bool, place: Placement| -> Result<Box<dyn FirstStage>> {
-        ensure!(
-            !matches!(spec.first_stage, FirstStageKind::Mage | FirstStageKind::MinimaxH3 | FirstStageKind::Ltx),
-            "{} models have no tiny autoencoder (taesd_path)",
-            ctx.version.name()
-        );
+        ensure!(spec.first_stage != FirstStageKind::Mage, "{} models have no tiny autoencoder (taesd_path)", ctx.version.name());
+        ensure!(spec.first_stage != FirstStageKind::MinimaxH3, "a tiny autoencoder (taesd_path) for {} is not supported yet", ctx.version.name());
         if spec.first_stage != FirstStageKind::Kl {
             ensure!(spec.image_channels == 3, "{} models have no tiny autoencoder (taesd_path): TAEHV makes RGB pictures", ctx.version.name());
-            let cfg = TaehvConfig::for_latents(spec.latent.channels, spec.latent.vae_scale, decode_only).detect(vae::taehv::PREFIX, |n| weights.shape_of(n))?;
+            let time_scale = spec.video().map_or(4, |v| v.time_scale);
+            let cfg = TaehvConfig::for_latents(spec.latent.channels, spec.latent.vae_scale, time_scale, decode_only).detect(vae::taehv::PREFIX, |n| weights.shape_of(n))?;
             return Ok(configure(weights.load_model(place, n_threads, vae::taehv::PREFIX, "TAE", |s| Taehv::new(s, &cfg))?, ctx));
         }
         let mut cfg = TaeConfig::detect(weights.types(), vae::tae::PREFIX, |n| weights.shape_of(n), decode_only);

@@ -9,11 +9,13 @@
 //! as the reference; with its audio VAE (`audio_vae_path`, `mm_sound_*`) the sound too (the
 //! WAV beside the frames, within `SOUND_MAX_DIFF`): 5 frames at two settings and 22 frames,
 //! and the files the reference refuses in `new_sd_ctx` (a layout not MiniMax-H3's, an audio
-//! VAE for LingBot, a family without sound).
+//! VAE for LingBot, a family without sound). With the tiny video autoencoder (`taesd_path`,
+//! `mm_tae*`): 5 frames without a VAE file, 39 frames trimmed by chunks, 22 frames with sound.
 //!
 //! Without `SD_PARITY=full` only `mm_sound_cfg1` (`mm_cfg1`'s frames and their sound: about two
 //! minutes, the VAE's decoder is 2.4e9 weights whatever the video's size, the audio decoder's
-//! seven upsamplings run on ggml's plain 1-D convolutions) and the refused layout run.
+//! seven upsamplings run on ggml's plain 1-D convolutions), `mm_tae` (seconds) and the refused
+//! layout run.
 
 mod common;
 
@@ -25,7 +27,7 @@ fn minimax_h3_quick_subset() {
         eprintln!("skipped: SD_PARITY=full runs every case in minimax_h3_all_cases");
         return;
     }
-    report(&run("minimax-h3", |c| c.name == "mm_sound_cfg1" || c.name == "mm_sound_vae_wrong_layout"));
+    report(&run("minimax-h3", |c| matches!(c.name.as_str(), "mm_sound_cfg1" | "mm_tae" | "mm_sound_vae_wrong_layout")));
 }
 
 #[test]

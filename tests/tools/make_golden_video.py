@@ -368,7 +368,7 @@ SETS = {
         "fixtures": ["minimax_h3.safetensors", "qwen3vl_51.safetensors", "minimax_h3_vae.safetensors",
                      "qwen3_tiny.safetensors", "qwen25vl_tiny.safetensors", "minimax_h3_audio_vae.safetensors",
                      "minimax_h3_audio_vae_wrong.safetensors", "lingbot_video.safetensors", "qwen3vl_tiny80.safetensors",
-                     "wan_vae.safetensors"],
+                     "wan_vae.safetensors", "taehv_minimax.safetensors"],
         "cases": [
             _case("mm_cfg1", MINIMAX, _params(steps=2)),
             _case("mm_defaults_empty_negative", MINIMAX, {k: v for k, v in _params(steps=2).items()
@@ -383,6 +383,17 @@ SETS = {
                   note="flow shift 5 moves the audio's sigmas too; fps 16 is overridden to 24"),
             _case("mm_39frames_two_chunks", MINIMAX, _params(steps=1, frames=39, seed=5),
                   note="12 latent frames: two decoder chunks cross-faded over 5 frames"),
+            _case("mm_tae", {**{k: v for k, v in MINIMAX.items() if k != "vae_path"}, "taesd_path": "{fx}/taehv_minimax.safetensors"},
+                  _params(steps=2),
+                  note="the tiny video autoencoder (24 latent channels, 2x2 patches) decodes; no VAE file"),
+            _case("mm_tae_39frames", {**MINIMAX, "taesd_path": "{fx}/taehv_minimax.safetensors"},
+                  _params(steps=1, frames=39, w=96, h=64, seed=5),
+                  note="12 latent frames through the tiny video autoencoder: 45 frames cut into chunks of 20 that keep "
+                       "17, the last 12 dropped (frames 17-19 and 37-39 are not in the video)"),
+            _case("mm_tae_sound_22frames", {**MINIMAX_SOUND, "taesd_path": "{fx}/taehv_minimax.safetensors"},
+                  _params(steps=1, frames=22, seed=3),
+                  note="the tiny video autoencoder with sound: the audio latent packed behind the video's channels is "
+                       "decoded by the audio VAE, the video's 24 channels by the TAE"),
             _case("mm_llm_as_wide_as_dit", {**MINIMAX, "llm_path": "{fx}/qwen3_tiny.safetensors"}, _params(steps=2),
                   note="a 64-wide, 36-layer LLM: its normed last state (no layer 50) as wide as the DiT, which "
                        "then skips condition_proj and the token refiner"),

@@ -29,6 +29,8 @@ pub const PREFIX: &str = "first_stage_model.";
 pub const SCALE: usize = 16;
 pub const CHANNELS: usize = 24;
 const PATCH_T: usize = 4;
+/// Latent frames a decoder chunk adds to the video (17 frames; the first chunk's 5).
+pub const CHUNK_LATENTS: usize = 5;
 const DIM: i64 = 2048;
 const HEADS: i64 = 32;
 const HEAD_DIM: i64 = 64;
@@ -259,7 +261,7 @@ fn repeat_last(x: &Tensor, n: usize) -> Result<Tensor> {
 impl Loaded<MinimaxH3Vae> {
     /// VAE-space latents `[w, h, T, 24]` → the video's frames, the reference's chunks.
     fn decode_chunks(&mut self, z: &Tensor, tiling: &TilingParams, circular: (bool, bool)) -> Result<Tensor> {
-        const TOKENS: usize = 5;
+        const TOKENS: usize = CHUNK_LATENTS;
         const DROP: usize = 3;
         const OVERLAP: usize = 2;
         const FRAMES: usize = 20;

@@ -1,6 +1,6 @@
 //! TAEHV, the tiny video autoencoder (madebyollin/taehv) the reference uses for Wan's latents
-//! (Wan 2.1's 16 channels: taew2_1; Wan 2.2 TI2V's 48: taew2_2), HunyuanVideo 1.5's and
-//! LTX-2.3's when `taesd_path` is given.
+//! (Wan 2.1's 16 channels: taew2_1; Wan 2.2 TI2V's 48: taew2_2), HunyuanVideo 1.5's, LTX-2.3's
+//! and MiniMax-H3's when `taesd_path` is given.
 //!
 //! Like TAESD it works on diffusion latents and [0, 1] pixels directly, and its convolutions
 //! are 2-D: a video is a batch of frames (`[W, H, C, T]` in the graphs). Time enters through
@@ -8,7 +8,9 @@
 //! reshapes of channels into frames: the decoder's `TGrow` turns `s·C` channels of a frame into
 //! `s` frames, the encoder's `TPool` the reverse. The decoder makes 4 frames of each latent
 //! frame and drops the first 3 (`4t - 3`, Wan's count; LTX-2.3: 8 and 7, every stage doubling);
-//! the encoder takes the frames padded to a multiple of 4 (8) with copies of the last one. Weights live under `tae.` like TAESD's, named
+//! the encoder takes the frames padded to a multiple of 4 (8) with copies of the last one.
+//! MiniMax-H3's frames come in chunks like its VAE's (see [`TaehvConfig::decode_chunk`]); its
+//! encoder (keyframes, references) is not built here. Weights live under `tae.` like TAESD's, named
 //! like the torch `nn.Sequential` (`decoder.N...`, `encoder.N...`; ReLU, Upsample and Clamp
 //! slots have no weights). The latent width and patch size come from the model's family, as
 //! in the reference; a file made for the other width is an error naming it. A file with
@@ -45,6 +47,12 @@ pub struct TaehvConfig {
     pub patch: i64,
     /// Video frames per latent frame: 4, or 8 (LTX-2.3).
     pub time_scale: usize,
+    /// Latent frames per chunk of the family's own VAE, when its frames count in chunks
+    /// (MiniMax-H3: 5 latent frames make 17 frames). The decoded frames are then cut into
+    /// chunks of `time_scale` × that many, each chunk loses its last `time_scale - 1` frames,
+    /// and the video its last 3 × `time_scale` (zero frames past the end when the count is
+    /// not a whole number of chunks), as the reference trims them.
+    pub decode_chunk: Option<usize>,
     /// Without the encoder (previews).
     pub decode_only: bool,
     /// The wide decoder (1024 → 512 → 256 → 64 channels, grouped convolutions), which the
@@ -59,7 +67,22 @@ impl TaehvConfig {
     /// none at 1/8, taew2_1) and the frames a latent frame stands for.
     pub fn for_latents(z_channels: usize, vae_scale: usize, time_scale: usize, decode_only: bool) -> TaehvConfig {
         let patch = (vae_scale / 8).max(1) as i64;
-        TaehvConfig { z_channels: z_channels as i64, patch, time_scale, decode_only, wide: false }
+        TaehvConfig { z_channels: z_channels as i64, patch, time_scale, decode_chunk: None, decode_only, wide: false }
+    }
+
+    /// Frames trimmed in chunks of this many latent frames (see [`TaehvConfig::decode_chunk`]).
+    pub fn with_decode_chunk(self, decode_chunk: Option<usize>) -> TaehvConfig {
+        TaehvConfig { decode_chunk, ..self }
+    }
+
+    /// Which decoded frames (of `decoded`; past the end, zeros) make the video, in order.
+    fn kept_frames(&self, decoded: usize) -> Vec<usize> {
+        let Some(chunk) = self.decode_chunk else { return (0..decoded).collect() };
+        let k = self.time_scale;
+        let span = chunk * k;
+        let chunks = decoded.div_ceil(span);
+        let keep = (chunks * (span - (k - 1))).saturating_sub(3 * k);
+        (0..chunks).flat_map(|c| c * span..c * span + span - (k - 1)).take(keep).collect()
     }
 
     /// Which decoder stages double the frames.
@@ -84,7 +107,7 @@ impl TaehvConfig {
         let z = ne.get(2).copied().unwrap_or(0);
         ensure!(
             ne.len() == 4 && z == self.z_channels,
-            "the tiny video autoencoder (taesd_path) is for {z}-channel latents ('{first}' {ne:?}); this model's are {} channels (taew2_1: 16, Wan 2.1; taew2_2: 48, Wan 2.2; HunyuanVideo 1.5: 32)",
+            "the tiny video autoencoder (taesd_path) is for {z}-channel latents ('{first}' {ne:?}); this model's are {} channels (taew2_1: 16, Wan 2.1; taew2_2: 48, Wan 2.2; HunyuanVideo 1.5: 32; MiniMax-H3: 24; LTX-2.3: 128)",
             self.z_channels
         );
         Ok(self)
@@ -369,6 +392,7 @@ impl Taehv {
     /// padded to a multiple of k with copies of the last one. The latents are sampled
     /// further: ggml's convolution sums, no Winograd (`graph::context::winograd_wanted`).
     fn encode_frames(&self, runner: &mut Runner, frames: &Tensor) -> Result<Tensor> {
+        ensure!(self.cfg.decode_chunk.is_none(), "encoding with MiniMax-H3's tiny video autoencoder (17-frame chunks) is not supported yet");
         let (w, h, t, c) = (frames.ne(0), frames.ne(1), frames.ne(2), frames.ne(3));
         let ts = self.cfg.time_scale;
         let padded_t = t.div_ceil(ts) * ts;
@@ -388,6 +412,25 @@ impl Taehv {
         runner.options.cpu_winograd = winograd;
         out
     }
+}
+
+/// The video of the decoder's frames `[W, H, T, C]` (the family's chunk trim, if any).
+fn trim(cfg: &TaehvConfig, decoded: Tensor) -> Result<Tensor> {
+    let (w, h, t, c) = (decoded.ne(0), decoded.ne(1), decoded.ne(2), decoded.ne(3));
+    let kept = cfg.kept_frames(t);
+    if kept.len() == t {
+        return Ok(decoded);
+    }
+    let plane = w * h;
+    let mut data = vec![0.0f32; plane * kept.len() * c];
+    for (ch, out) in decoded.data().chunks_exact(plane * t).zip(data.chunks_exact_mut(plane * kept.len())) {
+        for (dst, &f) in out.chunks_exact_mut(plane).zip(&kept) {
+            if f < t {
+                dst.copy_from_slice(&ch[f * plane..(f + 1) * plane]);
+            }
+        }
+    }
+    Tensor::from_vec(&[w, h, kept.len(), c], data)
 }
 
 /// TAEHV works on diffusion latents and [0, 1] pixels directly: no range mapping, no latent
@@ -444,7 +487,7 @@ impl super::VaeNet for Taehv {
 
     fn decode_video(&self, runner: &mut Runner, latents: &Tensor, _temporal_tiling: bool, _progress: Progress<'_>) -> Result<Tensor> {
         check_video(latents, self.cfg.z_channels, 1, 1, "taehv decode")?;
-        self.decode_frames(runner, latents)
+        trim(&self.cfg, self.decode_frames(runner, latents)?)
     }
 }
 
@@ -509,6 +552,32 @@ mod tests {
             let lat0 = first_frames(&lat.reshape(&[4, 3, 2, z, 1]).unwrap(), 1);
             assert_close(file, &lat0.reshape(&[4, 3, z, 1]).unwrap(), &lat_pic);
         }
+    }
+
+    /// MiniMax-H3's trim: 4t - 3 decoded frames, chunks of 20 keeping 17, the last 12 of the
+    /// whole dropped: 2 latent frames make 5 frames, 7 make 22 (frames 17-19 dropped), 12 make
+    /// 39, as the family counts them.
+    #[test]
+    fn minimax_frames_are_trimmed_by_chunks() {
+        let cfg = TaehvConfig::for_latents(24, 16, 4, true).with_decode_chunk(Some(5));
+        assert_eq!(cfg.patch, 2);
+        let kept = |t: usize| cfg.kept_frames(4 * t - 3);
+        assert_eq!(kept(2), (0..5).collect::<Vec<_>>());
+        assert_eq!(kept(7), (0..17).chain(20..25).collect::<Vec<_>>());
+        assert_eq!(kept(12), (0..17).chain(20..37).chain(40..45).collect::<Vec<_>>());
+        for t in [2, 7, 12, 17] {
+            assert_eq!(kept(t).len(), crate::models::diffusion::minimax_h3::video_frames(t), "{t} latent frames");
+        }
+        assert_eq!(TaehvConfig::for_latents(16, 8, 4, true).kept_frames(9), (0..9).collect::<Vec<_>>());
+
+        // On a tensor: frame f of channel c holds f + 1 + 100 c.
+        let (w, h, t) = (2, 1, 25);
+        let data = (0..3).flat_map(|c| (0..t).flat_map(move |f| std::iter::repeat_n((f + 1 + 100 * c) as f32, w * h))).collect();
+        let out = trim(&cfg, Tensor::from_vec(&[w, h, t, 3], data).unwrap()).unwrap();
+        assert_eq!(out.shape(), &[w, h, 22, 3]);
+        let firsts: Vec<f32> = out.data().chunks_exact(w * h).map(|f| f[0]).collect();
+        let want: Vec<f32> = (0..3).flat_map(|c| (1..18).chain(21..26).map(move |f| (f + 100 * c) as f32)).collect();
+        assert_eq!(firsts, want);
     }
 
     #[test]

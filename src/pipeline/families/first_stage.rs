@@ -3,8 +3,8 @@
 //! or Flux.2's 32 channels, with or without quant convolutions, scale and shift), or a tiny
 //! autoencoder (TAESD / TAESDXL / TAESD3 / TAEF1, TAEF2 for Flux.2's latents) when one is
 //! given; the Wan2.1 VAE (Qwen-Image, Wan 2.1) or the Wan2.2 VAE (Wan2.2 TI2V), HunyuanVideo
-//! 1.5's VAE, or their tiny video autoencoder (TAEHV: taew2_1 / taew2_2 / HunyuanVideo's)
-//! when one is given.
+//! 1.5's, LTX-2.3's or MiniMax-H3's VAE, or their tiny video autoencoder (TAEHV: taew2_1 /
+//! taew2_2 / the others') when one is given.
 
 use super::{BuildCtx, FirstStageKind};
 use crate::error::Result;
@@ -29,11 +29,12 @@ pub(super) fn build(ctx: &BuildCtx<'_>, place: Placement) -> Result<(Box<dyn Fir
     // video autoencoder (TAEHV: taew2_1 / taew2_2) for the Wan VAEs'.
     let load_tiny = |decode_only: bool, place: Placement| -> Result<Box<dyn FirstStage>> {
         ensure!(spec.first_stage != FirstStageKind::Mage, "{} models have no tiny autoencoder (taesd_path)", ctx.version.name());
-        ensure!(spec.first_stage != FirstStageKind::MinimaxH3, "a tiny autoencoder (taesd_path) for {} is not supported yet", ctx.version.name());
         if spec.first_stage != FirstStageKind::Kl {
             ensure!(spec.image_channels == 3, "{} models have no tiny autoencoder (taesd_path): TAEHV makes RGB pictures", ctx.version.name());
-            let time_scale = spec.video().map_or(4, |v| v.time_scale);
-            let cfg = TaehvConfig::for_latents(spec.latent.channels, spec.latent.vae_scale, time_scale, decode_only).detect(vae::taehv::PREFIX, |n| weights.shape_of(n))?;
+            let (time_scale, chunk) = spec.video().map_or((4, None), |v| (v.time_scale, v.tae_decode_chunk()));
+            let cfg = TaehvConfig::for_latents(spec.latent.channels, spec.latent.vae_scale, time_scale, decode_only)
+                .with_decode_chunk(chunk)
+                .detect(vae::taehv::PREFIX, |n| weights.shape_of(n))?;
             return Ok(configure(weights.load_model(place, n_threads, vae::taehv::PREFIX, "TAE", |s| Taehv::new(s, &cfg))?, ctx));
         }
         let mut cfg = TaeConfig::detect(weights.types(), vae::tae::PREFIX, |n| weights.shape_of(n), decode_only);

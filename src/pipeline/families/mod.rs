@@ -322,6 +322,15 @@ impl VideoFormat {
         }
     }
 
+    /// Latent frames per chunk of the family's VAE when its tiny video autoencoder's frames
+    /// are trimmed by chunks like the VAE's (MiniMax-H3).
+    pub fn tae_decode_chunk(&self) -> Option<usize> {
+        match self.frame_rule {
+            FrameRule::Causal | FrameRule::Ltx => None,
+            FrameRule::MinimaxH3 => Some(crate::models::vae::minimax_h3::CHUNK_LATENTS),
+        }
+    }
+
     /// Values of one audio latent step.
     pub fn audio_step_values(&self) -> usize {
         match self.frame_rule {

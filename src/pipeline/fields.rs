@@ -39,8 +39,8 @@ pub enum Use {
 use Use::*;
 
 const LTX: Use = NeedsLtx("only LTX-2.3 video models read it");
-/// Read by the reference's LTX VAE temporal tiling, which is not built here.
-const LTX_TEMPORAL: Use = Warns("only the LTX VAE's temporal tiling reads it, and it is not supported yet");
+/// Read by the LTX VAE's temporal tiling alone.
+const LTX_TEMPORAL: Use = NeedsLtx("only the LTX VAE's temporal tiling reads it");
 /// Reference clips: LTX-2.3's and MiniMax-H3's reference-to-video, not built here.
 const REF_CLIPS: Use = Warns("only LTX-2.3 and MiniMax-H3 reference clips read it, and this build takes neither");
 const IP_ADAPTER: Use = NeedsIpAdapter("no IP-Adapter is loaded (ip_adapter_path, SD 1.x and SDXL models)");

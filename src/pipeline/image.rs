@@ -577,7 +577,7 @@ fn run_request(ms: &mut ModelSet, p: &ImgGenParams, frames: usize, cancel: &Canc
     ensure!(hires.is_none() || !ms.spec.is_layered(), "the hires fix is not supported for {} models in this build", ms.version.name());
     check_encodable_inputs(ms, p, &r, hires.as_ref())?;
     sd_info!("generate_image {}x{}", r.width, r.height);
-    let tiling = runtime_tiling(&p.vae_tiling_params, ms.spec.encode_tile_factor);
+    let tiling = runtime_tiling(&p.vae_tiling_params, ms.spec.encode_tile_factor, false);
     let vae_scale = ms.spec.latent.vae_scale as i64;
     let vae_axes = vae_circular(&tiling, (p.circular_x, p.circular_y), r.width as i64 / vae_scale, r.height as i64 / vae_scale);
     for runner in ms.runners() {

@@ -10,7 +10,7 @@ use crate::runtime::args::ExtraArgs;
 use crate::runtime::defaults::{default_sample_method, default_scheduler, resolve_eta, unset_if_infinite};
 use crate::runtime::rng::resolve_seed;
 use crate::runtime::schedulers;
-use crate::runtime::tiling::TilingParams;
+use crate::runtime::tiling::{TemporalTiles, TilingParams};
 use crate::types::{SampleMethod, Scheduler};
 
 /// Largest side accepted (before alignment).
@@ -215,7 +215,8 @@ pub(super) fn scheduler_for(ms: &ModelSet, sp: &SampleParams, method: SampleMeth
 }
 
 /// The request's tiling with the family's encode tile factor.
-pub(super) fn runtime_tiling(t: &ApiTiling, encode_factor: f32) -> TilingParams {
+/// `reads_temporal_args`: the family's VAE sizes its temporal tiles from `extra_tiling_args`.
+pub(super) fn runtime_tiling(t: &ApiTiling, encode_factor: f32, reads_temporal_args: bool) -> TilingParams {
     TilingParams {
         enabled: t.enabled,
         temporal_tiling: t.temporal_tiling,
@@ -225,6 +226,7 @@ pub(super) fn runtime_tiling(t: &ApiTiling, encode_factor: f32) -> TilingParams 
         rel_size_x: t.rel_size_x,
         rel_size_y: t.rel_size_y,
         encode_factor,
+        temporal_tiles: if reads_temporal_args { TemporalTiles::from_args(t.extra_tiling_args.as_deref()) } else { TemporalTiles::default() },
     }
 }
 

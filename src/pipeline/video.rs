@@ -8,7 +8,7 @@
 
 use super::callbacks::{self, CancelFlag};
 use super::conditioning::CondRequest;
-use super::families::{FrameRule, ModelSet, VideoCond, VideoFormat};
+use super::families::{FirstStageKind, FrameRule, ModelSet, VideoCond, VideoFormat};
 use super::imageops::{image_to_tensor, tensor_to_image};
 use super::ref_images::RefImageParams;
 use super::request::{align_up, check_image_bytes, resolve_guidance, runtime_tiling, schedule, MAX_SIDE};
@@ -583,7 +583,7 @@ pub fn generate_video(ms: &mut ModelSet, p: &VidGenParams, cancel: &CancelFlag) 
     ensure!(!p.hires.enabled, "LTX latent spatial upscale is only supported for LTX video models");
     warn_unused(ms, p);
     let t0 = Instant::now();
-    let tiling = runtime_tiling(&p.vae_tiling_params, ms.spec.encode_tile_factor);
+    let tiling = runtime_tiling(&p.vae_tiling_params, ms.spec.encode_tile_factor, ms.spec.first_stage == FirstStageKind::Ltx);
     let circular = (p.circular_x, p.circular_y);
     for runner in ms.runners() {
         runner.options.circular_x = p.circular_x;

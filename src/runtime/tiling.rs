@@ -28,6 +28,41 @@ pub struct TilingParams {
     /// Encode tiles are this much larger than decode tiles: a fact of the model family
     /// (`FamilySpec::encode_tile_factor`), not of the request.
     pub encode_factor: f32,
+    /// The temporal tiles of `temporal_tiling` where the VAE takes their size (the LTX VAE,
+    /// from `extra_tiling_args`).
+    pub temporal_tiles: TemporalTiles,
+}
+
+/// Temporal tiles of a video decode: latent frames per tile, and how many of them each tile
+/// shares with the next (decoded twice, the first tile's copy dropped).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TemporalTiles {
+    pub frames: i32,
+    pub overlap: i32,
+}
+
+impl Default for TemporalTiles {
+    /// The LTX VAE's defaults.
+    fn default() -> Self {
+        TemporalTiles { frames: 4, overlap: 1 }
+    }
+}
+
+impl TemporalTiles {
+    /// `temporal_tile_frames` / `temporal_tile_overlap` from `extra_tiling_args` (other keys
+    /// and values that are not integers draw a warning, as the reference's LTX VAE gives).
+    pub fn from_args(args: Option<&str>) -> TemporalTiles {
+        let mut t = TemporalTiles::default();
+        for (key, value) in crate::runtime::args::parse_key_value_args(args, "LTX VAE extra tiling arg") {
+            match (key.as_str(), crate::runtime::args::parse_strict_int(&value)) {
+                (_, None) => sd_warn!("ignoring invalid LTX VAE extra tiling arg '{key}={value}'"),
+                ("temporal_tile_frames", Some(v)) => t.frames = v.max(1),
+                ("temporal_tile_overlap", Some(v)) => t.overlap = v.max(0),
+                _ => sd_warn!("ignoring unknown LTX VAE extra tiling arg '{key}'"),
+            }
+        }
+        t
+    }
 }
 
 impl Default for TilingParams {
@@ -42,6 +77,7 @@ impl Default for TilingParams {
             rel_size_x: 0.0,
             rel_size_y: 0.0,
             encode_factor: ENCODE_TILE_FACTOR,
+            temporal_tiles: TemporalTiles::default(),
         }
     }
 }
@@ -431,6 +467,16 @@ fn merge_2d(tile: &Tensor, out: &mut Tensor, b: &Blend) -> Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `extra_tiling_args` as the reference's LTX VAE reads it: its two keys, at least one
+    /// frame and no negative overlap; others ignored (with a warning).
+    #[test]
+    fn temporal_tiles_come_from_the_extra_args() {
+        assert_eq!(TemporalTiles::from_args(None), TemporalTiles { frames: 4, overlap: 1 });
+        assert_eq!(TemporalTiles::from_args(Some("temporal_tile_frames=2,temporal_tile_overlap=0")), TemporalTiles { frames: 2, overlap: 0 });
+        let odd = TemporalTiles::from_args(Some("temporal_tile_frames=0;temporal_tile_overlap=-3;tile_frames=9;temporal_tile_overlap=x"));
+        assert_eq!(odd, TemporalTiles { frames: 1, overlap: 0 });
+    }
 
     /// Cases computed by the reference's own code (see the file's header).
     const CASES: &str = include_str!("../../tests/fixtures/tiling/reference_cases.txt");

@@ -519,6 +519,7 @@ pub fn vid_params(params: &Value, arena: &mut Arena) -> sd_vid_gen_params_t {
             "vae_tiling_params.temporal_tiling" => p.vae_tiling_params.temporal_tiling = CBool(v.as_bool().unwrap() as u8),
             "vae_tiling_params.tile_size_x" => p.vae_tiling_params.tile_size_x = num(v) as c_int,
             "vae_tiling_params.tile_size_y" => p.vae_tiling_params.tile_size_y = num(v) as c_int,
+            "vae_tiling_params.extra_tiling_args" => p.vae_tiling_params.extra_tiling_args = arena.str(v.as_str().unwrap()),
             "cache.mode" => p.cache.mode = sd_cache_mode_t(enum_value(v)),
             other => panic!("video params field {other} is not handled by the harness"),
         }

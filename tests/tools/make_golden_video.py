@@ -331,6 +331,20 @@ SETS = {
                                                                     negative_prompt="blurry, static",
                                                                     prompt="a red fox running through snow")),
             _case("ltx_1frame_fps24", LTX, _params(steps=3, frames=1, seed=123, fps=24)),
+            _case("ltx_temporal_tiling_33frames", LTX, _params(steps=2, frames=33, **{"vae_tiling_params.temporal_tiling": True}),
+                  note="temporal tiling with its defaults: 5 latent frames decoded as [0, 4) and [3, 5), each "
+                       "convolution continuing from the previous tile's frames, the overlap's frames dropped"),
+            _case("ltx_temporal_tile2_overlap0_17frames", LTX,
+                  _params(steps=2, frames=17, seed=7, **{"vae_tiling_params.temporal_tiling": True,
+                                                         "vae_tiling_params.extra_tiling_args":
+                                                             "temporal_tile_frames=2,temporal_tile_overlap=0"}),
+                  note="tiles of 2 latent frames without overlap: [0, 2) and [2, 3)"),
+            _case("ltx_temporal_tile3_overlap2_33frames", LTX,
+                  _params(steps=2, frames=33, seed=123, **{"vae_tiling_params.temporal_tiling": True,
+                                                           "vae_tiling_params.extra_tiling_args":
+                                                               "temporal_tile_frames=3;temporal_tile_overlap=2;tile_frames=9"}),
+                  note="tiles of 3 latent frames overlapping by 2 ([0, 3), [1, 4), [2, 5)); an unknown key is "
+                       "ignored with a warning"),
         ],
     },
     "ltx-audio": {

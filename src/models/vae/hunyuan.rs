@@ -23,6 +23,7 @@ use super::{Progress, VaeNet};
 use crate::error::Result;
 use crate::graph::nn;
 use crate::graph::{Graph, Runner, Scope, F16, F32, T, W};
+use crate::runtime::tiling::TemporalTiles;
 use crate::tensor::Tensor;
 
 /// Where the VAE's weights live.
@@ -591,7 +592,7 @@ impl VaeNet for HunyuanVae {
         self.run_encoder(runner, frames)
     }
 
-    fn decode_video(&self, runner: &mut Runner, latents: &Tensor, _temporal_tiling: bool, _progress: Progress<'_>) -> Result<Tensor> {
+    fn decode_video(&self, runner: &mut Runner, latents: &Tensor, _temporal: Option<TemporalTiles>, _progress: Progress<'_>) -> Result<Tensor> {
         let s = latents.shape();
         ensure!((4..=5).contains(&s.len()) && s[4..].iter().all(|&d| d == 1), "vae decode: expected a video [W, H, T, C, 1], got shape {s:?}");
         self.run_decoder(runner, latents)

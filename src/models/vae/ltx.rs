@@ -9,13 +9,19 @@
 //!   the channels it keeps, rearranged into 2× time and/or space; the first new frame is
 //!   dropped when time doubles), a pixel norm, SiLU, `conv_out` to 4×4 RGB patches. Its
 //!   convolutions pad in time with copies of the first and last frames.
-//! - Not supported yet: the encoder (init / end images, keyframes), the timestep-conditioned
-//!   decoder (`decoder.timestep_scale_multiplier`) and temporal tiling.
+//! - Temporal tiling (`temporal_tiling`, tile size from `extra_tiling_args`): the latent
+//!   frames are decoded a tile at a time, each convolution continuing from the frame before
+//!   the tile that the previous tile left it; tiles overlap, the overlap's frames decoded by
+//!   the earlier tile are dropped (their right padding was the tile's edge), as the
+//!   reference's streaming temporal decode.
+//! - Not supported yet: the encoder (init / end images, keyframes) and the timestep-conditioned
+//!   decoder (`decoder.timestep_scale_multiplier`).
 
-use super::{Progress, VaeNet};
+use super::{cat_frames, Progress, VaeNet};
 use crate::error::Result;
 use crate::graph::nn;
 use crate::graph::{Graph, Runner, Scope, F16, F32, T, W};
+use crate::runtime::tiling::TemporalTiles;
 use crate::tensor::Tensor;
 
 /// Where the VAE's weights live.
@@ -43,14 +49,48 @@ impl Conv {
         Conv { weight: c.tensor("weight", F16, &[3, 3, 3, ic * oc]), bias: c.tensor("bias", F32, &[oc]), ic }
     }
 
-    /// `x` `[W, H, T, C]`, non-causal: one copy of the first frame in front, one of the last
-    /// behind.
-    fn forward<'g>(&self, g: &'g Graph, x: T<'g>) -> T<'g> {
+    /// `x` `[W, H, T, C]`, non-causal: one copy of the last frame behind, and in front one
+    /// of the first frame, or in a temporal tile after the first, the frame before the tile.
+    fn forward<'g>(&self, g: &'g Graph, x: T<'g>, tile: &mut Option<TileCache<'g>>) -> T<'g> {
         let [w, h, t, c] = x.ne();
         let nb = x.nb();
         let frame = |i: i64| x.view(&[w, h, 1, c], &[nb[1], nb[2], nb[3]], i as usize * nb[2]);
-        let x = frame(0).concat(x, 2).concat(frame(t - 1), 2);
+        let front = match tile {
+            Some(tc) => tc.exchange(t, |i| frame(i).cont()).unwrap_or_else(|| frame(0)),
+            None => frame(0),
+        };
+        let x = front.concat(x, 2).concat(frame(t - 1), 2);
         nn::conv_3d(g, x, g.param(self.weight), Some(g.param(self.bias)), self.ic, [1; 3], [1, 1, 0], [1; 3])
+    }
+}
+
+/// The frames the convolutions of one temporal tile take from the previous tile and leave
+/// for the next, one per convolution in the order the graph runs them.
+struct TileCache<'g> {
+    /// What the previous tile left (`None`: the first tile, or nothing left there).
+    prev: Vec<Option<T<'g>>>,
+    /// What this tile leaves, by convolution.
+    next: Vec<Option<T<'g>>>,
+    /// The next convolution's index.
+    at: usize,
+    /// Frames at the end, at the current time resolution, that the next tile decodes again.
+    overlap: i64,
+}
+
+impl<'g> TileCache<'g> {
+    /// For the convolution at hand, over `t` frames: leaves it the last frame before the
+    /// overlap (`frame(i)` makes frame i), and returns what the previous tile left it.
+    fn exchange(&mut self, t: i64, frame: impl Fn(i64) -> T<'g>) -> Option<T<'g>> {
+        let i = self.at;
+        self.at += 1;
+        if self.next.len() <= i {
+            self.next.resize(i + 1, None);
+        }
+        let end = t - self.overlap;
+        if end >= 1 {
+            self.next[i] = Some(frame(end - 1));
+        }
+        self.prev.get(i).copied().flatten()
     }
 }
 
@@ -66,22 +106,22 @@ struct ResBlock {
 }
 
 impl ResBlock {
-    fn forward<'g>(&self, g: &'g Graph, x: T<'g>) -> T<'g> {
-        let h = self.conv1.forward(g, pixel_norm(x, RES_EPS).silu_inplace());
-        let h = self.conv2.forward(g, pixel_norm(h, RES_EPS).silu_inplace());
+    fn forward<'g>(&self, g: &'g Graph, x: T<'g>, tile: &mut Option<TileCache<'g>>) -> T<'g> {
+        let h = self.conv1.forward(g, pixel_norm(x, RES_EPS).silu_inplace(), tile);
+        let h = self.conv2.forward(g, pixel_norm(h, RES_EPS).silu_inplace(), tile);
         h.add(x)
     }
 }
 
 /// `"b (c p1 p2 p3) d h w -> b c (d p1) (h p2) (w p3)"` on `[W, H, T, c·ft·fs·fs]`, the first
-/// frame dropped when time doubles.
-fn depth_to_space<'g>(x: T<'g>, c: i64, ft: i64, fs: i64) -> T<'g> {
+/// frame dropped when time doubles (`drop_first`: at the start of the video).
+fn depth_to_space<'g>(x: T<'g>, c: i64, ft: i64, fs: i64, drop_first: bool) -> T<'g> {
     let [w, h, t, _] = x.ne();
     let x = x.permute_axes([0, 1, 3, 2]).cont().reshape(&[w, h, fs, fs * ft * c * t]);
     let x = x.permute_axes([2, 0, 1, 3]).cont().reshape(&[fs * w, h, fs, ft * c * t]);
     let x = x.permute_axes([0, 2, 1, 3]).cont().reshape(&[fs * w * fs * h, ft, c, t]);
     let x = x.permute_axes([0, 1, 3, 2]).cont().reshape(&[fs * w, fs * h, ft * t, c]);
-    if ft > 1 {
+    if ft > 1 && drop_first {
         let [w2, h2, t2, c2] = x.ne();
         let nb = x.nb();
         return x.view(&[w2, h2, t2 - 1, c2], &[nb[1], nb[2], nb[3]], nb[2]).cont();
@@ -211,19 +251,104 @@ impl LtxVae {
         LtxVae { std, mean, conv_in, ups, conv_out }
     }
 
-    /// VAE-space latent `[w, h, t, 128]` → frames `[32w, 32h, 8(t-1)+1, 3]` in [-1, 1].
-    fn graph<'g>(&self, g: &'g Graph, z: T<'g>) -> T<'g> {
+    /// VAE-space latent `[w, h, t, 128]` → frames `[32w, 32h, 8(t-1)+1, 3]` in [-1, 1]; in a
+    /// temporal tile (`tile`), frames `[32w, 32h, 8t (-7 for the first tile) - 8·overlap, 3]`.
+    fn graph<'g>(&self, g: &'g Graph, z: T<'g>, tile: &mut Option<TileCache<'g>>, first: bool) -> T<'g> {
         let c = CHANNELS as i64;
         let x = z.mul(g.param(self.std).reshape(&[1, 1, 1, c])).add(g.param(self.mean).reshape(&[1, 1, 1, c]));
-        let mut x = self.conv_in.forward(g, x);
+        let mut x = self.conv_in.forward(g, x, tile);
         for up in &self.ups {
             x = match up {
-                Up::Res(blocks) => blocks.iter().fold(x, |x, b| b.forward(g, x)),
-                Up::DepthToSpace { conv, channels, ft, fs } => depth_to_space(conv.forward(g, x), *channels, *ft, *fs),
+                Up::Res(blocks) => blocks.iter().fold(x, |x, b| b.forward(g, x, tile)),
+                Up::DepthToSpace { conv, channels, ft, fs } => {
+                    let y = depth_to_space(conv.forward(g, x, tile), *channels, *ft, *fs, first);
+                    if let Some(tc) = tile.as_mut() {
+                        tc.overlap *= ft;
+                    }
+                    y
+                }
             };
         }
-        let x = self.conv_out.forward(g, pixel_norm(x, OUT_EPS).silu_inplace());
+        let mut x = self.conv_out.forward(g, pixel_norm(x, OUT_EPS).silu_inplace(), tile);
+        if let Some(overlap) = tile.as_ref().map(|tc| tc.overlap).filter(|&o| o > 0) {
+            let [w, h, t, c] = x.ne();
+            let nb = x.nb();
+            x = x.view(&[w, h, t - overlap, c], &[nb[1], nb[2], nb[3]], 0).cont();
+        }
         unpatchify(x)
+    }
+
+    /// Decodes `z` `[w, h, T, 128]` a temporal tile at a time (the reference's plan: tiles
+    /// of `frames` latent frames, `overlap` of them shared with the next; an overlap as large
+    /// as the tile or the video is cut down with a warning).
+    fn run_tiled(&self, runner: &mut Runner, z: &Tensor, tiles: TemporalTiles) -> Result<Tensor> {
+        let total = z.ne(2) as i64;
+        let frames = tiles.frames.max(1) as i64;
+        let mut overlap = tiles.overlap.max(0) as i64;
+        if overlap >= frames {
+            sd_warn!("temporal_tile_overlap ({overlap}) is greater than or equal to temporal_tile_frames ({frames}), adjusting values to avoid empty decode windows");
+            overlap = frames - 1;
+        }
+        if overlap >= total {
+            sd_warn!("temporal_tile_overlap ({overlap}) is greater than or equal to total latent frames ({total}), adjusting values to decode at least one tile");
+            overlap = total - 1;
+        }
+        let stride = (frames - overlap).max(1);
+        let count = ((total - overlap).max(1) + stride - 1) / stride;
+        sd_debug!("Using streaming temporal tiling: temporal_tile_frames={frames}, temporal_tile_overlap={overlap}, total latent frames={total}, resulting in {count} tiles");
+        let (w, h) = (z.ne(0), z.ne(1));
+        let plane = w * h;
+        let channel = |ch: usize| &z.data()[ch * plane * total as usize..(ch + 1) * plane * total as usize];
+        let mut left: Vec<Option<(Vec<u8>, [i64; 4])>> = Vec::new();
+        let mut outs = Vec::new();
+        let mut start = 0;
+        while start < total - overlap {
+            let end = total.min(start + frames);
+            let tile_overlap = if end < total { overlap } else { 0 };
+            sd_debug!("LTX VAE temporal tile {}/{count}: latent frames [{start}, {end}), overlap={tile_overlap}", start / stride + 1);
+            let (s, e) = (start as usize * plane, end as usize * plane);
+            let chunk: Vec<f32> = (0..CHANNELS).flat_map(|ch| channel(ch)[s..e].iter().copied()).collect();
+            let prev = std::mem::take(&mut left);
+            let mut kept: Vec<(usize, [i64; 4])> = Vec::new();
+            let mut out_ne = [0i64; 4];
+            let mut raw = runner.compute_bytes(|g| {
+                let inputs = prev.into_iter().map(|p| p.map(|(bytes, ne)| g.input_bytes(F32, &ne, bytes))).collect();
+                let mut tile = Some(TileCache { prev: inputs, next: Vec::new(), at: 0, overlap: tile_overlap });
+                let x = g.input_f32(&chunk, &[w as i64, h as i64, end - start, CHANNELS as i64]);
+                let out = self.graph(g, x, &mut tile, start == 0);
+                out_ne = out.ne();
+                let tc = tile.expect("the tile's cache");
+                let mut outs: Vec<T<'_>> = Vec::new();
+                for (i, t) in tc.next.into_iter().enumerate() {
+                    match t {
+                        Some(t) => {
+                            kept.push((i, t.ne()));
+                            outs.push(t);
+                        }
+                        // Nothing new: what the previous tile left stays.
+                        None => {
+                            if let Some(p) = tc.prev.get(i).copied().flatten() {
+                                kept.push((i, p.ne()));
+                                outs.push(p.cont());
+                            }
+                        }
+                    }
+                }
+                outs.push(out);
+                Ok(outs)
+            })?;
+            let bytes = raw.pop().ok_or_else(|| crate::error::Error::new("vae: the graph gave no output"))?;
+            for ((i, ne), b) in kept.into_iter().zip(raw) {
+                if left.len() <= i {
+                    left.resize(i + 1, None);
+                }
+                left[i] = Some((b, ne));
+            }
+            let data: Vec<f32> = bytes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
+            outs.push(Tensor::from_vec(&out_ne.map(|d| d as usize), data)?);
+            start += stride;
+        }
+        cat_frames(&outs)
     }
 
     fn run(&self, runner: &mut Runner, z: &Tensor) -> Result<Tensor> {
@@ -232,7 +357,7 @@ impl LtxVae {
         let data = &z.data()[..shape.iter().product::<usize>()];
         runner.compute(|g| {
             let x = g.input_f32(data, &shape.map(|d| d as i64));
-            Ok(self.graph(g, x))
+            Ok(self.graph(g, x, &mut None, true))
         })
     }
 }
@@ -279,8 +404,18 @@ impl VaeNet for LtxVae {
         true
     }
 
-    fn decode_video(&self, runner: &mut Runner, latents: &Tensor, _temporal_tiling: bool, _progress: Progress<'_>) -> Result<Tensor> {
-        self.run(runner, latents)
+    fn supports_temporal_tiling(&self) -> bool {
+        true
+    }
+
+    fn decode_video(&self, runner: &mut Runner, latents: &Tensor, temporal: Option<TemporalTiles>, _progress: Progress<'_>) -> Result<Tensor> {
+        match temporal {
+            Some(tiles) if latents.shape().len() == 5 && latents.ne(2) > 1 => {
+                ensure!(latents.ne(3) == CHANNELS, "vae decode: the LTX VAE takes {CHANNELS} latent channels, got {:?}", latents.shape());
+                self.run_tiled(runner, latents, tiles)
+            }
+            _ => self.run(runner, latents),
+        }
     }
 }
 
@@ -301,7 +436,7 @@ mod tests {
         let (w, h, t, c) = (3usize, 2usize, 2usize, 2usize);
         let n = w * h * t * c * 8;
         let data: Vec<f32> = (0..n).map(|v| v as f32).collect();
-        let out = runner().compute(|g| Ok(depth_to_space(g.input_f32(&data, &[w as i64, h as i64, t as i64, (c * 8) as i64]), c as i64, 2, 2))).unwrap();
+        let out = runner().compute(|g| Ok(depth_to_space(g.input_f32(&data, &[w as i64, h as i64, t as i64, (c * 8) as i64]), c as i64, 2, 2, true))).unwrap();
         assert_eq!(out.shape(), &[2 * w, 2 * h, 2 * t - 1, c]);
         let at = |x: usize, y: usize, f: usize, ch: usize| out.data()[((ch * (2 * t - 1) + f) * 2 * h + y) * 2 * w + x];
         let input = |x: usize, y: usize, f: usize, ch: usize| data[((ch * t + f) * h + y) * w + x];
@@ -339,5 +474,33 @@ mod tests {
         let r = (12.5f32).sqrt();
         assert!((out.data()[0] - 3.0 / r).abs() < 1e-5 && (out.data()[2] - 4.0 / r).abs() < 1e-5);
         assert_eq!((out.data()[1], out.data()[3]), (0.0, 0.0));
+    }
+
+    /// Temporal tiles: one tile covering the video is the plain decode, bit for bit, and so is
+    /// the first tile without overlap on its own frames; tiles that overlap make as many
+    /// frames (the overlap's first copies dropped, only the first tile losing its first frame
+    /// to each time doubling); an overlap as large as the tile is cut down.
+    #[test]
+    fn temporal_tiles_make_the_plain_decodes_frames() {
+        let (_store, vae) = crate::models::vae::testutil::load_ltx_vae();
+        let mut runner = runner();
+        let z = crate::models::vae::testutil::pattern(&[2, 2, 5, CHANNELS, 1], -2.0, 2.0, 3);
+        let plain = vae.decode_video(&mut runner, &z, None, None).unwrap();
+        assert_eq!(plain.shape(), &[64, 64, 33, 3]);
+        let whole = vae.decode_video(&mut runner, &z, Some(TemporalTiles { frames: 8, overlap: 1 }), None).unwrap();
+        assert_eq!(whole.data(), plain.data());
+        for (frames, overlap) in [(4, 1), (2, 0), (3, 2), (2, 5)] {
+            let tiled = vae.decode_video(&mut runner, &z, Some(TemporalTiles { frames, overlap }), None).unwrap();
+            assert_eq!(tiled.shape(), plain.shape(), "tiles of {frames} overlapping by {overlap}");
+            assert!(tiled.data().iter().all(|v| v.is_finite()));
+            if (frames, overlap) == (2, 0) {
+                let two: Vec<f32> = z.data().chunks_exact(4 * 5).flat_map(|ch| ch[..4 * 2].to_vec()).collect();
+                let first = vae.decode_video(&mut runner, &Tensor::from_vec(&[2, 2, 2, CHANNELS, 1], two).unwrap(), None, None).unwrap();
+                let plane = 64 * 64;
+                for c in 0..3 {
+                    assert_eq!(tiled.data()[c * 33 * plane..(c * 33 + 9) * plane], first.data()[c * 9 * plane..(c + 1) * 9 * plane]);
+                }
+            }
+        }
     }
 }

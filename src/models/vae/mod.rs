@@ -51,7 +51,7 @@ pub use wan::{WanVae, WanVaeConfig, WAN21_LATENT_MEAN, WAN21_LATENT_STD, WAN22_L
 
 use crate::error::{Error, Result};
 use crate::graph::{Components, Loaded, Runner};
-use crate::runtime::tiling::{self, TileSpec, TilingParams};
+use crate::runtime::tiling::{self, TemporalTiles, TileSpec, TilingParams};
 use crate::tensor::Tensor;
 use std::time::Instant;
 
@@ -98,7 +98,7 @@ pub trait VaeNet: Send {
     fn supports_video(&self) -> bool {
         false
     }
-    /// Whether `decode_video(.., temporal_tiling: true, ..)` changes how it runs.
+    /// Whether `decode_video(.., Some(tiles), ..)` changes how it runs.
     fn supports_temporal_tiling(&self) -> bool {
         false
     }
@@ -106,8 +106,9 @@ pub trait VaeNet: Send {
     fn encode_video(&self, _runner: &mut Runner, _frames: &Tensor) -> Result<Tensor> {
         bail!("the {} encodes pictures, not videos", self.name())
     }
-    /// VAE-space latents `[w, h, t, z, 1]` → video `[W, H, T, C]`, unclamped.
-    fn decode_video(&self, _runner: &mut Runner, _latents: &Tensor, _temporal_tiling: bool, _progress: Progress<'_>) -> Result<Tensor> {
+    /// VAE-space latents `[w, h, t, z, 1]` → video `[W, H, T, C]`, unclamped; `temporal`:
+    /// temporal tiling asked for (with the tile size a VAE that takes one reads).
+    fn decode_video(&self, _runner: &mut Runner, _latents: &Tensor, _temporal: Option<TemporalTiles>, _progress: Progress<'_>) -> Result<Tensor> {
         bail!("the {} decodes pictures, not videos", self.name())
     }
 }
@@ -265,8 +266,8 @@ pub fn decode_video<V: VaeNet + ?Sized>(
     progress: Progress<'_>,
 ) -> Result<Tensor> {
     ensure!(net.supports_video(), "the {} decodes pictures, not videos", net.name());
-    let temporal = tiling.temporal_tiling;
-    if temporal && !net.supports_temporal_tiling() {
+    let temporal = tiling.temporal_tiling.then_some(tiling.temporal_tiles);
+    if temporal.is_some() && !net.supports_temporal_tiling() {
         sd_warn!("the {} has no temporal tiling; decoding without it", net.name());
     }
     let spec = decode_tiles(tiling, latents, circular, true);
@@ -437,6 +438,26 @@ pub(crate) fn video_channels(z: &Tensor, channels: usize) -> Tensor {
     shape[3] = channels;
     let len = s[0] * s[1] * s[2] * channels;
     Tensor::from_vec(&shape, z.data()[..len].to_vec()).expect("a prefix of the latent")
+}
+
+/// `[W, H, T_i, C]` pieces one after the other in time.
+pub(crate) fn cat_frames(parts: &[Tensor]) -> Result<Tensor> {
+    let first = parts.first().ok_or_else(|| crate::error::Error::new("no frames to join"))?;
+    let (w, h, c) = (first.ne(0), first.ne(1), first.ne(3));
+    ensure!(parts.iter().all(|p| p.ne(0) == w && p.ne(1) == h && p.ne(3) == c), "frames of different sizes");
+    if parts.len() == 1 {
+        return first.clone().reshape(&[w, h, first.ne(2), c]);
+    }
+    let t: usize = parts.iter().map(|p| p.ne(2)).sum();
+    let plane = w * h;
+    let mut data = Vec::with_capacity(plane * t * c);
+    for ch in 0..c {
+        for p in parts {
+            let n = p.ne(2) * plane;
+            data.extend_from_slice(&p.data()[ch * n..(ch + 1) * n]);
+        }
+    }
+    Tensor::from_vec(&[w, h, t, c], data)
 }
 
 /// Picture latents `[W, H, C, N]` without their first `n` channels.

@@ -22,6 +22,7 @@ use super::Progress;
 use crate::error::{Context as _, Result};
 use crate::graph::nn::{conv_2d, scale, Conv2d};
 use crate::graph::{Graph, Runner, Scope, T};
+use crate::runtime::tiling::TemporalTiles;
 use crate::tensor::Tensor;
 
 pub use super::tae::PREFIX;
@@ -485,7 +486,7 @@ impl super::VaeNet for Taehv {
         self.encode_frames(runner, frames)
     }
 
-    fn decode_video(&self, runner: &mut Runner, latents: &Tensor, _temporal_tiling: bool, _progress: Progress<'_>) -> Result<Tensor> {
+    fn decode_video(&self, runner: &mut Runner, latents: &Tensor, _temporal: Option<TemporalTiles>, _progress: Progress<'_>) -> Result<Tensor> {
         check_video(latents, self.cfg.z_channels, 1, 1, "taehv decode")?;
         trim(&self.cfg, self.decode_frames(runner, latents)?)
     }
@@ -520,13 +521,13 @@ mod tests {
             let mut runner = Runner::new(cpu(), 2);
 
             let latents = pattern(&[4, 3, 3, z, 1], -4.0, 4.0, 5);
-            let video = tae.decode_video(&mut runner, &latents, false, None).unwrap();
+            let video = tae.decode_video(&mut runner, &latents, None, None).unwrap();
             assert_eq!(video.shape(), &[4 * s, 3 * s, 9, 3], "{file}");
             let mean = video.data().iter().sum::<f32>() / video.data().len() as f32;
             assert!(video.data().iter().all(|v| v.is_finite()) && (0.2..0.8).contains(&mean), "{file}: mean {mean}");
             // Two latent frames make the same first 5 frames; one makes the first frame, as
             // does the picture decode.
-            let two = tae.decode_video(&mut runner, &first_frames(&latents, 2), false, None).unwrap();
+            let two = tae.decode_video(&mut runner, &first_frames(&latents, 2), None, None).unwrap();
             assert_close(file, &first_frames(&video.clone().reshape(&[4 * s, 3 * s, 9, 3, 1]).unwrap(), 5), &two.reshape(&[4 * s, 3 * s, 5, 3, 1]).unwrap());
             let one = first_frames(&latents, 1);
             let picture = tae.decode(&mut runner, &one.clone().reshape(&[4, 3, z, 1]).unwrap()).unwrap();

@@ -234,6 +234,12 @@ pub fn load_tae(decode_only: bool) -> (ParamStore, super::TinyAutoEncoder, PathB
     (store, tae, path)
 }
 
+/// The synthetic LTX-2.3 video VAE decoder (`ltx_vae.safetensors`), loaded on the CPU.
+pub fn load_ltx_vae() -> (ParamStore, super::ltx::LtxVae) {
+    use super::ltx::{LtxVae, LtxVaeConfig, PREFIX};
+    load(&fixture("ltx_vae.safetensors"), PREFIX, PREFIX, |s, _, f| LtxVae::new(s, &LtxVaeConfig::detect(&|n| f.shape_of(n), PREFIX).expect("an LTX VAE file")))
+}
+
 /// A synthetic TAEHV (`taew2_1.safetensors`, `taew2_1_wide.safetensors` /
 /// `taew2_2.safetensors`) for Wan 2.1 or 2.2 latents, loaded on the CPU.
 pub fn load_taehv(file: &str, wan22: bool, decode_only: bool) -> (ParamStore, super::Taehv) {

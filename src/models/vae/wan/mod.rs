@@ -28,10 +28,11 @@
 
 pub(crate) mod blocks;
 
-use super::{per_channel, Progress, VaeNet};
+use super::{cat_frames, per_channel, Progress, VaeNet};
 use crate::error::Result;
 use crate::graph::{GgmlType, Graph, Runner, Scope, F32, T};
 use crate::models::common::dit::chunk;
+use crate::runtime::tiling::TemporalTiles;
 use crate::tensor::Tensor;
 use blocks::{AttentionBlock, Build, CachedConv, Conv, DownStage, FeatCache, HostSlot, ResampleMode, ResidualBlock, RmsNorm, UpStage};
 use std::ops::Range;
@@ -565,26 +566,6 @@ fn split_frames(x: &Tensor) -> Result<Vec<Tensor>> {
     (0..x.ne(2)).map(|i| take_frames(x, i..i + 1)).collect()
 }
 
-/// `[W, H, T_i, C]` pieces one after the other in time.
-fn cat_frames(parts: &[Tensor]) -> Result<Tensor> {
-    let first = parts.first().ok_or_else(|| crate::error::Error::new("no frames to join"))?;
-    let (w, h, c) = (first.ne(0), first.ne(1), first.ne(3));
-    ensure!(parts.iter().all(|p| p.ne(0) == w && p.ne(1) == h && p.ne(3) == c), "frames of different sizes");
-    if parts.len() == 1 {
-        return first.clone().reshape(&[w, h, first.ne(2), c]);
-    }
-    let t: usize = parts.iter().map(|p| p.ne(2)).sum();
-    let plane = w * h;
-    let mut data = Vec::with_capacity(plane * t * c);
-    for ch in 0..c {
-        for p in parts {
-            let n = p.ne(2) * plane;
-            data.extend_from_slice(&p.data()[ch * n..(ch + 1) * n]);
-        }
-    }
-    Tensor::from_vec(&[w, h, t, c], data)
-}
-
 /// Runs `f` on each batch item of `x` `[W, H, C, N]` as one frame `[W, H, 1, C]` and puts
 /// the outputs (`[W', H', 1, C']`) back as `[W', H', C', N]`.
 pub(super) fn per_item(x: &Tensor, mut f: impl FnMut(&Tensor) -> Result<Tensor>) -> Result<Tensor> {
@@ -694,9 +675,9 @@ impl VaeNet for WanVae {
         self.encode_frames(runner, frames)
     }
 
-    fn decode_video(&self, runner: &mut Runner, latents: &Tensor, temporal_tiling: bool, progress: Progress<'_>) -> Result<Tensor> {
+    fn decode_video(&self, runner: &mut Runner, latents: &Tensor, temporal: Option<TemporalTiles>, progress: Progress<'_>) -> Result<Tensor> {
         check_video(latents, self.cfg.z_dim, 1, 1, "vae decode")?;
-        self.decode_frames(runner, latents, temporal_tiling, progress)
+        self.decode_frames(runner, latents, temporal.is_some(), progress)
     }
 }
 

@@ -182,7 +182,7 @@ fn images_are_single_frames() {
     // Sides that the shortcuts cannot fold are refused, not a crash.
     assert!(VaeNet::encode(&vae, &mut runner, &Tensor::zeros(&[24, 16, 3, 1])).is_err());
     assert!(vae.encode_video(&mut runner, &Tensor::zeros(&[32, 16, 5, 3, 2])).is_err());
-    assert!(vae.decode_video(&mut runner, &Tensor::zeros(&[2, 2, 2, 16, 1]), false, None).is_err());
+    assert!(vae.decode_video(&mut runner, &Tensor::zeros(&[2, 2, 2, 16, 1]), None, None).is_err());
     let (_s, decode_only) = random_vae(&WanVaeConfig { decode_only: true, ..narrow_wan21() });
     assert!(VaeNet::encode(&decode_only, &mut runner, &Tensor::zeros(&[16, 16, 3, 1])).is_err());
 }

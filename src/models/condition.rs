@@ -13,10 +13,13 @@ pub struct Condition {
     /// Latent channels concatenated to the noisy latent `[W, H, C, 1]` (inpainting, edit), or
     /// `[W, H, T, C, 1]` for video (Wan I2V: 4 mask channels then the encoded frames).
     pub concat: Option<Tensor>,
+    /// A second text context `[dim, tokens, 1]`: HunyuanVideo's ByT5 hidden states of the
+    /// prompt's quoted text (the reference's `extra_c_crossattns[0]`).
+    pub extra_context: Option<Tensor>,
 }
 
 impl Condition {
     pub fn is_empty(&self) -> bool {
-        self.crossattn.is_none() && self.vector.is_none() && self.concat.is_none()
+        self.crossattn.is_none() && self.vector.is_none() && self.concat.is_none() && self.extra_context.is_none()
     }
 }

@@ -473,7 +473,7 @@ fn conditions(ms: &mut ModelSet, p: &VidGenParams, r: &VideoRequest, lat: &Video
     };
     let negative = CondRequest { text: &p.negative_prompt, ..base.clone() };
     let needs_uncond = r.use_uncond || r.use_high_noise_uncond;
-    let with_pictures = |c: Condition| Condition { crossattn: c.crossattn, vector: lat.clip_tokens.clone(), concat: lat.concat.clone() };
+    let with_pictures = |c: Condition| Condition { crossattn: c.crossattn, vector: lat.clip_tokens.clone(), concat: lat.concat.clone(), extra_context: c.extra_context };
     ms.cond.begin()?;
     let conds = (|| -> Result<(Condition, Option<Condition>)> {
         let cond = with_pictures(ms.cond.encode(&base)?);

@@ -149,6 +149,8 @@ def _lora(file, multiplier, high_noise=False):
 
 HUNYUAN = {"model_path": "", "diffusion_model_path": "{fx}/hunyuan_video.safetensors",
            "llm_path": "{fx}/qwen25vl_tiny.safetensors", "vae_path": "{fx}/hunyuan_vae.safetensors"}
+HUNYUAN_BYT5 = {**HUNYUAN, "diffusion_model_path": "{fx}/hunyuan_video_byt5.safetensors",
+                "t5xxl_path": "{fx}/byt5_tiny.safetensors"}
 LINGBOT = {"model_path": "", "diffusion_model_path": "{fx}/lingbot_video.safetensors",
            "llm_path": "{fx}/qwen3vl_tiny80.safetensors", "vae_path": VAE}
 LINGBOT_VISION = {**LINGBOT, "llm_vision_path": "{fx}/qwen3vl_vision_tiny80.safetensors"}
@@ -283,7 +285,8 @@ SETS = {
         # with the empty negative prompt
         "model": "hunyuan_video.safetensors",
         "fixtures": ["hunyuan_video.safetensors", "qwen25vl_tiny.safetensors", "hunyuan_vae.safetensors",
-                     "hunyuan_vae_full.safetensors", "hunyuan_video_h128.safetensors", "taehv_hunyuan.safetensors"],
+                     "hunyuan_vae_full.safetensors", "hunyuan_video_h128.safetensors", "taehv_hunyuan.safetensors",
+                     "hunyuan_video_byt5.safetensors", "byt5_tiny.safetensors"],
         "cases": [
             _case("hv_defaults", HUNYUAN, {k: v for k, v in _params(steps=2, w=32, h=32).items()
                                            if k != "sample_params.guidance.txt_cfg"},
@@ -305,6 +308,20 @@ SETS = {
             _case("hv_i2v_tae", {**HUNYUAN, "taesd_path": "{fx}/taehv_hunyuan.safetensors"},
                   _params(steps=2, init_image="init_64.png"),
                   note="the tiny video autoencoder's encoder makes the start picture's latent frame"),
+            _case("hv_byt5_glyphs", HUNYUAN_BYT5,
+                  _params(steps=2, w=32, h=32, prompt="a shop sign that says \"OPEN\" and \u201ccafe\u201d"),
+                  note="the glyph encoder (t5xxl_path): the quoted text as 'Text \"OPEN\". Text \"cafe\". ' in ByT5 "
+                       "bytes, mapped by byt5_in and put before the prompt's tokens (the DiT has cond_type_embedding)"),
+            _case("hv_byt5_cfg3_negative_quotes", HUNYUAN_BYT5,
+                  _params(steps=2, w=32, h=32, seed=7, cfg=3.0, prompt="a banner reading \u2018sale\u2019",
+                          negative_prompt="the word \"closed\""),
+                  note="quotes in both prompts: each condition has its own glyph tokens"),
+            _case("hv_byt5_no_quotes", HUNYUAN_BYT5, _params(steps=2, w=32, h=32, prompt="a red apple on a wooden table"),
+                  note="no quoted text: no glyph tokens"),
+            _case("hv_byt5_without_mapper", {**HUNYUAN, "t5xxl_path": "{fx}/byt5_tiny.safetensors"},
+                  _params(steps=2, w=32, h=32, prompt="a shop sign that says \"OPEN\""),
+                  note="a glyph encoder with a DiT without byt5_in: the reference counts the glyph tokens in its "
+                       "rotary table but never adds them and aborts; ours renders without them, with a warning"),
             _case("hv_i2v_decoder_only", HUNYUAN, _params(steps=1, w=32, h=32, init_image="init_64.png"),
                   note="an init image with the decoder-only VAE: the reference cannot encode it and fails; ours too"),
             _case("hv_hidden128", {**HUNYUAN, "diffusion_model_path": "{fx}/hunyuan_video_h128.safetensors"},

@@ -56,7 +56,7 @@ pub struct HunyuanVideoConfig {
     /// The meanflow embeddings are summed, not averaged (models with `vision_in`).
     pub meanflow_sum: bool,
     pub cond_type_embedding: bool,
-    /// ByT5 glyph mapper (`byt5_in`), read only with a ByT5 encoder.
+    /// ByT5 glyph mapper (`byt5_in`), read when the condition carries ByT5 states.
     pub use_byt5: bool,
 }
 
@@ -234,6 +234,38 @@ impl TokenRefiner {
     }
 }
 
+/// ByT5's width, which `byt5_in` reads (the reference's mapper is built for it).
+pub const BYT5_WIDTH: i64 = 1472;
+/// The mapper's inner width.
+const BYT5_MAPPER_WIDTH: i64 = 2048;
+
+/// `byt5_in`: the glyph encoder's states to text tokens (LayerNorm, three linears with GELU
+/// between).
+struct ByT5Mapper {
+    norm: LayerNorm,
+    fc: [Linear; 3],
+}
+
+impl ByT5Mapper {
+    fn new(s: &mut Scope, hidden: i64) -> ByT5Mapper {
+        let mut s = s.sub("byt5_in");
+        ByT5Mapper {
+            norm: LayerNorm::new(&mut s, "layernorm", BYT5_WIDTH, 1e-5, true, true),
+            fc: [
+                Linear::new(&mut s, "fc1", BYT5_WIDTH, BYT5_MAPPER_WIDTH, true),
+                Linear::new(&mut s, "fc2", BYT5_MAPPER_WIDTH, BYT5_MAPPER_WIDTH, true),
+                Linear::new(&mut s, "fc3", BYT5_MAPPER_WIDTH, hidden, true),
+            ],
+        }
+    }
+
+    fn forward<'g>(&self, g: &'g Graph, x: T<'g>) -> T<'g> {
+        let x = self.fc[0].forward(g, self.norm.forward(g, x)).contiguous().gelu();
+        let x = self.fc[1].forward(g, x).contiguous().gelu();
+        self.fc[2].forward(g, x)
+    }
+}
+
 /// The HunyuanVideo transformer.
 pub struct HunyuanVideoModel {
     pub config: HunyuanVideoConfig,
@@ -243,6 +275,7 @@ pub struct HunyuanVideoModel {
     time_r_in: Option<MlpEmbedder>,
     guidance_in: Option<MlpEmbedder>,
     cond_type: Option<W>,
+    byt5_in: Option<ByT5Mapper>,
     double_blocks: Vec<DoubleStreamBlock>,
     single_blocks: Vec<SingleStreamBlock>,
     final_layer: LastLayer,
@@ -261,6 +294,7 @@ impl HunyuanVideoModel {
             time_r_in: cfg.use_meanflow.then(|| MlpEmbedder::new(s, "time_r_in", 256, h, true)),
             guidance_in: cfg.guidance_embed.then(|| MlpEmbedder::new(s, "guidance_in", 256, h, true)),
             cond_type: cfg.cond_type_embedding.then(|| s.tensor("cond_type_embedding.weight", F16, &[h, 3])),
+            byt5_in: cfg.use_byt5.then(|| ByT5Mapper::new(s, h)),
             double_blocks: (0..cfg.depth).map(|i| DoubleStreamBlock::new(&mut s.sub(&format!("double_blocks.{i}")), &blocks, i)).collect(),
             single_blocks: (0..cfg.depth_single_blocks)
                 .map(|i| SingleStreamBlock::new(&mut s.sub(&format!("single_blocks.{i}")), &blocks, i))
@@ -272,9 +306,10 @@ impl HunyuanVideoModel {
 
     /// One evaluation: the latent `x` `[W, H, T, C]` (concat channels appended, padded to
     /// `in_channels`), timestep `[1]`, text `[ctx, L, 1]`, the meanflow sigma `[1]`, the
-    /// distilled guidance `[1]` and the rotation table → `[W, H, T, out_channels]`.
+    /// distilled guidance `[1]`, the glyph encoder's states `[1472, G, 1]` and the rotation
+    /// table → `[W, H, T, out_channels]`.
     #[allow(clippy::too_many_arguments)]
-    fn forward<'g>(&self, g: &'g Graph, x: T<'g>, t: T<'g>, context: T<'g>, timestep_r: Option<T<'g>>, guidance: T<'g>, pe: T<'g>) -> T<'g> {
+    fn forward<'g>(&self, g: &'g Graph, x: T<'g>, t: T<'g>, context: T<'g>, timestep_r: Option<T<'g>>, guidance: T<'g>, glyphs: Option<T<'g>>, pe: T<'g>) -> T<'g> {
         let cfg = &self.config;
         let p = cfg.patch[2];
         let [w, h, frames, _] = x.ne();
@@ -290,11 +325,18 @@ impl HunyuanVideoModel {
         if let Some(gi) = &self.guidance_in {
             vec = vec.add(gi.forward(g, timestep_embedding(guidance, 256, 10000, 1.0)));
         }
-        if let Some(table) = self.cond_type {
+        // Each kind of text token gets its row of the table: the prompt's 0, the glyphs' 1.
+        let typed = |x: T<'g>, kind: usize| -> T<'g> {
+            let Some(table) = self.cond_type else { return x };
             let table = g.param(table);
-            let row = table.view(&[table.ne()[0]], &[], 0);
-            let target = g.new_tensor(row.ty(), &[cfg.hidden_size, txt.ne()[1], txt.ne()[2]]);
-            txt = txt.add(row.repeat(target).cast(txt.ty()));
+            let row = table.view(&[table.ne()[0]], &[], kind * table.nb()[1]);
+            let target = g.new_tensor(row.ty(), &[cfg.hidden_size, x.ne()[1], x.ne()[2]]);
+            x.add(row.repeat(target).cast(x.ty()))
+        };
+        txt = typed(txt, 0);
+        if let (Some(mapper), Some(glyphs)) = (&self.byt5_in, glyphs) {
+            let glyphs = typed(mapper.forward(g, glyphs), 1);
+            txt = if self.cond_type.is_some() { glyphs.concat(txt, 1) } else { txt.concat(glyphs, 1) };
         }
         for block in &self.double_blocks {
             (img, txt) = block.forward(g, img, txt, vec, pe, None, None);
@@ -360,8 +402,17 @@ impl DiffusionModel for Loaded<HunyuanVideoModel> {
         if !input.ref_latents.is_empty() {
             model.warn_once(1, "reference latents are ignored");
         }
+        // The glyph encoder's states, read by a transformer with the mapper.
+        let glyphs = input.cond.extra_context.as_ref().filter(|_| cfg.use_byt5);
+        if let Some(gl) = glyphs {
+            ensure!(
+                gl.ne(0) as i64 == BYT5_WIDTH && gl.ne(1) > 0 && gl.ne(2) == 1,
+                "HunyuanVideo's glyph states must be [{BYT5_WIDTH}, G, 1] (ByT5's width), got {:?}",
+                gl.shape()
+            );
+        }
         let patch = cfg.patch.map(|v| v as usize);
-        let pe = hunyuan_video_pe(frames, h, w, patch, context.ne(1));
+        let pe = hunyuan_video_pe(frames, h, w, patch, context.ne(1) + glyphs.map_or(0, |gl| gl.ne(1)));
         let half = AXES_DIM.iter().sum::<usize>() / 2;
         let pe_ne = [2, 2, half as i64, (pe.len() / half / 4) as i64];
         let ne4 = |c: usize| [w as i64, h as i64, frames as i64, c as i64];
@@ -377,7 +428,8 @@ impl DiffusionModel for Loaded<HunyuanVideoModel> {
             let t = g.input_f32(input.timesteps, &[1]);
             let r = input.timestep_r.map(|r| g.input_f32(&[r], &[1]));
             let guidance = g.input_f32(&[input.guidance], &[1]);
-            Ok(model.forward(g, x, t, g.input(context), r, guidance, g.input_f32(&pe, &pe_ne)))
+            let glyphs = glyphs.map(|gl| g.input(gl));
+            Ok(model.forward(g, x, t, g.input(context), r, guidance, glyphs, g.input_f32(&pe, &pe_ne)))
         })?;
         out.reshape(&[w, h, frames, channels, 1])
     }

@@ -95,7 +95,7 @@ impl Conditioner for FluxConditioner {
         }
         sd_debug!("computing condition graph completed, taking {} ms", start.elapsed().as_millis());
         let n = data.len() / T5_WIDTH;
-        Ok(Condition { crossattn: Some(Tensor::from_vec(&[T5_WIDTH, n, 1], data)?), vector: Some(pooled), concat: None })
+        Ok(Condition { crossattn: Some(Tensor::from_vec(&[T5_WIDTH, n, 1], data)?), vector: Some(pooled), concat: None, extra_context: None })
     }
 
 }
@@ -163,6 +163,7 @@ impl Conditioner for T5Conditioner {
                 crossattn: Some(Tensor::zeros(&[T5_WIDTH, CHROMA_EMPTY_TOKENS, 1])),
                 vector: Some(Tensor::full(&[CHROMA_EMPTY_TOKENS], f32::NEG_INFINITY)),
                 concat: None,
+                extra_context: None,
             });
         };
         let start = Instant::now();
@@ -190,6 +191,7 @@ impl Conditioner for T5Conditioner {
             crossattn: Some(Tensor::from_vec(&[T5_WIDTH, n, 1], data)?),
             vector: Some(Tensor::from_vec(&[n], mask)?),
             concat: None,
+            extra_context: None,
         })
     }
 

@@ -323,7 +323,7 @@ impl Conditioner for LlmConditioner {
         // always sets it, for the T5 conditioners' padding).
         let context = Tensor::from_vec(&[width, len, 1], data)?;
         sd_debug!("computing condition graph completed, taking {} ms", start.elapsed().as_millis());
-        Ok(Condition { crossattn: Some(context), vector: None, concat: None })
+        Ok(Condition { crossattn: Some(context), vector: None, concat: None, extra_context: None })
     }
 }
 

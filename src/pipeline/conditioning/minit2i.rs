@@ -62,6 +62,7 @@ impl Conditioner for MiniT2iConditioner {
                 crossattn: Some(Tensor::zeros(&[EMPTY_TEXT_WIDTH as usize, PROMPT_LENGTH, 1])),
                 vector: Some(Tensor::zeros(&[PROMPT_LENGTH])),
                 concat: None,
+                extra_context: None,
             });
         };
         let (ids, mask) = prompt_tokens(T5Tokenizer::shared(T5Vocab::T5)?, req.text);
@@ -72,12 +73,13 @@ impl Conditioner for MiniT2iConditioner {
             crossattn: Some(h.reshape(&[width, PROMPT_LENGTH, 1])?),
             vector: Some(Tensor::from_vec(&[PROMPT_LENGTH], mask)?),
             concat: None,
+            extra_context: None,
         })
     }
 
     /// The prompt's states with every token masked.
     fn unconditional(&mut self, cond: &Condition, _negative: &CondRequest<'_>) -> Result<Condition> {
-        Ok(Condition { crossattn: cond.crossattn.clone(), vector: Some(Tensor::zeros(&[PROMPT_LENGTH])), concat: None })
+        Ok(Condition { crossattn: cond.crossattn.clone(), vector: Some(Tensor::zeros(&[PROMPT_LENGTH])), concat: None, extra_context: None })
     }
 }
 

@@ -129,6 +129,7 @@ impl Conditioner for Sd3Conditioner {
             crossattn: Some(Tensor::from_vec(&[CONTEXT_WIDTH, n, 1], data)?),
             vector: Some(Tensor::from_vec(&[CLIP_L_WIDTH + CLIP_G_WIDTH], pooled)?),
             concat: None,
+            extra_context: None,
         })
     }
 

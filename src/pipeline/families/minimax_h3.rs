@@ -45,7 +45,7 @@ impl Conditioner for MinimaxH3Conditioner {
             req.text
         );
         let h = self.llm.encode(&tokens, OUT_LAYERS)?;
-        Ok(Condition { crossattn: Some(h), vector: None, concat: None })
+        Ok(Condition { crossattn: Some(h), vector: None, concat: None, extra_context: None })
     }
 }
 

@@ -125,6 +125,7 @@ fn uses_v_parameterization(unet: &mut Loaded<UNetModel>, inpaint: bool) -> Resul
         crossattn: Some(Tensor::full(&[cfg.context_dim as usize, 2, 1], 0.5)),
         vector: None,
         concat: inpaint.then(|| Tensor::zeros(&[8, 8, cfg.in_channels as usize - 4, 1])),
+        extra_context: None,
     };
     let start = std::time::Instant::now();
     Component::begin(unet)?;

@@ -664,7 +664,7 @@ pub fn options() -> Vec<Opt> {
         opt("", "--pulid-id-embedding", Generation, "PuLID identity embedding", opt_path!(gen.params.pulid_params.id_embedding_path)),
         opt("", "--hires-upscaler", Generation, format!("hires-fix upscaler: {} or a model name in --hires-upscalers-dir (default: Latent)", names_of(&HiresUpscaler::ALL[1..HiresUpscaler::ALL.len() - 1], HiresUpscaler::name)), string!(gen.hires_upscaler)),
         opt("", "--extra-sample-args", Generation, "extra sampler/scheduler/guidance arguments, key=value list (repeatable)", opt_concat!(gen.params.sample_params.extra_sample_args)),
-        opt("", "--extra-tiling-args", Generation, "extra VAE tiling arguments, key=value list (repeatable)", opt_concat!(gen.params.vae_tiling_params.extra_tiling_args)),
+        opt("", "--extra-tiling-args", Generation, "extra VAE tiling arguments, key=value list (repeatable); the LTX video VAE reads temporal_tile_frames (default 4) and temporal_tile_overlap (default 1)", opt_concat!(gen.params.vae_tiling_params.extra_tiling_args)),
         opt("", "--ref-image-args", Generation, "how reference images are processed, key=value list (default: from the model)", Apply::Value("<string>", |o, v| {
             concat_string(&mut o.gen.params.ref_image_args, v);
             Ok(())

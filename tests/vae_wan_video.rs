@@ -18,6 +18,7 @@
 use stable_diffusion::graph::{Backend, Loaded, Module, Placement};
 use stable_diffusion::io::{Component, ModelFiles, SdVersion};
 use stable_diffusion::models::vae::{autoencoder_kl::PREFIX, FirstStage, VaeNet, WanVae, WanVaeConfig};
+use stable_diffusion::runtime::tiling::TemporalTiles;
 use stable_diffusion::pipeline::loader::Weights;
 use stable_diffusion::runtime::tiling::TilingParams;
 use stable_diffusion::tensor::Tensor;
@@ -148,7 +149,7 @@ fn run_case(case: &str) {
         let (model, runner) = (&vae.model, &mut vae.runner);
         match mode {
             "graph" => runner.compute(|g| Ok(model.decode_graph(g, g.input(&z.clone().reshape(&[w / s, h / s, lt, cfg.z_dim as usize]).unwrap())))),
-            _ => model.decode_video(runner, &z, mode == "temporal", None),
+            _ => model.decode_video(runner, &z, (mode == "temporal").then(TemporalTiles::default), None),
         }
     } else {
         let x = pattern(&[w, h, t, 3, 1], -1.0, 1.0, 2);

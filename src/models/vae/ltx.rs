@@ -17,6 +17,7 @@
 //! - Not supported yet: the encoder (init / end images, keyframes) and the timestep-conditioned
 //!   decoder (`decoder.timestep_scale_multiplier`).
 
+use super::feat_cache::{f16_columns, run_cached, FeatCache, HostSlot};
 use super::{cat_frames, Progress, VaeNet};
 use crate::error::Result;
 use crate::graph::nn;
@@ -51,46 +52,43 @@ impl Conv {
 
     /// `x` `[W, H, T, C]`, non-causal: one copy of the last frame behind, and in front one
     /// of the first frame, or in a temporal tile after the first, the frame before the tile.
-    fn forward<'g>(&self, g: &'g Graph, x: T<'g>, tile: &mut Option<TileCache<'g>>) -> T<'g> {
+    fn forward<'g>(&self, g: &'g Graph, x: T<'g>, tile: &mut Option<TileCache<'_, 'g>>) -> T<'g> {
         let [w, h, t, c] = x.ne();
         let nb = x.nb();
         let frame = |i: i64| x.view(&[w, h, 1, c], &[nb[1], nb[2], nb[3]], i as usize * nb[2]);
+        let weight = g.param(self.weight);
         let front = match tile {
-            Some(tc) => tc.exchange(t, |i| frame(i).cont()).unwrap_or_else(|| frame(0)),
+            Some(tc) => tc.exchange(weight, t, |i| frame(i).cont()).unwrap_or_else(|| frame(0)),
             None => frame(0),
         };
         let x = front.concat(x, 2).concat(frame(t - 1), 2);
-        nn::conv_3d(g, x, g.param(self.weight), Some(g.param(self.bias)), self.ic, [1; 3], [1, 1, 0], [1; 3])
+        nn::conv_3d(g, x, weight, Some(g.param(self.bias)), self.ic, [1; 3], [1, 1, 0], [1; 3])
     }
 }
 
-/// The frames the convolutions of one temporal tile take from the previous tile and leave
-/// for the next, one per convolution in the order the graph runs them.
-struct TileCache<'g> {
-    /// What the previous tile left (`None`: the first tile, or nothing left there).
-    prev: Vec<Option<T<'g>>>,
-    /// What this tile leaves, by convolution.
-    next: Vec<Option<T<'g>>>,
-    /// The next convolution's index.
+/// One temporal tile's view of the feature cache: each convolution, in the order the graph
+/// runs them, reads the frame the previous tile left in its slot and leaves the next tile the
+/// frame before this tile's overlap.
+struct TileCache<'c, 'g> {
+    cache: &'c mut FeatCache<'g>,
+    /// The next convolution's slot.
     at: usize,
     /// Frames at the end, at the current time resolution, that the next tile decodes again.
     overlap: i64,
 }
 
-impl<'g> TileCache<'g> {
-    /// For the convolution at hand, over `t` frames: leaves it the last frame before the
-    /// overlap (`frame(i)` makes frame i), and returns what the previous tile left it.
-    fn exchange(&mut self, t: i64, frame: impl Fn(i64) -> T<'g>) -> Option<T<'g>> {
-        let i = self.at;
+impl<'g> TileCache<'_, 'g> {
+    /// For the convolution at hand (weights `weight`), over `t` frames (`frame(i)` makes frame
+    /// i): what the previous tile left it; it leaves the last frame before the overlap.
+    fn exchange(&mut self, weight: T<'g>, t: i64, frame: impl Fn(i64) -> T<'g>) -> Option<T<'g>> {
+        let slot = self.at;
         self.at += 1;
-        if self.next.len() <= i {
-            self.next.resize(i + 1, None);
-        }
+        let prev = self.cache.get(slot);
         let end = t - self.overlap;
         if end >= 1 {
-            self.next[i] = Some(frame(end - 1));
+            self.cache.set(slot, frame(end - 1), f16_columns(weight));
         }
-        self.prev.get(i).copied().flatten()
+        prev
     }
 }
 
@@ -106,7 +104,7 @@ struct ResBlock {
 }
 
 impl ResBlock {
-    fn forward<'g>(&self, g: &'g Graph, x: T<'g>, tile: &mut Option<TileCache<'g>>) -> T<'g> {
+    fn forward<'g>(&self, g: &'g Graph, x: T<'g>, tile: &mut Option<TileCache<'_, 'g>>) -> T<'g> {
         let h = self.conv1.forward(g, pixel_norm(x, RES_EPS).silu_inplace(), tile);
         let h = self.conv2.forward(g, pixel_norm(h, RES_EPS).silu_inplace(), tile);
         h.add(x)
@@ -253,7 +251,7 @@ impl LtxVae {
 
     /// VAE-space latent `[w, h, t, 128]` → frames `[32w, 32h, 8(t-1)+1, 3]` in [-1, 1]; in a
     /// temporal tile (`tile`), frames `[32w, 32h, 8t (-7 for the first tile) - 8·overlap, 3]`.
-    fn graph<'g>(&self, g: &'g Graph, z: T<'g>, tile: &mut Option<TileCache<'g>>, first: bool) -> T<'g> {
+    fn graph<'g>(&self, g: &'g Graph, z: T<'g>, tile: &mut Option<TileCache<'_, 'g>>, first: bool) -> T<'g> {
         let c = CHANNELS as i64;
         let x = z.mul(g.param(self.std).reshape(&[1, 1, 1, c])).add(g.param(self.mean).reshape(&[1, 1, 1, c]));
         let mut x = self.conv_in.forward(g, x, tile);
@@ -278,6 +276,12 @@ impl LtxVae {
         unpatchify(x)
     }
 
+    /// The decoder's convolutions (one feature-cache slot each in temporal tiles).
+    fn convolutions(&self) -> usize {
+        let ups: usize = self.ups.iter().map(|up| if let Up::Res(blocks) = up { 2 * blocks.len() } else { 1 }).sum();
+        2 + ups
+    }
+
     /// Decodes `z` `[w, h, T, 128]` a temporal tile at a time (the reference's plan: tiles
     /// of `frames` latent frames, `overlap` of them shared with the next; an overlap as large
     /// as the tile or the video is cut down with a warning).
@@ -299,7 +303,8 @@ impl LtxVae {
         let (w, h) = (z.ne(0), z.ne(1));
         let plane = w * h;
         let channel = |ch: usize| &z.data()[ch * plane * total as usize..(ch + 1) * plane * total as usize];
-        let mut left: Vec<Option<(Vec<u8>, [i64; 4])>> = Vec::new();
+        let slots = self.convolutions();
+        let mut cache: Vec<Option<HostSlot>> = Vec::new();
         let mut outs = Vec::new();
         let mut start = 0;
         while start < total - overlap {
@@ -308,44 +313,11 @@ impl LtxVae {
             sd_debug!("LTX VAE temporal tile {}/{count}: latent frames [{start}, {end}), overlap={tile_overlap}", start / stride + 1);
             let (s, e) = (start as usize * plane, end as usize * plane);
             let chunk: Vec<f32> = (0..CHANNELS).flat_map(|ch| channel(ch)[s..e].iter().copied()).collect();
-            let prev = std::mem::take(&mut left);
-            let mut kept: Vec<(usize, [i64; 4])> = Vec::new();
-            let mut out_ne = [0i64; 4];
-            let mut raw = runner.compute_bytes(|g| {
-                let inputs = prev.into_iter().map(|p| p.map(|(bytes, ne)| g.input_bytes(F32, &ne, bytes))).collect();
-                let mut tile = Some(TileCache { prev: inputs, next: Vec::new(), at: 0, overlap: tile_overlap });
-                let x = g.input_f32(&chunk, &[w as i64, h as i64, end - start, CHANNELS as i64]);
-                let out = self.graph(g, x, &mut tile, start == 0);
-                out_ne = out.ne();
-                let tc = tile.expect("the tile's cache");
-                let mut outs: Vec<T<'_>> = Vec::new();
-                for (i, t) in tc.next.into_iter().enumerate() {
-                    match t {
-                        Some(t) => {
-                            kept.push((i, t.ne()));
-                            outs.push(t);
-                        }
-                        // Nothing new: what the previous tile left stays.
-                        None => {
-                            if let Some(p) = tc.prev.get(i).copied().flatten() {
-                                kept.push((i, p.ne()));
-                                outs.push(p.cont());
-                            }
-                        }
-                    }
-                }
-                outs.push(out);
-                Ok(outs)
-            })?;
-            let bytes = raw.pop().ok_or_else(|| crate::error::Error::new("vae: the graph gave no output"))?;
-            for ((i, ne), b) in kept.into_iter().zip(raw) {
-                if left.len() <= i {
-                    left.resize(i + 1, None);
-                }
-                left[i] = Some((b, ne));
-            }
-            let data: Vec<f32> = bytes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
-            outs.push(Tensor::from_vec(&out_ne.map(|d| d as usize), data)?);
+            let ne = [w as i64, h as i64, end - start, CHANNELS as i64];
+            outs.push(run_cached(runner, &mut cache, slots, end < total, |g, fc| {
+                let mut tile = Some(TileCache { cache: fc, at: 0, overlap: tile_overlap });
+                Ok(self.graph(g, g.input_f32(&chunk, &ne), &mut tile, start == 0))
+            })?);
             start += stride;
         }
         cat_frames(&outs)

@@ -28,6 +28,7 @@
 pub mod audio;
 pub mod autoencoder_kl;
 pub mod bigvgan;
+pub(crate) mod feat_cache;
 pub mod hunyuan;
 pub mod ltx;
 pub mod ltx_audio;

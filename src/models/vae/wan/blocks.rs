@@ -7,8 +7,9 @@
 //! is declared, so a graph that runs only part of a network touches only that part's slots.
 
 use super::WanVaeConfig;
+use crate::models::vae::feat_cache::{f16_columns, FeatCache};
 use crate::graph::nn::{self, pad_circular, Conv2d};
-use crate::graph::{GgmlType, Graph, Scope, F16, F32, T, W};
+use crate::graph::{Graph, Scope, F16, F32, T, W};
 
 /// Frames of the previous chunk a causal convolution keeps.
 pub(super) const CACHE_T: i64 = 2;
@@ -56,111 +57,6 @@ pub(super) fn frames<'g>(x: T<'g>, start: i64, end: i64) -> T<'g> {
     }
     let nb = x.nb();
     x.view(&[w, h, end - start, c], &[nb[1], nb[2], nb[3]], start as usize * nb[2]).cont()
-}
-
-/// A cache slot between computations: the frames' raw bytes, f16 where every reader rounds
-/// them to f16 anyway (see [`FeatCache`]).
-pub(super) struct HostSlot {
-    bytes: Vec<u8>,
-    ne: [i64; 4],
-    ty: GgmlType,
-}
-
-impl HostSlot {
-    /// `bytes` of a computed `[W, H, T, C]` tensor of type `ty`.
-    pub fn new(bytes: Vec<u8>, ne: [i64; 4], ty: GgmlType) -> HostSlot {
-        HostSlot { bytes, ne, ty }
-    }
-}
-
-/// A slot of the feature cache as one graph sees it.
-enum Slot<'g> {
-    Empty,
-    /// Left by an earlier computation; uploaded when first read.
-    Host(HostSlot),
-    /// In this graph (read or written by it), as f32, with the type it is kept in.
-    Live(T<'g>, GgmlType),
-}
-
-/// The frames each causal convolution continues from, by slot. Within one graph the slots
-/// are graph tensors; between graphs (a video decoded one chunk per computation) they are
-/// host bytes, uploaded when a graph first reads them and read back when it wrote them. The
-/// frames only ever reach a convolution whose im2col rounds them to f16, so they are kept in
-/// f16 (half the memory, the same sums) unless a convolution's columns are f32 (bf16 weights).
-pub(super) struct FeatCache<'g> {
-    g: &'g Graph,
-    slots: Vec<Slot<'g>>,
-    /// Slots in the order this graph wrote them.
-    written: Vec<usize>,
-}
-
-impl<'g> FeatCache<'g> {
-    /// `n` empty slots (the first chunk).
-    pub fn new(g: &'g Graph, n: usize) -> FeatCache<'g> {
-        Self::from_host(g, Vec::new(), n)
-    }
-
-    /// The slots an earlier computation left (`None`: never written).
-    pub fn from_host(g: &'g Graph, host: Vec<Option<HostSlot>>, n: usize) -> FeatCache<'g> {
-        let mut slots: Vec<Slot<'g>> = host.into_iter().map(|s| s.map_or(Slot::Empty, Slot::Host)).collect();
-        slots.resize_with(n.max(slots.len()), || Slot::Empty);
-        FeatCache { g, slots, written: Vec::new() }
-    }
-
-    fn get(&mut self, i: usize) -> Option<T<'g>> {
-        match std::mem::replace(&mut self.slots[i], Slot::Empty) {
-            Slot::Empty => None,
-            Slot::Host(h) => {
-                let raw = self.g.input_bytes(h.ty, &h.ne, h.bytes);
-                let x = if h.ty == F32 { raw } else { raw.cast(F32) };
-                self.slots[i] = Slot::Live(x, h.ty);
-                Some(x)
-            }
-            Slot::Live(t, ty) => {
-                self.slots[i] = Slot::Live(t, ty);
-                Some(t)
-            }
-        }
-    }
-
-    /// Writes slot `i`; `f16_columns`: every reader of it rounds to f16.
-    fn set(&mut self, i: usize, t: T<'g>, f16_columns: bool) {
-        self.slots[i] = Slot::Live(t, if f16_columns { F16 } else { F32 });
-        if !self.written.contains(&i) {
-            self.written.push(i);
-        }
-    }
-
-    /// The tensors to read back — (slot, tensor in the type it is kept in), in the order
-    /// the graph wrote them, then any it only read — and the host slots it left alone.
-    pub fn finish(self) -> (Vec<(usize, T<'g>)>, Vec<Option<HostSlot>>) {
-        let mut live: Vec<(usize, T<'g>)> = Vec::new();
-        let mut host = Vec::with_capacity(self.slots.len());
-        let mut read_only = Vec::new();
-        for (i, s) in self.slots.into_iter().enumerate() {
-            host.push(match s {
-                Slot::Empty => None,
-                Slot::Host(h) => Some(h),
-                Slot::Live(t, ty) => {
-                    let kept = if ty == F32 { t } else { t.cast(ty) };
-                    live.push((i, kept));
-                    if !self.written.contains(&i) {
-                        read_only.push(i);
-                    }
-                    None
-                }
-            });
-        }
-        let rank = |i: usize| self.written.iter().position(|&w| w == i).unwrap_or(self.written.len() + read_only.iter().position(|&r| r == i).unwrap_or(0));
-        live.sort_by_key(|(i, _)| rank(*i));
-        (live, host)
-    }
-}
-
-/// Whether a convolution with weights `w` rounds its input to f16 (`nn::conv_3d` builds f16
-/// columns for every weight type but bf16).
-fn f16_columns(w: T<'_>) -> bool {
-    w.ty() == F16 || w.ty() == F32
 }
 
 /// The frames to keep after a convolution over `x`: its last two, or its last one after the

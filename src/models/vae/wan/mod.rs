@@ -17,7 +17,7 @@
 //!   decoder one latent frame at a time (its time upsamplers double the frames from the
 //!   second chunk on). A single image is the first chunk alone: no time convolution runs.
 //! - Each chunk is its own graph computation; the cache goes back to the host between them
-//!   ([`blocks::FeatCache`]), so memory holds one chunk's compute buffer and the cache, not the
+//!   ([`FeatCache`]), so memory holds one chunk's compute buffer and the cache, not the
 //!   whole video's (the reference builds one graph over all frames). The values are those of
 //!   the one graph ([`WanVae::decode_graph`], kept to check that). With temporal tiling the
 //!   decoder goes further: after each time upsampler it continues one frame per computation.
@@ -30,11 +30,12 @@ pub(crate) mod blocks;
 
 use super::{cat_frames, per_channel, Progress, VaeNet};
 use crate::error::Result;
-use crate::graph::{GgmlType, Graph, Runner, Scope, F32, T};
+use crate::graph::{Graph, Runner, Scope, T};
 use crate::models::common::dit::chunk;
 use crate::runtime::tiling::TemporalTiles;
 use crate::tensor::Tensor;
-use blocks::{AttentionBlock, Build, CachedConv, Conv, DownStage, FeatCache, HostSlot, ResampleMode, ResidualBlock, RmsNorm, UpStage};
+use super::feat_cache::{run_cached, FeatCache};
+use blocks::{AttentionBlock, Build, CachedConv, Conv, DownStage, ResampleMode, ResidualBlock, RmsNorm, UpStage};
 use std::ops::Range;
 
 /// Per-channel mean of the Wan2.1 VAE's latents (the reference's table).
@@ -498,54 +499,6 @@ impl WanVae {
         }
         cat_frames(&out)
     }
-}
-
-/// Runs one graph whose causal convolutions continue from `cache` (host slots, `slots` of
-/// them): `build` gets the graph and the cache. With `keep`, the slots the graph wrote come
-/// back to `cache` for the next computation; otherwise (the last one) they are not read.
-///
-/// The slots are the graph's first outputs, in the order it wrote them: the graph then
-/// computes each right after the frames it keeps, which can be freed then (read back last,
-/// they would keep every layer's input alive to the end).
-fn run_cached<F>(runner: &mut Runner, cache: &mut Vec<Option<HostSlot>>, slots: usize, keep: bool, build: F) -> Result<Tensor>
-where
-    F: for<'g> FnOnce(&'g Graph, &mut FeatCache<'g>) -> Result<T<'g>>,
-{
-    let host = std::mem::take(cache);
-    let mut written: Vec<(usize, [i64; 4], GgmlType)> = Vec::new();
-    let mut untouched: Vec<Option<HostSlot>> = Vec::new();
-    let mut out_ne = [0i64; 4];
-    let mut raw = runner.compute_bytes(|g| {
-        let mut fc = FeatCache::from_host(g, host, slots);
-        let out = build(g, &mut fc)?.contiguous();
-        ensure!(out.ty() == F32, "vae: unexpected output type {}", out.ty());
-        out_ne = out.ne();
-        let (live, rest) = fc.finish();
-        untouched = rest;
-        let mut outs = Vec::new();
-        if keep {
-            for (i, t) in live {
-                written.push((i, t.ne(), t.ty()));
-                outs.push(t);
-            }
-        }
-        outs.push(out);
-        Ok(outs)
-    })?;
-    let bytes = raw.pop().ok_or_else(|| crate::error::Error::new("vae: the graph gave no output"))?;
-    *cache = untouched;
-    for ((i, ne, ty), b) in written.into_iter().zip(raw) {
-        cache[i] = Some(HostSlot::new(b, ne, ty));
-    }
-    let data: Vec<f32> = bytes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
-    if !runner.backend().is_cpu() {
-        ensure!(
-            data.iter().all(|v| v.is_finite()),
-            "{} computed a non-finite value: the device's result is wrong; try another device or --backend cpu",
-            runner.backend().device_name()
-        );
-    }
-    Tensor::from_vec(&out_ne.map(|d| d as usize), data)
 }
 
 /// Frames `range` of `x` `[W, H, T, C, ...]` as `[W, H, len, C]`.

@@ -31,6 +31,8 @@ pub enum Use {
     NeedsPhotoMaker(&'static str),
     /// Acts only on LTX-2.3 models; warns like `Warns` otherwise.
     NeedsLtx(&'static str),
+    /// Acts only on LTX-2.3 models or with motion modules loaded; warns like `Warns` otherwise.
+    NeedsLtxOrMotionModules(&'static str),
     /// Warned about where the context is built (`families::ModelSet::new`) when the loaded
     /// family has no use for it.
     AtLoad,
@@ -48,8 +50,10 @@ const IP_ADAPTER: Use = NeedsIpAdapter("no IP-Adapter is loaded (ip_adapter_path
 /// mask checks change nothing; its TaylorSeer terms are never used): no effect here either.
 const DIT_CACHE_UNREAD: Use = Warns("cache-dit decides each step from the input change alone (as the reference does), this option has no effect");
 const EXPERT: Use = NeedsHighNoise("no high noise diffusion model is loaded");
-/// Read by AnimateDiff's picture job; otherwise only by LTX.
-const LTX_OR_ANIMATEDIFF: Use = NeedsMotionModules("only AnimateDiff reads it here (LTX-2.3's keyframes and latent-upscale refine pass are not supported yet)");
+/// Read by AnimateDiff's picture job (its hires fix) and by LTX-2.3's latent-upscale refine pass.
+const LTX_OR_ANIMATEDIFF: Use = NeedsLtxOrMotionModules("only AnimateDiff and LTX-2.3 read it");
+/// How far LTX-2.3's start and end pictures are denoised; AnimateDiff's img2img strength.
+const KEYFRAME_STRENGTH: Use = NeedsLtxOrMotionModules("only AnimateDiff and LTX-2.3's start and end pictures read it");
 
 /// Every field of the three request structs and the structs they hold, by C struct.
 pub const FIELDS: &[(&str, &[(&str, Use)])] = &[
@@ -94,7 +98,7 @@ pub const FIELDS: &[(&str, &[(&str, Use)])] = &[
             ("ref_videos", REF_CLIPS), ("ref_videos_count", Covered), ("ref_audios", REF_CLIPS), ("ref_audios_count", Covered),
             ("control_frames", Acts), ("control_frames_size", Acts), ("width", Acts), ("height", Acts),
             ("sample_params", Acts), ("high_noise_sample_params", EXPERT), ("moe_boundary", EXPERT),
-            ("strength", LTX_OR_ANIMATEDIFF), ("seed", Acts), ("video_frames", Acts), ("fps", LTX),
+            ("strength", KEYFRAME_STRENGTH), ("seed", Acts), ("video_frames", Acts), ("fps", LTX),
             ("vace_strength", NeedsVace("only Wan VACE models read it")), ("vae_tiling_params", Acts),
             ("cache", Acts), ("hires", LTX_OR_ANIMATEDIFF), ("circular_x", Acts), ("circular_y", Acts),
         ],
@@ -205,6 +209,7 @@ fn warning(strukt: &str, field: &str, path: &str, set: bool, facts: ModelFacts) 
         NeedsMotionModules(why) if !facts.motion_modules => why,
         NeedsIpAdapter(why) if !facts.ip_adapter => why,
         NeedsLtx(why) if !facts.ltx => why,
+        NeedsLtxOrMotionModules(why) if !facts.ltx && !facts.motion_modules => why,
         NeedsPulid(why) if !facts.pulid => why,
         NeedsPhotoMaker(why) if !facts.photomaker => why,
         _ => return None,

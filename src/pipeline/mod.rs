@@ -16,6 +16,7 @@ pub mod imageops;
 pub mod ip_adapter;
 pub mod loader;
 pub mod lora;
+mod ltx_refine;
 pub mod photomaker;
 pub mod pulid;
 pub mod prompt;

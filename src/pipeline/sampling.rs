@@ -58,6 +58,10 @@ pub enum TimestepRule {
     /// One timestep; the model's input is masked to the init latent where the denoise mask
     /// keeps it (LingBot Video's first frame).
     MaskedInput,
+    /// The step's timestep for the latent as a whole and, with a denoise mask, one per video
+    /// token (latent cell): the mask's first channel times it; the model's input is blended
+    /// with the init latent by the mask (LTX-2.3's start and end pictures).
+    PerToken,
 }
 
 /// Where previews go: the decoder (the first stage or a preview-only one), the family's
@@ -157,6 +161,7 @@ pub(super) fn sample(job: &mut Job<'_>, stage: Stage<'_>, x: &Tensor, rng: &mut 
         let t = denoiser.model_timestep(sigma, shifted_timestep);
         let s = denoiser.shifted_scalings(shifted_timestep, t, s);
         let mut input = x.map(|v| v * s.c_in);
+        let mut token_timesteps = None;
         let timesteps = match (*rule, mask) {
             (TimestepRule::PerFrameMasked, Some(m)) => {
                 input = blend(&input, init, m)?;
@@ -167,7 +172,12 @@ pub(super) fn sample(job: &mut Job<'_>, stage: Stage<'_>, x: &Tensor, rng: &mut 
                 input = blend(&input, init, m)?;
                 denoiser.step_timesteps(t, step)
             }
-            (TimestepRule::Scalar | TimestepRule::MaskedInput, _) => denoiser.step_timesteps(t, step),
+            (TimestepRule::PerToken, Some(m)) => {
+                input = blend(&input, init, m)?;
+                token_timesteps = Some(mask_timesteps(t, m, x)?);
+                denoiser.step_timesteps(t, step)
+            }
+            (TimestepRule::Scalar | TimestepRule::MaskedInput | TimestepRule::PerToken, _) => denoiser.step_timesteps(t, step),
         };
         // A forecast step skips the model (and the noisy preview) altogether.
         let forecast = cache.forecast();
@@ -196,6 +206,7 @@ pub(super) fn sample(job: &mut Job<'_>, stage: Stage<'_>, x: &Tensor, rng: &mut 
                         image_tokens,
                         timestep_r: usize::try_from(step + 1).ok().and_then(|i| sigmas.get(i).copied()),
                         identity: extensions::identity(exts),
+                        token_timesteps: token_timesteps.as_deref(),
                         ..DiffusionInput::new(&input, &timesteps, c)
                     };
                     let out = diffusion.compute(&dinput).map_err(|e| Error::new(format!("diffusion model compute failed: {e}")))?;
@@ -268,6 +279,18 @@ fn frame_timesteps(t: f32, mask: &Tensor, x: &Tensor) -> Result<Vec<f32>> {
     ensure!(mask.ne(2) == frames, "the denoise mask has {} frames, the latent {frames}", mask.ne(2));
     let plane = mask.ne(0) * mask.ne(1);
     Ok((0..frames).map(|f| if mask.data()[f * plane] == 0.0 { 0.0 } else { t }).collect())
+}
+
+/// One timestep per latent cell `[W, H, T]`: the mask's first channel times `t`.
+fn mask_timesteps(t: f32, mask: &Tensor, x: &Tensor) -> Result<Vec<f32>> {
+    let cells = x.ne(0) * x.ne(1) * x.ne(2);
+    ensure!(
+        (mask.ne(0), mask.ne(1), mask.ne(2)) == (x.ne(0), x.ne(1), x.ne(2)),
+        "the denoise mask {:?} does not cover the latent {:?}",
+        mask.shape(),
+        x.shape()
+    );
+    Ok(mask.data()[..cells].iter().map(|m| m * t).collect())
 }
 
 /// Shows `latents` through the preview callback, decoded as configured: one picture per
@@ -408,6 +431,8 @@ mod tests {
         let mask = Tensor::from_vec(&[1, 1, 3, 1, 1], vec![0., 1., 1.]).unwrap();
         assert_eq!(blend(&x, &init, &mask).unwrap().data(), &[9., 2., 3., 9., 5., 6.]);
         assert_eq!(frame_timesteps(500.0, &mask, &x).unwrap(), vec![0.0, 500.0, 500.0]);
+        let soft = Tensor::from_vec(&[1, 1, 3, 2, 1], vec![0.25, 1., 1., 1., 1., 1.]).unwrap();
+        assert_eq!(mask_timesteps(0.5, &soft, &x).unwrap(), vec![0.125, 0.5, 0.5]);
         let bad = Tensor::from_vec(&[1, 1, 2, 1, 1], vec![0., 1.]).unwrap();
         assert!(blend(&x, &init, &bad).is_err());
     }

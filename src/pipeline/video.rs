@@ -8,7 +8,7 @@
 
 use super::callbacks::{self, CancelFlag};
 use super::conditioning::CondRequest;
-use super::families::{FirstStageKind, FrameRule, ModelSet, VideoCond, VideoFormat};
+use super::families::{FamilySpec, FirstStageKind, FrameRule, ModelSet, VideoCond, VideoFormat};
 use super::imageops::{image_to_tensor, tensor_to_image};
 use super::ref_images::RefImageParams;
 use super::request::{align_up, check_image_bytes, resolve_guidance, runtime_tiling, schedule, MAX_SIDE};
@@ -97,16 +97,12 @@ fn check_minimax_h3(p: &VidGenParams) -> Result<()> {
     Ok(())
 }
 
-/// What LTX-2.3 takes here: text alone. Its keyframes need the VAE's encoder, and its
-/// reference audio, sound and latent-upscale refine pass are not built.
+/// What LTX-2.3 takes here: text, start and end pictures; its reference audio and
+/// latent-upscale refine pass are not built.
 fn check_ltx(p: &VidGenParams) -> Result<()> {
     ensure!(p.control_frames.is_empty(), "LTXAV control_frames are not implemented");
-    ensure!(
-        p.init_image.is_none() && p.end_image.is_none(),
-        "LTX-2.3 keyframes (init_image, end_image) are not supported yet: they need the LTX VAE's encoder"
-    );
+    ensure!(p.strength.is_finite(), "strength must be a finite number, got {}", p.strength);
     ensure!(p.ref_audios.is_empty(), "LTX-2.3 reference audio (ref_audios) is not supported yet");
-    ensure!(!p.hires.enabled, "LTX-2.3's latent spatial upscale (hires) refine pass is not supported yet");
     Ok(())
 }
 
@@ -209,7 +205,7 @@ fn resolve_plan(ms: &mut ModelSet, p: &VidGenParams, r: &VideoRequest) -> Result
 }
 
 /// An image as `[W, H, 3, 1]` in [0, 1] at the request's size.
-fn frame_tensor(img: &Image, w: usize, h: usize) -> Result<Tensor> {
+pub(super) fn frame_tensor(img: &Image, w: usize, h: usize) -> Result<Tensor> {
     let t = image_to_tensor(img, Some((w, h)))?;
     let plane = w * h;
     let data = match t.ne(2) {
@@ -232,10 +228,19 @@ struct VideoLatents {
     ref_frames: usize,
     /// LingBot: pictures `[W, H, 3, 1]` the conditioner reads (its LLM's vision tower).
     ref_images: Vec<Tensor>,
+    /// LTX-2.3's end picture: its latent frames appended behind the video's (dropped before
+    /// the decode) and the pixel frame they stand for.
+    keyframes: usize,
+    keyframe_at: Option<usize>,
+}
+
+/// A picture `[W, H, 3, 1]` as a one-frame video `[W, H, 1, 3, 1]`.
+pub(super) fn one_frame(img: &Tensor) -> Result<Tensor> {
+    Tensor::from_vec(&[img.ne(0), img.ne(1), 1, 3, 1], img.data().to_vec())
 }
 
 /// Runs `f` on the first stage between its phase hooks.
-fn with_first_stage<T>(ms: &mut ModelSet, f: impl FnOnce(&mut dyn crate::models::vae::FirstStage) -> Result<T>) -> Result<T> {
+pub(super) fn with_first_stage<T>(ms: &mut ModelSet, f: impl FnOnce(&mut dyn crate::models::vae::FirstStage) -> Result<T>) -> Result<T> {
     let fs = ms.first_stage.as_mut();
     fs.begin()?;
     let out = f(fs);
@@ -244,7 +249,7 @@ fn with_first_stage<T>(ms: &mut ModelSet, f: impl FnOnce(&mut dyn crate::models:
 }
 
 /// Concatenates `a` and `b` `[W, H, T, C, 1]` along axis `axis` (2: frames, 3: channels).
-fn concat5(a: &Tensor, b: &Tensor, axis: usize) -> Result<Tensor> {
+pub(super) fn concat5(a: &Tensor, b: &Tensor, axis: usize) -> Result<Tensor> {
     let (w, h) = (a.ne(0), a.ne(1));
     ensure!((b.ne(0), b.ne(1)) == (w, h), "concat of {:?} and {:?}", a.shape(), b.shape());
     let plane = w * h;
@@ -297,8 +302,17 @@ fn video_latents(ms: &mut ModelSet, p: &VidGenParams, r: &mut VideoRequest, form
     let start = Instant::now();
     let start_image = p.init_image.as_ref().map(|i| frame_tensor(i, r.width, r.height)).transpose()?;
     let end_image = p.end_image.as_ref().map(|i| frame_tensor(i, r.width, r.height)).transpose()?;
-    let mut out = VideoLatents { init_latent: Tensor::default(), denoise_mask: None, concat: None, clip_tokens: None, vace_context: None, ref_frames: 0, ref_images: Vec::new() };
-    let one_frame = |img: &Tensor| Tensor::from_vec(&[img.ne(0), img.ne(1), 1, 3, 1], img.data().to_vec());
+    let mut out = VideoLatents {
+        init_latent: Tensor::default(),
+        denoise_mask: None,
+        concat: None,
+        clip_tokens: None,
+        vace_context: None,
+        ref_frames: 0,
+        ref_images: Vec::new(),
+        keyframes: 0,
+        keyframe_at: None,
+    };
     let cond = ms.video_cond;
     let name = ms.version.name();
     let unused = |what: &str, given: bool| {
@@ -388,6 +402,55 @@ fn video_latents(ms: &mut ModelSet, p: &VidGenParams, r: &mut VideoRequest, form
             out.concat = Some(concat5(&latents, &mask, 3)?);
             sd_info!("encode_first_stage completed, taking {} ms", start.elapsed().as_millis());
         }
+        VideoCond::Keyframes if start_image.is_some() || end_image.is_some() => {
+            sd_info!("{}", match (&start_image, &end_image) {
+                (Some(_), Some(_)) => "FLF2V",
+                (Some(_), None) => "IMG2VID",
+                _ => "END2VID",
+            });
+            let lt = format.latent_frames(r.frames);
+            // Conditioned frames start (and stay, at strength 1) this close to their picture.
+            let kept = 1.0 - p.strength.clamp(0.0, 1.0);
+            let mut latents = Tensor::zeros(&[lw, lh, lt, latent.channels, 1]);
+            let mut mask = Tensor::full(&[lw, lh, lt, 1, 1], 1.0);
+            let mut encode = |image: &Tensor, what: &str| -> Result<Tensor> {
+                let enc = with_first_stage(ms, |fs| fs.encode_video(&one_frame(image)?, tiling, circular))
+                    .map_err(|e| Error::new(format!("failed to encode LTXAV {what} image: {e}")))?;
+                ensure!(
+                    (enc.ne(0), enc.ne(1), enc.ne(3)) == (lw, lh, latent.channels),
+                    "invalid LTXAV {what} condition latent shape: the VAE encoded the picture to {:?}, the video's latent is {lw}x{lh}x{}",
+                    enc.shape(),
+                    latent.channels
+                );
+                Ok(enc)
+            };
+            let condition = |latents: &mut Tensor, mask: &mut Tensor, enc: &Tensor, at: usize, what: &str| -> Result<()> {
+                ensure!(enc.ne(2) <= lt - at, "invalid LTXAV {what} image latent range: start={at}, length={}, latent_frames={lt}", enc.ne(2));
+                for f in 0..enc.ne(2) {
+                    put_frame(latents, &latent_frame(enc, f)?, at + f)?;
+                    put_frame(mask, &Tensor::full(&[lw, lh, 1, 1, 1], kept), at + f)?;
+                }
+                Ok(())
+            };
+            if let Some(image) = &start_image {
+                let enc = encode(image, "init")?;
+                condition(&mut latents, &mut mask, &enc, 0, "init")?;
+            }
+            if let Some(image) = &end_image {
+                let enc = encode(image, "end")?;
+                if r.frames == 1 {
+                    condition(&mut latents, &mut mask, &enc, 0, "end")?;
+                } else {
+                    out.keyframes = enc.ne(2);
+                    out.keyframe_at = Some(r.frames - 1);
+                    latents = concat5(&latents, &enc, 2)?;
+                    mask = concat5(&mask, &Tensor::full(&[lw, lh, enc.ne(2), 1, 1], kept), 2)?;
+                }
+            }
+            out.init_latent = latents;
+            out.denoise_mask = Some(mask);
+            sd_info!("encode_first_stage completed, taking {} ms", start.elapsed().as_millis());
+        }
         VideoCond::Vace => {
             sd_info!("VACE");
             unused("an end image (end_image)", end_image.is_some());
@@ -435,19 +498,51 @@ fn video_latents(ms: &mut ModelSet, p: &VidGenParams, r: &mut VideoRequest, form
         _ => {
             unused("an init image (init_image)", start_image.is_some());
             unused("an end image (end_image)", end_image.is_some());
+            if cond == VideoCond::Keyframes && p.strength != VidGenParams::default().strength {
+                sd_warn!("strength only acts on LTX-2.3's start and end pictures (init_image, end_image); ignoring strength {}", p.strength);
+            }
         }
     }
     if !matches!(cond, VideoCond::Vace) && !p.control_frames.is_empty() {
         sd_warn!("this {name} model does not use control frames; ignoring control_frames ({})", p.control_frames.len());
     }
+    // An audio latent goes behind the video's channels (over all latent frames, appended
+    // keyframes too), zero-padded to whole channels; the denoise mask leaves it all to the model.
+    let audio = format.audio_latents(r.frames, p.fps.max(1) as f32) * format.audio_step_values();
     if out.init_latent.is_empty() {
-        // An audio latent goes behind the video's channels, zero-padded to whole channels.
         let lt = format.latent_frames(r.frames);
-        let audio = format.audio_latents(r.frames, p.fps.max(1) as f32) * format.audio_step_values();
         let extra = audio.div_ceil((lw * lh * lt).max(1));
         out.init_latent = Tensor::zeros(&[lw, lh, lt, latent.channels + extra, 1]);
+    } else if audio > 0 {
+        let lt = out.init_latent.ne(2);
+        let extra = audio.div_ceil(lw * lh * lt);
+        out.init_latent = concat5(&out.init_latent, &Tensor::zeros(&[lw, lh, lt, extra, 1]), 3)?;
+        if let Some(mask) = out.denoise_mask.take() {
+            let plane = lw * lh * lt;
+            let video: Vec<f32> = mask.data()[..plane].repeat(latent.channels);
+            let video = Tensor::from_vec(&[lw, lh, lt, latent.channels, 1], video)?;
+            out.denoise_mask = Some(concat5(&video, &Tensor::full(&[lw, lh, lt, extra, 1], 1.0), 3)?);
+        }
     }
     Ok(out)
+}
+
+/// Latent frame `f` of `[W, H, T, C, 1]` as `[W, H, 1, C, 1]`.
+fn latent_frame(x: &Tensor, f: usize) -> Result<Tensor> {
+    let (w, h, t, c) = (x.ne(0), x.ne(1), x.ne(2), x.ne(3));
+    ensure!(f < t, "latent frame {f} of {t}");
+    let plane = w * h;
+    let d: Vec<f32> = (0..c).flat_map(|ch| x.data()[(ch * t + f) * plane..(ch * t + f + 1) * plane].iter().copied()).collect();
+    Tensor::from_vec(&[w, h, 1, c, 1], d)
+}
+
+/// Latent frames `..n` of `[W, H, T, C, 1]` (the video's, without appended keyframes).
+fn keep_frames(x: &Tensor, n: usize) -> Result<Tensor> {
+    let (w, h, t, c) = (x.ne(0), x.ne(1), x.ne(2), x.ne(3));
+    ensure!(n <= t, "cannot keep {n} of {t} latent frames");
+    let plane = w * h;
+    let d: Vec<f32> = (0..c).flat_map(|ch| x.data()[ch * t * plane..(ch * t + n) * plane].iter().copied()).collect();
+    Tensor::from_vec(&[w, h, n, c, 1], d)
 }
 
 /// Two CLIP-vision outputs `[D, N, 1]` one after the other along the tokens.
@@ -486,7 +581,7 @@ fn conditions(ms: &mut ModelSet, p: &VidGenParams, r: &VideoRequest, lat: &Video
 }
 
 /// Writes `frame` `[w, h, 1, C, 1]` into latent frame `t` of `video` `[w, h, T, C, 1]`.
-fn put_frame(video: &mut Tensor, frame: &Tensor, t: usize) -> Result<()> {
+pub(super) fn put_frame(video: &mut Tensor, frame: &Tensor, t: usize) -> Result<()> {
     let shape: &Tensor = video;
     let (w, h, frames, c) = (shape.ne(0), shape.ne(1), shape.ne(2), shape.ne(3));
     ensure!(
@@ -580,7 +675,6 @@ pub fn generate_video(ms: &mut ModelSet, p: &VidGenParams, cancel: &CancelFlag) 
         FrameRule::Ltx => check_ltx(p)?,
         FrameRule::Causal => {}
     }
-    ensure!(!p.hires.enabled, "LTX latent spatial upscale is only supported for LTX video models");
     warn_unused(ms, p);
     let t0 = Instant::now();
     let tiling = runtime_tiling(&p.vae_tiling_params, ms.spec.encode_tile_factor, ms.spec.first_stage == FirstStageKind::Ltx);
@@ -590,6 +684,12 @@ pub fn generate_video(ms: &mut ModelSet, p: &VidGenParams, cancel: &CancelFlag) 
         runner.options.circular_y = p.circular_y;
     }
     let mut r = resolve_request(ms, p, &format);
+    let multiple = ms.spec.latent.size_multiple() as i32;
+    let hires = super::hires::resolve(&p.hires, r.width as i32, r.height as i32, multiple)?;
+    if let Some(h) = &hires {
+        ensure!(format.frame_rule == FrameRule::Ltx, "LTX latent spatial upscale is only supported for LTX video models");
+        super::ltx_refine::check(h)?;
+    }
     let mut rngs = GenerationRngs::new(ms.rng_type, ms.sampler_rng_type);
     rngs.manual_seed(r.seed as u64);
     let default_shift = ms.default_flow_shift;
@@ -613,26 +713,16 @@ pub fn generate_video(ms: &mut ModelSet, p: &VidGenParams, cancel: &CancelFlag) 
     let noise = randn_like(&prepared.init_latent, rngs.noise());
 
     let request = super::request::Request::for_video(r.seed, &p.cache);
-    let vace = VideoInput { vace_context: lat.vace_context.as_ref(), vace_strength: p.vace_strength, fps: p.fps.max(1) as f32 };
-    let spec = ms.spec;
-    let ModelSet { diffusion, high_noise, denoiser, first_stage, preview, .. } = ms;
-    let decoder: &mut dyn crate::models::vae::FirstStage = match preview {
-        Some(p) => p.as_mut(),
-        None => first_stage.as_mut(),
+    let vace = VideoInput {
+        vace_context: lat.vace_context.as_ref(),
+        vace_strength: p.vace_strength,
+        fps: p.fps.max(1) as f32,
+        frames: r.frames,
+        keyframes: lat.keyframes,
+        keyframe_at: lat.keyframe_at,
     };
-    let mut job = Job {
-        request: &request,
-        prepared: &prepared,
-        denoiser,
-        preview: Previewer { decoder, projection: spec.preview, tiling: &tiling, circular, video: true },
-        backbone: spec.backbone(),
-        slg_supported: spec.skip_layer_guidance,
-        ref_latent_img_cfg: false,
-        timesteps: format.timesteps,
-        video: Some(vace),
-        extensions: &mut [],
-        cancel,
-    };
+    let ModelSet { diffusion, high_noise, denoiser, first_stage, preview, spec, .. } = ms;
+    let mut job = video_job(&request, &prepared, denoiser, first_stage, preview, spec, &format, &tiling, circular, vace, cancel);
     let mut x = prepared.init_latent.clone();
     let mut noise = Some(&noise);
     let split = plan.high_noise_steps;
@@ -679,13 +769,142 @@ pub fn generate_video(ms: &mut ModelSet, p: &VidGenParams, cancel: &CancelFlag) 
     let latent = sampling::sample(&mut job, stage, &x, rngs.sampler())
         .map_err(|e| Error::new(format!("sampling failed after {:.2}s: {e}", start.elapsed().as_secs_f32())))?;
     sd_info!("sampling completed, taking {:.2}s", start.elapsed().as_secs_f32());
-    sd_info!("generating latent video completed, taking {:.2}s", latent_start.elapsed().as_secs_f32());
     drop(job);
-    let audio = decode_sound(ms, &latent, format.audio_latents(r.frames, p.fps.max(1) as f32), cancel)?;
+    let mut audio_steps = format.audio_latents(r.frames, p.fps.max(1) as f32);
+    let mut frames = r.frames;
+    let latent = match &hires {
+        Some(h) => {
+            let refine = Refine { hires: h, request: &request, plan: &plan, keyframes: lat.keyframes, audio_steps };
+            let out = refine.run(ms, p, &r, prepared, latent, &format, &tiling, circular, &mut rngs, cancel)?;
+            (frames, audio_steps) = (out.frames, out.audio_steps);
+            out.latent
+        }
+        None => latent,
+    };
+    sd_info!("generating latent video completed, taking {:.2}s", latent_start.elapsed().as_secs_f32());
+    let audio = decode_sound(ms, &latent, audio_steps, cancel)?;
     let latent = if lat.ref_frames > 0 { drop_frames(&latent, lat.ref_frames)? } else { latent };
-    let frames = decode(ms, &latent, r.frames, &tiling, circular, cancel)?;
+    let latent = if lat.keyframes > 0 { keep_frames(&latent, latent.ne(2) - lat.keyframes)? } else { latent };
+    let frames = decode(ms, &latent, frames, &tiling, circular, cancel)?;
     sd_info!("generate_video completed in {:.2}s", t0.elapsed().as_secs_f32());
     Ok((frames, audio))
+}
+
+/// The sampling job of a video stage: previews through the preview decoder if any.
+#[allow(clippy::too_many_arguments)]
+fn video_job<'a>(
+    request: &'a super::request::Request,
+    prepared: &'a Prepared,
+    denoiser: &'a crate::runtime::denoiser::Denoiser,
+    first_stage: &'a mut Box<dyn crate::models::vae::FirstStage>,
+    preview: &'a mut Option<Box<dyn crate::models::vae::FirstStage>>,
+    spec: &FamilySpec,
+    format: &VideoFormat,
+    tiling: &'a TilingParams,
+    circular: (bool, bool),
+    video: VideoInput<'a>,
+    cancel: &'a CancelFlag,
+) -> Job<'a> {
+    let decoder: &mut dyn crate::models::vae::FirstStage = match preview {
+        Some(p) => p.as_mut(),
+        None => first_stage.as_mut(),
+    };
+    Job {
+        request,
+        prepared,
+        denoiser,
+        preview: Previewer { decoder, projection: spec.preview, tiling, circular, video: true },
+        backbone: spec.backbone(),
+        slg_supported: spec.skip_layer_guidance,
+        ref_latent_img_cfg: false,
+        timesteps: format.timesteps,
+        video: Some(video),
+        extensions: &mut [],
+        cancel,
+    }
+}
+
+/// LTX-2.3's latent-upscale refine pass (`ltx_refine`): what it takes of the first pass.
+struct Refine<'a> {
+    hires: &'a super::hires::Hires,
+    request: &'a super::request::Request,
+    plan: &'a VideoPlan,
+    keyframes: usize,
+    audio_steps: usize,
+}
+
+/// The refined latent, and the video frames and audio steps it stands for.
+struct Refined {
+    latent: Tensor,
+    frames: usize,
+    audio_steps: usize,
+}
+
+impl Refine<'_> {
+    /// The sampled latent → the refined latent at twice the size. Like the reference, the
+    /// upscaled latent's frames (appended keyframes too) set the video frames of the pass and
+    /// so its audio length and the keyframes' frame.
+    #[allow(clippy::too_many_arguments)]
+    fn run(&self, ms: &mut ModelSet, p: &VidGenParams, r: &VideoRequest, prepared: Prepared, latent: Tensor, format: &VideoFormat, tiling: &TilingParams, circular: (bool, bool), rngs: &mut GenerationRngs, cancel: &CancelFlag) -> Result<Refined> {
+        if cancel.pending() == Some(CancelMode::All) {
+            sd_error!("cancelling generation before latent upscale");
+            return Err(cancelled());
+        }
+        let start = Instant::now();
+        let step_values = format.audio_step_values();
+        let up = super::ltx_refine::upscale(ms, &self.hires.model_path, &latent, self.audio_steps * step_values)?;
+        sd_info!("LTX latent spatial upscale completed, taking {:.2}s", start.elapsed().as_secs_f32());
+        let scale = ms.spec.latent.vae_scale;
+        let (width, height) = (up.ne(0) * scale, up.ne(1) * scale);
+        let frames = format.video_frames(up.ne(2));
+        if frames != r.frames {
+            sd_info!("LTX latent upsampler output latent frames {}, frames {} -> {frames}", up.ne(2), r.frames);
+        }
+        let fps = p.fps.max(1) as f32;
+        let mut audio_steps = self.audio_steps;
+        let up = if self.audio_steps > 0 && format.audio_latents(frames, fps) != self.audio_steps {
+            audio_steps = format.audio_latents(frames, fps);
+            sd_info!("LTX audio latent length adjusted for latent upscale: {} -> {audio_steps}", self.audio_steps);
+            let (bins, channels) = (crate::models::diffusion::ltx::AUDIO_BINS, crate::models::diffusion::ltx::AUDIO_CHANNELS);
+            super::ltx_refine::resize_audio(&up, ms.spec.latent.channels, bins, channels, self.audio_steps, audio_steps)?
+        } else {
+            up
+        };
+        if (self.hires.width, self.hires.height) != (width, height) {
+            sd_warn!("LTX latent spatial upsampler output is {width}x{height}; ignoring hires target {}x{}", self.hires.width, self.hires.height);
+        }
+        if cancel.pending() == Some(CancelMode::All) {
+            sd_error!("cancelling generation before latent upscale refine");
+            return Err(cancelled());
+        }
+        let target = up.ne(2) - self.keyframes;
+        let (x, mask) = super::ltx_refine::condition(ms, p, up, frames, target, audio_steps * step_values, tiling, circular)?;
+        let noise = randn_like(&x, rngs.noise());
+        let seq_len = (x.ne(0) * x.ne(1) * x.ne(2)) as i32;
+        let sigmas = super::ltx_refine::sigmas(ms, self.hires, &p.sample_params, self.plan.method, self.plan.sigmas.len().saturating_sub(1), seq_len)?;
+        let prepared = Prepared { init_latent: x, denoise_mask: mask, ..prepared };
+        let keyframe_at = (self.keyframes > 0).then(|| frames - 1);
+        let video = VideoInput { vace_context: None, vace_strength: p.vace_strength, fps, frames, keyframes: self.keyframes, keyframe_at };
+        let start = Instant::now();
+        let ModelSet { diffusion, denoiser, first_stage, preview, spec, .. } = ms;
+        let mut job = video_job(self.request, &prepared, denoiser, first_stage, preview, spec, format, tiling, circular, video, cancel);
+        let stage = Stage {
+            diffusion: diffusion.as_mut(),
+            sigmas: &sigmas,
+            method: self.plan.method,
+            eta: self.plan.eta,
+            guidance: &r.guidance,
+            use_uncond: r.use_uncond,
+            extra: &self.plan.extra,
+            noise: Some(&noise),
+            shifted_timestep: p.sample_params.shifted_timestep,
+            last: true,
+        };
+        let refined = sampling::sample(&mut job, stage, &prepared.init_latent, rngs.sampler())
+            .map_err(|e| Error::new(format!("sampling(latent upscale) failed after {:.2}s: {e}", start.elapsed().as_secs_f32())))?;
+        sd_info!("sampling(latent upscale) completed, taking {:.2}s", start.elapsed().as_secs_f32());
+        Ok(Refined { latent: refined, frames, audio_steps })
+    }
 }
 
 #[cfg(test)]
@@ -715,6 +934,11 @@ mod tests {
         let f = VideoFormat { time_scale: 4, timesteps: sampling::TimestepRule::Scalar, frame_rule: FrameRule::Causal };
         assert_eq!([1, 5, 6, 7, 8, 9, 17].map(|n| f.align_frames(n)), [1, 5, 5, 5, 5, 9, 17]);
         assert_eq!([1, 5, 9].map(|n| f.latent_frames(n)), [1, 2, 3]);
+        assert_eq!([1, 2, 3].map(|t| f.video_frames(t)), [1, 5, 9]);
+        let m = VideoFormat { time_scale: 4, timesteps: sampling::TimestepRule::Scalar, frame_rule: FrameRule::MinimaxH3 };
+        for frames in [5, 22, 39] {
+            assert_eq!(m.video_frames(m.latent_frames(frames)), frames);
+        }
     }
 
     #[test]
@@ -727,5 +951,7 @@ mod tests {
         }
         assert!(check_params(&VidGenParams { width: 0, ..ok.clone() }).is_err());
         assert!(check_params(&VidGenParams { moe_boundary: f32::NAN, ..ok.clone() }).is_err());
+        assert!(check_ltx(&VidGenParams { strength: f32::NAN, ..ok.clone() }).is_err());
+        assert!(check_ltx(&VidGenParams { strength: 2.0, ..ok.clone() }).is_ok());
     }
 }

@@ -184,6 +184,14 @@ pub struct Arena {
 }
 
 impl Arena {
+    /// `path` with a `{fx}/` fixture made first when missing.
+    pub fn fixture_path(&mut self, path: &str) -> *const std::ffi::c_char {
+        if let Some(f) = path.strip_prefix("{fx}/") {
+            fixture(f);
+        }
+        self.str(path)
+    }
+
     pub fn str(&mut self, s: &str) -> *const std::ffi::c_char {
         let c = CString::new(s.replace("{fx}", &fixture_dir().to_string_lossy())).expect("no NUL");
         let p = c.as_ptr();
@@ -384,13 +392,7 @@ pub fn gen_params(params: &Value, arena: &mut Arena) -> sd_img_gen_params_t {
             "circular_y" => p.circular_y = CBool(v.as_bool().unwrap() as u8),
             "hires.enabled" => p.hires.enabled = CBool(v.as_bool().unwrap() as u8),
             "hires.upscaler" => p.hires.upscaler = sd_hires_upscaler_t(enum_value(v)),
-            "hires.model_path" => {
-                let path = v.as_str().unwrap();
-                if let Some(f) = path.strip_prefix("{fx}/") {
-                    fixture(f);
-                }
-                p.hires.model_path = arena.str(path);
-            }
+            "hires.model_path" => p.hires.model_path = arena.fixture_path(v.as_str().unwrap()),
             "hires.scale" => p.hires.scale = num(v) as f32,
             "hires.target_width" => p.hires.target_width = num(v) as c_int,
             "hires.target_height" => p.hires.target_height = num(v) as c_int,
@@ -513,8 +515,13 @@ pub fn vid_params(params: &Value, arena: &mut Arena) -> sd_vid_gen_params_t {
                 arena.loras.push(list);
             }
             "hires.enabled" => p.hires.enabled = CBool(v.as_bool().unwrap() as u8),
+            "hires.upscaler" => p.hires.upscaler = sd_hires_upscaler_t(enum_value(v)),
+            "hires.model_path" => p.hires.model_path = arena.fixture_path(v.as_str().unwrap()),
             "hires.scale" => p.hires.scale = num(v) as f32,
             "hires.steps" => p.hires.steps = num(v) as c_int,
+            "hires.denoising_strength" => p.hires.denoising_strength = num(v) as f32,
+            "hires.target_width" => p.hires.target_width = num(v) as c_int,
+            "hires.target_height" => p.hires.target_height = num(v) as c_int,
             "vae_tiling_params.enabled" => p.vae_tiling_params.enabled = CBool(v.as_bool().unwrap() as u8),
             "vae_tiling_params.temporal_tiling" => p.vae_tiling_params.temporal_tiling = CBool(v.as_bool().unwrap() as u8),
             "vae_tiling_params.tile_size_x" => p.vae_tiling_params.tile_size_x = num(v) as c_int,

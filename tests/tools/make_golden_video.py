@@ -166,6 +166,11 @@ LTX = {"model_path": "", "diffusion_model_path": "{fx}/ltx.safetensors", "llm_pa
        "embeddings_connectors_path": "{fx}/ltx_connectors.safetensors", "vae_path": "{fx}/ltx_vae.safetensors",
        "enable_mmap": True}
 LTX_SOUND = {**LTX, "audio_vae_path": "{fx}/ltx_audio_vae.safetensors"}
+LTX_I2V = {**LTX, "vae_path": "{fx}/ltx_vae_i2v.safetensors"}
+LTX_CONNECTORS = {**LTX, "embeddings_connectors_path": "{fx}/ltx_connectors_full.safetensors"}
+LTX_VAE_TS = {**LTX, "vae_path": "{fx}/ltx_vae_ts.safetensors"}
+LTX_HIRES = {"hires.enabled": True, "hires.upscaler": "SD_HIRES_UPSCALER_MODEL",
+             "hires.model_path": "{fx}/ltx_upscaler.safetensors", "hires.denoising_strength": 0.4}
 
 SETS = {
     "animatediff": {
@@ -338,7 +343,8 @@ SETS = {
         # schedule, flow shift 2.37 (unused by ltx2), cfg 7 with the empty negative prompt
         "model": "ltx.safetensors",
         "fixtures": ["ltx.safetensors", "gemma3_ltx.safetensors", "ltx_connectors.safetensors", "ltx_vae.safetensors",
-                     "taehv_ltx.safetensors"],
+                     "taehv_ltx.safetensors", "ltx_vae_i2v.safetensors", "ltx_connectors_full.safetensors",
+                     "ltx_vae_ts.safetensors", "ltx_upscaler.safetensors"],
         "cases": [
             _case("ltx_cfg1_9frames", LTX, _params(steps=2, frames=9)),
             _case("ltx_tae_9frames", {**LTX, "taesd_path": "{fx}/taehv_ltx.safetensors"}, _params(steps=2, frames=9),
@@ -362,6 +368,48 @@ SETS = {
                                                                "temporal_tile_frames=3;temporal_tile_overlap=2;tile_frames=9"}),
                   note="tiles of 3 latent frames overlapping by 2 ([0, 3), [1, 4), [2, 5)); an unknown key is "
                        "ignored with a warning"),
+            _case("ltx_i2v_9frames", LTX_I2V, _params(steps=2, frames=9, init_image="init_64.png"),
+                  note="IMG2VID: the start picture encoded (ltx_vae_i2v's encoder: 8x in time, 32x in space) into "
+                       "latent frame 0, whose tokens are denoised from 1 - strength (0.25 by default): their "
+                       "timesteps are the mask times the step's, the model's input there blended with the picture"),
+            _case("ltx_i2v_strength1_96x64_17frames", LTX_I2V,
+                  _params(steps=2, frames=17, w=96, h=64, seed=7, init_image="init_96x64.png", strength=1.0),
+                  note="strength 1: the first latent frame is the picture's, kept (mask 0, timestep 0)"),
+            _case("ltx_end_image_9frames", LTX_I2V, _params(steps=2, frames=9, seed=123, end_image="end_64.png", strength=0.5),
+                  note="END2VID: the end picture's latent frame appended behind the video's as a keyframe (mask 0.5) "
+                       "at pixel frame 8 (its own rotary positions), dropped before the decode"),
+            _case("ltx_flf2v_1frame", LTX_I2V, _params(steps=2, frames=1, init_image="init_64.png", end_image="end_64.png"),
+                  note="one frame: the end picture takes latent frame 0 after the start picture, nothing appended"),
+            _case("ltx_i2v_one_level_encoder", LTX, _params(steps=2, frames=9, init_image="init_64.png"),
+                  note="ltx_vae's one-level encoder makes a latent 8x smaller than the video's: 'invalid LTXAV init "
+                       "condition latent shape', no frames"),
+            _case("ltx_connectors_cfg1_9frames", LTX_CONNECTORS, _params(steps=2, frames=9),
+                  note="the embeddings connectors (in embeddings_connectors_path under the transformer's names): the "
+                       "prompt's states, then learnable registers up to 1024 tokens, through one gated 1-D block with "
+                       "rotary positions and a final RMS norm, for each stream's text cross-attention"),
+            _case("ltx_connectors_cfg3_negative_96x64", LTX_CONNECTORS,
+                  _params(steps=2, frames=9, w=96, h=64, seed=7, cfg=3.0, negative_prompt="blurry, static",
+                          prompt="a red fox running through snow"),
+                  note="the connectors with a negative prompt of another length at cfg 3"),
+            _case("ltx_tae_i2v_9frames", {**LTX, "taesd_path": "{fx}/taehv_ltx.safetensors"},
+                  _params(steps=2, frames=9, init_image="init_64.png", end_image="end_64.png", strength=0.9),
+                  note="FLF2V through the tiny video autoencoder: its encoder makes the start and end latents, its "
+                       "decoder the frames"),
+            _case("ltx_hires_upscale_9frames", LTX, _params(steps=2, frames=9, **LTX_HIRES),
+                  note="the latent-upscale refine pass: the sampled latent (un-normalised by the VAE's statistics) "
+                       "through ltx_upscaler (2x in space), normalised again, then sampled from the tail of a "
+                       "5-step schedule (2 steps / strength 0.4) at 128x128 with new noise"),
+            _case("ltx_hires_i2v_9frames", LTX_I2V, _params(steps=2, frames=9, seed=7, init_image="init_64.png", **LTX_HIRES),
+                  note="the refine pass after IMG2VID: the start picture encoded again at the upscaled size into "
+                       "latent frame 0, kept (strength 1) during the refine"),
+            _case("ltx_vae_timestep_9frames", LTX_VAE_TS, _params(steps=2, frames=9, seed=7),
+                  note="the timestep-conditioned VAE decoder: decode timestep 0.05 times the file's multiplier "
+                       "(1000) through each residual level's time embedder and the output's, added to their "
+                       "scale/shift tables"),
+            _case("ltx_vae_timestep_temporal_tiling_17frames", LTX_VAE_TS,
+                  _params(steps=2, frames=17, **{"vae_tiling_params.temporal_tiling": True,
+                                                 "vae_tiling_params.extra_tiling_args": "temporal_tile_frames=2"}),
+                  note="the timestep-conditioned decoder in temporal tiles of 2 latent frames overlapping by 1"),
         ],
     },
     "ltx-audio": {
@@ -374,7 +422,8 @@ SETS = {
         # decode (GGML_ASSERT in ggml_reshape_4d, denormalizing 8 x 16 latent values as 4 x 16)
         "model": "ltx.safetensors",
         "fixtures": ["ltx.safetensors", "gemma3_ltx.safetensors", "ltx_connectors.safetensors", "ltx_vae.safetensors",
-                     "ltx_audio_vae.safetensors", "ltx_audio_vae_bwe.safetensors", "ltx_audio_vae_no_vocoder.safetensors"],
+                     "ltx_audio_vae.safetensors", "ltx_audio_vae_bwe.safetensors", "ltx_audio_vae_no_vocoder.safetensors",
+                     "ltx_vae_i2v.safetensors", "ltx_upscaler.safetensors"],
         "cases": [
             _case("ltxa_cfg1_9frames", LTX_SOUND, _params(steps=2, frames=9),
                   note="ltx_cfg1_9frames with sound: 9 frames at fps 16 are 15 audio latent steps, 57 mel frames, "
@@ -388,6 +437,16 @@ SETS = {
                   _params(steps=2, frames=9),
                   note="an audio VAE file without the vocoder: the reference falls back to its default (full-size) "
                        "layout, misses those tensors and new_sd_ctx fails"),
+            _case("ltxa_flf2v_9frames", {**LTX_SOUND, "vae_path": "{fx}/ltx_vae_i2v.safetensors"},
+                  _params(steps=2, frames=9, seed=7, init_image="init_64.png", end_image="end_64.png"),
+                  note="FLF2V with sound: the end picture's latent frame appended (3 latent frames), the audio "
+                       "packed behind the video over all 3 and its tokens at the step's timestep"),
+            _case("ltxa_hires_flf2v_9frames", {**LTX_SOUND, "vae_path": "{fx}/ltx_vae_i2v.safetensors"},
+                  _params(steps=2, frames=9, seed=7, init_image="init_64.png", end_image="end_64.png",
+                          **{**LTX_HIRES, "hires.steps": 3, "hires.target_width": 100}),
+                  note="the refine pass after FLF2V with sound: the audio unpacked before the upscale and packed "
+                       "again behind it, both pictures encoded again at 128x128 (the end one into the appended "
+                       "keyframe), 3 hires steps; a hires target the upsampler does not make is warned about"),
         ],
     },
     "minimax-h3": {

@@ -62,6 +62,9 @@ pub struct DiffusionInput<'a> {
     /// PuLID's identity embedding `[2048, tokens, 1]` and its weight (Flux models with PuLID
     /// modules; others ignore it).
     pub identity: Option<(&'a Tensor, f32)>,
+    /// One timestep per video token (latent cell), for models that denoise conditioned
+    /// frames less (LTX-2.3's start and end pictures); `timesteps` then holds the step's.
+    pub token_timesteps: Option<&'a [f32]>,
 }
 
 /// The video-only inputs of one evaluation. A video latent is `[W, H, T, C, N]` (T latent
@@ -75,6 +78,13 @@ pub struct VideoInput<'a> {
     pub vace_strength: f32,
     /// Frames per second of the request (models that embed time in seconds).
     pub fps: f32,
+    /// The video frames of the request (0: as the latent's frames make); LTX-2.3 derives its
+    /// audio length from it.
+    pub frames: usize,
+    /// Keyframe latent frames appended behind the video's (LTX-2.3's end picture) and the
+    /// pixel frame their positions are counted from.
+    pub keyframes: usize,
+    pub keyframe_at: Option<usize>,
 }
 
 impl<'a> DiffusionInput<'a> {
@@ -94,6 +104,7 @@ impl<'a> DiffusionInput<'a> {
             image_tokens: None,
             timestep_r: None,
             identity: None,
+            token_timesteps: None,
         }
     }
 }

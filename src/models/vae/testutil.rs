@@ -234,10 +234,17 @@ pub fn load_tae(decode_only: bool) -> (ParamStore, super::TinyAutoEncoder, PathB
     (store, tae, path)
 }
 
-/// The synthetic LTX-2.3 video VAE decoder (`ltx_vae.safetensors`), loaded on the CPU.
-pub fn load_ltx_vae() -> (ParamStore, super::ltx::LtxVae) {
+/// A synthetic LTX-2.3 video VAE (`ltx_vae.safetensors`: one-level encoder;
+/// `ltx_vae_i2v.safetensors`: full encoder), loaded on the CPU.
+pub fn load_ltx_vae(file: &str) -> (ParamStore, super::ltx::LtxVae, super::ltx::LtxVaeConfig) {
     use super::ltx::{LtxVae, LtxVaeConfig, PREFIX};
-    load(&fixture("ltx_vae.safetensors"), PREFIX, PREFIX, |s, _, f| LtxVae::new(s, &LtxVaeConfig::detect(&|n| f.shape_of(n), PREFIX).expect("an LTX VAE file")))
+    let mut config = None;
+    let (store, vae) = load(&fixture(file), PREFIX, PREFIX, |s, _, f| {
+        let cfg = LtxVaeConfig::detect(&|n| f.shape_of(n), PREFIX).expect("an LTX VAE file");
+        config = Some(cfg.clone());
+        LtxVae::new(s, &cfg)
+    });
+    (store, vae, config.expect("loaded"))
 }
 
 /// A synthetic TAEHV (`taew2_1.safetensors`, `taew2_1_wide.safetensors` /

@@ -104,7 +104,8 @@ pub(super) fn build(ctx: &mut BuildCtx<'_>) -> Result<Parts> {
     let latent = ctx.spec.latent.channels as i64;
     ensure!(cfg.out_channels == latent, "the HunyuanVideo transformer makes {} latent channels, its VAE's latents have {latent}", cfg.out_channels);
     ensure!(cfg.in_channels >= latent, "the HunyuanVideo transformer takes {} channels, fewer than the latent's {latent}", cfg.in_channels);
-    let byt5 = T5Text::open(weights, T5Vocab::T5, &te_place, n_threads, params.eager_load)?;
+    // An encoder the transformer cannot read is not loaded, even eagerly.
+    let byt5 = T5Text::open(weights, T5Vocab::T5, &te_place, n_threads, params.eager_load && cfg.use_byt5)?;
     if let Some(b) = &byt5 {
         ensure!(b.width() as i64 == BYT5_WIDTH, "the glyph encoder (t5xxl_path) is {} wide; HunyuanVideo reads ByT5's {BYT5_WIDTH}", b.width());
         if !cfg.use_byt5 {

@@ -15,7 +15,7 @@
 //! weights only the real tokens are computed, at the positions they have in the 1024 and
 //! attending over 1024 keys (zeros for the padding), so every sum is the reference's.
 
-use super::{first_stage, flow_parts, BuildCtx, Parts};
+use super::{first_stage, flow_parts, BuildCtx, Parts, VideoCond};
 use crate::error::Result;
 use crate::graph::nn::Linear;
 use crate::graph::{Component, Components, Graph, Loaded, Module, Placement, Scope, T};
@@ -221,14 +221,18 @@ pub(super) fn build(ctx: &mut BuildCtx<'_>) -> Result<Parts> {
     let cond = LtxConditioner::new(weights, &te_place, n_threads, params.eager_load)?;
     let width = cond.context_width();
     ensure!(
-        width == cfg.cross_dim + cfg.audio_cross_dim || (width == cfg.cross_dim && width == cfg.audio_cross_dim),
-        "the LTX-2.3 text context is {width} wide, the transformer's cross-attentions read {} (video) and {} (audio); the embeddings connectors that would bridge them are not supported yet",
+        width == cfg.cross_dim + cfg.audio_cross_dim
+            || (width == cfg.cross_dim && width == cfg.audio_cross_dim)
+            || (width == 2 * 3840 && cfg.cross_dim == 3840 && cfg.audio_cross_dim == 3840),
+        "the LTX-2.3 text context is {width} wide, the transformer's cross-attentions read {} (video) and {} (audio)",
         cfg.cross_dim,
         cfg.audio_cross_dim
     );
     let model = ctx.load_transformer(DIT_PREFIX, |s| LtxModel::new(s, &cfg))?;
     let first = first_stage::build(ctx, vae_place)?;
-    Ok(flow_parts(params, Box::new(cond), Box::new(model), first, Prediction::FluxFlow, DEFAULT_FLOW_SHIFT))
+    let mut parts = flow_parts(params, Box::new(cond), Box::new(model), first, Prediction::FluxFlow, DEFAULT_FLOW_SHIFT);
+    parts.video_cond = VideoCond::Keyframes;
+    Ok(parts)
 }
 
 #[cfg(test)]

@@ -255,6 +255,10 @@ pub enum VideoCond {
     /// picture goes to the conditioner as a reference image (its LLM's vision tower, if any);
     /// no end picture.
     FirstFrame,
+    /// LTX-2.3: the encoded start picture is latent frame 0 and the end picture's latent
+    /// frames are appended behind the video as keyframes with their own positions (frame 0
+    /// for a one-frame video); both are denoised from `1 - strength` (the denoise mask).
+    Keyframes,
 }
 
 /// What a family generates, and so how its latent is laid out.
@@ -309,6 +313,14 @@ impl VideoFormat {
         match self.frame_rule {
             FrameRule::Causal | FrameRule::Ltx => (self.latent_frames(frames) - 1) * self.time_scale + 1,
             FrameRule::MinimaxH3 => crate::models::diffusion::minimax_h3::align_frames(frames),
+        }
+    }
+
+    /// Video frames of `latent` latent frames: the aligned request that makes them.
+    pub fn video_frames(&self, latent: usize) -> usize {
+        match self.frame_rule {
+            FrameRule::Causal | FrameRule::Ltx => (latent.max(1) - 1) * self.time_scale + 1,
+            FrameRule::MinimaxH3 => latent.saturating_sub(2) / 5 * 17 + 5,
         }
     }
 
@@ -668,7 +680,7 @@ const LTX_LATENT: LatentFormat = LatentFormat { channels: 128, vae_scale: 32, do
 /// projection here.
 const fn ltx_family() -> FamilySpec {
     FamilySpec {
-        media: Media::Video(VideoFormat { time_scale: 8, timesteps: TimestepRule::Scalar, frame_rule: FrameRule::Ltx }),
+        media: Media::Video(VideoFormat { time_scale: 8, timesteps: TimestepRule::PerToken, frame_rule: FrameRule::Ltx }),
         first_stage: FirstStageKind::Ltx,
         preview: None,
         encode_tile_factor: tiling::VIDEO_ENCODE_TILE_FACTOR,

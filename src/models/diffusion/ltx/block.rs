@@ -23,15 +23,18 @@ pub fn modulate<'g>(x: T<'g>, shift: T<'g>, scale: T<'g>) -> T<'g> {
     x.add(x.mul(scale)).add(shift)
 }
 
-/// A per-block (or output) table `[dim, rows]` plus one timestep's projection `[dim · rows, 1]`:
-/// the `count` rows from `start`, each `[dim, 1, 1]`. The sum takes the table's type.
+/// A per-block (or output) table `[dim, rows]` plus the timesteps' projections
+/// `[dim · rows, n]`: the `count` rows from `start`, each `[dim, 1, 1]` for one timestep or
+/// `[dim, n]` for one per token. The sum takes the table's type.
 pub fn table_rows<'g>(g: &'g Graph, table: T<'g>, projection: T<'g>, dim: i64, rows: i64, start: i64, count: i64) -> Vec<T<'g>> {
-    let t = projection.reshape(&[dim, rows, 1]);
+    let n = projection.ne()[1];
+    let t = projection.reshape(&[dim, rows, n]);
     let s = table.reshape(&[dim, rows, 1]);
-    let shape = g.new_tensor(projection.ty(), &[dim, rows, 1]);
+    let shape = g.new_tensor(projection.ty(), &[dim, rows, n]);
     let sum = s.repeat(shape).add(t.repeat(shape));
     let nb = sum.nb();
-    (start..start + count).map(|r| sum.view(&[dim, 1, 1], &[nb[1], nb[2]], r as usize * nb[1]).cont()).collect()
+    let row = |r: i64| sum.view(&[dim, 1, n], &[nb[1], nb[2]], r as usize * nb[1]).cont();
+    (start..start + count).map(|r| if n == 1 { row(r) } else { row(r).reshape(&[dim, n]) }).collect()
 }
 
 /// Rows `from..to` of a table `[dim, rows]`, dense.

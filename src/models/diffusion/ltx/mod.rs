@@ -10,12 +10,14 @@
 //! - The timestep (sigma) is scaled by 1000 for the streams' modulations and the prompt's;
 //!   the audio-video cross-attentions read the sigma itself.
 //! - The text is the LTXAV embedder's `[width, tokens]`: one context for both streams, or the
-//!   video's and the audio's side by side. The embeddings connectors (`*_embeddings_connector`)
-//!   and the caption projections are not implemented.
+//!   video's and the audio's side by side; each stream's part goes through its embeddings
+//!   connector (`connector.rs`) when the weights have one of that width, as the reference's
+//!   (the caption projections, which the reference never builds, are not read).
 //! - RoPE (`rope.rs`): per-head tables over (time, height, width) for video, time for audio
 //!   and for the cross-attentions between them.
 
 mod block;
+pub mod connector;
 pub mod rope;
 
 use super::{DiffusionInput, DiffusionModel};
@@ -24,6 +26,7 @@ use crate::graph::nn::Linear;
 use crate::graph::{Graph, Loaded, Scope, TypeMap, F32, T, W};
 use crate::tensor::Tensor;
 use block::{AvBlock, BlockDims, Stream, StreamTimes};
+use connector::{Connector, ConnectorConfig};
 use std::collections::BTreeSet;
 
 /// Channels of the video latent and of the audio latent (8 channels × 16 mel bins).
@@ -33,6 +36,10 @@ pub const AUDIO_BINS: usize = 16;
 /// Audio latent steps per second: 16 kHz, hops of 160 samples, 4 mel frames per step.
 pub const AUDIO_STEPS_PER_SECOND: f32 = 16000.0 / 160.0 / 4.0;
 const TIMESTEP_SCALE: f32 = 1000.0;
+/// The Gemma states' width the reference takes a context twice as wide as for two streams.
+const CAPTION_CHANNELS: i64 = 3840;
+/// Contexts this long (or longer) as wide as both cross-attentions are already connected.
+const CONNECTED_TOKENS: usize = 1024;
 const TIME_FEATURES: i64 = 256;
 
 /// Latent frames of `frames` video frames (8 per latent frame after the first).
@@ -67,13 +74,13 @@ pub struct LtxConfig {
     pub layers: usize,
     pub prompt_adaln: bool,
     pub gated: bool,
-    /// Weights the reference reads that this build does not implement (connectors, ...).
-    pub unsupported: Vec<&'static str>,
+    pub video_connector: Option<ConnectorConfig>,
+    pub audio_connector: Option<ConnectorConfig>,
 }
 
 /// Heads × width of `hidden`: the gate's head count when it divides, else the first head width
 /// of 128, 96, 80, 64, 48, 40, 32 giving 8..=64 heads, else 32 heads.
-fn layout(hidden: i64, heads: Option<i64>) -> (i64, i64) {
+pub(super) fn layout(hidden: i64, heads: Option<i64>) -> (i64, i64) {
     if let Some(h) = heads.filter(|&h| h > 0 && hidden % h == 0) {
         return (h, hidden / h);
     }
@@ -107,7 +114,8 @@ impl LtxConfig {
             layers: 0,
             prompt_adaln: has("transformer_blocks.0.prompt_scale_shift_table"),
             gated: ["attn1", "audio_attn1", "attn2", "audio_attn2"].iter().any(|a| has(&format!("transformer_blocks.0.{a}.to_gate_logits.weight"))),
-            unsupported: Vec::new(),
+            video_connector: ConnectorConfig::detect(types, shape_of, prefix, "video_embeddings_connector"),
+            audio_connector: ConnectorConfig::detect(types, shape_of, prefix, "audio_embeddings_connector"),
         };
         let gate_heads = |a: &str| shape(&format!("transformer_blocks.0.{a}.to_gate_logits.bias")).map(|s| s[0]).or(Some(32));
         if let Some(s) = shape("patchify_proj.weight").filter(|s| s.len() == 2) {
@@ -137,14 +145,6 @@ impl LtxConfig {
             .filter_map(|rest| rest.split_once('.')?.0.parse().ok())
             .collect();
         c.layers = blocks.iter().next_back().map_or(0, |&b| b + 1);
-        for (key, what) in [
-            ("video_embeddings_connector.", "the video embeddings connector"),
-            ("audio_embeddings_connector.", "the audio embeddings connector"),
-        ] {
-            if types.keys().any(|n| n.strip_prefix(prefix).is_some_and(|r| r.starts_with(key))) {
-                c.unsupported.push(what);
-            }
-        }
         sd_debug!(
             "ltxav: num_layers = {}, hidden_size = {}, num_attention_heads = {}, audio_hidden_size = {}, audio_num_attention_heads = {}",
             c.layers,
@@ -159,7 +159,10 @@ impl LtxConfig {
     /// What the graphs need that the reference asserts while computing.
     pub fn validate(&self) -> Result<()> {
         ensure!(self.layers > 0, "LTX-2.3: no transformer blocks (transformer_blocks.N)");
-        ensure!(self.unsupported.is_empty(), "LTX-2.3 with {} is not supported yet", self.unsupported.join(" and "));
+        for k in self.video_connector.iter().chain(&self.audio_connector) {
+            ensure!(k.layers > 0, "LTX-2.3: an embeddings connector without blocks (transformer_1d_blocks.N)");
+            ensure!(k.heads * k.head_dim == k.hidden && k.head_dim % 2 == 0, "LTX-2.3: an embeddings connector of {} heads of {} for width {}", k.heads, k.head_dim, k.hidden);
+        }
         ensure!(
             self.in_channels as usize == VIDEO_CHANNELS && self.out_channels as usize == VIDEO_CHANNELS,
             "LTX-2.3: the video latent has {VIDEO_CHANNELS} channels, the transformer takes {} and gives {}",
@@ -241,9 +244,39 @@ pub struct LtxModel {
     audio_scale_shift_table: W,
     proj_out: Linear,
     audio_proj_out: Linear,
+    video_connector: Option<Connector>,
+    audio_connector: Option<Connector>,
+}
+
+/// Where each stream's text comes from in a context: its columns and the connector it goes
+/// through, if any.
+struct TextRoute<'m> {
+    video: (i64, i64),
+    audio: (i64, i64),
+    video_connector: Option<&'m Connector>,
+    audio_connector: Option<&'m Connector>,
 }
 
 impl LtxModel {
+    /// The reference's reading of a context `width` wide of `tokens`: split when as wide as
+    /// both cross-attentions (connected already at 1024 tokens or more) or twice Gemma's
+    /// width, shared otherwise; a part goes through its stream's connector when as wide.
+    fn route(&self, width: i64, tokens: usize) -> TextRoute<'_> {
+        let c = &self.config;
+        let both = c.cross_dim + c.audio_cross_dim;
+        let (video, audio) = if width == both {
+            ((0, c.cross_dim), (c.cross_dim, c.audio_cross_dim))
+        } else if width == 2 * CAPTION_CHANNELS {
+            ((0, CAPTION_CHANNELS), (CAPTION_CHANNELS, CAPTION_CHANNELS))
+        } else {
+            ((0, width), (0, width))
+        };
+        let connected = width == both && tokens >= CONNECTED_TOKENS;
+        let video_connector = self.video_connector.as_ref().filter(|k| !connected && k.config.hidden == video.1);
+        let audio_connector = self.audio_connector.as_ref().filter(|k| !connected && k.config.hidden == audio.1);
+        TextRoute { video, audio, video_connector, audio_connector }
+    }
+
     pub fn new(s: &mut Scope, c: &LtxConfig) -> LtxModel {
         let forced = |s: &mut Scope, name: &str, i: i64, o: i64| Linear::with_options(s, name, i, o, true, true);
         let rows = c.rows();
@@ -283,28 +316,39 @@ impl LtxModel {
             audio_scale_shift_table,
             proj_out: forced(s, "proj_out", c.hidden, c.out_channels),
             audio_proj_out: forced(s, "audio_proj_out", c.audio_hidden, c.audio_out_channels),
+            video_connector: c.video_connector.as_ref().map(|k| Connector::new(&mut s.sub("video_embeddings_connector"), k)),
+            audio_connector: c.audio_connector.as_ref().map(|k| Connector::new(&mut s.sub("audio_embeddings_connector"), k)),
         }
     }
 
-    /// The output norm (no affine), modulated by the table plus the embedded timestep.
+    /// The output norm (no affine), modulated by the table plus the embedded timestep (one,
+    /// or one per token: `emb` `[dim, n]`).
     fn out_norm<'g>(g: &'g Graph, x: T<'g>, table: W, emb: T<'g>, dim: i64) -> T<'g> {
-        let shape = g.new_tensor(emb.ty(), &[dim, 2, 1]);
-        let t = emb.reshape(&[dim, 1, 1]).repeat(shape);
+        let n = emb.ne()[1];
+        let shape = g.new_tensor(emb.ty(), &[dim, 2, n]);
+        let t = emb.reshape(&[dim, 1, n]).repeat(shape);
         let sum = g.param(table).reshape(&[dim, 2, 1]).repeat(shape).add(t);
         let nb = sum.nb();
-        let row = |r: usize| sum.view(&[dim, 1, 1], &[nb[1], nb[2]], r * nb[1]).cont();
+        let row = |r: usize| {
+            let v = sum.view(&[dim, 1, n], &[nb[1], nb[2]], r * nb[1]).cont();
+            if n == 1 {
+                v
+            } else {
+                v.reshape(&[dim, n])
+            }
+        };
         block::modulate(x.norm(1e-6), row(0), row(1))
     }
 
     /// One evaluation. `video` `[128, Nv]` (one row per latent cell), `audio` `[128, A]`,
-    /// the contexts `[width, L]`, the sigma `[1]` and the rotation tables → (video rows,
-    /// audio rows).
+    /// the contexts `[width, L]`, the sigma `[1]`, the video tokens' sigmas (`[1]` or `[Nv]`:
+    /// conditioned frames are less noisy) and the rotation tables → (video rows, audio rows).
     #[allow(clippy::too_many_arguments)]
-    pub fn forward<'g>(&self, g: &'g Graph, video: T<'g>, audio: T<'g>, v_context: T<'g>, a_context: T<'g>, sigma: T<'g>, pe: &Pe<'g>) -> (T<'g>, T<'g>) {
+    pub fn forward<'g>(&self, g: &'g Graph, video: T<'g>, audio: T<'g>, v_context: T<'g>, a_context: T<'g>, sigma: T<'g>, v_sigma: T<'g>, pe: &Pe<'g>) -> (T<'g>, T<'g>) {
         let c = &self.config;
         let vx = self.patchify_proj.forward(g, video);
         let ax = self.audio_patchify_proj.forward(g, audio);
-        let scaled = sigma.scale(TIMESTEP_SCALE);
+        let scaled = v_sigma.scale(TIMESTEP_SCALE);
         let (v_main, v_emb) = self.adaln.forward(g, scaled);
         let scaled_a = sigma.scale(TIMESTEP_SCALE);
         let (a_main, a_emb) = self.audio_adaln.forward(g, scaled_a);
@@ -429,33 +473,43 @@ impl DiffusionModel for Loaded<LtxModel> {
         let s = x.shape();
         ensure!(s.len() == 5 && s[4] == 1, "LTX-2.3 takes one packed video latent [W, H, T, C, 1], got {s:?}");
         let fps = if video.fps > 0.0 { video.fps } else { 24.0 };
-        let p = Packed { w: s[0], h: s[1], t: s[2], audio: audio_steps(video_frames(s[2]), fps) };
+        // The last `keyframes` latent frames are appended keyframes.
+        let frames = if video.frames > 0 { video.frames } else { video_frames(s[2]) };
+        ensure!(video.keyframes < s[2], "LTX-2.3: {} keyframes behind a latent of {} frames", video.keyframes, s[2]);
+        let target = s[2] - video.keyframes;
+        let p = Packed { w: s[0], h: s[1], t: s[2], audio: audio_steps(frames, fps) };
         ensure!(p.audio > 0 && x.len() >= p.video_len() + p.audio_len(), "LTX-2.3: the packed latent {s:?} holds no {} audio steps", p.audio);
-        ensure!(input.timesteps.len() == 1, "LTX-2.3 takes one timestep in text-to-video, got {}", input.timesteps.len());
+        ensure!(input.timesteps.len() == 1, "LTX-2.3 takes one timestep for the whole latent, got {}", input.timesteps.len());
+        let mut times = rope::frame_times(target as i64, fps);
+        if s[2] > target {
+            let at = video.keyframe_at.context("LTX-2.3: latent frames behind the video's need the keyframes' frame index")?;
+            times.extend(rope::keyframe_times(at, s[2] - target, fps));
+        }
+        if let Some(tt) = input.token_timesteps {
+            ensure!(tt.len() == p.cells(), "LTX-2.3: {} token timesteps for {} video tokens", tt.len(), p.cells());
+        }
         let width = context.ne(0) as i64;
-        let (v_ctx, a_ctx) = if width == c.cross_dim + c.audio_cross_dim {
-            ((0, c.cross_dim), (c.cross_dim, c.audio_cross_dim))
-        } else {
-            ensure!(
-                width == c.cross_dim && width == c.audio_cross_dim,
-                "the LTX-2.3 text states are {width} wide, the transformer reads {} (video) and {} (audio)",
-                c.cross_dim,
-                c.audio_cross_dim
-            );
-            ((0, width), (0, width))
-        };
         let tokens = context.ne(1) as i64;
         ensure!(tokens > 0, "LTX-2.3: the prompt gave no text tokens");
+        let route = model.route(width, tokens as usize);
+        let (v_ctx, a_ctx) = (route.video, route.audio);
+        ensure!(
+            v_ctx.1 == c.cross_dim && a_ctx.1 == c.audio_cross_dim,
+            "the LTX-2.3 text states are {width} wide, the transformer reads {} (video) and {} (audio)",
+            c.cross_dim,
+            c.audio_cross_dim
+        );
+
         let data = x.data();
         let vrows = video_rows(data, p.cells());
         let arows = audio_rows(&data[p.video_len()..p.video_len() + p.audio_len()], p.audio);
-        let (w, h, t) = (p.w as i64, p.h as i64, p.t as i64);
+        let (w, h) = (p.w as i64, p.h as i64);
         let ahd = c.audio_head_dim as usize;
-        let video_pe = rope::video(w, h, t, c.hidden as usize, c.heads as usize, fps);
+        let video_pe = rope::video(w, h, &times, c.hidden as usize, c.heads as usize);
         let audio_pe = rope::audio(p.audio as i64, c.audio_hidden as usize, c.audio_heads as usize, rope::MAX_POS[0]);
         let cross_len = |tokens: usize| 4 * ahd / 2 * tokens * c.audio_heads as usize;
         let cross_dim = c.audio_cross_dim as usize;
-        let video_cross = rope::leading(rope::video_time(w, h, t, cross_dim, c.audio_heads as usize, fps, rope::MAX_POS[0]), cross_len(p.cells()));
+        let video_cross = rope::leading(rope::video_time(w, h, &times, cross_dim, c.audio_heads as usize, rope::MAX_POS[0]), cross_len(p.cells()));
         let audio_cross = rope::leading(rope::audio(p.audio as i64, cross_dim, c.audio_heads as usize, rope::MAX_POS[0]), cross_len(p.audio));
         let sigma = input.timesteps[0];
         let cells = p.cells() as i64;
@@ -471,6 +525,8 @@ impl DiffusionModel for Loaded<LtxModel> {
                 ctx.view(&[len, tokens], &[nb[1]], from as usize * nb[0]).cont()
             };
             let (vc, ac) = (part(v_ctx), part(a_ctx).cont());
+            let vc = route.video_connector.map_or(vc, |k| k.forward_with_rope(g, vc.cont(), tokens as usize));
+            let ac = route.audio_connector.map_or(ac, |k| k.forward_with_rope(g, ac, tokens as usize));
             let pe = Pe {
                 video: g.input_f32(&video_pe, &[2, 2, c.head_dim / 2, cells * c.heads]),
                 audio: g.input_f32(&audio_pe, &[2, 2, c.audio_head_dim / 2, p.audio as i64 * c.audio_heads]),
@@ -478,7 +534,11 @@ impl DiffusionModel for Loaded<LtxModel> {
                 audio_cross: g.input_f32(&audio_cross, &[2, 2, c.audio_head_dim / 2, p.audio as i64 * c.audio_heads]),
             };
             let sigma = g.input_f32(&[sigma], &[1]);
-            let (vo, ao) = model.forward(g, v, a, vc, ac, sigma, &pe);
+            let v_sigma = match input.token_timesteps {
+                Some(tt) => g.input_f32(tt, &[cells]),
+                None => sigma,
+            };
+            let (vo, ao) = model.forward(g, v, a, vc, ac, sigma, v_sigma, &pe);
             Ok(vec![vo, ao])
         })?;
         let mut out = vec![0.0; x.len()];

@@ -63,16 +63,27 @@ fn frame_seconds(corner: i64, fps: f32) -> f32 {
 }
 
 /// Mid-time (seconds) of each latent frame.
-fn frame_times(frames: i64, fps: f32) -> Vec<f32> {
+pub fn frame_times(frames: i64, fps: f32) -> Vec<f32> {
     (0..frames).map(|t| 0.5 * (frame_seconds(t, fps) + frame_seconds(t + 1, fps))).collect()
 }
 
-/// The video tokens' table (frame, row, column order) over time and both spatial axes.
-pub fn video(width: i64, height: i64, frames: i64, dim: usize, heads: usize, fps: f32) -> Vec<f32> {
+/// Mid-times (seconds) of `count` keyframe latent frames standing for the picture at pixel
+/// frame `at`: each one pixel frame long, the next 8 frames on.
+pub fn keyframe_times(at: usize, count: usize, fps: f32) -> Vec<f32> {
+    (0..count)
+        .map(|k| {
+            let start = (at + k * TIME_SCALE as usize) as f32;
+            0.5 * (start / fps + (start + 1.0) / fps)
+        })
+        .collect()
+}
+
+/// The video tokens' table (frame, row, column order) over time (each latent frame's
+/// mid-time in seconds, `times`) and both spatial axes.
+pub fn video(width: i64, height: i64, times: &[f32], dim: usize, heads: usize) -> Vec<f32> {
     let freqs = freq_grid(THETA, 3, dim);
-    let times = frame_times(frames, fps);
-    let mut all = Vec::with_capacity((width * height * frames) as usize);
-    for &t in &times {
+    let mut all = Vec::with_capacity((width * height) as usize * times.len());
+    for &t in times {
         for h in 0..height {
             let ph = (h * SPACE_SCALE) as f32 + 0.5 * SPACE_SCALE as f32;
             for w in 0..width {
@@ -92,9 +103,9 @@ fn temporal(coords: &[f32], dim: usize, heads: usize, max_pos: f32) -> Vec<f32> 
 }
 
 /// The video tokens' table over time alone (the audio-video cross-attentions).
-pub fn video_time(width: i64, height: i64, frames: i64, dim: usize, heads: usize, fps: f32, max_pos: f32) -> Vec<f32> {
+pub fn video_time(width: i64, height: i64, times: &[f32], dim: usize, heads: usize, max_pos: f32) -> Vec<f32> {
     let per_frame = (width * height) as usize;
-    let coords: Vec<f32> = frame_times(frames, fps).into_iter().flat_map(|t| std::iter::repeat_n(t, per_frame)).collect();
+    let coords: Vec<f32> = times.iter().flat_map(|&t| std::iter::repeat_n(t, per_frame)).collect();
     temporal(&coords, dim, heads, max_pos)
 }
 
@@ -141,7 +152,7 @@ mod tests {
 
     #[test]
     fn tables_hold_a_rotation_per_head_and_pair() {
-        let t = video(2, 1, 1, 64, 4, 24.0);
+        let t = video(2, 1, &frame_times(1, 24.0), 64, 4);
         assert_eq!(t.len(), 2 * 4 * 8 * 4);
         // The two leading dimensions of head 0 are padding: angle 0.
         assert_eq!(&t[..4], &[1.0, -0.0, 0.0, 1.0]);

@@ -251,7 +251,7 @@ fn vace_hints_follow_their_blocks_scaled_by_the_strength() {
     let vace_ctx = pattern(&[4, 4, 1, 6, 1], 13);
     let e = run(&mut m, &x, &[300.0], &cond, None).unwrap_err().to_string();
     assert!(e.contains("needs a VACE context"), "{e}");
-    let video = |s: f32| VideoInput { vace_context: Some(&vace_ctx), vace_strength: s, fps: 16.0 };
+    let video = |s: f32| VideoInput { vace_context: Some(&vace_ctx), vace_strength: s, fps: 16.0, ..Default::default() };
     let strong = run(&mut m, &x, &[300.0], &cond, Some(&video(1.0))).unwrap();
     let off = run(&mut m, &x, &[300.0], &cond, Some(&video(0.0))).unwrap();
     assert!(finite(&strong) && strong != off);
@@ -266,7 +266,7 @@ fn vace_hints_follow_their_blocks_scaled_by_the_strength() {
         .unwrap();
     assert_eq!(plain.data(), off.data());
     let bad = pattern(&[4, 4, 1, 5, 1], 13);
-    let e = run(&mut m, &x, &[300.0], &cond, Some(&VideoInput { vace_context: Some(&bad), vace_strength: 1.0, fps: 16.0 })).unwrap_err();
+    let e = run(&mut m, &x, &[300.0], &cond, Some(&VideoInput { vace_context: Some(&bad), vace_strength: 1.0, fps: 16.0, ..Default::default() })).unwrap_err();
     assert!(e.to_string().contains("VACE context must be [4, 4, 1, 6, 1]"), "{e}");
 }
 
@@ -421,7 +421,7 @@ fn synthetic_wan21_files_load_and_run() {
         ..text.clone()
     };
     let vace_ctx = pattern(&[8, 8, 2, 96, 1], 25);
-    let vace = VideoInput { vace_context: Some(&vace_ctx), vace_strength: 1.0, fps: 16.0 };
+    let vace = VideoInput { vace_context: Some(&vace_ctx), vace_strength: 1.0, fps: 16.0, ..Default::default() };
     type Case<'a> = (&'a str, &'a str, Condition, Option<&'a VideoInput<'a>>, &'a [f32], &'a str);
     let cases: [Case; 6] = [
         ("wan21_t2v.safetensors", "Wan2.1-T2V-1.3B", text.clone(), None, &[750.0], "t2v"),

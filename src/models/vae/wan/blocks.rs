@@ -351,7 +351,7 @@ impl AttentionBlock {
 /// output channel is the mean of `group` consecutive ones. Time is padded in front to a
 /// multiple of `ft`.
 #[derive(Clone, Copy, Debug)]
-pub(super) struct AvgDown3d {
+pub(crate) struct AvgDown3d {
     out_ch: i64,
     group: i64,
     ft: i64,

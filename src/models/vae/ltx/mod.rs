@@ -14,13 +14,20 @@
 //!   the tile that the previous tile left it; tiles overlap, the overlap's frames decoded by
 //!   the earlier tile are dropped (their right padding was the tile's edge), as the
 //!   reference's streaming temporal decode.
-//! - Not supported yet: the encoder (init / end images, keyframes) and the timestep-conditioned
-//!   decoder (`decoder.timestep_scale_multiplier`).
+//! - Encoder (`encoder.rs`, when the file has one): pictures and videos (cropped to 8k + 1
+//!   frames) → the normalised latent means, for LTX-2.3's start and end pictures.
+//! - Timestep conditioning (`decoder.timestep_scale_multiplier`, as in LTX-2's VAE): the
+//!   decode timestep 0.05 times the file's multiplier is embedded per residual level
+//!   (`time_embedder`, four rows added to each block's `scale_shift_table`: shift and scale
+//!   after each norm) and for the output (`last_time_embedder`, `last_scale_shift_table`).
+
+mod encoder;
 
 use super::feat_cache::{f16_columns, run_cached, FeatCache, HostSlot};
 use super::{cat_frames, Progress, VaeNet};
+pub use encoder::{EncoderConfig, Level};
 use crate::error::Result;
-use crate::graph::nn;
+use crate::graph::nn::{self, Linear};
 use crate::graph::{Graph, Runner, Scope, F16, F32, T, W};
 use crate::runtime::tiling::TemporalTiles;
 use crate::tensor::Tensor;
@@ -33,6 +40,8 @@ pub const TIME_SCALE: usize = 8;
 const PATCH: i64 = 4;
 const RES_EPS: f32 = 1e-6;
 const OUT_EPS: f32 = 1e-8;
+/// The timestep the reference decodes at (before the file's multiplier).
+const DECODE_TIMESTEP: f32 = 0.05;
 
 pub type ShapeOf<'a> = &'a dyn Fn(&str) -> Option<Vec<i64>>;
 
@@ -63,6 +72,12 @@ impl Conv {
         };
         let x = front.concat(x, 2).concat(frame(t - 1), 2);
         nn::conv_3d(g, x, weight, Some(g.param(self.bias)), self.ic, [1; 3], [1, 1, 0], [1; 3])
+    }
+
+    /// Causal (the encoder's): two copies of the first frame in front, nothing behind.
+    fn causal<'g>(&self, g: &'g Graph, x: T<'g>) -> T<'g> {
+        let x = encoder::first_frames(x, 2).concat(x, 2);
+        nn::conv_3d(g, x, g.param(self.weight), Some(g.param(self.bias)), self.ic, [1; 3], [1, 1, 0], [1; 3])
     }
 }
 
@@ -97,23 +112,82 @@ fn pixel_norm<'g>(x: T<'g>, eps: f32) -> T<'g> {
     x.permute_axes([3, 0, 1, 2]).cont().rms_norm(eps).permute_axes([1, 2, 3, 0]).cont()
 }
 
+/// A timestep embedder (`timestep_embedder.linear_1/2`): sinusoidal features of 256, two
+/// linears with SiLU between.
+#[derive(Clone, Copy, Debug)]
+struct TimeEmbedder {
+    linear_1: Linear,
+    linear_2: Linear,
+}
+
+impl TimeEmbedder {
+    fn new(s: &mut Scope, dim: i64) -> TimeEmbedder {
+        let mut t = s.sub("timestep_embedder");
+        TimeEmbedder { linear_1: Linear::with_options(&mut t, "linear_1", 256, dim, true, true), linear_2: Linear::with_options(&mut t, "linear_2", dim, dim, true, true) }
+    }
+
+    fn forward<'g>(&self, g: &'g Graph, t: T<'g>) -> T<'g> {
+        self.linear_2.forward(g, self.linear_1.forward(g, t.timestep_embedding(256, 10000)).silu_inplace())
+    }
+}
+
+/// Rows of `table` `[C, rows]` plus the embedding `[C · rows]`, each as `[1, 1, 1, C]`.
+fn table_rows<'g>(g: &'g Graph, table: W, emb: T<'g>, channels: i64, rows: i64) -> Vec<T<'g>> {
+    let sum = g.param(table).add(emb.reshape(&[channels, rows]));
+    let nb = sum.nb();
+    (0..rows).map(|r| sum.view(&[channels, 1], &[nb[1]], r as usize * nb[1]).cont().reshape(&[1, 1, 1, channels])).collect()
+}
+
+/// `x + x·scale + shift` over the channels of `[W, H, T, C]`.
+fn scale_shift<'g>(x: T<'g>, scale: T<'g>, shift: T<'g>) -> T<'g> {
+    x.add(x.mul(scale)).add(shift)
+}
+
 #[derive(Clone, Copy, Debug)]
 struct ResBlock {
     conv1: Conv,
     conv2: Conv,
+    /// The timestep-conditioned decoder's `scale_shift_table` `[C, 4]`.
+    table: Option<W>,
 }
 
 impl ResBlock {
-    fn forward<'g>(&self, g: &'g Graph, x: T<'g>, tile: &mut Option<TileCache<'_, 'g>>) -> T<'g> {
-        let h = self.conv1.forward(g, pixel_norm(x, RES_EPS).silu_inplace(), tile);
-        let h = self.conv2.forward(g, pixel_norm(h, RES_EPS).silu_inplace(), tile);
+    fn new(s: &mut Scope, channels: i64) -> ResBlock {
+        ResBlock { conv1: Conv::new(&mut s.sub("conv1"), channels, channels), conv2: Conv::new(&mut s.sub("conv2"), channels, channels), table: None }
+    }
+
+    /// A decoder block; with `timed`, its table for the level's timestep embedding.
+    fn decoder(s: &mut Scope, channels: i64, timed: bool) -> ResBlock {
+        let table = timed.then(|| s.tensor("scale_shift_table", F32, &[channels, 4]));
+        ResBlock { table, ..ResBlock::new(s, channels) }
+    }
+
+    /// The non-causal decoder block; `emb` the level's timestep embedding `[4C]` when the
+    /// decoder is timestep-conditioned.
+    fn forward<'g>(&self, g: &'g Graph, x: T<'g>, emb: Option<T<'g>>, tile: &mut Option<TileCache<'_, 'g>>) -> T<'g> {
+        let mods = match (self.table, emb) {
+            (Some(table), Some(emb)) => Some(table_rows(g, table, emb, x.ne()[3], 4)),
+            _ => None,
+        };
+        let norm = |h: T<'g>, i: usize| match &mods {
+            Some(m) => scale_shift(pixel_norm(h, RES_EPS), m[2 * i + 1], m[2 * i]),
+            None => pixel_norm(h, RES_EPS),
+        };
+        let h = self.conv1.forward(g, norm(x, 0).silu_inplace(), tile);
+        let h = self.conv2.forward(g, norm(h, 1).silu_inplace(), tile);
+        h.add(x)
+    }
+
+    fn forward_causal<'g>(&self, g: &'g Graph, x: T<'g>) -> T<'g> {
+        let h = self.conv1.causal(g, pixel_norm(x, RES_EPS).silu_inplace());
+        let h = self.conv2.causal(g, pixel_norm(h, RES_EPS).silu_inplace());
         h.add(x)
     }
 }
 
 /// `"b (c p1 p2 p3) d h w -> b c (d p1) (h p2) (w p3)"` on `[W, H, T, c·ft·fs·fs]`, the first
 /// frame dropped when time doubles (`drop_first`: at the start of the video).
-fn depth_to_space<'g>(x: T<'g>, c: i64, ft: i64, fs: i64, drop_first: bool) -> T<'g> {
+pub(crate) fn depth_to_space<'g>(x: T<'g>, c: i64, ft: i64, fs: i64, drop_first: bool) -> T<'g> {
     let [w, h, t, _] = x.ne();
     let x = x.permute_axes([0, 1, 3, 2]).cont().reshape(&[w, h, fs, fs * ft * c * t]);
     let x = x.permute_axes([2, 0, 1, 3]).cont().reshape(&[fs * w, h, fs, ft * c * t]);
@@ -140,36 +214,54 @@ fn unpatchify<'g>(x: T<'g>) -> T<'g> {
 
 #[derive(Clone, Debug)]
 enum Up {
-    Res(Vec<ResBlock>),
+    /// Residual blocks, with the level's time embedder when timestep-conditioned.
+    Res(Vec<ResBlock>, Option<TimeEmbedder>),
     /// The convolution, the channels kept and the time and space factors.
     DepthToSpace { conv: Conv, channels: i64, ft: i64, fs: i64 },
+}
+
+/// One level of an encoder's or decoder's `{blocks}.N.` as the weights describe it.
+enum LevelWeights {
+    /// Residual blocks: their count and width.
+    Res { layers: usize, width: i64 },
+    /// A resampler: its convolution's outputs and the width of the next residual level (0
+    /// when none follows before the end).
+    Resample { conv: i64, next: i64 },
+}
+
+/// The levels under `blocks` (e.g. `first_stage_model.decoder.up_blocks`), read as the
+/// reference reads them.
+fn level_weights(shape_of: ShapeOf, blocks: &str) -> Vec<LevelWeights> {
+    let bias = |i: usize, rest: &str| shape_of(&format!("{blocks}.{i}.{rest}")).map(|s| s[0]);
+    let res = |i: usize, m: usize| bias(i, &format!("res_blocks.{m}.conv1.conv.bias"));
+    let mut out = Vec::new();
+    for i in 0.. {
+        if let Some(width) = res(i, 0) {
+            out.push(LevelWeights::Res { layers: (0..).take_while(|&m| res(i, m).is_some()).count(), width });
+            continue;
+        }
+        let Some(conv) = bias(i, "conv.conv.bias") else { break };
+        let next = (i + 1..).map_while(|j| res(j, 0).map(Ok).or_else(|| bias(j, "conv.conv.bias").map(|_| Err(())))).find_map(|r| r.ok()).unwrap_or(0);
+        out.push(LevelWeights::Resample { conv, next });
+    }
+    out
 }
 
 /// The decoder's levels as the reference reads them from the weights.
 fn levels(shape_of: ShapeOf, prefix: &str, conv_in: i64) -> Result<Vec<(String, i64, i64, i64)>> {
     // (kind, layers or kept channels, ft, fs)
-    let bias = |n: String| shape_of(&n).map(|s| s[0]);
     let up = |i: usize| format!("{prefix}decoder.up_blocks.{i}.");
     let mut out = Vec::new();
     let mut channels = conv_in;
-    for i in 0.. {
-        if let Some(c) = bias(format!("{}res_blocks.0.conv1.conv.bias", up(i))) {
-            let layers = (0..).take_while(|m| bias(format!("{}res_blocks.{m}.conv1.conv.bias", up(i))).is_some()).count();
-            out.push(("res".to_string(), layers as i64, 0, 0));
-            channels = c;
-            continue;
-        }
-        let Some(conv_out) = bias(format!("{}conv.conv.bias", up(i))) else { break };
-        let mut next = 0;
-        for j in i + 1.. {
-            if let Some(c) = bias(format!("{}res_blocks.0.conv1.conv.bias", up(j))) {
-                next = c;
-                break;
+    for (i, level) in level_weights(shape_of, &format!("{prefix}decoder.up_blocks")).into_iter().enumerate() {
+        let (conv_out, mut next) = match level {
+            LevelWeights::Res { layers, width } => {
+                out.push(("res".to_string(), layers as i64, 0, 0));
+                channels = width;
+                continue;
             }
-            if bias(format!("{}conv.conv.bias", up(j))).is_none() {
-                break;
-            }
-        }
+            LevelWeights::Resample { conv, next } => (conv, next),
+        };
         if next <= 0 || channels % next != 0 {
             next = (channels / 2).max(1);
         }
@@ -196,18 +288,18 @@ fn levels(shape_of: ShapeOf, prefix: &str, conv_in: i64) -> Result<Vec<(String, 
 pub struct LtxVaeConfig {
     conv_in: i64,
     levels: Vec<(String, i64, i64, i64)>,
+    /// The decoder is timestep-conditioned (`decoder.timestep_scale_multiplier`).
+    pub timestep: bool,
+    /// `None`: the file has no encoder (decode only).
+    pub encoder: Option<EncoderConfig>,
 }
 
 impl LtxVaeConfig {
-    /// The decoder under `prefix` (full names through `shape_of`); the timestep-conditioned
-    /// decoder is refused.
+    /// The decoder (and encoder) under `prefix` (full names through `shape_of`).
     pub fn detect(shape_of: ShapeOf, prefix: &str) -> Result<LtxVaeConfig> {
-        ensure!(
-            shape_of(&format!("{prefix}decoder.timestep_scale_multiplier")).is_none(),
-            "the LTX VAE's timestep-conditioned decoder (decoder.timestep_scale_multiplier) is not supported yet"
-        );
+        let timestep = shape_of(&format!("{prefix}decoder.timestep_scale_multiplier")).is_some();
         let conv_in = shape_of(&format!("{prefix}decoder.conv_in.conv.bias")).map_or(128, |s| s[0]);
-        Ok(LtxVaeConfig { conv_in, levels: levels(shape_of, prefix, conv_in)? })
+        Ok(LtxVaeConfig { conv_in, levels: levels(shape_of, prefix, conv_in)?, timestep, encoder: EncoderConfig::detect(shape_of, prefix) })
     }
 }
 
@@ -217,6 +309,9 @@ pub struct LtxVae {
     conv_in: Conv,
     ups: Vec<Up>,
     conv_out: Conv,
+    encoder: Option<encoder::Encoder>,
+    /// Timestep conditioning: the multiplier `[1]`, the output's embedder and table `[C, 2]`.
+    timestep: Option<(W, TimeEmbedder, W)>,
 }
 
 impl LtxVae {
@@ -232,13 +327,9 @@ impl LtxVae {
         for (i, (kind, n, ft, fs)) in cfg.levels.iter().cloned().enumerate() {
             let mut b = d.sub(&format!("up_blocks.{i}"));
             if kind == "res" {
-                let blocks = (0..n)
-                    .map(|m| {
-                        let mut r = b.sub(&format!("res_blocks.{m}"));
-                        ResBlock { conv1: Conv::new(&mut r.sub("conv1"), channels, channels), conv2: Conv::new(&mut r.sub("conv2"), channels, channels) }
-                    })
-                    .collect();
-                ups.push(Up::Res(blocks));
+                let blocks = (0..n).map(|m| ResBlock::decoder(&mut b.sub(&format!("res_blocks.{m}")), channels, cfg.timestep)).collect();
+                let embedder = cfg.timestep.then(|| TimeEmbedder::new(&mut b.sub("time_embedder"), 4 * channels));
+                ups.push(Up::Res(blocks, embedder));
             } else {
                 let conv = Conv::new(&mut b.sub("conv"), channels, n * ft * fs * fs);
                 ups.push(Up::DepthToSpace { conv, channels: n, ft, fs });
@@ -246,7 +337,13 @@ impl LtxVae {
             }
         }
         let conv_out = Conv::new(&mut d.sub("conv_out"), channels, 3 * PATCH * PATCH);
-        LtxVae { std, mean, conv_in, ups, conv_out }
+        let timestep = cfg.timestep.then(|| {
+            let multiplier = d.tensor("timestep_scale_multiplier", F32, &[1]);
+            let embedder = TimeEmbedder::new(&mut d.sub("last_time_embedder"), 2 * channels);
+            (multiplier, embedder, d.tensor("last_scale_shift_table", F32, &[channels, 2]))
+        });
+        let encoder = cfg.encoder.as_ref().map(|e| encoder::Encoder::new(&mut s.sub("encoder"), e));
+        LtxVae { std, mean, conv_in, ups, conv_out, encoder, timestep }
     }
 
     /// VAE-space latent `[w, h, t, 128]` → frames `[32w, 32h, 8(t-1)+1, 3]` in [-1, 1]; in a
@@ -255,9 +352,13 @@ impl LtxVae {
         let c = CHANNELS as i64;
         let x = z.mul(g.param(self.std).reshape(&[1, 1, 1, c])).add(g.param(self.mean).reshape(&[1, 1, 1, c]));
         let mut x = self.conv_in.forward(g, x, tile);
+        let t = self.timestep.map(|(multiplier, _, _)| g.input_f32(&[DECODE_TIMESTEP], &[1]).mul(g.param(multiplier)));
         for up in &self.ups {
             x = match up {
-                Up::Res(blocks) => blocks.iter().fold(x, |x, b| b.forward(g, x, tile)),
+                Up::Res(blocks, embedder) => {
+                    let emb = embedder.zip(t).map(|(e, t)| e.forward(g, t));
+                    blocks.iter().fold(x, |x, b| b.forward(g, x, emb, tile))
+                }
                 Up::DepthToSpace { conv, channels, ft, fs } => {
                     let y = depth_to_space(conv.forward(g, x, tile), *channels, *ft, *fs, first);
                     if let Some(tc) = tile.as_mut() {
@@ -267,7 +368,12 @@ impl LtxVae {
                 }
             };
         }
-        let mut x = self.conv_out.forward(g, pixel_norm(x, OUT_EPS).silu_inplace(), tile);
+        let mut x = pixel_norm(x, OUT_EPS);
+        if let (Some((_, embedder, table)), Some(t)) = (self.timestep, t) {
+            let m = table_rows(g, table, embedder.forward(g, t), x.ne()[3], 2);
+            x = scale_shift(x, m[1], m[0]);
+        }
+        let mut x = self.conv_out.forward(g, x.silu_inplace(), tile);
         if let Some(overlap) = tile.as_ref().map(|tc| tc.overlap).filter(|&o| o > 0) {
             let [w, h, t, c] = x.ne();
             let nb = x.nb();
@@ -278,7 +384,7 @@ impl LtxVae {
 
     /// The decoder's convolutions (one feature-cache slot each in temporal tiles).
     fn convolutions(&self) -> usize {
-        let ups: usize = self.ups.iter().map(|up| if let Up::Res(blocks) = up { 2 * blocks.len() } else { 1 }).sum();
+        let ups: usize = self.ups.iter().map(|up| if let Up::Res(blocks, _) = up { 2 * blocks.len() } else { 1 }).sum();
         2 + ups
     }
 
@@ -323,6 +429,30 @@ impl LtxVae {
         cat_frames(&outs)
     }
 
+    /// Video `[W, H, T, 3, ..]` in [-1, 1] → normalised latent means `[W/s, H/s, t, 128]`; the
+    /// frames are cropped to 8k + 1 first, as the reference does.
+    fn run_encoder(&self, runner: &mut Runner, video: &Tensor) -> Result<Tensor> {
+        let Some(enc) = &self.encoder else { bail!("LTX video VAE encode requires encoder weights (this file has no encoder.*)") };
+        let (w, h, t) = (video.ne(0), video.ne(1), video.ne(2));
+        ensure!(video.shape().len() >= 4 && video.ne(3) == 3, "LTX VAE encode takes RGB frames [W, H, T, 3], got {:?}", video.shape());
+        let kept = 1 + (t.max(1) - 1) / TIME_SCALE * TIME_SCALE;
+        let plane = w * h;
+        let pixels: Vec<f32> = (0..3).flat_map(|c| video.data()[c * t * plane..(c * t + kept) * plane].iter().copied()).collect();
+        let patches = encoder::patchify(&pixels, w, h, kept)?;
+        let p = PATCH as usize;
+        let ne = [(w / p) as i64, (h / p) as i64, kept as i64, 3 * PATCH * PATCH];
+        let c = CHANNELS as i64;
+        // The reference's sums (no Winograd): the encoded pictures condition every step after,
+        // frames and sound, where rounding differences would spread.
+        let winograd = std::mem::replace(&mut runner.options.cpu_winograd, false);
+        let out = runner.compute(|g| {
+            let means = enc.graph(g, g.input_f32(&patches, &ne));
+            Ok(means.sub(g.param(self.mean).reshape(&[1, 1, 1, c])).div(g.param(self.std).reshape(&[1, 1, 1, c])))
+        });
+        runner.options.cpu_winograd = winograd;
+        out
+    }
+
     fn run(&self, runner: &mut Runner, z: &Tensor) -> Result<Tensor> {
         ensure!(z.shape().len() >= 4 && z.ne(3) == CHANNELS, "vae decode: the LTX VAE takes {CHANNELS} latent channels, got {:?}", z.shape());
         let shape = [z.ne(0), z.ne(1), z.ne(2), CHANNELS];
@@ -347,12 +477,20 @@ impl VaeNet for LtxVae {
         TIME_SCALE
     }
 
+    /// The encoder's output is already the latent (the normalised means).
     fn encoder_output_channels(&self) -> i64 {
-        2 * CHANNELS as i64
+        CHANNELS as i64
     }
 
-    fn encode(&self, _runner: &mut Runner, _image: &Tensor) -> Result<Tensor> {
-        bail!("the LTX VAE's encoder is not supported yet: pictures cannot be encoded (init, end or keyframe images)")
+    fn encode(&self, runner: &mut Runner, image: &Tensor) -> Result<Tensor> {
+        let (w, h, c, n) = (image.ne(0), image.ne(1), image.ne(2), image.ne(3));
+        ensure!(n == 1 && c == 3, "LTX VAE encode takes one RGB picture, got {:?}", image.shape());
+        let out = self.run_encoder(runner, &Tensor::from_vec(&[w, h, 1, 3], image.data().to_vec())?)?;
+        Tensor::from_vec(&[out.ne(0), out.ne(1), CHANNELS, 1], out.data().to_vec())
+    }
+
+    fn encode_video(&self, runner: &mut Runner, frames: &Tensor) -> Result<Tensor> {
+        self.run_encoder(runner, frames)
     }
 
     fn decode(&self, runner: &mut Runner, latent: &Tensor) -> Result<Tensor> {
@@ -438,6 +576,39 @@ mod tests {
         assert_eq!(out.data()[(c * 4 * h + 4 * y + q) * 4 * w + 4 * x + r], data[(ch * h + y) * w + x]);
     }
 
+    /// Host patches turned back into pixels by the decoder's rearrangement are the pixels.
+    #[test]
+    fn patchify_is_the_inverse_of_unpatchify() {
+        let (w, h, t) = (8usize, 12usize, 2usize);
+        let pixels: Vec<f32> = (0..w * h * t * 3).map(|v| v as f32).collect();
+        let patches = encoder::patchify(&pixels, w, h, t).unwrap();
+        let out = runner().compute(|g| Ok(unpatchify(g.input_f32(&patches, &[2, 3, t as i64, 48])))).unwrap();
+        assert_eq!(out.shape(), &[w, h, t, 3]);
+        assert_eq!(out.data(), &pixels[..]);
+        assert!(encoder::patchify(&pixels[..10], 8, 12, 1).is_err());
+        assert!(encoder::patchify(&pixels, 6, 16, 2).is_err());
+    }
+
+    /// The encoder's levels come from the weights as the reference reads them: the full
+    /// encoder compresses as the decoder expands; the one-level file's lone downsampler has no
+    /// next level to read its factor from and falls back to 2×2×2.
+    #[test]
+    fn encoder_levels_are_read_from_the_weights() {
+        let (_s, vae, cfg) = crate::models::vae::testutil::load_ltx_vae("ltx_vae_i2v.safetensors");
+        let enc = cfg.encoder.clone().expect("an encoder");
+        let down = |ft, fs, multiplier| Level::Down { ft, fs, multiplier };
+        assert_eq!(enc.levels, vec![Level::Res(1), down(1, 2, 2), Level::Res(1), down(2, 1, 2), Level::Res(1), down(2, 2, 1), Level::Res(1), down(2, 2, 1), Level::Res(1)]);
+        assert_eq!(enc.scales(), (SCALE as i64, TIME_SCALE as i64));
+        // 64×64, 10 frames (cropped to 9) → 2×2×2 latent cells of 128 finite values.
+        let video = crate::models::vae::testutil::pattern(&[64, 64, 10, 3, 1], -1.0, 1.0, 5);
+        let z = vae.encode_video(&mut runner(), &video).unwrap();
+        assert_eq!(z.shape(), &[2, 2, 2, CHANNELS]);
+        assert!(z.data().iter().all(|v| v.is_finite()));
+        let (_s, small, cfg) = crate::models::vae::testutil::load_ltx_vae("ltx_vae.safetensors");
+        assert_eq!(cfg.encoder.expect("an encoder").scales(), (8, 2));
+        assert_eq!(small.encode_video(&mut runner(), &video).unwrap().shape(), &[8, 8, 5, CHANNELS]);
+    }
+
     #[test]
     fn pixel_norm_normalises_each_cell_over_channels() {
         let data = [3.0f32, 0.0, 4.0, 0.0];
@@ -454,7 +625,7 @@ mod tests {
     /// to each time doubling); an overlap as large as the tile is cut down.
     #[test]
     fn temporal_tiles_make_the_plain_decodes_frames() {
-        let (_store, vae) = crate::models::vae::testutil::load_ltx_vae();
+        let (_store, vae, _) = crate::models::vae::testutil::load_ltx_vae("ltx_vae.safetensors");
         let mut runner = runner();
         let z = crate::models::vae::testutil::pattern(&[2, 2, 5, CHANNELS, 1], -2.0, 2.0, 3);
         let plain = vae.decode_video(&mut runner, &z, None, None).unwrap();

@@ -11,11 +11,13 @@
 //! and the files the reference refuses in `new_sd_ctx` (a layout not MiniMax-H3's, an audio
 //! VAE for LingBot, a family without sound). With the tiny video autoencoder (`taesd_path`,
 //! `mm_tae*`): 5 frames without a VAE file, 39 frames trimmed by chunks, 22 frames with sound.
+//! Keyframes (`init_image`, `end_image`) through the VAE's encoder: I2VA, FL2VA at cfg 3 with a
+//! negative prompt, the end frame alone over 22 frames at 96×64, I2VA with sound.
 //!
-//! Without `SD_PARITY=full` only `mm_sound_cfg1` (`mm_cfg1`'s frames and their sound: about two
-//! minutes, the VAE's decoder is 2.4e9 weights whatever the video's size, the audio decoder's
-//! seven upsamplings run on ggml's plain 1-D convolutions), `mm_tae` (seconds) and the refused
-//! layout run.
+//! Without `SD_PARITY=full` only `mm_sound_i2va_seed3` (a start picture through the encoder,
+//! the frames and their sound: about two minutes, the VAE's decoder is 2.4e9 weights whatever
+//! the video's size, the audio decoder's seven upsamplings run on ggml's plain 1-D
+//! convolutions), `mm_tae` (seconds) and the refused layout run.
 
 mod common;
 
@@ -27,7 +29,7 @@ fn minimax_h3_quick_subset() {
         eprintln!("skipped: SD_PARITY=full runs every case in minimax_h3_all_cases");
         return;
     }
-    report(&run("minimax-h3", |c| matches!(c.name.as_str(), "mm_sound_cfg1" | "mm_tae" | "mm_sound_vae_wrong_layout")));
+    report(&run("minimax-h3", |c| matches!(c.name.as_str(), "mm_sound_i2va_seed3" | "mm_tae" | "mm_sound_vae_wrong_layout")));
 }
 
 #[test]

@@ -43,8 +43,9 @@ use Use::*;
 const LTX: Use = NeedsLtx("only LTX-2.3 video models read it");
 /// Read by the LTX VAE's temporal tiling alone.
 const LTX_TEMPORAL: Use = NeedsLtx("only the LTX VAE's temporal tiling reads it");
-/// Reference clips: LTX-2.3's and MiniMax-H3's reference-to-video, not built here.
-const REF_CLIPS: Use = Warns("only LTX-2.3 and MiniMax-H3 reference clips read it, and this build takes neither");
+/// Reference clips: MiniMax-H3's Ref2VA reads them (refused there, not built here); every
+/// other family ignores them, as the reference does.
+const REF_CLIPS: Use = Warns("only MiniMax-H3's Ref2VA reads it, which this build does not take");
 const IP_ADAPTER: Use = NeedsIpAdapter("no IP-Adapter is loaded (ip_adapter_path, SD 1.x and SDXL models)");
 /// Read by the reference's cache-dit but without effect on its step decision (its limits and
 /// mask checks change nothing; its TaylorSeer terms are never used): no effect here either.

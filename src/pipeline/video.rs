@@ -83,26 +83,29 @@ fn check_params(p: &VidGenParams) -> Result<()> {
     Ok(())
 }
 
-/// What MiniMax-H3 takes here: text alone (its keyframes and Ref2VA references need the VAE's
-/// encoder); control frames are refused as by the reference. Its frames are at 24 fps.
+/// What MiniMax-H3 takes here: text, and start and end pictures (keyframes); its Ref2VA
+/// references are not built, and keyframes with references and control frames are refused
+/// as by the reference. Its frames are at 24 fps.
 fn check_minimax_h3(p: &VidGenParams) -> Result<()> {
-    ensure!(p.control_frames.is_empty(), "MiniMax-H3 control_frames are not implemented");
+    let references = !p.ref_images.is_empty() || !p.ref_videos.is_empty() || !p.ref_audios.is_empty();
     ensure!(
-        p.init_image.is_none() && p.end_image.is_none() && p.ref_images.is_empty() && p.ref_videos.is_empty() && p.ref_audios.is_empty(),
-        "MiniMax-H3 keyframes (init_image, end_image) and Ref2VA references (ref_images, ref_videos, ref_audios) are not supported yet: they need the VAE's encoder"
+        !references || (p.init_image.is_none() && p.end_image.is_none()),
+        "MiniMax-H3 keyframes and Ref2VA references cannot be used together"
     );
+    ensure!(p.control_frames.is_empty(), "MiniMax-H3 control_frames are not implemented");
+    ensure!(!references, "MiniMax-H3 Ref2VA references (ref_images, ref_videos, ref_audios) are not supported yet");
     if p.fps != 24 {
         sd_warn!("MiniMax-H3 uses 24 fps; overriding requested fps {}", p.fps.max(1));
     }
     Ok(())
 }
 
-/// What LTX-2.3 takes here: text, start and end pictures; its reference audio and
-/// latent-upscale refine pass are not built.
+/// What LTX-2.3 refuses: control frames (as the reference does) and a strength that is no
+/// number. Reference clips (ref_videos, ref_audios) are MiniMax-H3's alone: the reference
+/// ignores them here, and `fields::video_warnings` says so.
 fn check_ltx(p: &VidGenParams) -> Result<()> {
     ensure!(p.control_frames.is_empty(), "LTXAV control_frames are not implemented");
     ensure!(p.strength.is_finite(), "strength must be a finite number, got {}", p.strength);
-    ensure!(p.ref_audios.is_empty(), "LTX-2.3 reference audio (ref_audios) is not supported yet");
     Ok(())
 }
 
@@ -232,6 +235,10 @@ struct VideoLatents {
     /// the decode) and the pixel frame they stand for.
     keyframes: usize,
     keyframe_at: Option<usize>,
+    /// MiniMax-H3's keyframes: latents the transformer sees as extra tokens, and the pixel
+    /// frame each stands for.
+    ref_latents: Vec<Tensor>,
+    ref_latent_frames: Vec<usize>,
 }
 
 /// A picture `[W, H, 3, 1]` as a one-frame video `[W, H, 1, 3, 1]`.
@@ -312,6 +319,8 @@ fn video_latents(ms: &mut ModelSet, p: &VidGenParams, r: &mut VideoRequest, form
         ref_images: Vec::new(),
         keyframes: 0,
         keyframe_at: None,
+        ref_latents: Vec::new(),
+        ref_latent_frames: Vec::new(),
     };
     let cond = ms.video_cond;
     let name = ms.version.name();
@@ -451,6 +460,23 @@ fn video_latents(ms: &mut ModelSet, p: &VidGenParams, r: &mut VideoRequest, form
             out.denoise_mask = Some(mask);
             sd_info!("encode_first_stage completed, taking {} ms", start.elapsed().as_millis());
         }
+        VideoCond::RefKeyframes if start_image.is_some() || end_image.is_some() => {
+            sd_info!("{}", match (&start_image, &end_image) {
+                (Some(_), Some(_)) => "MiniMax-H3 FL2VA",
+                (Some(_), None) => "MiniMax-H3 I2VA",
+                _ => "MiniMax-H3 end-frame conditioning",
+            });
+            for (image, frame, what) in [(start_image, 0, "start"), (end_image, r.frames - 1, "end")] {
+                let Some(image) = image else { continue };
+                let latent = with_first_stage(ms, |fs| fs.encode_video(&one_frame(&image)?, tiling, circular))
+                    .map_err(|e| Error::new(format!("failed to encode MiniMax-H3 {what} keyframe: {e}")))?;
+                out.ref_latents.push(keyframe_noise(&latent, r.seed));
+                out.ref_latent_frames.push(frame);
+                // The conditioner sees the pictures too (a vision tower would show them).
+                out.ref_images.push(image);
+            }
+            sd_info!("encode_first_stage completed, taking {} ms", start.elapsed().as_millis());
+        }
         VideoCond::Vace => {
             sd_info!("VACE");
             unused("an end image (end_image)", end_image.is_some());
@@ -525,6 +551,19 @@ fn video_latents(ms: &mut ModelSet, p: &VidGenParams, r: &mut VideoRequest, form
         }
     }
     Ok(out)
+}
+
+/// A MiniMax-H3 keyframe latent moved slightly towards noise: `0.999·z + 0.001·n`, the noise
+/// from a Philox generator seeded with the request's seed for each keyframe (so the start
+/// and end pictures get the same noise), as the reference's visual conditioning timestep.
+fn keyframe_noise(latent: &Tensor, seed: i64) -> Tensor {
+    const KEEP: f32 = crate::models::diffusion::minimax_h3::VISUAL_COND_TIMESTEP;
+    let noise = randn_like(latent, &mut crate::runtime::rng::PhiloxRng::new(seed as u64));
+    let mut out = latent.clone();
+    for (v, n) in out.data_mut().iter_mut().zip(noise.data()) {
+        *v = *v * KEEP + *n * (1.0 - KEEP);
+    }
+    out
 }
 
 /// Latent frame `f` of `[W, H, T, C, 1]` as `[W, H, 1, C, 1]`.
@@ -703,7 +742,7 @@ pub fn generate_video(ms: &mut ModelSet, p: &VidGenParams, cancel: &CancelFlag) 
     let prepared = Prepared {
         init_latent: lat.init_latent,
         denoise_mask: lat.denoise_mask,
-        ref_latents: Vec::new(),
+        ref_latents: lat.ref_latents,
         cond,
         uncond,
         img_uncond: None,
@@ -720,6 +759,7 @@ pub fn generate_video(ms: &mut ModelSet, p: &VidGenParams, cancel: &CancelFlag) 
         frames: r.frames,
         keyframes: lat.keyframes,
         keyframe_at: lat.keyframe_at,
+        ref_latent_frames: &lat.ref_latent_frames,
     };
     let ModelSet { diffusion, high_noise, denoiser, first_stage, preview, spec, .. } = ms;
     let mut job = video_job(&request, &prepared, denoiser, first_stage, preview, spec, &format, &tiling, circular, vace, cancel);
@@ -884,7 +924,7 @@ impl Refine<'_> {
         let sigmas = super::ltx_refine::sigmas(ms, self.hires, &p.sample_params, self.plan.method, self.plan.sigmas.len().saturating_sub(1), seq_len)?;
         let prepared = Prepared { init_latent: x, denoise_mask: mask, ..prepared };
         let keyframe_at = (self.keyframes > 0).then(|| frames - 1);
-        let video = VideoInput { vace_context: None, vace_strength: p.vace_strength, fps, frames, keyframes: self.keyframes, keyframe_at };
+        let video = VideoInput { vace_context: None, vace_strength: p.vace_strength, fps, frames, keyframes: self.keyframes, keyframe_at, ref_latent_frames: &[] };
         let start = Instant::now();
         let ModelSet { diffusion, denoiser, first_stage, preview, spec, .. } = ms;
         let mut job = video_job(self.request, &prepared, denoiser, first_stage, preview, spec, format, tiling, circular, video, cancel);
@@ -953,5 +993,39 @@ mod tests {
         assert!(check_params(&VidGenParams { moe_boundary: f32::NAN, ..ok.clone() }).is_err());
         assert!(check_ltx(&VidGenParams { strength: f32::NAN, ..ok.clone() }).is_err());
         assert!(check_ltx(&VidGenParams { strength: 2.0, ..ok.clone() }).is_ok());
+        // Reference audio is MiniMax-H3's alone: LTX-2.3 goes on (a field warning says so).
+        let audio = Audio { sample_rate: 16000, channels: 1, data: vec![0.0; 16] };
+        assert!(check_ltx(&VidGenParams { ref_audios: vec![audio.clone()], ..ok.clone() }).is_ok());
+    }
+
+    /// MiniMax-H3 takes keyframes; Ref2VA references are refused (with keyframes, as the
+    /// reference refuses them; alone, as not built), and so are control frames.
+    #[test]
+    fn minimax_h3_keyframes_and_references() {
+        let picture = Image::new(64, 64, 3, vec![128; 64 * 64 * 3]).unwrap();
+        let ok = VidGenParams { width: 64, height: 64, video_frames: 5, fps: 24, ..VidGenParams::default() };
+        let start = VidGenParams { init_image: Some(picture.clone()), ..ok.clone() };
+        assert!(check_minimax_h3(&start).is_ok());
+        assert!(check_minimax_h3(&VidGenParams { end_image: Some(picture.clone()), ..ok.clone() }).is_ok());
+        let audio = Audio { sample_rate: 48000, channels: 2, data: vec![0.0; 32] };
+        let both = check_minimax_h3(&VidGenParams { ref_audios: vec![audio.clone()], ..start.clone() }).unwrap_err().to_string();
+        assert!(both.contains("cannot be used together"), "{both}");
+        let refs = check_minimax_h3(&VidGenParams { ref_images: vec![picture.clone()], ..ok.clone() }).unwrap_err().to_string();
+        assert!(refs.contains("Ref2VA"), "{refs}");
+        let control = check_minimax_h3(&VidGenParams { control_frames: vec![picture], ..ok }).unwrap_err().to_string();
+        assert!(control.contains("control_frames"), "{control}");
+    }
+
+    /// The keyframe noise is the seed's Philox noise at 0.1%, the same for every keyframe.
+    #[test]
+    fn keyframe_noise_is_the_seeds_philox_noise() {
+        let z = Tensor::from_vec(&[2, 2, 1, 1, 1], vec![1.0, -2.0, 0.5, 0.0]).unwrap();
+        let a = keyframe_noise(&z, 42);
+        assert_eq!(a.data(), keyframe_noise(&z, 42).data());
+        let n = randn_like(&z, &mut crate::runtime::rng::PhiloxRng::new(42));
+        for ((v, z), n) in a.data().iter().zip(z.data()).zip(n.data()) {
+            assert_eq!(*v, z * 0.999 + n * (1.0 - 0.999f32));
+        }
+        assert_ne!(a.data(), keyframe_noise(&z, 43).data());
     }
 }

@@ -505,6 +505,20 @@ SETS = {
                   _params(steps=1),
                   note="a family without sound: the reference reads the file as LTX-2.3's audio VAE, misses its "
                        "tensors and new_sd_ctx fails"),
+            _case("mm_i2va", MINIMAX, _params(steps=2, init_image="init_64.png"),
+                  note="I2VA: the start picture through the VAE's encoder (causal 3-D convolutions, 4 tiles of 16 "
+                       "latent pixels forced), moved 0.1% towards Philox noise of the seed, as tokens in front of "
+                       "the audio at the first frame's time, modulated for timestep max(t, 0.999), not denoised"),
+            _case("mm_fl2va_cfg3_negative_seed7", MINIMAX,
+                  _params(steps=2, cfg=3.0, seed=7, negative_prompt="blurry, static", init_image="init_64.png",
+                          end_image="end_64.png"),
+                  note="FL2VA: start and end keyframes (the end one at the last latent frame's time, the same noise), "
+                       "both passes see them"),
+            _case("mm_end_frame_96x64_22frames", MINIMAX,
+                  _params(steps=2, frames=22, w=96, h=64, seed=5, end_image="end_96x64.png"),
+                  note="end-frame conditioning alone, 7 latent frames (two decoder chunks)"),
+            _case("mm_sound_i2va_seed3", MINIMAX_SOUND, _params(steps=2, seed=3, init_image="init_96x64.png"),
+                  note="I2VA with sound; the 96x64 start picture resized to the 64x64 request before encoding"),
         ],
     },
     "lingbot": {

@@ -34,6 +34,9 @@ pub const AUDIO_ROWS: usize = 2;
 pub const AUDIO_SHIFT: f32 = 3.0;
 /// The video's flow shift when the request's is not finite.
 pub const DEFAULT_VIDEO_SHIFT: f32 = 12.0;
+/// The timestep keyframe tokens are modulated for (at least), and how much of a keyframe's
+/// latent stays against noise.
+pub const VISUAL_COND_TIMESTEP: f32 = 0.999;
 
 #[derive(Clone, Debug, PartialEq)]
 pub struct MinimaxH3Config {
@@ -359,9 +362,29 @@ fn find_or_add(values: &mut Vec<f32>, v: f32) -> i64 {
     }
 }
 
-/// The layout of a text-to-video evaluation: `text_len` text tokens, `audio_t` audio steps and
-/// a `latent_t` × `latent_h` × `latent_w` video latent, at timesteps `t_v` (video) and `t_a`.
-pub fn layout(text_len: usize, latent_t: usize, latent_h: usize, latent_w: usize, audio_t: usize, t_v: f32, t_a: f32) -> Layout {
+/// A latent the transformer sees but does not denoise (a keyframe picture's): its size in
+/// latent pixels and frames, and whether it stands for the video's first frame (else its
+/// last).
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct Keyframe {
+    pub w: usize,
+    pub h: usize,
+    pub t: usize,
+    pub first: bool,
+}
+
+impl Keyframe {
+    fn tokens(&self) -> usize {
+        self.t * (self.h / 2) * (self.w / 2)
+    }
+}
+
+/// The layout of one evaluation: `text_len` text tokens, the `keyframes`' tokens (all at the
+/// time of the frame they stand for, modulated for timestep `max(t_v, 0.999)`), `audio_t`
+/// audio steps and a `latent_t` × `latent_h` × `latent_w` video latent, at timesteps `t_v`
+/// (video) and `t_a`.
+#[allow(clippy::too_many_arguments)]
+pub fn layout(text_len: usize, latent_t: usize, latent_h: usize, latent_w: usize, audio_t: usize, keyframes: &[Keyframe], t_v: f32, t_a: f32) -> Layout {
     let sqrt_area = ((latent_h * latent_w) as f32).sqrt();
     let (h_axis, w_axis) = (spatial_axis(latent_h, sqrt_area), spatial_axis(latent_w, sqrt_area));
     let mut positions = Vec::new();
@@ -372,11 +395,28 @@ pub fn layout(text_len: usize, latent_t: usize, latent_h: usize, latent_w: usize
     let mut timesteps = Vec::new();
     let video_row = find_or_add(&mut timesteps, t_v);
     let audio_row = find_or_add(&mut timesteps, t_a);
-    // The rows of conditioning frames and audio (unused without references, embedded alike).
-    find_or_add(&mut timesteps, t_v.max(0.999));
+    let keyframe_row = find_or_add(&mut timesteps, t_v.max(VISUAL_COND_TIMESTEP));
+    // The row of reference audio (none here), embedded all the same.
     find_or_add(&mut timesteps, t_a.max(1.0));
     let text = text_len as i64;
     let mut spans = vec![Span { start: 0, end: text, row: video_row * 3 + 1 }];
+    let duration = (0..latent_t).fold(0.0f32, |d, t| d + video_span(t));
+    let mut row = text;
+    for k in keyframes {
+        let time = if k.first { text_len as f32 } else { text_len as f32 + duration - FRAME_RESCALE };
+        let area = ((k.w * k.h) as f32).sqrt();
+        let (hs, ws) = (spatial_axis(k.h, area), spatial_axis(k.w, area));
+        for _ in 0..k.t {
+            for &h in &hs {
+                for &w in &ws {
+                    push(time, h, w);
+                }
+            }
+        }
+        let end = row + k.tokens() as i64;
+        spans.push(Span { start: row, end, row: keyframe_row * 3 });
+        row = end;
+    }
     let cursor = text_len as f32;
     let (w_low, w_high) = (w_axis.first().copied().unwrap_or(0.0), w_axis.last().copied().unwrap_or(0.0));
     for w in [w_low, w_high] {
@@ -384,8 +424,9 @@ pub fn layout(text_len: usize, latent_t: usize, latent_h: usize, latent_w: usize
             push(cursor + t as f32, 0.0, w);
         }
     }
-    let audio_end = text + (audio_t * AUDIO_ROWS) as i64;
-    spans.push(Span { start: text, end: audio_end, row: audio_row * 3 + 2 });
+    let audio_start = row;
+    let audio_end = audio_start + (audio_t * AUDIO_ROWS) as i64;
+    spans.push(Span { start: audio_start, end: audio_end, row: audio_row * 3 + 2 });
     let mut cursor = cursor;
     for t in 0..latent_t {
         for &h in &h_axis {
@@ -400,7 +441,7 @@ pub fn layout(text_len: usize, latent_t: usize, latent_h: usize, latent_w: usize
     Layout {
         positions,
         spans,
-        audio: Span { start: text, end: audio_end, row: audio_row },
+        audio: Span { start: audio_start, end: audio_end, row: audio_row },
         video: Span { start: audio_end, end: video_end, row: video_row },
         timesteps,
     }
@@ -519,13 +560,19 @@ impl MinimaxH3Model {
         pe.reshape(&[2, 2, na, l])
     }
 
-    /// One evaluation: video patch rows `[4·C, Nv]`, audio rows `[32, 2·A]` (channel-major),
-    /// the text `[text_dim, L]`, timestep features `[D, n]`, positions `[3, L + 2A + Nv]` →
-    /// (video rows `[4·C, Nv]`, audio rows `[32, 2·A]`), not yet negated.
+    /// One evaluation: video patch rows `[4·C, K + Nv]` (the `keyframe_tokens` K of the
+    /// keyframes first, projected together as the reference does), audio rows `[32, 2·A]`
+    /// (channel-major), the text `[text_dim, L]`, timestep features `[D, n]`, positions
+    /// `[3, L + K + 2A + Nv]` → (video rows `[4·C, Nv]`, audio rows `[32, 2·A]`), not yet
+    /// negated.
     #[allow(clippy::too_many_arguments)]
-    pub fn forward<'g>(&self, g: &'g Graph, video: T<'g>, audio: T<'g>, context: T<'g>, t_features: T<'g>, positions: T<'g>, lay: &Layout) -> (T<'g>, T<'g>) {
+    pub fn forward<'g>(&self, g: &'g Graph, video: T<'g>, audio: T<'g>, context: T<'g>, t_features: T<'g>, positions: T<'g>, lay: &Layout, keyframe_tokens: i64) -> (T<'g>, T<'g>) {
         let cfg = &self.config;
         let video = self.video_patch_proj.forward(g, video);
+        let (keyframes, video) = match keyframe_tokens {
+            0 => (None, video),
+            k => (Some(slice_tokens(video, 0, k)), slice_tokens(video, k, video.ne()[1])),
+        };
         let audio = self.audio_patch_proj.forward(g, audio);
         let context = if context.ne()[0] == cfg.hidden_size {
             context
@@ -536,7 +583,11 @@ impl MinimaxH3Model {
             }
             self.refiner_norm.forward(g, x)
         };
-        let mut h = context.concat(audio, 1).concat(video, 1);
+        let mut h = match keyframes {
+            Some(k) => context.concat(k, 1),
+            None => context,
+        };
+        h = h.concat(audio, 1).concat(video, 1);
         let t_emb = self.time_out.forward(g, self.time_in.forward(g, t_features).silu());
         let pe = self.rope(g, positions);
         for b in &self.blocks {
@@ -686,19 +737,37 @@ impl DiffusionModel for Loaded<MinimaxH3Model> {
         let t_v = 1.0 - sigma;
         let t_a = 1.0 - time_shift_sigma(sigma, shift, AUDIO_SHIFT);
         let slope = time_shift_slope(sigma, shift, AUDIO_SHIFT);
-        let lay = layout(context.ne(1), p.t, p.h, p.w, p.audio_len, t_v, t_a);
+        // The keyframes' latents, with the frame each stands for (the reference's
+        // keyframe_indices: 0 is the start, anything else the end).
+        let frames_at = input.video.map(|v| v.ref_latent_frames).unwrap_or(&[]);
+        let mut keyframes = Vec::with_capacity(input.ref_latents.len());
+        let mut vrows = Vec::new();
+        for (i, r) in input.ref_latents.iter().enumerate() {
+            let kp = Packed { w: r.ne(0), h: r.ne(1), t: r.ne(2), video_channels: p.video_channels, audio_len: 0 };
+            ensure!(
+                r.shape().len() >= 4 && r.ne(3) >= p.video_channels && kp.w.is_multiple_of(2) && kp.h.is_multiple_of(2) && kp.t > 0,
+                "MiniMax-H3 keyframe {} has latent shape {:?}; it takes [even W, even H, T, {}]",
+                i + 1,
+                r.shape(),
+                p.video_channels
+            );
+            vrows.extend(patchify(r.data(), &kp));
+            keyframes.push(Keyframe { w: kp.w, h: kp.h, t: kp.t, first: frames_at.get(i).is_none_or(|&f| f == 0) });
+        }
+        let keyframe_tokens: usize = keyframes.iter().map(Keyframe::tokens).sum();
+        let lay = layout(context.ne(1), p.t, p.h, p.w, p.audio_len, &keyframes, t_v, t_a);
         let data = x.data();
-        let vrows = patchify(data, &p);
+        vrows.extend(patchify(data, &p));
         let arows = audio_rows(&data[p.video_len()..p.video_len() + audio_values], p.audio_len);
         let features = timestep_features(&lay.timesteps, cfg.timestep_input_dim as usize);
         let n_tokens = (p.t * (p.h / 2) * (p.w / 2)) as i64;
         let outs = runner.compute_many(|g| {
-            let v = g.input_f32(&vrows, &[cfg.video_dim(), n_tokens]);
+            let v = g.input_f32(&vrows, &[cfg.video_dim(), n_tokens + keyframe_tokens as i64]);
             let a = g.input_f32(&arows, &[cfg.audio_channels, (p.audio_len * AUDIO_ROWS) as i64]);
             let ctx = g.input(context);
             let t = g.input_f32(&features, &[cfg.timestep_input_dim, lay.timesteps.len() as i64]);
             let pos = g.input_f32(&lay.positions, &[3, (lay.positions.len() / 3) as i64]);
-            let (vo, ao) = model.forward(g, v, a, ctx, t, pos, &lay);
+            let (vo, ao) = model.forward(g, v, a, ctx, t, pos, &lay, keyframe_tokens as i64);
             Ok(vec![vo, ao])
         })?;
         let mut out = vec![0.0; x.len()];
@@ -719,7 +788,7 @@ mod tests {
     #[test]
     fn layout_of_text_audio_and_video() {
         // 2 text tokens, 3 audio steps, 2 frames of a 4x4 latent (2x2 patches each).
-        let lay = layout(2, 2, 4, 4, 3, 0.25, 0.5);
+        let lay = layout(2, 2, 4, 4, 3, &[], 0.25, 0.5);
         assert_eq!(lay.timesteps, vec![0.25, 0.5, 0.999, 1.0]);
         assert_eq!(lay.spans, vec![Span { start: 0, end: 2, row: 1 }, Span { start: 2, end: 8, row: 5 }, Span { start: 8, end: 16, row: 0 }]);
         assert_eq!(lay.positions.len(), 16 * 3);
@@ -738,5 +807,34 @@ mod tests {
         let mut back = vec![0.0; a.len()];
         audio_latent(&audio_rows(&a, 3), 3, 1.0, &mut back);
         assert_eq!(back, a);
+    }
+
+    /// Keyframes come between the text and the audio, each at the time of its frame (the end
+    /// one at the last latent frame's), modulated for timestep 0.999 at least; the audio and
+    /// video keep the positions they have without them.
+    #[test]
+    fn layout_with_keyframes() {
+        let plain = layout(2, 2, 4, 4, 3, &[], 0.25, 0.5);
+        let keys = [Keyframe { w: 4, h: 4, t: 1, first: true }, Keyframe { w: 4, h: 4, t: 1, first: false }];
+        let lay = layout(2, 2, 4, 4, 3, &keys, 0.25, 0.5);
+        assert_eq!(lay.timesteps, plain.timesteps);
+        assert_eq!(
+            lay.spans,
+            vec![
+                Span { start: 0, end: 2, row: 1 },
+                Span { start: 2, end: 6, row: 6 },
+                Span { start: 6, end: 10, row: 6 },
+                Span { start: 10, end: 16, row: 5 },
+                Span { start: 16, end: 24, row: 0 },
+            ]
+        );
+        assert_eq!((lay.audio, lay.video), (Span { start: 10, end: 16, row: 1 }, Span { start: 16, end: 24, row: 0 }));
+        assert_eq!(&lay.positions[2 * 3..6 * 3], &[2.0, 0.0, 0.0, 2.0, 0.0, 16.0, 2.0, 16.0, 0.0, 2.0, 16.0, 16.0]);
+        // Two latent frames last 1 + 4 spans: the end keyframe sits at the start of the last.
+        assert_eq!(lay.positions[6 * 3], 2.0 + (FRAME_RESCALE + FRAME_RESCALE * 4.0) - FRAME_RESCALE);
+        assert_eq!(&lay.positions[10 * 3..], &plain.positions[2 * 3..]);
+        // A step past 0.999 modulates keyframes with the video's own row.
+        let late = layout(2, 2, 4, 4, 3, &keys[..1], 0.9995, 0.5);
+        assert_eq!(late.spans[1].row, 0);
     }
 }

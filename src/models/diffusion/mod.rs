@@ -85,6 +85,9 @@ pub struct VideoInput<'a> {
     /// pixel frame their positions are counted from.
     pub keyframes: usize,
     pub keyframe_at: Option<usize>,
+    /// The pixel frame each of `DiffusionInput::ref_latents` stands for (MiniMax-H3's
+    /// keyframes: 0 for the start picture, the last frame for the end one).
+    pub ref_latent_frames: &'a [usize],
 }
 
 impl<'a> DiffusionInput<'a> {

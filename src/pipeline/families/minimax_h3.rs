@@ -11,6 +11,7 @@ use crate::graph::{Component, Components, Module};
 use crate::models::Condition;
 use crate::models::diffusion::minimax_h3::{MinimaxH3Config, MinimaxH3Model};
 use crate::models::te::llm::LlmArch;
+use crate::models::te::qwen_vision::{VisionConfig, VISION_PREFIX};
 use crate::pipeline::conditioning::llm::{tokenize_parts, LlmText};
 use crate::pipeline::conditioning::{CondRequest, Conditioner};
 use crate::models::vae::audio::AudioStage;
@@ -28,6 +29,9 @@ const DIT_PREFIX: &str = "model.diffusion_model.";
 /// attention syntax for MiniMax-H3).
 pub struct MinimaxH3Conditioner {
     llm: LlmText,
+    /// The files hold a vision tower, which the reference shows the keyframe pictures; not
+    /// built here.
+    vision: bool,
 }
 
 impl Components for MinimaxH3Conditioner {
@@ -38,6 +42,9 @@ impl Components for MinimaxH3Conditioner {
 
 impl Conditioner for MinimaxH3Conditioner {
     fn encode(&mut self, req: &CondRequest<'_>) -> Result<Condition> {
+        if self.vision && !req.ref_images.is_empty() {
+            sd_warn!("MiniMax-H3: the LLM's vision tower is not supported; the keyframe pictures are not shown to the LLM (only the transformer sees them)");
+        }
         let tokens = tokenize_parts(self.llm.tokenizer(), req.text, "", "", 0);
         ensure!(
             !tokens.ids.is_empty(),
@@ -66,8 +73,11 @@ pub(super) fn build(ctx: &mut BuildCtx<'_>) -> Result<Parts> {
     }
     let model = ctx.load_transformer(DIT_PREFIX, |s| MinimaxH3Model::new(s, &cfg))?;
     let first = first_stage::build(ctx, vae_place)?;
-    let cond = MinimaxH3Conditioner { llm };
-    Ok(flow_parts(params, Box::new(cond), Box::new(model), first, Prediction::Flow, DEFAULT_FLOW_SHIFT))
+    let vision = VisionConfig::detect(weights.types(), &|n| weights.shape_of(n), VISION_PREFIX).is_some();
+    let cond = MinimaxH3Conditioner { llm, vision };
+    let mut parts = flow_parts(params, Box::new(cond), Box::new(model), first, Prediction::Flow, DEFAULT_FLOW_SHIFT);
+    parts.video_cond = super::VideoCond::RefKeyframes;
+    Ok(parts)
 }
 
 /// MiniMax-H3's audio VAE from `path` (its own names, no prefix, the file's types). A file that

@@ -259,6 +259,10 @@ pub enum VideoCond {
     /// frames are appended behind the video as keyframes with their own positions (frame 0
     /// for a one-frame video); both are denoised from `1 - strength` (the denoise mask).
     Keyframes,
+    /// MiniMax-H3: the start (and end) picture, each encoded alone and moved 0.1% towards
+    /// noise, as extra tokens the transformer sees at the time of their frame and does not
+    /// denoise.
+    RefKeyframes,
 }
 
 /// What a family generates, and so how its latent is laid out.

@@ -1,4 +1,4 @@
-//! MiniMax-H3's video VAE, like the reference's `minimax_h3_vae.hpp` (decoder only here).
+//! MiniMax-H3's video VAE, like the reference's `minimax_h3_vae.hpp`.
 //!
 //! - Latents: 24 channels at 1/16 of the pixels, one latent frame per 4 frames in the
 //!   decoder's patches; normalised per channel with the model's mean and std tables.
@@ -11,7 +11,10 @@
 //! - Videos are decoded in chunks of 5 latent frames plus 2 of overlap (after the latent is
 //!   padded with copies of its last frame), each tiled spatially in tiles of 16 latent pixels;
 //!   the chunks' first 3 frames are dropped and 5 frames cross-fade into the next chunk.
-//! - The encoder (init / end / reference pictures) is not supported yet.
+//! - The encoder (`encoder.rs`, when the file has one) turns single pictures (the keyframes)
+//!   into latents, over the same forced tiles; reference videos are not encoded yet.
+
+mod encoder;
 
 use super::{per_channel, Progress};
 use crate::error::{Error, Result};
@@ -112,6 +115,8 @@ pub struct MinimaxH3Vae {
     norm_out: LayerNorm,
     proj_out: Linear,
     register_tokens: W,
+    /// `None`: the file has no `encoder.` (decode only).
+    encoder: Option<encoder::Encoder>,
 }
 
 impl MinimaxH3Vae {
@@ -127,7 +132,8 @@ impl MinimaxH3Vae {
         let register_tokens = d.tensor("register_tokens", F32, &[DIM, REGISTERS]);
         // Declared by the reference (and so needed in the file), never read.
         d.tensor("mask_token", F32, &[DIM]);
-        MinimaxH3Vae { post_quant_w, post_quant_b, x_embedder, blocks, norm_out, proj_out, register_tokens }
+        let encoder = s.has("encoder.conv_in.weight").then(|| encoder::Encoder::new(s));
+        MinimaxH3Vae { post_quant_w, post_quant_b, x_embedder, blocks, norm_out, proj_out, register_tokens, encoder }
     }
 
     /// VAE-space latent `[w, h, t, 24]` → patch rows `[3·4·16·16, w·h·t]` (tokens w fastest).
@@ -200,6 +206,21 @@ impl MinimaxH3Vae {
         }
         Tensor::from_vec(&[ow, oh, ot, 3], out)
     }
+
+    /// Pictures `[W, H, T, 3, ..]` in [0, 1] → VAE-space latent means `[W/16, H/16, t, 24]`;
+    /// ImageNet's mean and std are taken out first, as the reference's graph does. Without
+    /// Winograd: the keyframes condition every step, where rounding differences would spread.
+    fn run_encoder(&self, runner: &mut Runner, pixels: &Tensor) -> Result<Tensor> {
+        let Some(enc) = &self.encoder else { bail!("MiniMax-H3 VAE encode requires encoder weights (this file has no encoder.*)") };
+        let (w, h, t) = (pixels.ne(0), pixels.ne(1), pixels.ne(2));
+        ensure!(pixels.shape().len() >= 4 && pixels.ne(3) == 3, "the MiniMax-H3 VAE encodes RGB frames [W, H, T, 3], got {:?}", pixels.shape());
+        let plane = w * h * t;
+        let data: Vec<f32> = (0..3).flat_map(|c| pixels.data()[c * plane..(c + 1) * plane].iter().map(move |&v| (v - PIXEL_MEAN[c]) / PIXEL_STD[c])).collect();
+        let winograd = std::mem::replace(&mut runner.options.cpu_winograd, false);
+        let out = runner.compute(|g| Ok(enc.forward(g, g.input_f32(&data, &[w as i64, h as i64, t as i64, 3]))));
+        runner.options.cpu_winograd = winograd;
+        out
+    }
 }
 
 /// Frames `from..to` of a video `[W, H, T, C, ..]` as `[W, H, to - from, C]`.
@@ -259,6 +280,35 @@ fn repeat_last(x: &Tensor, n: usize) -> Result<Tensor> {
 }
 
 impl Loaded<MinimaxH3Vae> {
+    /// One picture `[W, H, 1, 3, ..]` in [0, 1] → its VAE-space latent `[W/16, H/16, 1, 24, 1]`,
+    /// over the reference's forced tiles of 16 latent pixels (the last latent frame, as there).
+    fn encode_picture(&mut self, video: &Tensor, tiling: &TilingParams, circular: (bool, bool)) -> Result<Tensor> {
+        let (pw, ph) = (video.ne(0), video.ne(1));
+        ensure!(
+            video.shape().len() >= 4 && video.ne(2) == 1,
+            "the MiniMax-H3 VAE encodes single pictures here (reference videos are not supported yet), got {:?}",
+            video.shape()
+        );
+        ensure!(pw % SCALE == 0 && ph % SCALE == 0, "the MiniMax-H3 VAE encodes sizes in multiples of {SCALE}, got {pw}x{ph}");
+        let (w, h) = (pw / SCALE, ph / SCALE);
+        ensure!(w >= 2 && h >= 2, "the MiniMax-H3 VAE encodes pictures of at least {0}x{0} pixels, got {pw}x{ph}", 2 * SCALE);
+        let forced = TilingParams { enabled: true, tile_size_x: 16, tile_size_y: 16, target_overlap: 0.25, ..*tiling };
+        let (tx, ty, overlap) = tiling::tile_sizes(&forced, w as i64, h as i64, 1.0);
+        let spec = TileSpec { tile_size_x: tx, tile_size_y: ty, overlap, circular_x: circular.0, circular_y: circular.1 };
+        sd_debug!("VAE Tile size: {tx}x{ty}");
+        let start = std::time::Instant::now();
+        let (net, runner) = self.parts();
+        let out = tiling::process_tiles(video, w, h, SCALE, &spec, None, |t| {
+            net.run_encoder(runner, t).map_err(|e| Error::new(format!("vae encode compute failed while processing a tile: {e}")))
+        });
+        runner.release();
+        let out = out.map_err(|e| Error::new(format!("vae encode compute failed: {e}")))?;
+        sd_debug!("computing vae encode graph completed, taking {:.2}s", start.elapsed().as_secs_f32());
+        let t = out.ne(2);
+        let last = frames(&out, t - 1, t)?;
+        last.reshape(&[w, h, 1, CHANNELS, 1])
+    }
+
     /// VAE-space latents `[w, h, T, 24]` → the video's frames, the reference's chunks.
     fn decode_chunks(&mut self, z: &Tensor, tiling: &TilingParams, circular: (bool, bool)) -> Result<Tensor> {
         const TOKENS: usize = CHUNK_LATENTS;
@@ -322,8 +372,13 @@ impl Loaded<MinimaxH3Vae> {
 }
 
 impl super::FirstStage for Loaded<MinimaxH3Vae> {
-    fn encode(&mut self, _image: &Tensor, _tiling: &TilingParams, _circular: (bool, bool)) -> Result<Tensor> {
-        bail!("the MiniMax-H3 VAE's encoder is not supported yet: pictures cannot be encoded (init, end or reference images)")
+    /// Picture `[W, H, 3, 1]` → VAE-space latent `[W/16, H/16, 24, 1]`.
+    fn encode(&mut self, image: &Tensor, tiling: &TilingParams, circular: (bool, bool)) -> Result<Tensor> {
+        let (w, h, c, n) = (image.ne(0), image.ne(1), image.ne(2), image.ne(3));
+        ensure!(c == 3 && n == 1, "the MiniMax-H3 VAE encodes one RGB picture at a time, got {:?}", image.shape());
+        let z = self.encode_picture(&Tensor::from_vec(&[w, h, 1, 3, 1], image.data().to_vec())?, tiling, circular)?;
+        let shape = [z.ne(0), z.ne(1), CHANNELS, 1];
+        z.reshape(&shape)
     }
 
     fn output_to_latents(&self, out: &Tensor, _randn: &mut dyn FnMut(usize) -> Vec<f32>) -> Result<Tensor> {
@@ -342,8 +397,10 @@ impl super::FirstStage for Loaded<MinimaxH3Vae> {
         bail!("the MiniMax-H3 VAE decodes videos (generate_video), not pictures")
     }
 
-    fn encode_video(&mut self, _frames: &Tensor, _tiling: &TilingParams, _circular: (bool, bool)) -> Result<Tensor> {
-        bail!("the MiniMax-H3 VAE's encoder is not supported yet: pictures cannot be encoded (init, end or reference images)")
+    /// A one-frame video `[W, H, 1, 3, 1]` → its normalised latent `[W/16, H/16, 1, 24, 1]`.
+    fn encode_video(&mut self, frames: &Tensor, tiling: &TilingParams, circular: (bool, bool)) -> Result<Tensor> {
+        let z = self.encode_picture(frames, tiling, circular)?;
+        Ok(self.vae_to_diffusion(&z))
     }
 
     /// Diffusion latents `[w, h, t, C, 1]` (channels past the video's 24, the packed audio,

@@ -15,7 +15,7 @@ use super::request::{align_up, check_image_bytes, resolve_guidance, runtime_tili
 use super::sampling::{self, cancelled, latent_layer, Job, Prepared, Previewer, Stage};
 use crate::error::{Error, Result};
 use crate::image::Image;
-use crate::models::diffusion::VideoInput;
+use crate::models::diffusion::{RefRole, VideoInput};
 use crate::models::Condition;
 use crate::params::{Audio, GuidanceParams, SampleParams, VidGenParams};
 use crate::runtime::args::ExtraArgs;
@@ -83,9 +83,9 @@ fn check_params(p: &VidGenParams) -> Result<()> {
     Ok(())
 }
 
-/// What MiniMax-H3 takes here: text, and start and end pictures (keyframes); its Ref2VA
-/// references are not built, and keyframes with references and control frames are refused
-/// as by the reference. Its frames are at 24 fps.
+/// What MiniMax-H3 takes here: text, start and end pictures (keyframes), or Ref2VA reference
+/// pictures; its reference videos and audio clips are not built, and keyframes with
+/// references and control frames are refused as by the reference. Its frames are at 24 fps.
 fn check_minimax_h3(p: &VidGenParams) -> Result<()> {
     let references = !p.ref_images.is_empty() || !p.ref_videos.is_empty() || !p.ref_audios.is_empty();
     ensure!(
@@ -93,7 +93,10 @@ fn check_minimax_h3(p: &VidGenParams) -> Result<()> {
         "MiniMax-H3 keyframes and Ref2VA references cannot be used together"
     );
     ensure!(p.control_frames.is_empty(), "MiniMax-H3 control_frames are not implemented");
-    ensure!(!references, "MiniMax-H3 Ref2VA references (ref_images, ref_videos, ref_audios) are not supported yet");
+    ensure!(
+        p.ref_videos.is_empty() && p.ref_audios.is_empty(),
+        "MiniMax-H3 Ref2VA reference videos and audio clips (ref_videos, ref_audios) are not supported yet; reference images are"
+    );
     if p.fps != 24 {
         sd_warn!("MiniMax-H3 uses 24 fps; overriding requested fps {}", p.fps.max(1));
     }
@@ -112,7 +115,7 @@ fn check_ltx(p: &VidGenParams) -> Result<()> {
 /// Reference images draw a warning: the Wan models do not read them (the reference ignores
 /// them). The other ignored fields are warned about by `fields::warn_video`.
 fn warn_unused(ms: &ModelSet, p: &VidGenParams) {
-    if !p.ref_images.is_empty() {
+    if !p.ref_images.is_empty() && ms.video_cond != VideoCond::RefKeyframes {
         sd_warn!("{} does not use reference images; ignoring ref_images ({})", ms.version.name(), p.ref_images.len());
     }
 }
@@ -235,10 +238,10 @@ struct VideoLatents {
     /// the decode) and the pixel frame they stand for.
     keyframes: usize,
     keyframe_at: Option<usize>,
-    /// MiniMax-H3's keyframes: latents the transformer sees as extra tokens, and the pixel
-    /// frame each stands for.
+    /// MiniMax-H3's keyframes and reference pictures: latents the transformer sees as extra
+    /// tokens, and what each stands for.
     ref_latents: Vec<Tensor>,
-    ref_latent_frames: Vec<usize>,
+    ref_roles: Vec<RefRole>,
 }
 
 /// A picture `[W, H, 3, 1]` as a one-frame video `[W, H, 1, 3, 1]`.
@@ -320,7 +323,7 @@ fn video_latents(ms: &mut ModelSet, p: &VidGenParams, r: &mut VideoRequest, form
         keyframes: 0,
         keyframe_at: None,
         ref_latents: Vec::new(),
-        ref_latent_frames: Vec::new(),
+        ref_roles: Vec::new(),
     };
     let cond = ms.video_cond;
     let name = ms.version.name();
@@ -460,6 +463,19 @@ fn video_latents(ms: &mut ModelSet, p: &VidGenParams, r: &mut VideoRequest, form
             out.denoise_mask = Some(mask);
             sd_info!("encode_first_stage completed, taking {} ms", start.elapsed().as_millis());
         }
+        VideoCond::RefKeyframes if !p.ref_images.is_empty() => {
+            sd_info!("MiniMax-H3 Ref2VA: {} image(s), 0 video(s), 0 audio clip(s)", p.ref_images.len());
+            for (i, img) in p.ref_images.iter().enumerate() {
+                let picture = reference_picture(img, r.width, r.height)?;
+                let latent = with_first_stage(ms, |fs| fs.encode_video(&one_frame(&picture)?, tiling, circular))
+                    .map_err(|e| Error::new(format!("failed to encode MiniMax-H3 reference image {}: {e}", i + 1)))?;
+                out.ref_latents.push(keyframe_noise(&latent, r.seed));
+                out.ref_roles.push(RefRole::Picture);
+                // For the conditioner as with keyframes (a vision tower would show it).
+                out.ref_images.push(picture);
+            }
+            sd_info!("encode_first_stage completed, taking {} ms", start.elapsed().as_millis());
+        }
         VideoCond::RefKeyframes if start_image.is_some() || end_image.is_some() => {
             sd_info!("{}", match (&start_image, &end_image) {
                 (Some(_), Some(_)) => "MiniMax-H3 FL2VA",
@@ -471,7 +487,7 @@ fn video_latents(ms: &mut ModelSet, p: &VidGenParams, r: &mut VideoRequest, form
                 let latent = with_first_stage(ms, |fs| fs.encode_video(&one_frame(&image)?, tiling, circular))
                     .map_err(|e| Error::new(format!("failed to encode MiniMax-H3 {what} keyframe: {e}")))?;
                 out.ref_latents.push(keyframe_noise(&latent, r.seed));
-                out.ref_latent_frames.push(frame);
+                out.ref_roles.push(RefRole::Keyframe(frame));
                 // The conditioner sees the pictures too (a vision tower would show them).
                 out.ref_images.push(image);
             }
@@ -551,6 +567,32 @@ fn video_latents(ms: &mut ModelSet, p: &VidGenParams, r: &mut VideoRequest, form
         }
     }
     Ok(out)
+}
+
+/// A MiniMax-H3 reference picture `[W, H, 3, 1]` in [0, 1]: RGB (grey repeated, alpha
+/// dropped), scaled by nearest neighbour to the request's area at most, keeping its aspect,
+/// each side a multiple of 32 (at least 32), as the reference sizes it.
+fn reference_picture(img: &Image, width: usize, height: usize) -> Result<Tensor> {
+    let t = image_to_tensor(img, None)?;
+    let (sw, sh) = (t.ne(0), t.ne(1));
+    let plane = sw * sh;
+    let rgb = match t.ne(2) {
+        1 => t.data().repeat(3),
+        _ => t.data()[..3 * plane].to_vec(),
+    };
+    let scale = (((width * height) as f64) / (plane as f64)).sqrt().min(1.0);
+    let side = |s: usize| (((s as f64 * scale / 32.0).round() as usize) * 32).max(32);
+    let (w, h) = (side(sw), side(sh));
+    let mut out = Vec::with_capacity(w * h * 3);
+    for c in 0..3 {
+        for y in 0..h {
+            let sy = y * sh / h;
+            for x in 0..w {
+                out.push(rgb[(c * sh + sy) * sw + x * sw / w]);
+            }
+        }
+    }
+    Tensor::from_vec(&[w, h, 3, 1], out)
 }
 
 /// A MiniMax-H3 keyframe latent moved slightly towards noise: `0.999·z + 0.001·n`, the noise
@@ -759,7 +801,7 @@ pub fn generate_video(ms: &mut ModelSet, p: &VidGenParams, cancel: &CancelFlag) 
         frames: r.frames,
         keyframes: lat.keyframes,
         keyframe_at: lat.keyframe_at,
-        ref_latent_frames: &lat.ref_latent_frames,
+        ref_roles: &lat.ref_roles,
     };
     let ModelSet { diffusion, high_noise, denoiser, first_stage, preview, spec, .. } = ms;
     let mut job = video_job(&request, &prepared, denoiser, first_stage, preview, spec, &format, &tiling, circular, vace, cancel);
@@ -924,7 +966,7 @@ impl Refine<'_> {
         let sigmas = super::ltx_refine::sigmas(ms, self.hires, &p.sample_params, self.plan.method, self.plan.sigmas.len().saturating_sub(1), seq_len)?;
         let prepared = Prepared { init_latent: x, denoise_mask: mask, ..prepared };
         let keyframe_at = (self.keyframes > 0).then(|| frames - 1);
-        let video = VideoInput { vace_context: None, vace_strength: p.vace_strength, fps, frames, keyframes: self.keyframes, keyframe_at, ref_latent_frames: &[] };
+        let video = VideoInput { vace_context: None, vace_strength: p.vace_strength, fps, frames, keyframes: self.keyframes, keyframe_at, ref_roles: &[] };
         let start = Instant::now();
         let ModelSet { diffusion, denoiser, first_stage, preview, spec, .. } = ms;
         let mut job = video_job(self.request, &prepared, denoiser, first_stage, preview, spec, format, tiling, circular, video, cancel);
@@ -1010,8 +1052,9 @@ mod tests {
         let audio = Audio { sample_rate: 48000, channels: 2, data: vec![0.0; 32] };
         let both = check_minimax_h3(&VidGenParams { ref_audios: vec![audio.clone()], ..start.clone() }).unwrap_err().to_string();
         assert!(both.contains("cannot be used together"), "{both}");
-        let refs = check_minimax_h3(&VidGenParams { ref_images: vec![picture.clone()], ..ok.clone() }).unwrap_err().to_string();
-        assert!(refs.contains("Ref2VA"), "{refs}");
+        assert!(check_minimax_h3(&VidGenParams { ref_images: vec![picture.clone(); 2], ..ok.clone() }).is_ok());
+        let clips = check_minimax_h3(&VidGenParams { ref_audios: vec![audio.clone()], ..ok.clone() }).unwrap_err().to_string();
+        assert!(clips.contains("Ref2VA"), "{clips}");
         let control = check_minimax_h3(&VidGenParams { control_frames: vec![picture], ..ok }).unwrap_err().to_string();
         assert!(control.contains("control_frames"), "{control}");
     }

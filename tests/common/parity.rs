@@ -493,6 +493,12 @@ pub fn vid_params(params: &Value, arena: &mut Arena) -> sd_vid_gen_params_t {
             "vace_strength" => p.vace_strength = num(v) as f32,
             "init_image" => p.init_image = arena.image(v.as_str().unwrap()),
             "end_image" => p.end_image = arena.image(v.as_str().unwrap()),
+            "ref_images" => {
+                let list: Vec<sd_image_t> = v.as_array().unwrap().iter().map(|f| arena.image(f.as_str().unwrap())).collect();
+                p.ref_images = list.as_ptr() as *mut sd_image_t;
+                p.ref_images_count = list.len() as c_int;
+                arena.images.push(list);
+            }
             "control_frames" => {
                 let list: Vec<sd_image_t> = v.as_array().unwrap().iter().map(|f| arena.image(f.as_str().unwrap())).collect();
                 p.control_frames = list.as_ptr() as *mut sd_image_t;

@@ -519,6 +519,20 @@ SETS = {
                   note="end-frame conditioning alone, 7 latent frames (two decoder chunks)"),
             _case("mm_sound_i2va_seed3", MINIMAX_SOUND, _params(steps=2, seed=3, init_image="init_96x64.png"),
                   note="I2VA with sound; the 96x64 start picture resized to the 64x64 request before encoding"),
+            _case("mm_ref2va_image", MINIMAX, _params(steps=2, seed=11, ref_images=["end_64.png"]),
+                  note="Ref2VA with one reference picture: encoded like a keyframe, its tokens before the audio at "
+                       "the text's end, the audio and video one time unit later"),
+            _case("mm_ref2va_two_images_cfg3_96x64", MINIMAX,
+                  _params(steps=2, cfg=3.0, w=96, h=64, frames=9, negative_prompt="blurry",
+                          ref_images=["init_96x64.png", "end_64.png", "vace_ctrl_96x64_2.png"]),
+                  note="three reference pictures at a 96x64 request (22 frames): 96x64 is kept, 64x64 too (within "
+                       "the request's area, sides rounded to 32), each its own time unit"),
+            _case("mm_ref2va_scaled_down", MINIMAX, _params(steps=1, seed=4, ref_images=["init_96x64.png"]),
+                  note="a 96x64 reference picture for a 64x64 request: scaled by nearest neighbour to the request's "
+                       "area (64x64 after rounding to 32)"),
+            _case("mm_ref2va_with_keyframe_refused", MINIMAX,
+                  _params(steps=1, init_image="init_64.png", ref_images=["end_64.png"]),
+                  note="keyframes and Ref2VA references together: refused by the reference, no frames"),
         ],
     },
     "lingbot": {

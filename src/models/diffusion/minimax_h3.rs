@@ -16,7 +16,7 @@
 //!   values (zero-padded to whole channels). The output is the negated velocity of both, the
 //!   audio's scaled by the slope of its sigma against the video's.
 
-use super::{DiffusionInput, DiffusionModel};
+use super::{DiffusionInput, DiffusionModel, RefRole};
 use crate::error::{Context as _, Result};
 use crate::graph::nn::{self, Linear};
 use crate::graph::{Graph, Loaded, Scope, TypeMap, T, W, F32};
@@ -362,29 +362,35 @@ fn find_or_add(values: &mut Vec<f32>, v: f32) -> i64 {
     }
 }
 
-/// A latent the transformer sees but does not denoise (a keyframe picture's): its size in
-/// latent pixels and frames, and whether it stands for the video's first frame (else its
-/// last).
+/// A latent the transformer sees but does not denoise: its size in latent pixels and frames,
+/// and what it stands for.
 #[derive(Clone, Copy, Debug, PartialEq)]
-pub struct Keyframe {
+pub struct RefTokens {
     pub w: usize,
     pub h: usize,
     pub t: usize,
-    pub first: bool,
+    pub role: RefRole,
 }
 
-impl Keyframe {
+impl RefTokens {
     fn tokens(&self) -> usize {
         self.t * (self.h / 2) * (self.w / 2)
     }
+
+    /// Positions `(h, w)` of its patches, centred and scaled by its own area.
+    fn axes(&self) -> (Vec<f32>, Vec<f32>) {
+        let area = ((self.w * self.h) as f32).sqrt();
+        (spatial_axis(self.h, area), spatial_axis(self.w, area))
+    }
 }
 
-/// The layout of one evaluation: `text_len` text tokens, the `keyframes`' tokens (all at the
-/// time of the frame they stand for, modulated for timestep `max(t_v, 0.999)`), `audio_t`
-/// audio steps and a `latent_t` × `latent_h` × `latent_w` video latent, at timesteps `t_v`
-/// (video) and `t_a`.
+/// The layout of one evaluation: `text_len` text tokens, the references' tokens (modulated
+/// for timestep `max(t_v, 0.999)`), `audio_t` audio steps and a `latent_t` × `latent_h` ×
+/// `latent_w` video latent, at timesteps `t_v` (video) and `t_a`. Keyframes sit at the time
+/// of the frame they stand for; reference pictures (Ref2VA) come one after the other before
+/// the video, which starts after them in time.
 #[allow(clippy::too_many_arguments)]
-pub fn layout(text_len: usize, latent_t: usize, latent_h: usize, latent_w: usize, audio_t: usize, keyframes: &[Keyframe], t_v: f32, t_a: f32) -> Layout {
+pub fn layout(text_len: usize, latent_t: usize, latent_h: usize, latent_w: usize, audio_t: usize, refs: &[RefTokens], t_v: f32, t_a: f32) -> Layout {
     let sqrt_area = ((latent_h * latent_w) as f32).sqrt();
     let (h_axis, w_axis) = (spatial_axis(latent_h, sqrt_area), spatial_axis(latent_w, sqrt_area));
     let mut positions = Vec::new();
@@ -395,29 +401,42 @@ pub fn layout(text_len: usize, latent_t: usize, latent_h: usize, latent_w: usize
     let mut timesteps = Vec::new();
     let video_row = find_or_add(&mut timesteps, t_v);
     let audio_row = find_or_add(&mut timesteps, t_a);
-    let keyframe_row = find_or_add(&mut timesteps, t_v.max(VISUAL_COND_TIMESTEP));
+    let ref_row = find_or_add(&mut timesteps, t_v.max(VISUAL_COND_TIMESTEP));
     // The row of reference audio (none here), embedded all the same.
     find_or_add(&mut timesteps, t_a.max(1.0));
     let text = text_len as i64;
     let mut spans = vec![Span { start: 0, end: text, row: video_row * 3 + 1 }];
     let duration = (0..latent_t).fold(0.0f32, |d, t| d + video_span(t));
+    let pictures = refs.iter().any(|r| r.role == RefRole::Picture);
+    let mut cursor = text_len as f32;
     let mut row = text;
-    for k in keyframes {
-        let time = if k.first { text_len as f32 } else { text_len as f32 + duration - FRAME_RESCALE };
-        let area = ((k.w * k.h) as f32).sqrt();
-        let (hs, ws) = (spatial_axis(k.h, area), spatial_axis(k.w, area));
-        for _ in 0..k.t {
+    for r in refs {
+        let (hs, ws) = r.axes();
+        // Without pictures every reference is a keyframe (the two are not mixed).
+        let keyframe_time = match r.role {
+            RefRole::Keyframe(0) if !pictures => Some(text_len as f32),
+            RefRole::Keyframe(_) if !pictures => Some(text_len as f32 + duration - FRAME_RESCALE),
+            _ => None,
+        };
+        let mut time = keyframe_time.unwrap_or(cursor);
+        for t in 0..r.t {
             for &h in &hs {
                 for &w in &ws {
                     push(time, h, w);
                 }
             }
+            if keyframe_time.is_none() {
+                time += video_span(t);
+            }
         }
-        let end = row + k.tokens() as i64;
-        spans.push(Span { start: row, end, row: keyframe_row * 3 });
+        if keyframe_time.is_none() {
+            // A picture takes one unit of time, whatever its frames.
+            cursor += 1.0;
+        }
+        let end = row + r.tokens() as i64;
+        spans.push(Span { start: row, end, row: ref_row * 3 });
         row = end;
     }
-    let cursor = text_len as f32;
     let (w_low, w_high) = (w_axis.first().copied().unwrap_or(0.0), w_axis.last().copied().unwrap_or(0.0));
     for w in [w_low, w_high] {
         for t in 0..audio_t {
@@ -739,8 +758,8 @@ impl DiffusionModel for Loaded<MinimaxH3Model> {
         let slope = time_shift_slope(sigma, shift, AUDIO_SHIFT);
         // The keyframes' latents, with the frame each stands for (the reference's
         // keyframe_indices: 0 is the start, anything else the end).
-        let frames_at = input.video.map(|v| v.ref_latent_frames).unwrap_or(&[]);
-        let mut keyframes = Vec::with_capacity(input.ref_latents.len());
+        let roles = input.video.map(|v| v.ref_roles).unwrap_or(&[]);
+        let mut refs = Vec::with_capacity(input.ref_latents.len());
         let mut vrows = Vec::new();
         for (i, r) in input.ref_latents.iter().enumerate() {
             let kp = Packed { w: r.ne(0), h: r.ne(1), t: r.ne(2), video_channels: p.video_channels, audio_len: 0 };
@@ -752,10 +771,10 @@ impl DiffusionModel for Loaded<MinimaxH3Model> {
                 p.video_channels
             );
             vrows.extend(patchify(r.data(), &kp));
-            keyframes.push(Keyframe { w: kp.w, h: kp.h, t: kp.t, first: frames_at.get(i).is_none_or(|&f| f == 0) });
+            refs.push(RefTokens { w: kp.w, h: kp.h, t: kp.t, role: roles.get(i).copied().unwrap_or(RefRole::Keyframe(0)) });
         }
-        let keyframe_tokens: usize = keyframes.iter().map(Keyframe::tokens).sum();
-        let lay = layout(context.ne(1), p.t, p.h, p.w, p.audio_len, &keyframes, t_v, t_a);
+        let keyframe_tokens: usize = refs.iter().map(RefTokens::tokens).sum();
+        let lay = layout(context.ne(1), p.t, p.h, p.w, p.audio_len, &refs, t_v, t_a);
         let data = x.data();
         vrows.extend(patchify(data, &p));
         let arows = audio_rows(&data[p.video_len()..p.video_len() + audio_values], p.audio_len);
@@ -815,7 +834,7 @@ mod tests {
     #[test]
     fn layout_with_keyframes() {
         let plain = layout(2, 2, 4, 4, 3, &[], 0.25, 0.5);
-        let keys = [Keyframe { w: 4, h: 4, t: 1, first: true }, Keyframe { w: 4, h: 4, t: 1, first: false }];
+        let keys = [RefTokens { w: 4, h: 4, t: 1, role: RefRole::Keyframe(0) }, RefTokens { w: 4, h: 4, t: 1, role: RefRole::Keyframe(4) }];
         let lay = layout(2, 2, 4, 4, 3, &keys, 0.25, 0.5);
         assert_eq!(lay.timesteps, plain.timesteps);
         assert_eq!(
@@ -836,5 +855,22 @@ mod tests {
         // A step past 0.999 modulates keyframes with the video's own row.
         let late = layout(2, 2, 4, 4, 3, &keys[..1], 0.9995, 0.5);
         assert_eq!(late.spans[1].row, 0);
+    }
+
+    /// Reference pictures come one after the other in time, one unit each, and the audio and
+    /// video start after them.
+    #[test]
+    fn layout_with_reference_pictures() {
+        let pic = RefTokens { w: 4, h: 2, t: 1, role: RefRole::Picture };
+        let lay = layout(2, 2, 4, 4, 3, &[pic, pic], 0.25, 0.5);
+        assert_eq!(lay.spans[1..3], [Span { start: 2, end: 4, row: 6 }, Span { start: 4, end: 6, row: 6 }]);
+        // A 4x2 picture: one row of patches (height 2: at 8), two columns at 0 and 16 scaled by its area.
+        let (hs, ws) = pic.axes();
+        assert_eq!((hs.len(), ws.len()), (1, 2));
+        assert_eq!(&lay.positions[2 * 3..4 * 3], &[2.0, hs[0], ws[0], 2.0, hs[0], ws[1]]);
+        assert_eq!(lay.positions[4 * 3], 3.0);
+        assert_eq!(lay.positions[6 * 3], 4.0);
+        let plain = layout(2, 2, 4, 4, 3, &[], 0.25, 0.5);
+        assert_eq!(lay.positions[lay.video.start as usize * 3], plain.positions[plain.video.start as usize * 3] + 2.0);
     }
 }

@@ -85,9 +85,18 @@ pub struct VideoInput<'a> {
     /// pixel frame their positions are counted from.
     pub keyframes: usize,
     pub keyframe_at: Option<usize>,
-    /// The pixel frame each of `DiffusionInput::ref_latents` stands for (MiniMax-H3's
-    /// keyframes: 0 for the start picture, the last frame for the end one).
-    pub ref_latent_frames: &'a [usize],
+    /// What each of `DiffusionInput::ref_latents` stands for (MiniMax-H3's keyframes and
+    /// reference pictures).
+    pub ref_roles: &'a [RefRole],
+}
+
+/// What a reference latent of a video model stands for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RefRole {
+    /// A keyframe picture at this pixel frame (0: the start picture, else the end one).
+    Keyframe(usize),
+    /// A reference picture (MiniMax-H3's Ref2VA), before the video in time.
+    Picture,
 }
 
 impl<'a> DiffusionInput<'a> {

@@ -43,7 +43,7 @@ impl Components for MinimaxH3Conditioner {
 impl Conditioner for MinimaxH3Conditioner {
     fn encode(&mut self, req: &CondRequest<'_>) -> Result<Condition> {
         if self.vision && !req.ref_images.is_empty() {
-            sd_warn!("MiniMax-H3: the LLM's vision tower is not supported; the keyframe pictures are not shown to the LLM (only the transformer sees them)");
+            sd_warn!("MiniMax-H3: the LLM's vision tower is not supported; the keyframe and reference pictures are not shown to the LLM (only the transformer sees them)");
         }
         let tokens = tokenize_parts(self.llm.tokenizer(), req.text, "", "", 0);
         ensure!(

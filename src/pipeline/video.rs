@@ -17,7 +17,7 @@ use crate::error::{Error, Result};
 use crate::image::Image;
 use crate::models::diffusion::{RefRole, VideoInput};
 use crate::models::Condition;
-use crate::params::{Audio, GuidanceParams, SampleParams, VidGenParams};
+use crate::params::{Audio, GuidanceParams, RefVideo, SampleParams, VidGenParams};
 use crate::runtime::args::ExtraArgs;
 use crate::runtime::defaults::{default_sample_method, resolve_eta, unset_if_infinite};
 use crate::runtime::rng::{randn_like, resolve_seed, GenerationRngs};
@@ -84,8 +84,8 @@ fn check_params(p: &VidGenParams) -> Result<()> {
 }
 
 /// What MiniMax-H3 takes here: text, start and end pictures (keyframes), or Ref2VA reference
-/// pictures; its reference videos and audio clips are not built, and keyframes with
-/// references and control frames are refused as by the reference. Its frames are at 24 fps.
+/// pictures and silent videos; reference sound is not built, and keyframes with references
+/// and control frames are refused as by the reference. Its frames are at 24 fps.
 fn check_minimax_h3(p: &VidGenParams) -> Result<()> {
     let references = !p.ref_images.is_empty() || !p.ref_videos.is_empty() || !p.ref_audios.is_empty();
     ensure!(
@@ -93,10 +93,10 @@ fn check_minimax_h3(p: &VidGenParams) -> Result<()> {
         "MiniMax-H3 keyframes and Ref2VA references cannot be used together"
     );
     ensure!(p.control_frames.is_empty(), "MiniMax-H3 control_frames are not implemented");
-    ensure!(
-        p.ref_videos.is_empty() && p.ref_audios.is_empty(),
-        "MiniMax-H3 Ref2VA reference videos and audio clips (ref_videos, ref_audios) are not supported yet; reference images are"
-    );
+    ensure!(p.ref_audios.is_empty(), "MiniMax-H3 Ref2VA reference audio clips (ref_audios) are not supported yet; reference images and silent videos are");
+    if let Some(i) = p.ref_videos.iter().position(|v| v.audio.as_ref().is_some_and(|a| !a.data.is_empty())) {
+        bail!("MiniMax-H3 reference video {} has sound: Ref2VA reference audio is not supported yet", i + 1);
+    }
     if p.fps != 24 {
         sd_warn!("MiniMax-H3 uses 24 fps; overriding requested fps {}", p.fps.max(1));
     }
@@ -463,8 +463,8 @@ fn video_latents(ms: &mut ModelSet, p: &VidGenParams, r: &mut VideoRequest, form
             out.denoise_mask = Some(mask);
             sd_info!("encode_first_stage completed, taking {} ms", start.elapsed().as_millis());
         }
-        VideoCond::RefKeyframes if !p.ref_images.is_empty() => {
-            sd_info!("MiniMax-H3 Ref2VA: {} image(s), 0 video(s), 0 audio clip(s)", p.ref_images.len());
+        VideoCond::RefKeyframes if !p.ref_images.is_empty() || !p.ref_videos.is_empty() => {
+            sd_info!("MiniMax-H3 Ref2VA: {} image(s), {} video(s), 0 audio clip(s)", p.ref_images.len(), p.ref_videos.len());
             for (i, img) in p.ref_images.iter().enumerate() {
                 let picture = reference_picture(img, r.width, r.height)?;
                 let latent = with_first_stage(ms, |fs| fs.encode_video(&one_frame(&picture)?, tiling, circular))
@@ -473,6 +473,13 @@ fn video_latents(ms: &mut ModelSet, p: &VidGenParams, r: &mut VideoRequest, form
                 out.ref_roles.push(RefRole::Picture);
                 // For the conditioner as with keyframes (a vision tower would show it).
                 out.ref_images.push(picture);
+            }
+            for (i, v) in p.ref_videos.iter().enumerate() {
+                let video = reference_video(v, r.frames, i + 1)?;
+                let latent = with_first_stage(ms, |fs| fs.encode_video(&video, tiling, circular))
+                    .map_err(|e| Error::new(format!("failed to encode MiniMax-H3 reference video {}: {e}", i + 1)))?;
+                out.ref_latents.push(keyframe_noise(&latent, r.seed));
+                out.ref_roles.push(RefRole::Video);
             }
             sd_info!("encode_first_stage completed, taking {} ms", start.elapsed().as_millis());
         }
@@ -569,30 +576,77 @@ fn video_latents(ms: &mut ModelSet, p: &VidGenParams, r: &mut VideoRequest, form
     Ok(out)
 }
 
-/// A MiniMax-H3 reference picture `[W, H, 3, 1]` in [0, 1]: RGB (grey repeated, alpha
-/// dropped), scaled by nearest neighbour to the request's area at most, keeping its aspect,
-/// each side a multiple of 32 (at least 32), as the reference sizes it.
-fn reference_picture(img: &Image, width: usize, height: usize) -> Result<Tensor> {
+/// `img` as RGB planes (grey repeated, alpha dropped) in [0, 1], and its size.
+fn rgb_planes(img: &Image) -> Result<(Vec<f32>, usize, usize)> {
     let t = image_to_tensor(img, None)?;
-    let (sw, sh) = (t.ne(0), t.ne(1));
-    let plane = sw * sh;
+    let (w, h) = (t.ne(0), t.ne(1));
     let rgb = match t.ne(2) {
         1 => t.data().repeat(3),
-        _ => t.data()[..3 * plane].to_vec(),
+        _ => t.data()[..3 * w * h].to_vec(),
     };
-    let scale = (((width * height) as f64) / (plane as f64)).sqrt().min(1.0);
-    let side = |s: usize| (((s as f64 * scale / 32.0).round() as usize) * 32).max(32);
-    let (w, h) = (side(sw), side(sh));
+    Ok((rgb, w, h))
+}
+
+/// RGB planes of `sw`×`sh` scaled to `w`×`h` by nearest neighbour (the reference's integer
+/// index rule: source = target · source size / target size).
+fn nearest(rgb: &[f32], sw: usize, sh: usize, w: usize, h: usize) -> Vec<f32> {
     let mut out = Vec::with_capacity(w * h * 3);
     for c in 0..3 {
         for y in 0..h {
-            let sy = y * sh / h;
-            for x in 0..w {
-                out.push(rgb[(c * sh + sy) * sw + x * sw / w]);
-            }
+            let row = (c * sh + y * sh / h) * sw;
+            out.extend((0..w).map(|x| rgb[row + x * sw / w]));
         }
     }
-    Tensor::from_vec(&[w, h, 3, 1], out)
+    out
+}
+
+/// A MiniMax-H3 reference picture `[W, H, 3, 1]` in [0, 1], scaled to the request's area at
+/// most, keeping its aspect, each side a multiple of 32 (at least 32), as the reference sizes
+/// it.
+fn reference_picture(img: &Image, width: usize, height: usize) -> Result<Tensor> {
+    let (rgb, sw, sh) = rgb_planes(img)?;
+    let scale = (((width * height) as f64) / ((sw * sh) as f64)).sqrt().min(1.0);
+    let side = |s: usize| (((s as f64 * scale / 32.0).round() as usize) * 32).max(32);
+    let (w, h) = (side(sw), side(sh));
+    Tensor::from_vec(&[w, h, 3, 1], nearest(&rgb, sw, sh, w, h))
+}
+
+/// A MiniMax-H3 reference video `[W, H, T, 3, 1]` in [0, 1] as the reference prepares it: its
+/// frames resampled to 24 fps (the frame at or before each time), as many as the request's
+/// and 17k + 5 of them, each scaled by nearest neighbour to a size near 768 on the short side
+/// (within 768×1344 pixels), or the first frame's own size rounded to 32 when that is smaller.
+fn reference_video(v: &RefVideo, max_frames: usize, index: usize) -> Result<Tensor> {
+    ensure!(!v.frames.is_empty(), "invalid MiniMax-H3 reference video {index}");
+    let fps = if v.fps > 0 { v.fps as f64 } else { 24.0 };
+    let mut n = ((v.frames.len() as f64 * 24.0 / fps).round() as usize).min(max_frames);
+    ensure!(n >= 5, "MiniMax-H3 reference video {index} needs at least 5 frames at 24 fps");
+    while n % 17 != 5 {
+        n -= 1;
+    }
+    let (_, sw, sh) = rgb_planes(&v.frames[0])?;
+    let ratio = sw as f64 / sh as f64;
+    let (mut nw, mut nh) = if ratio >= 1.0 { (768.0 * ratio, 768.0) } else { (768.0, 768.0 / ratio) };
+    if nw * nh > 768.0 * 1344.0 {
+        let scale = ((768.0 * 1344.0) / (nw * nh)).sqrt();
+        nw *= scale;
+        nh *= scale;
+    }
+    let round32 = |x: f64| (((x / 32.0).round() as usize) * 32).max(32);
+    let (mut w, mut h) = (round32(nw), round32(nh));
+    if sw * sh < w * h {
+        (w, h) = (round32(sw as f64), round32(sh as f64));
+    }
+    let plane = w * h;
+    let mut out = vec![0.0f32; plane * n * 3];
+    for f in 0..n {
+        let source = (((f as f64) * fps / 24.0).floor() as usize).min(v.frames.len() - 1);
+        let (rgb, fw, fh) = rgb_planes(&v.frames[source])?;
+        let frame = nearest(&rgb, fw, fh, w, h);
+        for c in 0..3 {
+            out[(c * n + f) * plane..(c * n + f + 1) * plane].copy_from_slice(&frame[c * plane..(c + 1) * plane]);
+        }
+    }
+    Tensor::from_vec(&[w, h, n, 3, 1], out)
 }
 
 /// A MiniMax-H3 keyframe latent moved slightly towards noise: `0.999·z + 0.001·n`, the noise
@@ -1055,8 +1109,32 @@ mod tests {
         assert!(check_minimax_h3(&VidGenParams { ref_images: vec![picture.clone(); 2], ..ok.clone() }).is_ok());
         let clips = check_minimax_h3(&VidGenParams { ref_audios: vec![audio.clone()], ..ok.clone() }).unwrap_err().to_string();
         assert!(clips.contains("Ref2VA"), "{clips}");
+        let silent = RefVideo { frames: vec![picture.clone(); 5], fps: 24, audio: None };
+        assert!(check_minimax_h3(&VidGenParams { ref_videos: vec![silent.clone()], ..ok.clone() }).is_ok());
+        let sound = RefVideo { audio: Some(audio.clone()), ..silent };
+        let e = check_minimax_h3(&VidGenParams { ref_videos: vec![sound], ..ok.clone() }).unwrap_err().to_string();
+        assert!(e.contains("reference video 1 has sound"), "{e}");
         let control = check_minimax_h3(&VidGenParams { control_frames: vec![picture], ..ok }).unwrap_err().to_string();
         assert!(control.contains("control_frames"), "{control}");
+    }
+
+    /// Reference videos go to 24 fps, 17k + 5 frames within the request's, the first frame's
+    /// size rounded to 32 when below the nominal 768 lines; pictures shrink to the request's
+    /// area.
+    #[test]
+    fn minimax_h3_reference_sizes() {
+        let frame = |v: u8| Image::new(40, 20, 3, vec![v; 40 * 20 * 3]).unwrap();
+        let v = RefVideo { frames: (0..10).map(|i| frame(i * 20)).collect(), fps: 12, audio: None };
+        let t = reference_video(&v, 22, 1).unwrap();
+        assert_eq!(t.shape(), &[32, 32, 5, 3, 1]);
+        // 12 fps: each source frame twice.
+        let firsts: Vec<f32> = (0..5).map(|f| t.data()[f * 32 * 32]).collect();
+        assert_eq!(firsts, [0.0, 0.0, 20.0, 20.0, 40.0].map(|v| v / 255.0));
+        assert!(reference_video(&RefVideo { frames: vec![frame(0); 4], fps: 24, audio: None }, 22, 2).is_err());
+        assert!(reference_video(&RefVideo { frames: vec![frame(0); 30], fps: 24, audio: None }, 5, 1).unwrap().ne(2) == 5);
+        let big = Image::new(200, 100, 3, vec![0; 200 * 100 * 3]).unwrap();
+        assert_eq!(reference_picture(&big, 64, 64).unwrap().shape(), &[96, 32, 3, 1]);
+        assert_eq!(reference_picture(&frame(0), 64, 64).unwrap().shape(), &[32, 32, 3, 1]);
     }
 
     /// The keyframe noise is the seed's Philox noise at 0.1%, the same for every keyframe.

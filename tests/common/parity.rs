@@ -181,6 +181,7 @@ pub struct Arena {
     images: Vec<Vec<sd_image_t>>,
     embeddings: Vec<Vec<sd_embedding_t>>,
     loras: Vec<Vec<sd_lora_t>>,
+    videos: Vec<Vec<sd_ref_video_t>>,
 }
 
 impl Arena {
@@ -498,6 +499,19 @@ pub fn vid_params(params: &Value, arena: &mut Arena) -> sd_vid_gen_params_t {
                 p.ref_images = list.as_ptr() as *mut sd_image_t;
                 p.ref_images_count = list.len() as c_int;
                 arena.images.push(list);
+            }
+            // [{"frames": [png, ...], "fps": n}], silent.
+            "ref_videos" => {
+                let mut list = Vec::new();
+                for video in v.as_array().unwrap() {
+                    let frames: Vec<sd_image_t> = video["frames"].as_array().unwrap().iter().map(|f| arena.image(f.as_str().unwrap())).collect();
+                    let silence = sd_audio_t { sample_rate: 0, channels: 0, sample_count: 0, data: std::ptr::null_mut() };
+                    list.push(sd_ref_video_t { frames: frames.as_ptr() as *mut sd_image_t, frame_count: frames.len() as c_int, fps: num(&video["fps"]) as c_int, audio: silence });
+                    arena.images.push(frames);
+                }
+                p.ref_videos = list.as_ptr() as *mut sd_ref_video_t;
+                p.ref_videos_count = list.len() as c_int;
+                arena.videos.push(list);
             }
             "control_frames" => {
                 let list: Vec<sd_image_t> = v.as_array().unwrap().iter().map(|f| arena.image(f.as_str().unwrap())).collect();

@@ -530,6 +530,14 @@ SETS = {
             _case("mm_ref2va_scaled_down", MINIMAX, _params(steps=1, seed=4, ref_images=["init_96x64.png"]),
                   note="a 96x64 reference picture for a 64x64 request: scaled by nearest neighbour to the request's "
                        "area (64x64 after rounding to 32)"),
+            _case("mm_ref2va_video", MINIMAX,
+                  _params(steps=2, seed=21, ref_videos=[{"frames": _ctrl(5), "fps": 24}]),
+                  note="Ref2VA with a 5-frame reference video at 24 fps: padded to 17 frames with its last, encoded "
+                       "(5 latent frames, the last 3 dropped), its tokens' times advancing like the video's"),
+            _case("mm_ref2va_image_and_video_fps12_96x64", MINIMAX,
+                  _params(steps=2, w=96, h=64, frames=22, seed=9, ref_images=["end_64.png"],
+                          ref_videos=[{"frames": _ctrl(5, "96x64"), "fps": 12}]),
+                  note="a picture then a 12 fps video (10 frames at 24 fps, cut to 5: each frame shown twice)"),
             _case("mm_ref2va_with_keyframe_refused", MINIMAX,
                   _params(steps=1, init_image="init_64.png", ref_images=["end_64.png"]),
                   note="keyframes and Ref2VA references together: refused by the reference, no frames"),

@@ -89,6 +89,8 @@ def nested(flat, fx):
             value = _abi.CONSTANTS[value]
         if key in IMAGE_KEYS:
             value = [load_image(v) for v in value] if isinstance(value, list) else load_image(value)
+        if key == "ref_videos":
+            value = [{**v, "frames": [load_image(f) for f in v["frames"]]} for v in value]
         *parents, leaf = key.split(".")
         d = out
         for p in parents:

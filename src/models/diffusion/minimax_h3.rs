@@ -387,8 +387,8 @@ impl RefTokens {
 /// The layout of one evaluation: `text_len` text tokens, the references' tokens (modulated
 /// for timestep `max(t_v, 0.999)`), `audio_t` audio steps and a `latent_t` × `latent_h` ×
 /// `latent_w` video latent, at timesteps `t_v` (video) and `t_a`. Keyframes sit at the time
-/// of the frame they stand for; reference pictures (Ref2VA) come one after the other before
-/// the video, which starts after them in time.
+/// of the frame they stand for; reference pictures and videos (Ref2VA) come one after the
+/// other before the video, which starts after them in time.
 #[allow(clippy::too_many_arguments)]
 pub fn layout(text_len: usize, latent_t: usize, latent_h: usize, latent_w: usize, audio_t: usize, refs: &[RefTokens], t_v: f32, t_a: f32) -> Layout {
     let sqrt_area = ((latent_h * latent_w) as f32).sqrt();
@@ -407,15 +407,15 @@ pub fn layout(text_len: usize, latent_t: usize, latent_h: usize, latent_w: usize
     let text = text_len as i64;
     let mut spans = vec![Span { start: 0, end: text, row: video_row * 3 + 1 }];
     let duration = (0..latent_t).fold(0.0f32, |d, t| d + video_span(t));
-    let pictures = refs.iter().any(|r| r.role == RefRole::Picture);
+    // Ref2VA's blocks (pictures, videos) or keyframes: the two are not mixed.
+    let blocks = refs.iter().any(|r| !matches!(r.role, RefRole::Keyframe(_)));
     let mut cursor = text_len as f32;
     let mut row = text;
     for r in refs {
         let (hs, ws) = r.axes();
-        // Without pictures every reference is a keyframe (the two are not mixed).
         let keyframe_time = match r.role {
-            RefRole::Keyframe(0) if !pictures => Some(text_len as f32),
-            RefRole::Keyframe(_) if !pictures => Some(text_len as f32 + duration - FRAME_RESCALE),
+            RefRole::Keyframe(0) if !blocks => Some(text_len as f32),
+            RefRole::Keyframe(_) if !blocks => Some(text_len as f32 + duration - FRAME_RESCALE),
             _ => None,
         };
         let mut time = keyframe_time.unwrap_or(cursor);
@@ -429,9 +429,11 @@ pub fn layout(text_len: usize, latent_t: usize, latent_h: usize, latent_w: usize
                 time += video_span(t);
             }
         }
-        if keyframe_time.is_none() {
-            // A picture takes one unit of time, whatever its frames.
-            cursor += 1.0;
+        match (keyframe_time, r.role) {
+            (Some(_), _) => {}
+            // A video lasts as long as its frames, a picture one unit of time.
+            (None, RefRole::Video) => cursor = cursor.max(time),
+            (None, _) => cursor += 1.0,
         }
         let end = row + r.tokens() as i64;
         spans.push(Span { start: row, end, row: ref_row * 3 });
@@ -872,5 +874,18 @@ mod tests {
         assert_eq!(lay.positions[6 * 3], 4.0);
         let plain = layout(2, 2, 4, 4, 3, &[], 0.25, 0.5);
         assert_eq!(lay.positions[lay.video.start as usize * 3], plain.positions[plain.video.start as usize * 3] + 2.0);
+    }
+
+    /// A reference video's frames advance in time like the video's, and the next block starts
+    /// where it ends.
+    #[test]
+    fn layout_with_a_reference_video() {
+        let video = RefTokens { w: 2, h: 2, t: 2, role: RefRole::Video };
+        let pic = RefTokens { w: 2, h: 2, t: 1, role: RefRole::Picture };
+        let lay = layout(1, 2, 4, 4, 3, &[video, pic], 0.25, 0.5);
+        let times: Vec<f32> = lay.positions.chunks(3).map(|p| p[0]).collect();
+        let after = (1.0 + FRAME_RESCALE * 1.0) + FRAME_RESCALE * 4.0;
+        assert_eq!(&times[..4], &[0.0, 1.0, 1.0 + FRAME_RESCALE, after]);
+        assert_eq!(times[4], after + 1.0);
     }
 }

@@ -97,6 +97,8 @@ pub enum RefRole {
     Keyframe(usize),
     /// A reference picture (MiniMax-H3's Ref2VA), before the video in time.
     Picture,
+    /// A reference video (MiniMax-H3's Ref2VA), before the video in time.
+    Video,
 }
 
 impl<'a> DiffusionInput<'a> {

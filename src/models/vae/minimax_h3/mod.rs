@@ -11,8 +11,9 @@
 //! - Videos are decoded in chunks of 5 latent frames plus 2 of overlap (after the latent is
 //!   padded with copies of its last frame), each tiled spatially in tiles of 16 latent pixels;
 //!   the chunks' first 3 frames are dropped and 5 frames cross-fade into the next chunk.
-//! - The encoder (`encoder.rs`, when the file has one) turns single pictures (the keyframes)
-//!   into latents, over the same forced tiles; reference videos are not encoded yet.
+//! - The encoder (`encoder.rs`, when the file has one) turns pictures (keyframes, reference
+//!   pictures) and reference videos (in chunks of 17 frames) into latents, over the same
+//!   forced tiles.
 
 mod encoder;
 
@@ -280,33 +281,58 @@ fn repeat_last(x: &Tensor, n: usize) -> Result<Tensor> {
 }
 
 impl Loaded<MinimaxH3Vae> {
-    /// One picture `[W, H, 1, 3, ..]` in [0, 1] → its VAE-space latent `[W/16, H/16, 1, 24, 1]`,
-    /// over the reference's forced tiles of 16 latent pixels (the last latent frame, as there).
-    fn encode_picture(&mut self, video: &Tensor, tiling: &TilingParams, circular: (bool, bool)) -> Result<Tensor> {
-        let (pw, ph) = (video.ne(0), video.ne(1));
-        ensure!(
-            video.shape().len() >= 4 && video.ne(2) == 1,
-            "the MiniMax-H3 VAE encodes single pictures here (reference videos are not supported yet), got {:?}",
-            video.shape()
-        );
+    /// Frames `[W, H, T, 3, ..]` in [0, 1] → their VAE-space latent `[W/16, H/16, t, 24, 1]`,
+    /// each encoding over the reference's forced tiles of 16 latent pixels. A picture gives the
+    /// last latent frame of its encoding; a video is padded with copies of its last frame to
+    /// whole chunks of 17 frames, each encoded alone (5 latent frames), and the last 3 latent
+    /// frames are dropped, as the reference does.
+    fn encode_frames(&mut self, video: &Tensor, tiling: &TilingParams, circular: (bool, bool)) -> Result<Tensor> {
+        const CHUNK: usize = 17;
+        let (pw, ph, t) = (video.ne(0), video.ne(1), video.ne(2));
+        ensure!(video.shape().len() >= 4 && video.ne(3) == 3 && t >= 1, "the MiniMax-H3 VAE encodes RGB frames [W, H, T, 3], got {:?}", video.shape());
         ensure!(pw % SCALE == 0 && ph % SCALE == 0, "the MiniMax-H3 VAE encodes sizes in multiples of {SCALE}, got {pw}x{ph}");
         let (w, h) = (pw / SCALE, ph / SCALE);
         ensure!(w >= 2 && h >= 2, "the MiniMax-H3 VAE encodes pictures of at least {0}x{0} pixels, got {pw}x{ph}", 2 * SCALE);
         let forced = TilingParams { enabled: true, tile_size_x: 16, tile_size_y: 16, target_overlap: 0.25, ..*tiling };
         let (tx, ty, overlap) = tiling::tile_sizes(&forced, w as i64, h as i64, 1.0);
         let spec = TileSpec { tile_size_x: tx, tile_size_y: ty, overlap, circular_x: circular.0, circular_y: circular.1 };
-        sd_debug!("VAE Tile size: {tx}x{ty}");
-        let start = std::time::Instant::now();
-        let (net, runner) = self.parts();
-        let out = tiling::process_tiles(video, w, h, SCALE, &spec, None, |t| {
-            net.run_encoder(runner, t).map_err(|e| Error::new(format!("vae encode compute failed while processing a tile: {e}")))
-        });
-        runner.release();
-        let out = out.map_err(|e| Error::new(format!("vae encode compute failed: {e}")))?;
-        sd_debug!("computing vae encode graph completed, taking {:.2}s", start.elapsed().as_secs_f32());
-        let t = out.ne(2);
-        let last = frames(&out, t - 1, t)?;
-        last.reshape(&[w, h, 1, CHANNELS, 1])
+        let mut encode = |frames: &Tensor| -> Result<Tensor> {
+            sd_debug!("VAE Tile size: {tx}x{ty}");
+            let start = std::time::Instant::now();
+            let (net, runner) = self.parts();
+            let out = tiling::process_tiles(frames, w, h, SCALE, &spec, None, |t| {
+                net.run_encoder(runner, t).map_err(|e| Error::new(format!("vae encode compute failed while processing a tile: {e}")))
+            });
+            runner.release();
+            let out = out.map_err(|e| Error::new(format!("vae encode compute failed: {e}")))?;
+            sd_debug!("computing vae encode graph completed, taking {:.2}s", start.elapsed().as_secs_f32());
+            Ok(out)
+        };
+        let latent = if t == 1 {
+            let out = encode(&frames(video, 0, 1)?)?;
+            let n = out.ne(2);
+            frames(&out, n - 1, n)?
+        } else {
+            let pad = (CHUNK - t % CHUNK) % CHUNK;
+            let input = if pad > 0 { repeat_last(video, pad)? } else { frames(video, 0, t)? };
+            let mut joined: Option<Tensor> = None;
+            for start in (0..input.ne(2)).step_by(CHUNK) {
+                let out = encode(&frames(&input, start, start + CHUNK)?)?;
+                joined = Some(match joined {
+                    Some(j) => join_frames(&j, &out)?,
+                    None => out,
+                });
+            }
+            let joined = joined.expect("at least one chunk");
+            let n = joined.ne(2);
+            if n > 3 {
+                frames(&joined, 0, n - 3)?
+            } else {
+                joined
+            }
+        };
+        let shape = [w, h, latent.ne(2), CHANNELS, 1];
+        latent.reshape(&shape)
     }
 
     /// VAE-space latents `[w, h, T, 24]` → the video's frames, the reference's chunks.
@@ -376,7 +402,7 @@ impl super::FirstStage for Loaded<MinimaxH3Vae> {
     fn encode(&mut self, image: &Tensor, tiling: &TilingParams, circular: (bool, bool)) -> Result<Tensor> {
         let (w, h, c, n) = (image.ne(0), image.ne(1), image.ne(2), image.ne(3));
         ensure!(c == 3 && n == 1, "the MiniMax-H3 VAE encodes one RGB picture at a time, got {:?}", image.shape());
-        let z = self.encode_picture(&Tensor::from_vec(&[w, h, 1, 3, 1], image.data().to_vec())?, tiling, circular)?;
+        let z = self.encode_frames(&Tensor::from_vec(&[w, h, 1, 3, 1], image.data().to_vec())?, tiling, circular)?;
         let shape = [z.ne(0), z.ne(1), CHANNELS, 1];
         z.reshape(&shape)
     }
@@ -397,9 +423,9 @@ impl super::FirstStage for Loaded<MinimaxH3Vae> {
         bail!("the MiniMax-H3 VAE decodes videos (generate_video), not pictures")
     }
 
-    /// A one-frame video `[W, H, 1, 3, 1]` → its normalised latent `[W/16, H/16, 1, 24, 1]`.
+    /// A video `[W, H, T, 3, 1]` (a picture: T = 1) → its normalised latent `[W/16, H/16, t, 24, 1]`.
     fn encode_video(&mut self, frames: &Tensor, tiling: &TilingParams, circular: (bool, bool)) -> Result<Tensor> {
-        let z = self.encode_picture(frames, tiling, circular)?;
+        let z = self.encode_frames(frames, tiling, circular)?;
         Ok(self.vae_to_diffusion(&z))
     }
 

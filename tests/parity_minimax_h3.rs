@@ -14,7 +14,8 @@
 //! Keyframes (`init_image`, `end_image`) through the VAE's encoder: I2VA, FL2VA at cfg 3 with a
 //! negative prompt, the end frame alone over 22 frames at 96×64, I2VA with sound; Ref2VA
 //! reference pictures (`ref_images`: one, three at 96×64 with cfg 3, one scaled down),
-//! reference videos (`ref_videos`: 5 frames at 24 fps; a picture and 5 frames at 12 fps) and a
+//! reference videos (`ref_videos`: 5 frames at 24 fps; a picture and 5 frames at 12 fps),
+//! reference sound (`ref_audios`, a video's sound; without an audio VAE refused by both) and a
 //! keyframe with a reference picture (refused by both).
 //!
 //! Without `SD_PARITY=full` only `mm_sound_i2va_seed3` (a start picture through the encoder,

@@ -83,9 +83,9 @@ fn check_params(p: &VidGenParams) -> Result<()> {
     Ok(())
 }
 
-/// What MiniMax-H3 takes here: text, start and end pictures (keyframes), or Ref2VA reference
-/// pictures and silent videos; reference sound is not built, and keyframes with references
-/// and control frames are refused as by the reference. Its frames are at 24 fps.
+/// What MiniMax-H3 takes here: text, start and end pictures (keyframes), or Ref2VA references
+/// (pictures, videos with or without sound, sound); keyframes with references and control
+/// frames are refused as by the reference. Its frames are at 24 fps.
 fn check_minimax_h3(p: &VidGenParams) -> Result<()> {
     let references = !p.ref_images.is_empty() || !p.ref_videos.is_empty() || !p.ref_audios.is_empty();
     ensure!(
@@ -93,10 +93,7 @@ fn check_minimax_h3(p: &VidGenParams) -> Result<()> {
         "MiniMax-H3 keyframes and Ref2VA references cannot be used together"
     );
     ensure!(p.control_frames.is_empty(), "MiniMax-H3 control_frames are not implemented");
-    ensure!(p.ref_audios.is_empty(), "MiniMax-H3 Ref2VA reference audio clips (ref_audios) are not supported yet; reference images and silent videos are");
-    if let Some(i) = p.ref_videos.iter().position(|v| v.audio.as_ref().is_some_and(|a| !a.data.is_empty())) {
-        bail!("MiniMax-H3 reference video {} has sound: Ref2VA reference audio is not supported yet", i + 1);
-    }
+
     if p.fps != 24 {
         sd_warn!("MiniMax-H3 uses 24 fps; overriding requested fps {}", p.fps.max(1));
     }
@@ -242,6 +239,8 @@ struct VideoLatents {
     /// tokens, and what each stands for.
     ref_latents: Vec<Tensor>,
     ref_roles: Vec<RefRole>,
+    /// Ref2VA's reference sound latents (the roles index them).
+    ref_audio_latents: Vec<Tensor>,
 }
 
 /// A picture `[W, H, 3, 1]` as a one-frame video `[W, H, 1, 3, 1]`.
@@ -324,6 +323,7 @@ fn video_latents(ms: &mut ModelSet, p: &VidGenParams, r: &mut VideoRequest, form
         keyframe_at: None,
         ref_latents: Vec::new(),
         ref_roles: Vec::new(),
+        ref_audio_latents: Vec::new(),
     };
     let cond = ms.video_cond;
     let name = ms.version.name();
@@ -463,8 +463,8 @@ fn video_latents(ms: &mut ModelSet, p: &VidGenParams, r: &mut VideoRequest, form
             out.denoise_mask = Some(mask);
             sd_info!("encode_first_stage completed, taking {} ms", start.elapsed().as_millis());
         }
-        VideoCond::RefKeyframes if !p.ref_images.is_empty() || !p.ref_videos.is_empty() => {
-            sd_info!("MiniMax-H3 Ref2VA: {} image(s), {} video(s), 0 audio clip(s)", p.ref_images.len(), p.ref_videos.len());
+        VideoCond::RefKeyframes if !p.ref_images.is_empty() || !p.ref_videos.is_empty() || !p.ref_audios.is_empty() => {
+            sd_info!("MiniMax-H3 Ref2VA: {} image(s), {} video(s), {} audio clip(s)", p.ref_images.len(), p.ref_videos.len(), p.ref_audios.len());
             for (i, img) in p.ref_images.iter().enumerate() {
                 let picture = reference_picture(img, r.width, r.height)?;
                 let latent = with_first_stage(ms, |fs| fs.encode_video(&one_frame(&picture)?, tiling, circular))
@@ -478,8 +478,16 @@ fn video_latents(ms: &mut ModelSet, p: &VidGenParams, r: &mut VideoRequest, form
                 let video = reference_video(v, r.frames, i + 1)?;
                 let latent = with_first_stage(ms, |fs| fs.encode_video(&video, tiling, circular))
                     .map_err(|e| Error::new(format!("failed to encode MiniMax-H3 reference video {}: {e}", i + 1)))?;
+                let audio = match v.audio.as_ref().filter(|a| !a.data.is_empty()) {
+                    Some(a) => Some(encode_reference_audio(ms, a, &mut out.ref_audio_latents)?),
+                    None => None,
+                };
                 out.ref_latents.push(keyframe_noise(&latent, r.seed));
-                out.ref_roles.push(RefRole::Video);
+                out.ref_roles.push(RefRole::Video { audio });
+            }
+            for a in &p.ref_audios {
+                let index = encode_reference_audio(ms, a, &mut out.ref_audio_latents)?;
+                out.ref_roles.push(RefRole::Audio(index));
             }
             sd_info!("encode_first_stage completed, taking {} ms", start.elapsed().as_millis());
         }
@@ -647,6 +655,89 @@ fn reference_video(v: &RefVideo, max_frames: usize, index: usize) -> Result<Tens
         }
     }
     Tensor::from_vec(&[w, h, n, 3, 1], out)
+}
+
+/// MiniMax-H3's reference sound `a` through the audio VAE's encoder (its latent appended to
+/// `latents`; its index returned), after [`reference_waveform`].
+fn encode_reference_audio(ms: &mut ModelSet, a: &Audio, latents: &mut Vec<Tensor>) -> Result<usize> {
+    let stage = ms.audio.as_mut().ok_or_else(|| Error::new("MiniMax-H3 Ref2VA audio requires --audio-vae with encoder weights (audio_vae_path)"))?;
+    let rate = stage.input_sample_rate().ok_or_else(|| Error::new("MiniMax-H3 Ref2VA audio requires --audio-vae with encoder weights (audio_vae_path)"))?;
+    let wave = reference_waveform(a, rate)?;
+    stage.begin()?;
+    let latent = stage.encode_audio(&wave);
+    stage.end();
+    let latent = latent.map_err(|e| Error::new(format!("failed to encode MiniMax-H3 reference audio: {e}")))?;
+    latents.push(latent);
+    Ok(latents.len() - 1)
+}
+
+/// `num / den` rounded as an x87 long double (a 64-bit significand, to nearest even), then
+/// less its integer part and rounded to f32: the reference's resampling fraction, exactly.
+fn long_double_fraction(num: u128, den: u128) -> f32 {
+    if num % den == 0 {
+        return 0.0;
+    }
+    // Exponent e of the quotient: 2^e <= num / den < 2^(e + 1).
+    let mut e: i32 = (128 - num.leading_zeros() as i32) - (128 - den.leading_zeros() as i32);
+    let ge = |e: i32| if e >= 0 { num >= den << e } else { num << -e >= den };
+    while !ge(e) {
+        e -= 1;
+    }
+    while ge(e + 1) {
+        e += 1;
+    }
+    // The significand M (64 bits): num / den = M · 2^(e - 63), rounded to nearest even.
+    let shift = 63 - e;
+    let (n, d) = if shift >= 0 { (num << shift, den) } else { (num, den << -shift) };
+    let (mut m, rem) = (n / d, n % d);
+    if rem * 2 > d || (rem * 2 == d && m & 1 == 1) {
+        m += 1;
+    }
+    // Less the integer part: F · 2^(e - 63).
+    let frac = if shift > 0 { m & ((1u128 << shift) - 1) } else { 0 };
+    if frac == 0 {
+        return 0.0;
+    }
+    // F to 24 bits, to nearest even.
+    let bits = 128 - frac.leading_zeros() as i32;
+    let drop = (bits - 24).max(0);
+    let mut f = frac >> drop;
+    if drop > 0 {
+        let rest = frac & ((1u128 << drop) - 1);
+        let half = 1u128 << (drop - 1);
+        if rest > half || (rest == half && f & 1 == 1) {
+            f += 1;
+        }
+    }
+    (f as f64 * 2f64.powi(drop - shift)) as f32
+}
+
+/// Reference sound as the reference feeds the audio encoder: resampled linearly to `rate`
+/// (positions and fractions as its long double arithmetic gives them), two channels (mono
+/// doubled, a third and more dropped), clamped to [-1, 1] and zero-padded to whole latent
+/// steps of 800 samples: `[samples, 2]`.
+fn reference_waveform(a: &Audio, rate: u32) -> Result<Tensor> {
+    let channels = a.channels as usize;
+    let count = if channels > 0 { a.data.len() / channels } else { 0 };
+    ensure!(count > 0 && a.sample_rate > 0 && rate > 0, "invalid MiniMax-H3 reference audio");
+    let (sr, rate) = (a.sample_rate as u128, rate as u128);
+    // llround(count · rate / sr), halves away from zero.
+    let out = ((2 * count as u128 * rate + sr) / (2 * sr)).max(1) as usize;
+    let padded = out.div_ceil(800) * 800;
+    let mut wave = vec![0.0f32; padded * 2];
+    for i in 0..out {
+        let num = i as u128 * sr;
+        let s0 = ((num / rate) as usize).min(count - 1);
+        let s1 = (s0 + 1).min(count - 1);
+        // Past the last sample the two are the same and the fraction does not matter.
+        let fraction = if (num / rate) as usize == s0 { long_double_fraction(num, rate) } else { 0.0 };
+        for c in 0..2 {
+            let src = if channels == 1 { 0 } else { c.min(channels - 1) };
+            let (x, y) = (a.data[s0 * channels + src], a.data[s1 * channels + src]);
+            wave[c * padded + i] = (x + (y - x) * fraction).clamp(-1.0, 1.0);
+        }
+    }
+    Tensor::from_vec(&[padded, 2], wave)
 }
 
 /// A MiniMax-H3 keyframe latent moved slightly towards noise: `0.999·z + 0.001·n`, the noise
@@ -856,6 +947,7 @@ pub fn generate_video(ms: &mut ModelSet, p: &VidGenParams, cancel: &CancelFlag) 
         keyframes: lat.keyframes,
         keyframe_at: lat.keyframe_at,
         ref_roles: &lat.ref_roles,
+        ref_audio_latents: &lat.ref_audio_latents,
     };
     let ModelSet { diffusion, high_noise, denoiser, first_stage, preview, spec, .. } = ms;
     let mut job = video_job(&request, &prepared, denoiser, first_stage, preview, spec, &format, &tiling, circular, vace, cancel);
@@ -1020,7 +1112,7 @@ impl Refine<'_> {
         let sigmas = super::ltx_refine::sigmas(ms, self.hires, &p.sample_params, self.plan.method, self.plan.sigmas.len().saturating_sub(1), seq_len)?;
         let prepared = Prepared { init_latent: x, denoise_mask: mask, ..prepared };
         let keyframe_at = (self.keyframes > 0).then(|| frames - 1);
-        let video = VideoInput { vace_context: None, vace_strength: p.vace_strength, fps, frames, keyframes: self.keyframes, keyframe_at, ref_roles: &[] };
+        let video = VideoInput { vace_context: None, vace_strength: p.vace_strength, fps, frames, keyframes: self.keyframes, keyframe_at, ref_roles: &[], ref_audio_latents: &[] };
         let start = Instant::now();
         let ModelSet { diffusion, denoiser, first_stage, preview, spec, .. } = ms;
         let mut job = video_job(self.request, &prepared, denoiser, first_stage, preview, spec, format, tiling, circular, video, cancel);
@@ -1107,13 +1199,10 @@ mod tests {
         let both = check_minimax_h3(&VidGenParams { ref_audios: vec![audio.clone()], ..start.clone() }).unwrap_err().to_string();
         assert!(both.contains("cannot be used together"), "{both}");
         assert!(check_minimax_h3(&VidGenParams { ref_images: vec![picture.clone(); 2], ..ok.clone() }).is_ok());
-        let clips = check_minimax_h3(&VidGenParams { ref_audios: vec![audio.clone()], ..ok.clone() }).unwrap_err().to_string();
-        assert!(clips.contains("Ref2VA"), "{clips}");
+        assert!(check_minimax_h3(&VidGenParams { ref_audios: vec![audio.clone()], ..ok.clone() }).is_ok());
         let silent = RefVideo { frames: vec![picture.clone(); 5], fps: 24, audio: None };
-        assert!(check_minimax_h3(&VidGenParams { ref_videos: vec![silent.clone()], ..ok.clone() }).is_ok());
-        let sound = RefVideo { audio: Some(audio.clone()), ..silent };
-        let e = check_minimax_h3(&VidGenParams { ref_videos: vec![sound], ..ok.clone() }).unwrap_err().to_string();
-        assert!(e.contains("reference video 1 has sound"), "{e}");
+        let sound = RefVideo { audio: Some(audio.clone()), ..silent.clone() };
+        assert!(check_minimax_h3(&VidGenParams { ref_videos: vec![silent, sound], ..ok.clone() }).is_ok());
         let control = check_minimax_h3(&VidGenParams { control_frames: vec![picture], ..ok }).unwrap_err().to_string();
         assert!(control.contains("control_frames"), "{control}");
     }
@@ -1135,6 +1224,30 @@ mod tests {
         let big = Image::new(200, 100, 3, vec![0; 200 * 100 * 3]).unwrap();
         assert_eq!(reference_picture(&big, 64, 64).unwrap().shape(), &[96, 32, 3, 1]);
         assert_eq!(reference_picture(&frame(0), 64, 64).unwrap().shape(), &[32, 32, 3, 1]);
+    }
+
+    /// Reference sound goes to 32 kHz stereo by linear interpolation, padded to whole steps;
+    /// the fraction is the long double's, rounded to f32.
+    #[test]
+    fn reference_sound_is_resampled_like_the_reference() {
+        assert_eq!(long_double_fraction(1, 3), 1.0f32 / 3.0);
+        assert_eq!(long_double_fraction(7, 2), 0.5);
+        assert_eq!(long_double_fraction(8, 2), 0.0);
+        for (n, d) in [(123_456_789u128, 32_000u128), (22_050 * 999, 32_000), (5, 7)] {
+            let exact = (n % d) as f64 / d as f64;
+            assert!((long_double_fraction(n, d) as f64 - exact).abs() <= exact * 1.2e-7, "{n}/{d}");
+        }
+        let mono = Audio { sample_rate: 16_000, channels: 1, data: (0..1000).map(|i| i as f32 / 1000.0).collect() };
+        let w = reference_waveform(&mono, 32_000).unwrap();
+        assert_eq!(w.shape(), &[2400, 2]);
+        let d = w.data();
+        assert_eq!((d[2], d[3], d[2400 + 3]), (0.001, 0.001 + (0.002 - 0.001) * 0.5, d[3]));
+        // Past the last source sample: the last value; past the resampled end: zeros.
+        assert_eq!((d[1999], d[2000]), (0.999, 0.0));
+        let loud = Audio { sample_rate: 48_000, channels: 3, data: vec![2.0, -3.0, 0.5].repeat(48) };
+        let w = reference_waveform(&loud, 32_000).unwrap();
+        assert_eq!((w.ne(0), w.data()[0], w.data()[800]), (800, 1.0, -1.0));
+        assert!(reference_waveform(&Audio { sample_rate: 16_000, channels: 0, data: vec![] }, 32_000).is_err());
     }
 
     /// The keyframe noise is the seed's Philox noise at 0.1%, the same for every keyframe.

@@ -182,9 +182,20 @@ pub struct Arena {
     embeddings: Vec<Vec<sd_embedding_t>>,
     loras: Vec<Vec<sd_lora_t>>,
     videos: Vec<Vec<sd_ref_video_t>>,
+    audios: Vec<Vec<sd_audio_t>>,
 }
 
 impl Arena {
+    /// A test sound from {"sample_rate", "channels", "samples", "period"}: a sawtooth per
+    /// channel, as tests/tools/sd_capi.py's synth_audio makes it.
+    pub fn audio(&mut self, spec: &Value) -> sd_audio_t {
+        let (rate, ch, n, period) = (num(&spec["sample_rate"]) as u32, num(&spec["channels"]) as u64, num(&spec["samples"]) as u64, num(&spec["period"]) as u64);
+        let mut data: Vec<f32> = (0..n).flat_map(|k| (0..ch).map(move |c| (((k * (7 + 3 * c)) % period) as f64 / period as f64 * 1.6 - 0.8) as f32)).collect();
+        let audio = sd_audio_t { sample_rate: rate, channels: ch as u32, sample_count: n, data: data.as_mut_ptr() };
+        self.floats.push(data);
+        audio
+    }
+
     /// `path` with a `{fx}/` fixture made first when missing.
     pub fn fixture_path(&mut self, path: &str) -> *const std::ffi::c_char {
         if let Some(f) = path.strip_prefix("{fx}/") {
@@ -500,18 +511,27 @@ pub fn vid_params(params: &Value, arena: &mut Arena) -> sd_vid_gen_params_t {
                 p.ref_images_count = list.len() as c_int;
                 arena.images.push(list);
             }
-            // [{"frames": [png, ...], "fps": n}], silent.
+            // [{"frames": [png, ...], "fps": n, "audio": sound spec (optional)}].
             "ref_videos" => {
                 let mut list = Vec::new();
                 for video in v.as_array().unwrap() {
                     let frames: Vec<sd_image_t> = video["frames"].as_array().unwrap().iter().map(|f| arena.image(f.as_str().unwrap())).collect();
-                    let silence = sd_audio_t { sample_rate: 0, channels: 0, sample_count: 0, data: std::ptr::null_mut() };
-                    list.push(sd_ref_video_t { frames: frames.as_ptr() as *mut sd_image_t, frame_count: frames.len() as c_int, fps: num(&video["fps"]) as c_int, audio: silence });
+                    let audio = match video.get("audio") {
+                        Some(spec) if !spec.is_null() => arena.audio(spec),
+                        _ => sd_audio_t { sample_rate: 0, channels: 0, sample_count: 0, data: std::ptr::null_mut() },
+                    };
+                    list.push(sd_ref_video_t { frames: frames.as_ptr() as *mut sd_image_t, frame_count: frames.len() as c_int, fps: num(&video["fps"]) as c_int, audio });
                     arena.images.push(frames);
                 }
                 p.ref_videos = list.as_ptr() as *mut sd_ref_video_t;
                 p.ref_videos_count = list.len() as c_int;
                 arena.videos.push(list);
+            }
+            "ref_audios" => {
+                let list: Vec<sd_audio_t> = v.as_array().unwrap().iter().map(|spec| arena.audio(spec)).collect();
+                p.ref_audios = list.as_ptr() as *mut sd_audio_t;
+                p.ref_audios_count = list.len() as c_int;
+                arena.audios.push(list);
             }
             "control_frames" => {
                 let list: Vec<sd_image_t> = v.as_array().unwrap().iter().map(|f| arena.image(f.as_str().unwrap())).collect();

@@ -538,6 +538,21 @@ SETS = {
                   _params(steps=2, w=96, h=64, frames=22, seed=9, ref_images=["end_64.png"],
                           ref_videos=[{"frames": _ctrl(5, "96x64"), "fps": 12}]),
                   note="a picture then a 12 fps video (10 frames at 24 fps, cut to 5: each frame shown twice)"),
+            _case("mm_ref2va_audio", MINIMAX_SOUND,
+                  _params(steps=2, seed=13, ref_audios=[{"sample_rate": 16000, "channels": 1, "samples": 6000, "period": 97}]),
+                  note="Ref2VA with a reference sound (16 kHz mono, resampled to 32 kHz stereo: 12000 samples, 15 "
+                       "steps) through the audio VAE's encoder, its tokens at the text's end on both edges, modulated "
+                       "for timestep max(t_a, 1); the audio and video 15 time units later"),
+            _case("mm_ref2va_video_with_sound_and_audio", MINIMAX_SOUND,
+                  _params(steps=2, seed=17, ref_videos=[{"frames": _ctrl(5), "fps": 24,
+                                                         "audio": {"sample_rate": 22050, "channels": 1, "samples": 4000,
+                                                                   "period": 61}}],
+                          ref_audios=[{"sample_rate": 48000, "channels": 2, "samples": 9000, "period": 113}]),
+                  note="a reference video with its sound (22.05 kHz: fractional resampling positions) and a 48 kHz "
+                       "stereo sound after it"),
+            _case("mm_ref2va_audio_without_audio_vae", MINIMAX,
+                  _params(steps=1, ref_audios=[{"sample_rate": 16000, "channels": 1, "samples": 1600, "period": 50}]),
+                  note="reference sound without an audio VAE: refused by the reference, no frames"),
             _case("mm_ref2va_with_keyframe_refused", MINIMAX,
                   _params(steps=1, init_image="init_64.png", ref_images=["end_64.png"]),
                   note="keyframes and Ref2VA references together: refused by the reference, no frames"),

@@ -77,6 +77,17 @@ def with_fx(value, fx):
     return value
 
 
+def synth_audio(spec):
+    """A test sound from {"sample_rate", "channels", "samples", "period"}: a sawtooth per channel,
+    sample k of channel c = ((k * (7 + 3c)) mod period) / period * 1.6 - 0.8 in doubles, then f32
+    (tests/common/parity.rs makes the same)."""
+    from stable_diffusion_rs import Audio
+
+    rate, ch, n, period = spec["sample_rate"], spec["channels"], spec["samples"], spec["period"]
+    data = [((k * (7 + 3 * c)) % period) / period * 1.6 - 0.8 for k in range(n) for c in range(ch)]
+    return Audio(rate, ch, np.array(data, dtype=np.float64).astype(np.float32))
+
+
 def nested(flat, fx):
     """Dotted keys → nested dicts; fixture paths, C enum constant names and images resolved."""
     from stable_diffusion_rs import _abi
@@ -90,7 +101,10 @@ def nested(flat, fx):
         if key in IMAGE_KEYS:
             value = [load_image(v) for v in value] if isinstance(value, list) else load_image(value)
         if key == "ref_videos":
-            value = [{**v, "frames": [load_image(f) for f in v["frames"]]} for v in value]
+            value = [{**{k: x for k, x in v.items() if k != "audio"}, "frames": [load_image(f) for f in v["frames"]],
+                      **({"audio": synth_audio(v["audio"])} if v.get("audio") else {})} for v in value]
+        if key == "ref_audios":
+            value = [synth_audio(a) for a in value]
         *parents, leaf = key.split(".")
         d = out
         for p in parents:

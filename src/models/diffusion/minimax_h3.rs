@@ -362,17 +362,23 @@ fn find_or_add(values: &mut Vec<f32>, v: f32) -> i64 {
     }
 }
 
-/// A latent the transformer sees but does not denoise: its size in latent pixels and frames,
-/// and what it stands for.
+/// A reference the transformer sees but does not denoise: a latent's size in latent pixels
+/// and frames (`t` 0: none), the steps of its sound (0: none), and what it stands for.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct RefTokens {
     pub w: usize,
     pub h: usize,
     pub t: usize,
+    pub audio: usize,
     pub role: RefRole,
 }
 
 impl RefTokens {
+    /// A keyframe, picture or silent video latent of `w`×`h`×`t`.
+    pub fn video(w: usize, h: usize, t: usize, role: RefRole) -> RefTokens {
+        RefTokens { w, h, t, audio: 0, role }
+    }
+
     fn tokens(&self) -> usize {
         self.t * (self.h / 2) * (self.w / 2)
     }
@@ -384,15 +390,40 @@ impl RefTokens {
     }
 }
 
-/// The layout of one evaluation: `text_len` text tokens, the references' tokens (modulated
-/// for timestep `max(t_v, 0.999)`), `audio_t` audio steps and a `latent_t` × `latent_h` ×
-/// `latent_w` video latent, at timesteps `t_v` (video) and `t_a`. Keyframes sit at the time
-/// of the frame they stand for; reference pictures and videos (Ref2VA) come one after the
-/// other before the video, which starts after them in time.
+/// Where a reference's tokens come from: `n` rows of the projected video or audio rows, in
+/// sequence order (each source's rows are consumed in order).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Piece {
+    Video(i64),
+    Audio(i64),
+}
+
+/// The order of the references' token runs in the sequence (a block's sound before its
+/// picture).
+pub fn pieces(refs: &[RefTokens]) -> Vec<Piece> {
+    let mut out = Vec::new();
+    for r in refs {
+        if r.audio > 0 {
+            out.push(Piece::Audio((r.audio * AUDIO_ROWS) as i64));
+        }
+        if r.t > 0 {
+            out.push(Piece::Video(r.tokens() as i64));
+        }
+    }
+    out
+}
+
+/// The layout of one evaluation: `text_len` text tokens, the references' tokens (pictures
+/// modulated for timestep `max(t_v, 0.999)`, sound for `max(t_a, 1)`), `audio_t` audio steps
+/// and a `latent_t` × `latent_h` × `latent_w` video latent, at timesteps `t_v` (video) and
+/// `t_a`. Keyframes sit at the time of the frame they stand for; Ref2VA's blocks (pictures,
+/// videos, sound) come one after the other before the video, which starts after them in
+/// time; a block's sound starts with it and sits at its picture's left and right edge.
 #[allow(clippy::too_many_arguments)]
 pub fn layout(text_len: usize, latent_t: usize, latent_h: usize, latent_w: usize, audio_t: usize, refs: &[RefTokens], t_v: f32, t_a: f32) -> Layout {
     let sqrt_area = ((latent_h * latent_w) as f32).sqrt();
     let (h_axis, w_axis) = (spatial_axis(latent_h, sqrt_area), spatial_axis(latent_w, sqrt_area));
+    let (w_low, w_high) = (w_axis.first().copied().unwrap_or(0.0), w_axis.last().copied().unwrap_or(0.0));
     let mut positions = Vec::new();
     let mut push = |t: f32, h: f32, w: f32| positions.extend_from_slice(&[t, h, w]);
     for i in 0..text_len {
@@ -402,44 +433,62 @@ pub fn layout(text_len: usize, latent_t: usize, latent_h: usize, latent_w: usize
     let video_row = find_or_add(&mut timesteps, t_v);
     let audio_row = find_or_add(&mut timesteps, t_a);
     let ref_row = find_or_add(&mut timesteps, t_v.max(VISUAL_COND_TIMESTEP));
-    // The row of reference audio (none here), embedded all the same.
-    find_or_add(&mut timesteps, t_a.max(1.0));
+    let ref_audio_row = find_or_add(&mut timesteps, t_a.max(1.0));
     let text = text_len as i64;
     let mut spans = vec![Span { start: 0, end: text, row: video_row * 3 + 1 }];
     let duration = (0..latent_t).fold(0.0f32, |d, t| d + video_span(t));
-    // Ref2VA's blocks (pictures, videos) or keyframes: the two are not mixed.
+    // Ref2VA's blocks or keyframes: the two are not mixed.
     let blocks = refs.iter().any(|r| !matches!(r.role, RefRole::Keyframe(_)));
     let mut cursor = text_len as f32;
     let mut row = text;
     for r in refs {
-        let (hs, ws) = r.axes();
+        let (hs, ws) = if r.t > 0 { r.axes() } else { (Vec::new(), Vec::new()) };
         let keyframe_time = match r.role {
             RefRole::Keyframe(0) if !blocks => Some(text_len as f32),
             RefRole::Keyframe(_) if !blocks => Some(text_len as f32 + duration - FRAME_RESCALE),
             _ => None,
         };
-        let mut time = keyframe_time.unwrap_or(cursor);
-        for t in 0..r.t {
-            for &h in &hs {
-                for &w in &ws {
-                    push(time, h, w);
+        let mut end = cursor;
+        if r.audio > 0 {
+            let (lo, hi) = match (ws.first(), ws.last()) {
+                (Some(&lo), Some(&hi)) => (lo, hi),
+                _ => (w_low, w_high),
+            };
+            for w in [lo, hi] {
+                for t in 0..r.audio {
+                    push(cursor + t as f32, 0.0, w);
                 }
             }
-            if keyframe_time.is_none() {
-                time += video_span(t);
+            let stop = row + (r.audio * AUDIO_ROWS) as i64;
+            spans.push(Span { start: row, end: stop, row: ref_audio_row * 3 + 2 });
+            row = stop;
+            end = end.max(cursor + r.audio as f32);
+        }
+        if r.t > 0 {
+            let mut time = keyframe_time.unwrap_or(cursor);
+            for t in 0..r.t {
+                for &h in &hs {
+                    for &w in &ws {
+                        push(time, h, w);
+                    }
+                }
+                if keyframe_time.is_none() {
+                    time += video_span(t);
+                }
             }
-        }
-        match (keyframe_time, r.role) {
-            (Some(_), _) => {}
+            let stop = row + r.tokens() as i64;
+            spans.push(Span { start: row, end: stop, row: ref_row * 3 });
+            row = stop;
             // A video lasts as long as its frames, a picture one unit of time.
-            (None, RefRole::Video) => cursor = cursor.max(time),
-            (None, _) => cursor += 1.0,
+            end = match r.role {
+                RefRole::Picture => end.max(cursor + 1.0),
+                _ => end.max(time),
+            };
         }
-        let end = row + r.tokens() as i64;
-        spans.push(Span { start: row, end, row: ref_row * 3 });
-        row = end;
+        if keyframe_time.is_none() {
+            cursor = end;
+        }
     }
-    let (w_low, w_high) = (w_axis.first().copied().unwrap_or(0.0), w_axis.last().copied().unwrap_or(0.0));
     for w in [w_low, w_high] {
         for t in 0..audio_t {
             push(cursor + t as f32, 0.0, w);
@@ -581,20 +630,32 @@ impl MinimaxH3Model {
         pe.reshape(&[2, 2, na, l])
     }
 
-    /// One evaluation: video patch rows `[4·C, K + Nv]` (the `keyframe_tokens` K of the
-    /// keyframes first, projected together as the reference does), audio rows `[32, 2·A]`
-    /// (channel-major), the text `[text_dim, L]`, timestep features `[D, n]`, positions
-    /// `[3, L + K + 2A + Nv]` → (video rows `[4·C, Nv]`, audio rows `[32, 2·A]`), not yet
-    /// negated.
+    /// One evaluation: video patch rows `[4·C, K + Nv]` and audio rows `[32, R + 2·A]`
+    /// (channel-major), the references' rows first (each source projected as one, as the
+    /// reference does; `pieces` says how their tokens follow each other after the text), the
+    /// text `[text_dim, L]`, timestep features `[D, n]`, positions `[3, L + K + R + 2A + Nv]` →
+    /// (video rows `[4·C, Nv]`, audio rows `[32, 2·A]`), not yet negated.
     #[allow(clippy::too_many_arguments)]
-    pub fn forward<'g>(&self, g: &'g Graph, video: T<'g>, audio: T<'g>, context: T<'g>, t_features: T<'g>, positions: T<'g>, lay: &Layout, keyframe_tokens: i64) -> (T<'g>, T<'g>) {
+    pub fn forward<'g>(&self, g: &'g Graph, video: T<'g>, audio: T<'g>, context: T<'g>, t_features: T<'g>, positions: T<'g>, lay: &Layout, pieces: &[Piece]) -> (T<'g>, T<'g>) {
         let cfg = &self.config;
         let video = self.video_patch_proj.forward(g, video);
-        let (keyframes, video) = match keyframe_tokens {
-            0 => (None, video),
-            k => (Some(slice_tokens(video, 0, k)), slice_tokens(video, k, video.ne()[1])),
-        };
         let audio = self.audio_patch_proj.forward(g, audio);
+        let (mut at_video, mut at_audio) = (0, 0);
+        let mut refs = Vec::with_capacity(pieces.len());
+        for piece in pieces {
+            refs.push(match *piece {
+                Piece::Video(n) => {
+                    at_video += n;
+                    slice_tokens(video, at_video - n, at_video)
+                }
+                Piece::Audio(n) => {
+                    at_audio += n;
+                    slice_tokens(audio, at_audio - n, at_audio)
+                }
+            });
+        }
+        let video = if at_video > 0 { slice_tokens(video, at_video, video.ne()[1]) } else { video };
+        let audio = if at_audio > 0 { slice_tokens(audio, at_audio, audio.ne()[1]) } else { audio };
         let context = if context.ne()[0] == cfg.hidden_size {
             context
         } else {
@@ -604,10 +665,7 @@ impl MinimaxH3Model {
             }
             self.refiner_norm.forward(g, x)
         };
-        let mut h = match keyframes {
-            Some(k) => context.concat(k, 1),
-            None => context,
-        };
+        let mut h = refs.into_iter().fold(context, |h, r| h.concat(r, 1));
         h = h.concat(audio, 1).concat(video, 1);
         let t_emb = self.time_out.forward(g, self.time_in.forward(g, t_features).silu());
         let pe = self.rope(g, positions);
@@ -728,6 +786,52 @@ pub fn audio_latents(frames: usize) -> usize {
     ((frames as f64 * 40.0 / FPS as f64).round() as usize).max(1)
 }
 
+/// The references of an evaluation (`ref_latents` in order, as `VideoInput::ref_roles` says
+/// what each stands for; a role of sound alone takes no latent, a video's sound and sound
+/// alone come from `VideoInput::ref_audio_latents` `[steps, 2, 32]`) → their token counts and
+/// their video patch rows and audio rows, in order.
+fn reference_rows(input: &DiffusionInput<'_>, channels: usize) -> Result<(Vec<RefTokens>, Vec<f32>, Vec<f32>)> {
+    let roles: Vec<RefRole> = match input.video.map(|v| v.ref_roles).filter(|r| !r.is_empty()) {
+        Some(r) => r.to_vec(),
+        // Bare latents are start keyframes (the reference's empty keyframe_indices).
+        None => vec![RefRole::Keyframe(0); input.ref_latents.len()],
+    };
+    let sounds = input.video.map(|v| v.ref_audio_latents).unwrap_or(&[]);
+    let mut latents = input.ref_latents.iter();
+    let (mut refs, mut vrows, mut arows) = (Vec::new(), Vec::new(), Vec::new());
+    let mut sound = |i: usize| -> Result<usize> {
+        let a = sounds.get(i).with_context(|| format!("MiniMax-H3 reference audio {} is missing", i + 1))?;
+        ensure!(
+            a.shape().len() >= 3 && a.ne(1) == AUDIO_ROWS && a.ne(2) == AUDIO_CHANNELS && a.ne(0) > 0,
+            "MiniMax-H3 reference audio {} has latent shape {:?}; it takes [steps, {AUDIO_ROWS}, {AUDIO_CHANNELS}]",
+            i + 1,
+            a.shape()
+        );
+        arows.extend(audio_rows(&a.data()[..a.ne(0) * AUDIO_ROWS * AUDIO_CHANNELS], a.ne(0)));
+        Ok(a.ne(0))
+    };
+    for (i, &role) in roles.iter().enumerate() {
+        let audio = match role {
+            RefRole::Video { audio: Some(a) } | RefRole::Audio(a) => sound(a)?,
+            _ => 0,
+        };
+        let (mut w, mut h, mut t) = (0, 0, 0);
+        if !matches!(role, RefRole::Audio(_)) {
+            let r = latents.next().with_context(|| format!("MiniMax-H3 reference {} has no latent", i + 1))?;
+            (w, h, t) = (r.ne(0), r.ne(1), r.ne(2));
+            ensure!(
+                r.shape().len() >= 4 && r.ne(3) >= channels && w.is_multiple_of(2) && h.is_multiple_of(2) && t > 0,
+                "MiniMax-H3 reference {} has latent shape {:?}; it takes [even W, even H, T, {channels}]",
+                i + 1,
+                r.shape()
+            );
+            vrows.extend(patchify(r.data(), &Packed { w, h, t, video_channels: channels, audio_len: 0 }));
+        }
+        refs.push(RefTokens { w, h, t, audio, role });
+    }
+    Ok((refs, vrows, arows))
+}
+
 /// A loaded MiniMax-H3 transformer.
 pub type MinimaxH3 = Loaded<MinimaxH3Model>;
 
@@ -758,37 +862,23 @@ impl DiffusionModel for Loaded<MinimaxH3Model> {
         let t_v = 1.0 - sigma;
         let t_a = 1.0 - time_shift_sigma(sigma, shift, AUDIO_SHIFT);
         let slope = time_shift_slope(sigma, shift, AUDIO_SHIFT);
-        // The keyframes' latents, with the frame each stands for (the reference's
-        // keyframe_indices: 0 is the start, anything else the end).
-        let roles = input.video.map(|v| v.ref_roles).unwrap_or(&[]);
-        let mut refs = Vec::with_capacity(input.ref_latents.len());
-        let mut vrows = Vec::new();
-        for (i, r) in input.ref_latents.iter().enumerate() {
-            let kp = Packed { w: r.ne(0), h: r.ne(1), t: r.ne(2), video_channels: p.video_channels, audio_len: 0 };
-            ensure!(
-                r.shape().len() >= 4 && r.ne(3) >= p.video_channels && kp.w.is_multiple_of(2) && kp.h.is_multiple_of(2) && kp.t > 0,
-                "MiniMax-H3 keyframe {} has latent shape {:?}; it takes [even W, even H, T, {}]",
-                i + 1,
-                r.shape(),
-                p.video_channels
-            );
-            vrows.extend(patchify(r.data(), &kp));
-            refs.push(RefTokens { w: kp.w, h: kp.h, t: kp.t, role: roles.get(i).copied().unwrap_or(RefRole::Keyframe(0)) });
-        }
-        let keyframe_tokens: usize = refs.iter().map(RefTokens::tokens).sum();
+        let (refs, mut vrows, mut arows) = reference_rows(input, p.video_channels)?;
         let lay = layout(context.ne(1), p.t, p.h, p.w, p.audio_len, &refs, t_v, t_a);
+        let pieces = pieces(&refs);
+        let ref_video_tokens: usize = refs.iter().map(RefTokens::tokens).sum();
+        let ref_audio_rows: usize = refs.iter().map(|r| r.audio * AUDIO_ROWS).sum();
         let data = x.data();
         vrows.extend(patchify(data, &p));
-        let arows = audio_rows(&data[p.video_len()..p.video_len() + audio_values], p.audio_len);
+        arows.extend(audio_rows(&data[p.video_len()..p.video_len() + audio_values], p.audio_len));
         let features = timestep_features(&lay.timesteps, cfg.timestep_input_dim as usize);
         let n_tokens = (p.t * (p.h / 2) * (p.w / 2)) as i64;
         let outs = runner.compute_many(|g| {
-            let v = g.input_f32(&vrows, &[cfg.video_dim(), n_tokens + keyframe_tokens as i64]);
-            let a = g.input_f32(&arows, &[cfg.audio_channels, (p.audio_len * AUDIO_ROWS) as i64]);
+            let v = g.input_f32(&vrows, &[cfg.video_dim(), n_tokens + ref_video_tokens as i64]);
+            let a = g.input_f32(&arows, &[cfg.audio_channels, (ref_audio_rows + p.audio_len * AUDIO_ROWS) as i64]);
             let ctx = g.input(context);
             let t = g.input_f32(&features, &[cfg.timestep_input_dim, lay.timesteps.len() as i64]);
             let pos = g.input_f32(&lay.positions, &[3, (lay.positions.len() / 3) as i64]);
-            let (vo, ao) = model.forward(g, v, a, ctx, t, pos, &lay, keyframe_tokens as i64);
+            let (vo, ao) = model.forward(g, v, a, ctx, t, pos, &lay, &pieces);
             Ok(vec![vo, ao])
         })?;
         let mut out = vec![0.0; x.len()];
@@ -836,7 +926,7 @@ mod tests {
     #[test]
     fn layout_with_keyframes() {
         let plain = layout(2, 2, 4, 4, 3, &[], 0.25, 0.5);
-        let keys = [RefTokens { w: 4, h: 4, t: 1, role: RefRole::Keyframe(0) }, RefTokens { w: 4, h: 4, t: 1, role: RefRole::Keyframe(4) }];
+        let keys = [RefTokens::video(4, 4, 1, RefRole::Keyframe(0)), RefTokens::video(4, 4, 1, RefRole::Keyframe(4))];
         let lay = layout(2, 2, 4, 4, 3, &keys, 0.25, 0.5);
         assert_eq!(lay.timesteps, plain.timesteps);
         assert_eq!(
@@ -863,7 +953,7 @@ mod tests {
     /// video start after them.
     #[test]
     fn layout_with_reference_pictures() {
-        let pic = RefTokens { w: 4, h: 2, t: 1, role: RefRole::Picture };
+        let pic = RefTokens::video(4, 2, 1, RefRole::Picture);
         let lay = layout(2, 2, 4, 4, 3, &[pic, pic], 0.25, 0.5);
         assert_eq!(lay.spans[1..3], [Span { start: 2, end: 4, row: 6 }, Span { start: 4, end: 6, row: 6 }]);
         // A 4x2 picture: one row of patches (height 2: at 8), two columns at 0 and 16 scaled by its area.
@@ -880,8 +970,8 @@ mod tests {
     /// where it ends.
     #[test]
     fn layout_with_a_reference_video() {
-        let video = RefTokens { w: 2, h: 2, t: 2, role: RefRole::Video };
-        let pic = RefTokens { w: 2, h: 2, t: 1, role: RefRole::Picture };
+        let video = RefTokens::video(2, 2, 2, RefRole::Video { audio: None });
+        let pic = RefTokens::video(2, 2, 1, RefRole::Picture);
         let lay = layout(1, 2, 4, 4, 3, &[video, pic], 0.25, 0.5);
         let times: Vec<f32> = lay.positions.chunks(3).map(|p| p[0]).collect();
         let after = (1.0 + FRAME_RESCALE * 1.0) + FRAME_RESCALE * 4.0;

@@ -85,9 +85,11 @@ pub struct VideoInput<'a> {
     /// pixel frame their positions are counted from.
     pub keyframes: usize,
     pub keyframe_at: Option<usize>,
-    /// What each of `DiffusionInput::ref_latents` stands for (MiniMax-H3's keyframes and
-    /// reference pictures).
+    /// The references in sequence order (MiniMax-H3's keyframes, and Ref2VA's pictures, videos
+    /// and sound): each but sound alone takes the next of `DiffusionInput::ref_latents`.
     pub ref_roles: &'a [RefRole],
+    /// Reference sound latents (MiniMax-H3's `[steps, 2, 32]`), indexed by the roles.
+    pub ref_audio_latents: &'a [Tensor],
 }
 
 /// What a reference latent of a video model stands for.
@@ -97,8 +99,11 @@ pub enum RefRole {
     Keyframe(usize),
     /// A reference picture (MiniMax-H3's Ref2VA), before the video in time.
     Picture,
-    /// A reference video (MiniMax-H3's Ref2VA), before the video in time.
-    Video,
+    /// A reference video (MiniMax-H3's Ref2VA), before the video in time, with its sound
+    /// (an index into `VideoInput::ref_audio_latents`) if any.
+    Video { audio: Option<usize> },
+    /// Reference sound alone (an index into `VideoInput::ref_audio_latents`).
+    Audio(usize),
 }
 
 impl<'a> DiffusionInput<'a> {

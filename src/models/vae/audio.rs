@@ -20,4 +20,12 @@ pub trait AudioStage: Components + Send {
     fn latent_shape(&self, steps: usize) -> Vec<usize>;
     /// Audio latent of [`AudioStage::latent_shape`] → sound.
     fn decode_audio(&mut self, latent: &Tensor) -> Result<Waveform>;
+    /// The sample rate [`AudioStage::encode_audio`] takes; `None`: no encoder here.
+    fn input_sample_rate(&self) -> Option<u32> {
+        None
+    }
+    /// A waveform `[samples, channels]` at the input rate → its audio latent.
+    fn encode_audio(&mut self, _waveform: &Tensor) -> Result<Tensor> {
+        bail!("this audio VAE has no encoder here")
+    }
 }

@@ -93,6 +93,7 @@ pub struct Conv1d {
     bias: Option<W>,
     padding: i32,
     dilation: i32,
+    stride: i32,
 }
 
 impl Conv1d {
@@ -102,11 +103,16 @@ impl Conv1d {
         let ty = conv_type(&s, "weight");
         let weight = s.tensor("weight", ty, &[k as i64, ic, oc]);
         let bias = bias.then(|| s.tensor("bias", F32, &[oc]));
-        Conv1d { weight, bias, padding, dilation }
+        Conv1d { weight, bias, padding, dilation, stride: 1 }
+    }
+
+    /// The same convolution with a stride.
+    pub fn strided(self, stride: i32) -> Conv1d {
+        Conv1d { stride, ..self }
     }
 
     pub fn forward<'g>(&self, g: &'g Graph, x: T<'g>) -> T<'g> {
-        let x = g.param(self.weight).conv_1d(x, 1, self.padding, self.dilation);
+        let x = g.param(self.weight).conv_1d(x, self.stride, self.padding, self.dilation);
         match self.bias {
             Some(b) => x.add_inplace(g.param(b).reshape(&[1, b.ne()[0], 1, 1])),
             None => x,

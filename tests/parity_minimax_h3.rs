@@ -16,7 +16,8 @@
 //! reference pictures (`ref_images`: one, three at 96×64 with cfg 3, one scaled down),
 //! reference videos (`ref_videos`: 5 frames at 24 fps; a picture and 5 frames at 12 fps),
 //! reference sound (`ref_audios`, a video's sound; without an audio VAE refused by both) and a
-//! keyframe with a reference picture (refused by both).
+//! keyframe with a reference picture (refused by both); keyframes and a reference video through
+//! the tiny video autoencoder's encoder (`mm_tae_fl2va`, `mm_tae_ref2va_video_96x64`).
 //!
 //! Without `SD_PARITY=full` only `mm_sound_i2va_seed3` (a start picture through the encoder,
 //! the frames and their sound: about two minutes, the VAE's decoder is 2.4e9 weights whatever

@@ -553,6 +553,13 @@ SETS = {
             _case("mm_ref2va_audio_without_audio_vae", MINIMAX,
                   _params(steps=1, ref_audios=[{"sample_rate": 16000, "channels": 1, "samples": 1600, "period": 50}]),
                   note="reference sound without an audio VAE: refused by the reference, no frames"),
+            _case("mm_tae_fl2va", {**MINIMAX, "taesd_path": "{fx}/taehv_minimax.safetensors"},
+                  _params(steps=2, seed=3, init_image="init_64.png", end_image="end_64.png"),
+                  note="keyframes through the tiny video autoencoder's encoder: each picture padded to 17 frames "
+                       "behind 3 zero frames, 5 latent frames less the last 3: two latent frames a keyframe"),
+            _case("mm_tae_ref2va_video_96x64", {**MINIMAX, "taesd_path": "{fx}/taehv_minimax.safetensors"},
+                  _params(steps=2, w=96, h=64, frames=22, seed=8, ref_videos=[{"frames": _ctrl(5, "96x64"), "fps": 24}]),
+                  note="a reference video through the tiny video autoencoder's encoder"),
             _case("mm_ref2va_with_keyframe_refused", MINIMAX,
                   _params(steps=1, init_image="init_64.png", ref_images=["end_64.png"]),
                   note="keyframes and Ref2VA references together: refused by the reference, no frames"),

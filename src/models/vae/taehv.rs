@@ -9,8 +9,9 @@
 //! `s` frames, the encoder's `TPool` the reverse. The decoder makes 4 frames of each latent
 //! frame and drops the first 3 (`4t - 3`, Wan's count; LTX-2.3: 8 and 7, every stage doubling);
 //! the encoder takes the frames padded to a multiple of 4 (8) with copies of the last one.
-//! MiniMax-H3's frames come in chunks like its VAE's (see [`TaehvConfig::decode_chunk`]); its
-//! encoder (keyframes, references) is not built here. Weights live under `tae.` like TAESD's, named
+//! MiniMax-H3's frames come in chunks like its VAE's (see [`TaehvConfig::decode_chunk`]), and
+//! its encoder takes chunks of 17 frames behind 3 zero frames (`Taehv::encode_chunks`: a
+//! picture gives 2 latent frames, as in the reference). Weights live under `tae.` like TAESD's, named
 //! like the torch `nn.Sequential` (`decoder.N...`, `encoder.N...`; ReLU, Upsample and Clamp
 //! slots have no weights). The latent width and patch size come from the model's family, as
 //! in the reference; a file made for the other width is an error naming it. A file with
@@ -393,7 +394,9 @@ impl Taehv {
     /// padded to a multiple of k with copies of the last one. The latents are sampled
     /// further: ggml's convolution sums, no Winograd (`graph::context::winograd_wanted`).
     fn encode_frames(&self, runner: &mut Runner, frames: &Tensor) -> Result<Tensor> {
-        ensure!(self.cfg.decode_chunk.is_none(), "encoding with MiniMax-H3's tiny video autoencoder (17-frame chunks) is not supported yet");
+        if self.cfg.decode_chunk.is_some() {
+            return self.encode_chunks(runner, frames);
+        }
         let (w, h, t, c) = (frames.ne(0), frames.ne(1), frames.ne(2), frames.ne(3));
         let ts = self.cfg.time_scale;
         let padded_t = t.div_ceil(ts) * ts;
@@ -412,6 +415,56 @@ impl Taehv {
         });
         runner.options.cpu_winograd = winograd;
         out
+    }
+}
+
+impl Taehv {
+    /// MiniMax-H3's encoding: frames `[W, H, T, 3]` padded with copies of the last one to
+    /// whole chunks of 17, each encoded alone behind 3 zero frames (5 latent frames), the
+    /// last 3 latent frames dropped: `[w, h, 5·chunks - 3, z]` (a picture gives 2).
+    fn encode_chunks(&self, runner: &mut Runner, frames: &Tensor) -> Result<Tensor> {
+        const CHUNK: usize = 17;
+        const LEAD: usize = 3;
+        let (w, h, t, c) = (frames.ne(0), frames.ne(1), frames.ne(2), frames.ne(3));
+        let plane = w * h;
+        let chunks = t.div_ceil(CHUNK);
+        let mut outs = Vec::with_capacity(chunks);
+        let winograd = std::mem::replace(&mut runner.options.cpu_winograd, false);
+        let result = (|| -> Result<()> {
+            for k in 0..chunks {
+                let mut data = Vec::with_capacity(plane * (LEAD + CHUNK) * c);
+                for ch in frames.data().chunks_exact(plane * t) {
+                    data.resize(data.len() + LEAD * plane, 0.0);
+                    for f in k * CHUNK..(k + 1) * CHUNK {
+                        let f = f.min(t - 1);
+                        data.extend_from_slice(&ch[f * plane..(f + 1) * plane]);
+                    }
+                }
+                let x = Tensor::from_vec(&[w, h, LEAD + CHUNK, c], data)?;
+                outs.push(runner.compute(|g| {
+                    let x = g.input(&x).permute(0, 1, 3, 2).cont();
+                    Ok(self.encode_graph(g, x)?.permute(0, 1, 3, 2).cont())
+                })?);
+            }
+            Ok(())
+        })();
+        runner.options.cpu_winograd = winograd;
+        result?;
+        let (lw, lh, z) = (outs[0].ne(0), outs[0].ne(1), outs[0].ne(3));
+        let per = outs[0].ne(2);
+        let total = per * chunks;
+        let kept = if total > LEAD { total - LEAD } else { total };
+        let lplane = lw * lh;
+        let mut data = Vec::with_capacity(lplane * kept * z);
+        for ch in 0..z {
+            let mut frames_left = kept;
+            for o in &outs {
+                let n = per.min(frames_left);
+                data.extend_from_slice(&o.data()[ch * per * lplane..(ch * per + n) * lplane]);
+                frames_left -= n;
+            }
+        }
+        Tensor::from_vec(&[lw, lh, kept, z], data)
     }
 }
 

@@ -399,6 +399,13 @@ SETS = {
                   note="the latent-upscale refine pass: the sampled latent (un-normalised by the VAE's statistics) "
                        "through ltx_upscaler (2x in space), normalised again, then sampled from the tail of a "
                        "5-step schedule (2 steps / strength 0.4) at 128x128 with new noise"),
+            _case("ltx_hires_temporal_9frames", LTX,
+                  _params(steps=2, frames=9, seed=5, **{**LTX_HIRES, "hires.model_path": "{fx}/ltx_upscaler_temporal.safetensors"}),
+                  note="the temporal upsampler (2 latent frames -> 3: 17 frames) in the refine pass"),
+            _case("ltx_hires_rational_9frames", LTX,
+                  _params(steps=2, frames=9, seed=6, **{**LTX_HIRES, "hires.model_path": "{fx}/ltx_upscaler_rational.safetensors"}),
+                  note="the rational x1.5 upsampler (3x3 pixel shuffle, binomial blur with stride 2: a 2x2 latent "
+                       "becomes 3x3, 96x96) in the refine pass"),
             _case("ltx_hires_i2v_9frames", LTX_I2V, _params(steps=2, frames=9, seed=7, init_image="init_64.png", **LTX_HIRES),
                   note="the refine pass after IMG2VID: the start picture encoded again at the upscaled size into "
                        "latent frame 0, kept (strength 1) during the refine"),
@@ -441,6 +448,10 @@ SETS = {
                   _params(steps=2, frames=9, seed=7, init_image="init_64.png", end_image="end_64.png"),
                   note="FLF2V with sound: the end picture's latent frame appended (3 latent frames), the audio "
                        "packed behind the video over all 3 and its tokens at the step's timestep"),
+            _case("ltxa_hires_temporal_9frames", LTX_SOUND,
+                  _params(steps=2, frames=9, seed=4, **{**LTX_HIRES, "hires.model_path": "{fx}/ltx_upscaler_temporal.safetensors"}),
+                  note="the temporal upsampler with sound: 17 frames after the upscale, the audio latent resized to "
+                       "their length"),
             _case("ltxa_hires_flf2v_9frames", {**LTX_SOUND, "vae_path": "{fx}/ltx_vae_i2v.safetensors"},
                   _params(steps=2, frames=9, seed=7, init_image="init_64.png", end_image="end_64.png",
                           **{**LTX_HIRES, "hires.steps": 3, "hires.target_width": 100}),

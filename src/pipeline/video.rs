@@ -93,6 +93,14 @@ fn check_minimax_h3(p: &VidGenParams) -> Result<()> {
         "MiniMax-H3 keyframes and Ref2VA references cannot be used together"
     );
     ensure!(p.control_frames.is_empty(), "MiniMax-H3 control_frames are not implemented");
+    for (i, img) in p.ref_images.iter().enumerate() {
+        check_image_bytes(&format!("reference image {}", i + 1), img)?;
+    }
+    for (i, v) in p.ref_videos.iter().enumerate() {
+        for img in &v.frames {
+            check_image_bytes(&format!("a frame of reference video {}", i + 1), img)?;
+        }
+    }
 
     if p.fps != 24 {
         sd_warn!("MiniMax-H3 uses 24 fps; overriding requested fps {}", p.fps.max(1));
@@ -588,6 +596,7 @@ fn video_latents(ms: &mut ModelSet, p: &VidGenParams, r: &mut VideoRequest, form
 fn rgb_planes(img: &Image) -> Result<(Vec<f32>, usize, usize)> {
     let t = image_to_tensor(img, None)?;
     let (w, h) = (t.ne(0), t.ne(1));
+    ensure!(t.ne(2) == 1 || t.ne(2) >= 3, "a reference picture with {} channels is not supported", t.ne(2));
     let rgb = match t.ne(2) {
         1 => t.data().repeat(3),
         _ => t.data()[..3 * w * h].to_vec(),
@@ -1248,6 +1257,8 @@ mod tests {
         let w = reference_waveform(&loud, 32_000).unwrap();
         assert_eq!((w.ne(0), w.data()[0], w.data()[800]), (800, 1.0, -1.0));
         assert!(reference_waveform(&Audio { sample_rate: 16_000, channels: 0, data: vec![] }, 32_000).is_err());
+        let two = Image::new(40, 20, 2, vec![0; 40 * 20 * 2]).unwrap();
+        assert!(reference_picture(&two, 64, 64).is_err());
     }
 
     /// The keyframe noise is the seed's Philox noise at 0.1%, the same for every keyframe.

@@ -8,7 +8,7 @@
 
 use super::families::ModelSet;
 use super::request::scheduler_for;
-use super::video::{concat5, frame_tensor, one_frame, put_frame, with_first_stage};
+use super::video::{frame_range, frame_tensor, mask_with_audio, one_frame, put_frame, with_first_stage};
 use crate::error::{Context as _, Error, Result};
 use crate::graph::Module;
 use crate::models::upscaler::ltx_latent::{LtxUpsampler, LtxUpsamplerConfig};
@@ -139,9 +139,7 @@ pub(super) fn condition(
             enc.shape()
         );
         for f in 0..enc.ne(2) {
-            let plane = lw * lh;
-            let frame: Vec<f32> = (0..channels).flat_map(|c| enc.data()[(c * enc.ne(2) + f) * plane..(c * enc.ne(2) + f + 1) * plane].iter().copied()).collect();
-            put_frame(video, &Tensor::from_vec(&[lw, lh, 1, channels, 1], frame)?, at + f)?;
+            put_frame(video, &frame_range(&enc, f, f + 1)?, at + f)?;
             put_frame(mask, &Tensor::zeros(&[lw, lh, 1, 1, 1]), at + f)?;
         }
         Ok(())
@@ -157,13 +155,7 @@ pub(super) fn condition(
     sd_info!("LTXV refine image conditioning applied at {width}x{height}");
     let latent = pack(video, &audio)?;
     let extra = latent.ne(3) - channels;
-    let mask = if extra > 0 {
-        let plane = lw * lh * lt;
-        let v = Tensor::from_vec(&[lw, lh, lt, channels, 1], mask.data()[..plane].repeat(channels))?;
-        concat5(&v, &Tensor::full(&[lw, lh, lt, extra, 1], 1.0), 3)?
-    } else {
-        mask
-    };
+    let mask = if extra > 0 { mask_with_audio(&mask, channels, extra)? } else { mask };
     Ok((latent, Some(mask)))
 }
 

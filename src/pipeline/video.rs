@@ -218,6 +218,7 @@ fn resolve_plan(ms: &mut ModelSet, p: &VidGenParams, r: &VideoRequest) -> Result
 /// An image as `[W, H, 3, 1]` in [0, 1] at the request's size.
 pub(super) fn frame_tensor(img: &Image, w: usize, h: usize) -> Result<Tensor> {
     let t = image_to_tensor(img, Some((w, h)))?;
+    ensure!(t.ne(2) == 1 || t.ne(2) >= 3, "a picture with {} channels is not supported", t.ne(2));
     let plane = w * h;
     let data = match t.ne(2) {
         1 => t.data().repeat(3),
@@ -291,16 +292,25 @@ pub(super) fn concat5(a: &Tensor, b: &Tensor, axis: usize) -> Result<Tensor> {
     }
 }
 
-/// Latent frames `from..` of `[W, H, T, C, 1]`.
-fn drop_frames(x: &Tensor, from: usize) -> Result<Tensor> {
+/// Latent frames `from..to` of `[W, H, T, C, 1]`.
+pub(super) fn frame_range(x: &Tensor, from: usize, to: usize) -> Result<Tensor> {
     let (w, h, t, c) = (x.ne(0), x.ne(1), x.ne(2), x.ne(3));
-    ensure!(from < t, "cannot drop {from} of {t} latent frames");
+    ensure!(from < to && to <= t, "latent frames {from}..{to} of {t}");
     let plane = w * h;
-    let mut d = Vec::with_capacity(plane * (t - from) * c);
+    let mut d = Vec::with_capacity(plane * (to - from) * c);
     for ch in 0..c {
-        d.extend_from_slice(&x.data()[(ch * t + from) * plane..(ch + 1) * t * plane]);
+        d.extend_from_slice(&x.data()[(ch * t + from) * plane..(ch * t + to) * plane]);
     }
-    Tensor::from_vec(&[w, h, t - from, c, 1], d)
+    Tensor::from_vec(&[w, h, to - from, c, 1], d)
+}
+
+/// A denoise mask `[W, H, T, 1, 1]` for a latent of `channels` video channels with `extra`
+/// channels of packed audio behind them: the mask on every video channel, ones (the model's)
+/// on the audio's.
+pub(super) fn mask_with_audio(mask: &Tensor, channels: usize, extra: usize) -> Result<Tensor> {
+    let (w, h, t) = (mask.ne(0), mask.ne(1), mask.ne(2));
+    let video = Tensor::from_vec(&[w, h, t, channels, 1], mask.data()[..w * h * t].repeat(channels))?;
+    concat5(&video, &Tensor::full(&[w, h, t, extra, 1], 1.0), 3)
 }
 
 /// The grey video `[W, H, frames, 3, 1]` (0.5) with `pictures` (frame index, picture) put in.
@@ -447,7 +457,7 @@ fn video_latents(ms: &mut ModelSet, p: &VidGenParams, r: &mut VideoRequest, form
             let condition = |latents: &mut Tensor, mask: &mut Tensor, enc: &Tensor, at: usize, what: &str| -> Result<()> {
                 ensure!(enc.ne(2) <= lt - at, "invalid LTXAV {what} image latent range: start={at}, length={}, latent_frames={lt}", enc.ne(2));
                 for f in 0..enc.ne(2) {
-                    put_frame(latents, &latent_frame(enc, f)?, at + f)?;
+                    put_frame(latents, &frame_range(enc, f, f + 1)?, at + f)?;
                     put_frame(mask, &Tensor::full(&[lw, lh, 1, 1, 1], kept), at + f)?;
                 }
                 Ok(())
@@ -583,49 +593,20 @@ fn video_latents(ms: &mut ModelSet, p: &VidGenParams, r: &mut VideoRequest, form
         let extra = audio.div_ceil(lw * lh * lt);
         out.init_latent = concat5(&out.init_latent, &Tensor::zeros(&[lw, lh, lt, extra, 1]), 3)?;
         if let Some(mask) = out.denoise_mask.take() {
-            let plane = lw * lh * lt;
-            let video: Vec<f32> = mask.data()[..plane].repeat(latent.channels);
-            let video = Tensor::from_vec(&[lw, lh, lt, latent.channels, 1], video)?;
-            out.denoise_mask = Some(concat5(&video, &Tensor::full(&[lw, lh, lt, extra, 1], 1.0), 3)?);
+            out.denoise_mask = Some(mask_with_audio(&mask, latent.channels, extra)?);
         }
     }
     Ok(out)
 }
 
-/// `img` as RGB planes (grey repeated, alpha dropped) in [0, 1], and its size.
-fn rgb_planes(img: &Image) -> Result<(Vec<f32>, usize, usize)> {
-    let t = image_to_tensor(img, None)?;
-    let (w, h) = (t.ne(0), t.ne(1));
-    ensure!(t.ne(2) == 1 || t.ne(2) >= 3, "a reference picture with {} channels is not supported", t.ne(2));
-    let rgb = match t.ne(2) {
-        1 => t.data().repeat(3),
-        _ => t.data()[..3 * w * h].to_vec(),
-    };
-    Ok((rgb, w, h))
-}
-
-/// RGB planes of `sw`×`sh` scaled to `w`×`h` by nearest neighbour (the reference's integer
-/// index rule: source = target · source size / target size).
-fn nearest(rgb: &[f32], sw: usize, sh: usize, w: usize, h: usize) -> Vec<f32> {
-    let mut out = Vec::with_capacity(w * h * 3);
-    for c in 0..3 {
-        for y in 0..h {
-            let row = (c * sh + y * sh / h) * sw;
-            out.extend((0..w).map(|x| rgb[row + x * sw / w]));
-        }
-    }
-    out
-}
-
-/// A MiniMax-H3 reference picture `[W, H, 3, 1]` in [0, 1], scaled to the request's area at
-/// most, keeping its aspect, each side a multiple of 32 (at least 32), as the reference sizes
-/// it.
+/// A MiniMax-H3 reference picture `[W, H, 3, 1]` in [0, 1], scaled (nearest, like every
+/// resize of [`frame_tensor`]) to the request's area at most, keeping its aspect, each side a
+/// multiple of 32 (at least 32), as the reference sizes it.
 fn reference_picture(img: &Image, width: usize, height: usize) -> Result<Tensor> {
-    let (rgb, sw, sh) = rgb_planes(img)?;
+    let (sw, sh) = (img.width as usize, img.height as usize);
     let scale = (((width * height) as f64) / ((sw * sh) as f64)).sqrt().min(1.0);
     let side = |s: usize| (((s as f64 * scale / 32.0).round() as usize) * 32).max(32);
-    let (w, h) = (side(sw), side(sh));
-    Tensor::from_vec(&[w, h, 3, 1], nearest(&rgb, sw, sh, w, h))
+    frame_tensor(img, side(sw), side(sh))
 }
 
 /// A MiniMax-H3 reference video `[W, H, T, 3, 1]` in [0, 1] as the reference prepares it: its
@@ -640,7 +621,8 @@ fn reference_video(v: &RefVideo, max_frames: usize, index: usize) -> Result<Tens
     while n % 17 != 5 {
         n -= 1;
     }
-    let (_, sw, sh) = rgb_planes(&v.frames[0])?;
+    let (sw, sh) = (v.frames[0].width as usize, v.frames[0].height as usize);
+    ensure!(sw > 0 && sh > 0, "invalid first frame in MiniMax-H3 reference video {index}");
     let ratio = sw as f64 / sh as f64;
     let (mut nw, mut nh) = if ratio >= 1.0 { (768.0 * ratio, 768.0) } else { (768.0, 768.0 / ratio) };
     if nw * nh > 768.0 * 1344.0 {
@@ -657,8 +639,8 @@ fn reference_video(v: &RefVideo, max_frames: usize, index: usize) -> Result<Tens
     let mut out = vec![0.0f32; plane * n * 3];
     for f in 0..n {
         let source = (((f as f64) * fps / 24.0).floor() as usize).min(v.frames.len() - 1);
-        let (rgb, fw, fh) = rgb_planes(&v.frames[source])?;
-        let frame = nearest(&rgb, fw, fh, w, h);
+        let frame = frame_tensor(&v.frames[source], w, h)?;
+        let frame = frame.data();
         for c in 0..3 {
             out[(c * n + f) * plane..(c * n + f + 1) * plane].copy_from_slice(&frame[c * plane..(c + 1) * plane]);
         }
@@ -760,24 +742,6 @@ fn keyframe_noise(latent: &Tensor, seed: i64) -> Tensor {
         *v = *v * KEEP + *n * (1.0 - KEEP);
     }
     out
-}
-
-/// Latent frame `f` of `[W, H, T, C, 1]` as `[W, H, 1, C, 1]`.
-fn latent_frame(x: &Tensor, f: usize) -> Result<Tensor> {
-    let (w, h, t, c) = (x.ne(0), x.ne(1), x.ne(2), x.ne(3));
-    ensure!(f < t, "latent frame {f} of {t}");
-    let plane = w * h;
-    let d: Vec<f32> = (0..c).flat_map(|ch| x.data()[(ch * t + f) * plane..(ch * t + f + 1) * plane].iter().copied()).collect();
-    Tensor::from_vec(&[w, h, 1, c, 1], d)
-}
-
-/// Latent frames `..n` of `[W, H, T, C, 1]` (the video's, without appended keyframes).
-fn keep_frames(x: &Tensor, n: usize) -> Result<Tensor> {
-    let (w, h, t, c) = (x.ne(0), x.ne(1), x.ne(2), x.ne(3));
-    ensure!(n <= t, "cannot keep {n} of {t} latent frames");
-    let plane = w * h;
-    let d: Vec<f32> = (0..c).flat_map(|ch| x.data()[ch * t * plane..(ch * t + n) * plane].iter().copied()).collect();
-    Tensor::from_vec(&[w, h, n, c, 1], d)
 }
 
 /// Two CLIP-vision outputs `[D, N, 1]` one after the other along the tokens.
@@ -1020,8 +984,8 @@ pub fn generate_video(ms: &mut ModelSet, p: &VidGenParams, cancel: &CancelFlag) 
     };
     sd_info!("generating latent video completed, taking {:.2}s", latent_start.elapsed().as_secs_f32());
     let audio = decode_sound(ms, &latent, audio_steps, cancel)?;
-    let latent = if lat.ref_frames > 0 { drop_frames(&latent, lat.ref_frames)? } else { latent };
-    let latent = if lat.keyframes > 0 { keep_frames(&latent, latent.ne(2) - lat.keyframes)? } else { latent };
+    let latent = if lat.ref_frames > 0 { frame_range(&latent, lat.ref_frames, latent.ne(2))? } else { latent };
+    let latent = if lat.keyframes > 0 { frame_range(&latent, 0, latent.ne(2) - lat.keyframes)? } else { latent };
     let frames = decode(ms, &latent, frames, &tiling, circular, cancel)?;
     sd_info!("generate_video completed in {:.2}s", t0.elapsed().as_secs_f32());
     Ok((frames, audio))
@@ -1155,7 +1119,9 @@ mod tests {
         let v = concat5(&a, &b, 2).unwrap();
         assert_eq!(v.shape(), &[1, 1, 2, 3, 1]);
         assert_eq!(v.data(), &[1., 4., 2., 5., 3., 6.]);
-        assert_eq!(drop_frames(&v, 1).unwrap().data(), &[4., 5., 6.]);
+        assert_eq!(frame_range(&v, 1, 2).unwrap().data(), &[4., 5., 6.]);
+        assert_eq!(frame_range(&v, 0, 1).unwrap().data(), &[1., 2., 3.]);
+        assert!(frame_range(&v, 1, 1).is_err() && frame_range(&v, 0, 3).is_err());
         let c = concat5(&a, &b, 3).unwrap();
         assert_eq!((c.shape(), c.data()), (&[1, 1, 1, 6, 1][..], &[1., 2., 3., 4., 5., 6.][..]));
         let g = grey_video(1, 1, 3, &[(2, &Tensor::from_vec(&[1, 1, 3, 1], vec![0., 1., 0.]).unwrap())]).unwrap();

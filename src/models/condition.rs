@@ -16,6 +16,10 @@ pub struct Condition {
     /// A second text context `[dim, tokens, 1]`: HunyuanVideo's ByT5 hidden states of the
     /// prompt's quoted text (the reference's `extra_c_crossattns[0]`).
     pub extra_context: Option<Tensor>,
+    /// Per token of `crossattn`: 1 text, 0 a picture's (its embeddings with the vision
+    /// markers around them); MiniMax-H3 modulates the two kinds apart (the reference's
+    /// `c_token_types`). None: all text.
+    pub token_types: Option<Vec<i32>>,
 }
 
 impl Condition {

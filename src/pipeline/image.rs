@@ -329,7 +329,7 @@ fn prepare(
         prepared_ext = prepared_ext.and_then(|_| e.prepare(&mut ext));
     }
     let text = ext.text;
-    let base = CondRequest { text: &text, clip_skip: p.clip_skip, width: w, height: h, zero_out_masked: false, ref_images: &vlm_images, refs: r.refs };
+    let base = CondRequest { text: &text, clip_skip: p.clip_skip, width: w, height: h, zero_out_masked: false, ref_images: &vlm_images, refs: r.refs, shown: &[] };
     let conds = prepared_ext.and_then(|_| encode_conditions(ms, &base, p, r, !ref_latents.is_empty(), concat, img_uncond_concat));
     ms.cond.end();
     let (cond, uncond, img_uncond) = conds?;

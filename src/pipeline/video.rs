@@ -7,7 +7,7 @@
 //! schedule, then the video decoder.
 
 use super::callbacks::{self, CancelFlag};
-use super::conditioning::CondRequest;
+use super::conditioning::{CondRequest, Shown};
 use super::families::{FamilySpec, FirstStageKind, FrameRule, ModelSet, VideoCond, VideoFormat};
 use super::imageops::{image_to_tensor, tensor_to_image};
 use super::ref_images::RefImageParams;
@@ -250,6 +250,8 @@ struct VideoLatents {
     ref_roles: Vec<RefRole>,
     /// Ref2VA's reference sound latents (the roles index them).
     ref_audio_latents: Vec<Tensor>,
+    /// Ref2VA: the references as the conditioner's vision tower is shown them, in order.
+    shown: Vec<Shown>,
 }
 
 /// A picture `[W, H, 3, 1]` as a one-frame video `[W, H, 1, 3, 1]`.
@@ -342,6 +344,7 @@ fn video_latents(ms: &mut ModelSet, p: &VidGenParams, r: &mut VideoRequest, form
         ref_latents: Vec::new(),
         ref_roles: Vec::new(),
         ref_audio_latents: Vec::new(),
+        shown: Vec::new(),
     };
     let cond = ms.video_cond;
     let name = ms.version.name();
@@ -489,8 +492,7 @@ fn video_latents(ms: &mut ModelSet, p: &VidGenParams, r: &mut VideoRequest, form
                     .map_err(|e| Error::new(format!("failed to encode MiniMax-H3 reference image {}: {e}", i + 1)))?;
                 out.ref_latents.push(keyframe_noise(&latent, r.seed));
                 out.ref_roles.push(RefRole::Picture);
-                // For the conditioner as with keyframes (a vision tower would show it).
-                out.ref_images.push(picture);
+                out.shown.push(Shown::Picture(picture));
             }
             for (i, v) in p.ref_videos.iter().enumerate() {
                 let video = reference_video(v, r.frames, i + 1)?;
@@ -500,12 +502,22 @@ fn video_latents(ms: &mut ModelSet, p: &VidGenParams, r: &mut VideoRequest, form
                     Some(a) => Some(encode_reference_audio(ms, a, &mut out.ref_audio_latents)?),
                     None => None,
                 };
+                if audio.is_some() {
+                    out.shown.push(Shown::Audio);
+                }
+                // The vision tower sees every twelfth frame (half a second at 24 fps).
+                let frames = (0..video.ne(2))
+                    .step_by(12)
+                    .map(|f| Ok((frame_range(&video, f, f + 1)?.reshape(&[video.ne(0), video.ne(1), 3, 1])?, f as f32 / 24.0)))
+                    .collect::<Result<Vec<_>>>()?;
+                out.shown.push(Shown::Video(frames));
                 out.ref_latents.push(keyframe_noise(&latent, r.seed));
                 out.ref_roles.push(RefRole::Video { audio });
             }
             for a in &p.ref_audios {
                 let index = encode_reference_audio(ms, a, &mut out.ref_audio_latents)?;
                 out.ref_roles.push(RefRole::Audio(index));
+                out.shown.push(Shown::Audio);
             }
             sd_info!("encode_first_stage completed, taking {} ms", start.elapsed().as_millis());
         }
@@ -521,7 +533,7 @@ fn video_latents(ms: &mut ModelSet, p: &VidGenParams, r: &mut VideoRequest, form
                     .map_err(|e| Error::new(format!("failed to encode MiniMax-H3 {what} keyframe: {e}")))?;
                 out.ref_latents.push(keyframe_noise(&latent, r.seed));
                 out.ref_roles.push(RefRole::Keyframe(frame));
-                // The conditioner sees the pictures too (a vision tower would show them).
+                // The conditioner's vision tower is shown the pictures too.
                 out.ref_images.push(image);
             }
             sd_info!("encode_first_stage completed, taking {} ms", start.elapsed().as_millis());
@@ -764,10 +776,11 @@ fn conditions(ms: &mut ModelSet, p: &VidGenParams, r: &VideoRequest, lat: &Video
         zero_out_masked: true,
         ref_images: &lat.ref_images,
         refs: RefImageParams::default(),
+        shown: &lat.shown,
     };
     let negative = CondRequest { text: &p.negative_prompt, ..base.clone() };
     let needs_uncond = r.use_uncond || r.use_high_noise_uncond;
-    let with_pictures = |c: Condition| Condition { crossattn: c.crossattn, vector: lat.clip_tokens.clone(), concat: lat.concat.clone(), extra_context: c.extra_context };
+    let with_pictures = |c: Condition| Condition { crossattn: c.crossattn, vector: lat.clip_tokens.clone(), concat: lat.concat.clone(), extra_context: c.extra_context, token_types: c.token_types };
     ms.cond.begin()?;
     let conds = (|| -> Result<(Condition, Option<Condition>)> {
         let cond = with_pictures(ms.cond.encode(&base)?);

@@ -161,6 +161,10 @@ AD_NOTE_64 = ("at 64x64 the lowest UNet level is 1x1: the reference's motion mod
 MINIMAX = {"model_path": "", "diffusion_model_path": "{fx}/minimax_h3.safetensors", "llm_path": "{fx}/qwen3vl_51.safetensors",
            "vae_path": "{fx}/minimax_h3_vae.safetensors", "enable_mmap": True}
 MINIMAX_SOUND = {**MINIMAX, "audio_vae_path": "{fx}/minimax_h3_audio_vae.safetensors"}
+MINIMAX_VISION = {**MINIMAX, "llm_vision_path": "{fx}/qwen3vl_vision_deepstack80.safetensors"}
+MINIMAX_VISION_SOUND = {**MINIMAX_SOUND, "llm_vision_path": "{fx}/qwen3vl_vision_deepstack80.safetensors"}
+# 11 frames at 12 fps: 22 at 24 fps, so the LLM is shown frames 0 and 12 (source frames 0 and 6) as one pair
+MM_VIDEO_11 = _ctrl(5) + _ctrl(5)[::-1] + [_ctrl(5)[2]]
 
 LTX = {"model_path": "", "diffusion_model_path": "{fx}/ltx.safetensors", "llm_path": "{fx}/gemma3_ltx.safetensors",
        "embeddings_connectors_path": "{fx}/ltx_connectors.safetensors", "vae_path": "{fx}/ltx_vae.safetensors",
@@ -469,7 +473,7 @@ SETS = {
         "fixtures": ["minimax_h3.safetensors", "qwen3vl_51.safetensors", "minimax_h3_vae.safetensors",
                      "qwen3_tiny.safetensors", "qwen25vl_tiny.safetensors", "minimax_h3_audio_vae.safetensors",
                      "minimax_h3_audio_vae_wrong.safetensors", "lingbot_video.safetensors", "qwen3vl_tiny80.safetensors",
-                     "wan_vae.safetensors", "taehv_minimax.safetensors"],
+                     "wan_vae.safetensors", "taehv_minimax.safetensors", "qwen3vl_vision_deepstack80.safetensors"],
         "cases": [
             _case("mm_cfg1", MINIMAX, _params(steps=2)),
             _case("mm_defaults_empty_negative", MINIMAX, {k: v for k, v in _params(steps=2).items()
@@ -574,6 +578,22 @@ SETS = {
             _case("mm_ref2va_with_keyframe_refused", MINIMAX,
                   _params(steps=1, init_image="init_64.png", ref_images=["end_64.png"]),
                   note="keyframes and Ref2VA references together: refused by the reference, no frames"),
+            _case("mm_vision_i2va", MINIMAX_VISION, _params(steps=2, seed=6, init_image="init_64.png"),
+                  note="with a vision tower (24 blocks: deepstack mergers after blocks 5, 11, 17) the LLM is shown "
+                       "the start picture: '<Picture 1>: ' and its 56x56 embeddings (4 tokens) before the prompt, "
+                       "the deepstack embeddings added after LLM layers 1-3, multi-section positions of its grid"),
+            _case("mm_vision_fl2va_cfg3_96x64", MINIMAX_VISION,
+                  _params(steps=2, cfg=3.0, w=96, h=64, frames=9, seed=8, negative_prompt="blurry",
+                          init_image="init_96x64.png", end_image="end_96x64.png"),
+                  note="start and end pictures shown at 84x56 (a 3x2 token grid) to both prompts"),
+            _case("mm_vision_ref2va_mixed_sound", MINIMAX_VISION_SOUND,
+                  _params(steps=2, seed=12, frames=22, ref_images=["init_96x64.png"],
+                          ref_videos=[{"frames": MM_VIDEO_11, "fps": 12,
+                                       "audio": {"sample_rate": 16000, "channels": 1, "samples": 3000, "period": 71}}],
+                          ref_audios=[{"sample_rate": 24000, "channels": 1, "samples": 2400, "period": 37}]),
+                  note="Ref2VA shown to the LLM: '<Picture 1>: ' (the picture scaled to 64x64), '<Audio 1>: ' "
+                       "(the video's sound), '<Video 1>: <0.2 seconds>' with frames 0 and 12 as one two-frame "
+                       "vision block, '<Audio 2>: '"),
         ],
     },
     "lingbot": {

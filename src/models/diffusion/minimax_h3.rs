@@ -421,6 +421,14 @@ pub fn pieces(refs: &[RefTokens]) -> Vec<Piece> {
 /// time; a block's sound starts with it and sits at its picture's left and right edge.
 #[allow(clippy::too_many_arguments)]
 pub fn layout(text_len: usize, latent_t: usize, latent_h: usize, latent_w: usize, audio_t: usize, refs: &[RefTokens], t_v: f32, t_a: f32) -> Layout {
+    layout_tagged(&vec![1; text_len], latent_t, latent_h, latent_w, audio_t, refs, t_v, t_a)
+}
+
+/// [`layout`] of a text whose tokens are tagged (1 text, 0 a picture the LLM was shown): each
+/// run of one tag is modulated as that modality.
+#[allow(clippy::too_many_arguments)]
+pub fn layout_tagged(tags: &[i32], latent_t: usize, latent_h: usize, latent_w: usize, audio_t: usize, refs: &[RefTokens], t_v: f32, t_a: f32) -> Layout {
+    let text_len = tags.len();
     let sqrt_area = ((latent_h * latent_w) as f32).sqrt();
     let (h_axis, w_axis) = (spatial_axis(latent_h, sqrt_area), spatial_axis(latent_w, sqrt_area));
     let (w_low, w_high) = (w_axis.first().copied().unwrap_or(0.0), w_axis.last().copied().unwrap_or(0.0));
@@ -435,7 +443,14 @@ pub fn layout(text_len: usize, latent_t: usize, latent_h: usize, latent_w: usize
     let ref_row = find_or_add(&mut timesteps, t_v.max(VISUAL_COND_TIMESTEP));
     let ref_audio_row = find_or_add(&mut timesteps, t_a.max(1.0));
     let text = text_len as i64;
-    let mut spans = vec![Span { start: 0, end: text, row: video_row * 3 + 1 }];
+    let mut spans = Vec::new();
+    let mut start = 0;
+    for i in 1..=text_len {
+        if i == text_len || tags[i] != tags[start] {
+            spans.push(Span { start: start as i64, end: i as i64, row: video_row * 3 + tags[start] as i64 });
+            start = i;
+        }
+    }
     let duration = (0..latent_t).fold(0.0f32, |d, t| d + video_span(t));
     // Ref2VA's blocks or keyframes: the two are not mixed.
     let blocks = refs.iter().any(|r| !matches!(r.role, RefRole::Keyframe(_)));
@@ -863,7 +878,19 @@ impl DiffusionModel for Loaded<MinimaxH3Model> {
         let t_a = 1.0 - time_shift_sigma(sigma, shift, AUDIO_SHIFT);
         let slope = time_shift_slope(sigma, shift, AUDIO_SHIFT);
         let (refs, mut vrows, mut arows) = reference_rows(input, p.video_channels)?;
-        let lay = layout(context.ne(1), p.t, p.h, p.w, p.audio_len, &refs, t_v, t_a);
+        let tags = match &input.cond.token_types {
+            Some(tags) => {
+                ensure!(
+                    tags.len() == context.ne(1) && tags.iter().all(|&t| t == 0 || t == 1),
+                    "MiniMax-H3: {} token types for {} text tokens",
+                    tags.len(),
+                    context.ne(1)
+                );
+                tags.clone()
+            }
+            None => vec![1; context.ne(1)],
+        };
+        let lay = layout_tagged(&tags, p.t, p.h, p.w, p.audio_len, &refs, t_v, t_a);
         let pieces = pieces(&refs);
         let ref_video_tokens: usize = refs.iter().map(RefTokens::tokens).sum();
         let ref_audio_rows: usize = refs.iter().map(|r| r.audio * AUDIO_ROWS).sum();
@@ -903,6 +930,10 @@ mod tests {
         assert_eq!(lay.timesteps, vec![0.25, 0.5, 0.999, 1.0]);
         assert_eq!(lay.spans, vec![Span { start: 0, end: 2, row: 1 }, Span { start: 2, end: 8, row: 5 }, Span { start: 8, end: 16, row: 0 }]);
         assert_eq!(lay.positions.len(), 16 * 3);
+        // Text with a picture's tokens (tag 0) inside: each run its own modality row.
+        let tagged = layout_tagged(&[1, 0, 0, 1], 2, 4, 4, 3, &[], 0.25, 0.5);
+        assert_eq!(&tagged.spans[..3], &[Span { start: 0, end: 1, row: 1 }, Span { start: 1, end: 3, row: 0 }, Span { start: 3, end: 4, row: 1 }]);
+        assert_eq!(tagged.spans[3], Span { start: 4, end: 10, row: 5 });
         // Spatial axis of 4 pixels in a 4x4 latent: ratio 1, two patches at 0 and 16.
         assert_eq!(&lay.positions[2 * 3..2 * 3 + 3], &[2.0, 0.0, 0.0]);
         assert_eq!(&lay.positions[5 * 3..5 * 3 + 3], &[2.0, 0.0, 16.0]);

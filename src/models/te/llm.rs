@@ -122,6 +122,7 @@ impl LlmConfig {
                 ..base
             },
             LlmArch::Qwen3Vl => LlmConfig {
+                arch,
                 rope: LlmRope::Multi { sections: [24, 20, 20, 0], params: rope(gs::GGML_ROPE_TYPE_IMROPE, 262144, 5_000_000.0) },
                 ..LlmConfig::for_arch(LlmArch::Qwen3)
             },
@@ -335,12 +336,22 @@ impl LlmModel {
     /// and an additive attention mask `[L, L]` (key fastest). `images` (`[hidden, n]` each,
     /// batch 1, in token order) replace the token embeddings from their index on.
     pub fn forward<'g>(&self, g: &'g Graph, ids: T<'g>, pos: T<'g>, mask: Option<T<'g>>, out_layers: &[i32], images: &[(usize, T<'g>)]) -> T<'g> {
+        self.forward_deepstack(g, ids, pos, mask, out_layers, images, &[])
+    }
+
+    /// [`LlmModel::forward`] with Qwen3-VL's deepstack embeddings: `deepstack[i]` (rows at
+    /// token indices, like `images`) added to layer `i`'s output.
+    #[allow(clippy::too_many_arguments)]
+    pub fn forward_deepstack<'g>(&self, g: &'g Graph, ids: T<'g>, pos: T<'g>, mask: Option<T<'g>>, out_layers: &[i32], images: &[(usize, T<'g>)], deepstack: &[Vec<(usize, T<'g>)>]) -> T<'g> {
         let (read, normed) = self.cfg.read_layers(out_layers);
         let many = read.len() + usize::from(normed) > 1;
         let mut x = splice_rows(self.embed_tokens.forward(g, ids), images);
         let mut outs = Vec::new();
         for (i, block) in self.layers.iter().enumerate() {
             x = block.forward(g, &self.cfg, x, pos, mask);
+            if let Some(rows) = deepstack.get(i) {
+                x = add_rows(x, rows);
+            }
             if many {
                 x = x.cont();
             }
@@ -375,6 +386,72 @@ pub fn splice_rows<'g>(x: T<'g>, images: &[(usize, T<'g>)]) -> T<'g> {
     parts.extend(text(at, len as usize));
     let first = parts[0];
     parts[1..].iter().fold(first, |acc, &p| acc.concat(p, 1)).reshape(&[hidden, len, 1])
+}
+
+/// `x` `[hidden, L, 1]` with `rows` added from each `(index, rows)` on (the reference's
+/// `add_deepstack_image_embeds`: the sums joined with the untouched rows between them).
+fn add_rows<'g>(x: T<'g>, images: &[(usize, T<'g>)]) -> T<'g> {
+    if images.is_empty() {
+        return x;
+    }
+    let [hidden, len, ..] = x.ne();
+    let nb1 = x.nb()[1];
+    let rows = |from: usize, to: usize| x.view(&[hidden, (to - from) as i64], &[nb1], from * nb1);
+    let mut parts = Vec::new();
+    let mut at = 0;
+    for &(index, add) in images {
+        if index > at {
+            parts.push(rows(at, index).cont());
+        }
+        let n = add.ne()[1] as usize;
+        parts.push(rows(index, index + n).add(add));
+        at = index + n;
+    }
+    if at < len as usize {
+        parts.push(rows(at, len as usize).cont());
+    }
+    let first = parts[0];
+    parts[1..].iter().fold(first, |acc, &p| acc.concat(p, 1)).reshape(&[hidden, len, 1])
+}
+
+/// Where a picture's embeddings sit in a Qwen3-VL prompt: its first token, how many, and its
+/// patch grid (before the 2×2 merge).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct ImageGrid {
+    pub index: usize,
+    pub size: usize,
+    pub grid_h: usize,
+    pub grid_w: usize,
+}
+
+/// The four position rows (t, h, w, e; `4·len` values) of a Qwen3-VL prompt with pictures:
+/// text counts on, a picture's tokens share its first position in t and count rows and
+/// columns from it in h and w, and the text after it resumes at that position plus the
+/// grid's longer side (the reference's arithmetic, grid after grid).
+pub fn grid_positions(len: usize, grids: &[ImageGrid], merge: usize) -> Result<Vec<i32>> {
+    let mut pos: Vec<i32> = (0..4).flat_map(|row| (0..len as i32).map(move |i| if row < 3 { i } else { 0 })).collect();
+    let mut offset = 0i64;
+    for g in grids {
+        let (gh, gw) = (g.grid_h / merge.max(1), g.grid_w / merge.max(1));
+        let end = g.index + g.size;
+        ensure!(gh > 0 && gw > 0 && g.size == gh * gw && end <= len, "picture tokens {}..{end} (a {gh}x{gw} grid) do not fit {len} tokens", g.index);
+        let longest = gh.max(gw) as i64;
+        let next = g.index as i64 + longest + offset;
+        for token in end..len {
+            let p = (next + (token - end) as i64) as i32;
+            for row in 0..3 {
+                pos[row * len + token] = p;
+            }
+        }
+        let base = g.index as i64 + offset;
+        for token in 0..g.size {
+            pos[g.index + token] = base as i32;
+            pos[len + g.index + token] = (base + (token / gw) as i64) as i32;
+            pos[2 * len + g.index + token] = (base + (token % gw) as i64) as i32;
+        }
+        offset += longest - g.size as i64;
+    }
+    Ok(pos)
 }
 
 /// The additive attention mask the LLM conditioners pass: causal, and padding (`keep[i]`
@@ -431,18 +508,43 @@ pub fn hidden_states(runner: &mut Runner, model: &LlmModel, ids: &[i32], mask: O
 /// [`hidden_states`] with image embeddings (`[hidden, n]` each) in place of the token
 /// embeddings from their index on (the `<|image_pad|>` tokens), in token order.
 pub fn hidden_states_with_images(runner: &mut Runner, model: &LlmModel, ids: &[i32], mask: Option<&[f32]>, out_layers: &[i32], images: &[(usize, Tensor)]) -> Result<Tensor> {
+    hidden_states_vl(runner, model, ids, mask, out_layers, &VlInputs { images, ..VlInputs::default() })
+}
+
+/// What a vision tower adds to an LLM's prompt: embeddings in place of token embeddings,
+/// deepstack embeddings added to the first layers' states (`deepstack[layer]`), and the
+/// pictures' grids for their positions (Qwen3-VL; none: text positions).
+#[derive(Default)]
+pub struct VlInputs<'a> {
+    pub images: &'a [(usize, Tensor)],
+    pub deepstack: &'a [Vec<(usize, Tensor)>],
+    pub grids: &'a [ImageGrid],
+    pub merge: usize,
+}
+
+/// [`hidden_states_with_images`] with everything of [`VlInputs`].
+pub fn hidden_states_vl(runner: &mut Runner, model: &LlmModel, ids: &[i32], mask: Option<&[f32]>, out_layers: &[i32], vl: &VlInputs<'_>) -> Result<Tensor> {
+    let (images, deepstack) = (vl.images, vl.deepstack);
     let cfg = &model.cfg;
     let len = ids.len();
     ensure!(len > 0, "LLM input has no tokens");
-    let mut end = 0;
-    for (index, rows) in images {
-        ensure!(
-            rows.ne(0) as i64 == cfg.hidden_size && *index >= end && index + rows.ne(1) <= len,
-            "image embeddings {:?} at token {index} do not fit {len} tokens of width {}",
-            rows.shape(),
-            cfg.hidden_size
-        );
-        end = index + rows.ne(1);
+    // Rows in token order, inside the prompt, as wide as the model.
+    let fits = |what: &str, list: &[(usize, Tensor)]| -> Result<()> {
+        let mut end = 0;
+        for (index, rows) in list {
+            ensure!(
+                rows.ne(0) as i64 == cfg.hidden_size && *index >= end && index + rows.ne(1) <= len,
+                "{what} embeddings {:?} at token {index} do not fit {len} tokens of width {}",
+                rows.shape(),
+                cfg.hidden_size
+            );
+            end = index + rows.ne(1);
+        }
+        Ok(())
+    };
+    fits("image", images)?;
+    for layer in deepstack {
+        fits("deepstack", layer)?;
     }
     ensure!(cfg.num_layers > 0, "the LLM has no layers");
     if let Some(&bad) = ids.iter().find(|&&t| t < 0 || t as i64 >= cfg.vocab_size) {
@@ -461,15 +563,17 @@ pub fn hidden_states_with_images(runner: &mut Runner, model: &LlmModel, ids: &[i
     };
     let pos: Vec<i32> = match cfg.rope {
         LlmRope::Ext(_) => (0..len as i32).collect(),
-        LlmRope::Multi { .. } => (0..4).flat_map(|row| (0..len as i32).map(move |i| if row < 3 { i } else { 0 })).collect(),
+        LlmRope::Multi { .. } => grid_positions(len, if cfg.arch == LlmArch::Qwen3Vl { vl.grids } else { &[] }, vl.merge)?,
     };
     let width = cfg.output_width(out_layers);
     let out = runner.compute(|g| {
         let ids = g.input_i32(ids, &[len as i64, 1]);
         let pos = g.input_i32(&pos, &[pos.len() as i64]);
         let mask = g.input_f32(mask, &[len as i64, len as i64]);
-        let images: Vec<(usize, T<'_>)> = images.iter().map(|(i, t)| (*i, g.input_f32(t.data(), &[t.ne(0) as i64, t.ne(1) as i64]))).collect();
-        Ok(model.forward(g, ids, pos, Some(mask), out_layers, &images))
+        let input = |(i, t): &(usize, Tensor)| (*i, g.input_f32(t.data(), &[t.ne(0) as i64, t.ne(1) as i64]));
+        let images: Vec<(usize, T<'_>)> = images.iter().map(input).collect();
+        let deepstack: Vec<Vec<(usize, T<'_>)>> = deepstack.iter().map(|layer| layer.iter().map(input).collect()).collect();
+        Ok(model.forward_deepstack(g, ids, pos, Some(mask), out_layers, &images, &deepstack))
     })?;
     out.reshape(&[width, len, 1])
 }
@@ -477,6 +581,22 @@ pub fn hidden_states_with_images(runner: &mut Runner, model: &LlmModel, ids: &[i
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Two pictures' grids in a Qwen3-VL prompt: the reference's positions, worked by hand.
+    #[test]
+    fn picture_grids_position_like_the_reference() {
+        // Text 0-1, a 4×6-patch picture (3×2 tokens) at 2, text 8, a 2×4-patch one at 9, text 11-13.
+        let grids = [ImageGrid { index: 2, size: 6, grid_h: 4, grid_w: 6 }, ImageGrid { index: 9, size: 2, grid_h: 2, grid_w: 4 }];
+        let pos = grid_positions(14, &grids, 2).unwrap();
+        assert_eq!(&pos[..14], &[0, 1, 2, 2, 2, 2, 2, 2, 5, 6, 6, 8, 9, 10]);
+        assert_eq!(&pos[14..28], &[0, 1, 2, 2, 2, 3, 3, 3, 5, 6, 6, 8, 9, 10]);
+        assert_eq!(&pos[28..42], &[0, 1, 2, 3, 4, 2, 3, 4, 5, 6, 7, 8, 9, 10]);
+        assert!(pos[42..].iter().all(|&p| p == 0));
+        // No pictures: text positions; a grid that does not match its tokens is an error.
+        assert_eq!(grid_positions(3, &[], 2).unwrap(), [0, 1, 2, 0, 1, 2, 0, 1, 2, 0, 0, 0]);
+        assert!(grid_positions(14, &[ImageGrid { size: 5, ..grids[0] }], 2).is_err());
+        assert!(grid_positions(7, &grids[..1], 2).is_err());
+    }
     use crate::graph::ParamStore;
     use std::collections::HashMap;
 
@@ -506,6 +626,7 @@ mod tests {
         // Qwen3-VL's text model: Qwen3's layers, heads and widths, interleaved multi-section RoPE.
         let vl3 = LlmConfig::detect(&types, &|n| shapes.get(n).cloned(), LLM_PREFIX, LlmArch::Qwen3Vl);
         assert_eq!((vl3.num_heads, vl3.num_kv_heads, vl3.qk_norm, vl3.qkv_bias, vl3.final_norm), (16, 8, true, false, true));
+        assert_eq!(vl3.arch, LlmArch::Qwen3Vl);
         match vl3.rope {
             LlmRope::Multi { sections, params } => {
                 assert_eq!((sections, params.mode, params.n_ctx_orig, params.freq_base), ([24, 20, 20, 0], gs::GGML_ROPE_TYPE_IMROPE as i32, 262144, 5e6));

@@ -19,8 +19,10 @@
 //! Qwen3-VL: the patch convolution has a bias, learned position embeddings (a square grid)
 //! are interpolated bilinearly to the image's patch grid and added; every block attends to
 //! everything, with layer norms and a GELU MLP; the merger's norm is a layer norm and its
-//! GELU the exact one. (Its deepstack mergers, which only MiniMax-H3 reads in the reference,
-//! are not run.)
+//! GELU the exact one. A tower of 24 or 27 blocks also has three deepstack mergers (after
+//! blocks 5/11/17 or 8/16/24: a layer norm over each 2×2 group's joined features, then a GELU
+//! MLP) whose outputs the LLM adds to its first three layers' states; only MiniMax-H3 reads them
+//! in the reference, so only its tower builds them ([`VisionConfig::deepstack`]).
 //!
 //! Widths come from the weights where the reference reads them (`patch_embed.proj.0`, the
 //! patch bias or the position table give the width; an unsplit Qwen2.5-VL tower keeps the
@@ -71,6 +73,8 @@ pub struct VisionConfig {
     pub separate_qkv: bool,
     /// Qwen3-VL: rows of the learned position table (a square grid).
     pub num_position_embeddings: i64,
+    /// Qwen3-VL: the blocks after which a deepstack merger reads the state (empty: none).
+    pub deepstack: Vec<usize>,
 }
 
 impl Default for VisionConfig {
@@ -92,6 +96,7 @@ impl Default for VisionConfig {
             split_patch_embed: false,
             separate_qkv: false,
             num_position_embeddings: 0,
+            deepstack: Vec::new(),
         }
     }
 }
@@ -165,6 +170,13 @@ impl VisionConfig {
         }
         if layers > 0 {
             cfg.num_layers = layers;
+        }
+        if cfg.arch == VisionArch::Qwen3Vl {
+            cfg.deepstack = match cfg.num_layers {
+                24 => vec![5, 11, 17],
+                27 => vec![8, 16, 24],
+                _ => Vec::new(),
+            };
         }
         Some(cfg)
     }
@@ -316,6 +328,14 @@ enum Layout<'g> {
     Positions([T<'g>; 4], [T<'g>; 4]),
 }
 
+/// A deepstack merger: the 2×2 groups' joined features normed, then fc2(gelu_erf(fc1(x))).
+#[derive(Clone, Copy, Debug)]
+struct DeepstackMerger {
+    norm: LayerNorm,
+    fc1: Linear,
+    fc2: Linear,
+}
+
 /// The vision tower whose weights live in a `ParamStore`.
 pub struct QwenVisionModel {
     pub cfg: VisionConfig,
@@ -325,6 +345,7 @@ pub struct QwenVisionModel {
     merger_norm: Norm,
     merger_fc1: Linear,
     merger_fc2: Linear,
+    deepstack: Vec<DeepstackMerger>,
 }
 
 impl QwenVisionModel {
@@ -357,12 +378,23 @@ impl QwenVisionModel {
             let mut mlp = merger.sub("mlp");
             (norm, Linear::new(&mut mlp, "0", joined, joined, true), Linear::new(&mut mlp, "2", joined, cfg.out_hidden_size, true))
         };
-        QwenVisionModel { cfg: cfg.clone(), patch_embed, pos_embed, blocks, merger_norm, merger_fc1, merger_fc2 }
+        let deepstack = (0..cfg.deepstack.len())
+            .map(|i| {
+                let mut d = s.sub(&format!("deepstack_merger_list.{i}"));
+                DeepstackMerger {
+                    norm: LayerNorm::new(&mut d, "norm", joined, 1e-6, true, true),
+                    fc1: Linear::new(&mut d, "linear_fc1", joined, joined, true),
+                    fc2: Linear::new(&mut d, "linear_fc2", joined, cfg.out_hidden_size, true),
+                }
+            })
+            .collect();
+        QwenVisionModel { cfg: cfg.clone(), patch_embed, pos_embed, blocks, merger_norm, merger_fc1, merger_fc2, deepstack }
     }
 
     /// Embeddings `[out_hidden, tokens]` of the patches `pixels` ([`patchify`]'s layout) with
-    /// the rotation table `pe` and the patches' `layout`.
-    fn forward<'g>(&self, g: &'g Graph, pixels: T<'g>, pe: T<'g>, layout: Layout<'g>) -> T<'g> {
+    /// the rotation table `pe` and the patches' `layout`, then the deepstack mergers' outputs
+    /// (as wide, as many tokens) in block order.
+    fn forward<'g>(&self, g: &'g Graph, pixels: T<'g>, pe: T<'g>, layout: Layout<'g>) -> Vec<T<'g>> {
         let cfg = &self.cfg;
         let (p, pt, h) = (cfg.patch_size, cfg.temporal_patch_size, cfg.hidden_size);
         let n = pixels.ne()[1];
@@ -395,9 +427,14 @@ impl QwenVisionModel {
                 (None, None)
             }
         };
+        let mut deep = Vec::new();
         for (i, block) in self.blocks.iter().enumerate() {
             let m = mask.filter(|_| !cfg.fullatt_blocks.contains(&i));
             x = block.forward(g, cfg, x, pe, m);
+            if let Some(d) = cfg.deepstack.iter().position(|&b| b == i).and_then(|d| self.deepstack.get(d)) {
+                let joined = d.norm.forward(g, x.reshape(&[h * m2, n / m2]));
+                deep.push(d.fc2.forward(g, d.fc1.forward(g, joined).gelu_erf()));
+            }
         }
         let x = self.merger_norm.forward(g, x).reshape(&[h * m2, n / m2]);
         let x = self.merger_fc1.forward(g, x);
@@ -406,10 +443,11 @@ impl QwenVisionModel {
             VisionArch::Qwen3Vl => x.gelu_erf(),
         };
         let x = self.merger_fc2.forward(g, x);
-        match inverse {
+        let x = match inverse {
             Some(inverse) => x.get_rows(inverse),
             None => x,
-        }
+        };
+        std::iter::once(x).chain(deep).collect()
     }
 }
 
@@ -442,12 +480,19 @@ pub fn preprocess(image: &Tensor, w: usize, h: usize) -> Result<Tensor> {
 /// `C · pt · p · p` values per patch (channel, frame, row, column; both frames the image),
 /// patches in 2×2 groups (group by group in row order, each group row by row).
 pub fn patchify(cfg: &VisionConfig, image: &Tensor) -> Result<Tensor> {
-    let (w, h, c) = (image.ne(0), image.ne(1), image.ne(2));
+    patchify_frames(cfg, &[image])
+}
+
+/// [`patchify`] of a block of frames (the temporal patch's frames in order; the last one
+/// repeated when fewer are given: a picture is both frames), all `[W, H, C, 1]` alike.
+pub fn patchify_frames(cfg: &VisionConfig, frames: &[&Tensor]) -> Result<Tensor> {
+    let first: &Tensor = frames.first().ok_or_else(|| crate::error::Error::new("no frames for the vision tower"))?;
+    let (w, h, c) = (first.ne(0), first.ne(1), first.ne(2));
+    ensure!(frames.iter().all(|f| f.shape() == first.shape()), "the frames of a vision block differ in size");
     let (p, m, pt) = (cfg.patch_size as usize, cfg.spatial_merge_size as usize, cfg.temporal_patch_size as usize);
     ensure!(w % (p * m) == 0 && h % (p * m) == 0, "a {w}x{h} image is not a multiple of the vision tower's {}", p * m);
     let (gw, gh) = (w / p, h / p);
     let row = c * pt * p * p;
-    let src = image.data();
     let mut out = Vec::with_capacity(row * gw * gh);
     for bh in 0..gh / m {
         for bw in 0..gw / m {
@@ -455,7 +500,8 @@ pub fn patchify(cfg: &VisionConfig, image: &Tensor) -> Result<Tensor> {
                 for iw in 0..m {
                     let (py, px) = (bh * m + ih, bw * m + iw);
                     for ch in 0..c {
-                        for _ in 0..pt {
+                        for t in 0..pt {
+                            let src = frames[t.min(frames.len() - 1)].data();
                             for y in 0..p {
                                 let start = (ch * h + py * p + y) * w + px * p;
                                 out.extend_from_slice(&src[start..start + p]);
@@ -572,10 +618,18 @@ pub fn position_lookup(cfg: &VisionConfig, grid_h: usize, grid_w: usize) -> Posi
 /// Embeddings `[out_hidden, tokens]` of a preprocessed image `[W, H, 3, 1]` (sides
 /// multiples of [`VisionConfig::factor`]): one token per 2×2 group of patches, row by row.
 pub fn encode_image(runner: &mut Runner, model: &QwenVisionModel, image: &Tensor) -> Result<Tensor> {
+    let mut outputs = encode_outputs(runner, model, &[image])?;
+    Ok(outputs.swap_remove(0))
+}
+
+/// [`encode_image`] of a block of frames ([`patchify_frames`]), with the deepstack mergers'
+/// outputs after the embeddings (each `[out_hidden, tokens]`).
+pub fn encode_outputs(runner: &mut Runner, model: &QwenVisionModel, frames: &[&Tensor]) -> Result<Vec<Tensor>> {
     let cfg = &model.cfg;
     let p = cfg.patch_size as usize;
+    let image: &Tensor = frames.first().ok_or_else(|| crate::error::Error::new("no frames for the vision tower"))?;
     let (grid_w, grid_h) = (image.ne(0) / p, image.ne(1) / p);
-    let pixels = patchify(cfg, image)?;
+    let pixels = patchify_frames(cfg, frames)?;
     let n = grid_h * grid_w;
     let tokens = n / (cfg.spatial_merge_size * cfg.spatial_merge_size) as usize;
     let hd = cfg.head_dim() as usize;
@@ -589,7 +643,7 @@ pub fn encode_image(runner: &mut Runner, model: &QwenVisionModel, image: &Tensor
                 let index = g.input_i32(&win.index, &[tokens as i64]);
                 let inverse = g.input_i32(&win.inverse, &[tokens as i64]);
                 let mask = g.input_f32(&win.mask, &[n as i64, n as i64]);
-                Ok(model.forward(g, x, pe, Layout::Windows([index, inverse, mask])))
+                Ok(joined(model.forward(g, x, pe, Layout::Windows([index, inverse, mask]))))
             })?
         }
         VisionArch::Qwen3Vl => {
@@ -601,11 +655,26 @@ pub fn encode_image(runner: &mut Runner, model: &QwenVisionModel, image: &Tensor
                 let pe = g.input_f32(&pe, &[2, 2, hd as i64 / 2, n as i64]);
                 let rows = [0, 1, 2, 3].map(|k| g.input_i32(&lookup.rows[k], &[n as i64]));
                 let weights = [0, 1, 2, 3].map(|k| g.input_f32(&lookup.weights[k], &[1, n as i64]));
-                Ok(model.forward(g, x, pe, Layout::Positions(rows, weights)))
+                Ok(joined(model.forward(g, x, pe, Layout::Positions(rows, weights))))
             })?
         }
     };
-    out.reshape(&[cfg.out_hidden_size as usize, tokens])
+    // The outputs were joined along the features: split them again.
+    let width = cfg.out_hidden_size as usize;
+    let count = out.ne(0) / width;
+    let data = out.data();
+    (0..count)
+        .map(|k| {
+            let rows: Vec<f32> = data.chunks_exact(width * count).flat_map(|r| &r[k * width..(k + 1) * width]).copied().collect();
+            Tensor::from_vec(&[width, tokens], rows)
+        })
+        .collect()
+}
+
+/// The tower's outputs side by side along the features (one graph output).
+fn joined<'g>(outputs: Vec<T<'g>>) -> T<'g> {
+    let first = outputs[0];
+    outputs[1..].iter().fold(first, |acc, &o| acc.concat(o, 0))
 }
 
 #[cfg(test)]
@@ -662,8 +731,31 @@ mod tests {
         assert_eq!((cfg.num_position_embeddings, cfg.position_grid_side()), (2304, 48));
         assert!(!cfg.split_patch_embed && !cfg.separate_qkv);
         cfg.validate().unwrap();
+        // 27 blocks: deepstack mergers after blocks 8, 16 and 24; 24 blocks: 5, 11, 17.
+        assert_eq!(cfg.deepstack, [8, 16, 24]);
         let no_table = VisionConfig { num_position_embeddings: 0, ..cfg };
         assert!(no_table.validate().is_err());
+        let mut t = tensors;
+        t[3].0 = "blocks.23.mlp.linear_fc1.weight";
+        assert_eq!(detect_from(&t, VISION_PREFIX).unwrap().deepstack, [5, 11, 17]);
+        t[3].0 = "blocks.1.mlp.linear_fc1.weight";
+        assert!(detect_from(&t, VISION_PREFIX).unwrap().deepstack.is_empty());
+    }
+
+    /// A video block's two frames fill the temporal patch's two slots (a picture fills both).
+    #[test]
+    fn video_blocks_patch_two_frames() {
+        let (w, h) = (28usize, 28usize);
+        let frame = |k: f32| Tensor::from_vec(&[w, h, 3, 1], (0..3 * w * h).map(|i| i as f32 + k).collect()).unwrap();
+        let (a, b) = (frame(0.0), frame(0.5));
+        let cfg = tiny();
+        let pair = patchify_frames(&cfg, &[&a, &b]).unwrap();
+        let one = patchify(&cfg, &a).unwrap();
+        assert_eq!(pair.shape(), one.shape());
+        // Channel 0: slot 0 from the first frame, slot 1 (196 values on) from the second.
+        assert_eq!((pair.data()[0], pair.data()[196]), (0.0, 0.5));
+        assert_eq!((one.data()[0], one.data()[196]), (0.0, 0.0));
+        assert!(patchify_frames(&cfg, &[&a, &frame(0.0).reshape(&[w * h, 3, 1, 1]).unwrap()]).is_err());
     }
 
     /// The position grid is stretched over the patch grid: corners map to corners, and each

@@ -70,7 +70,7 @@ impl Conditioner for AnimaConditioner {
         let context = self.llm.encode(&tokens, &[])?;
         let (ids, weights) = t5_tokens(self.t5, req.text);
         sd_debug!("computing condition graph completed, taking {} ms", start.elapsed().as_millis());
-        Ok(Condition { crossattn: Some(context), vector: Some(anima::pack_t5(&ids, &weights)?), concat: None, extra_context: None })
+        Ok(Condition { crossattn: Some(context), vector: Some(anima::pack_t5(&ids, &weights)?), concat: None, extra_context: None, token_types: None })
     }
 }
 

@@ -196,7 +196,7 @@ impl ClipConditioner {
             Some(p) => Some(Self::sdxl_vector(p, width, height)?),
             None => None,
         };
-        Ok(Condition { crossattn: Some(Tensor::from_vec(&[dim, n, 1], data)?), vector, concat: None, extra_context: None })
+        Ok(Condition { crossattn: Some(Tensor::from_vec(&[dim, n, 1], data)?), vector, concat: None, extra_context: None, token_types: None })
     }
 }
 

@@ -95,7 +95,7 @@ impl Conditioner for FluxConditioner {
         }
         sd_debug!("computing condition graph completed, taking {} ms", start.elapsed().as_millis());
         let n = data.len() / T5_WIDTH;
-        Ok(Condition { crossattn: Some(Tensor::from_vec(&[T5_WIDTH, n, 1], data)?), vector: Some(pooled), concat: None, extra_context: None })
+        Ok(Condition { crossattn: Some(Tensor::from_vec(&[T5_WIDTH, n, 1], data)?), vector: Some(pooled), concat: None, extra_context: None, token_types: None })
     }
 
 }
@@ -164,6 +164,7 @@ impl Conditioner for T5Conditioner {
                 vector: Some(Tensor::full(&[CHROMA_EMPTY_TOKENS], f32::NEG_INFINITY)),
                 concat: None,
                 extra_context: None,
+                token_types: None,
             });
         };
         let start = Instant::now();
@@ -192,6 +193,7 @@ impl Conditioner for T5Conditioner {
             vector: Some(Tensor::from_vec(&[n], mask)?),
             concat: None,
             extra_context: None,
+            token_types: None,
         })
     }
 

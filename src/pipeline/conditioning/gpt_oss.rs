@@ -109,7 +109,7 @@ impl Conditioner for GptOssConditioner {
             context.data_mut().fill(0.0);
         }
         sd_debug!("computing condition graph completed, taking {} ms", start.elapsed().as_millis());
-        Ok(Condition { crossattn: Some(context), vector: None, concat: None, extra_context: None })
+        Ok(Condition { crossattn: Some(context), vector: None, concat: None, extra_context: None, token_types: None })
     }
 }
 

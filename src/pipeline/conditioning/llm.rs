@@ -196,10 +196,15 @@ impl LlmText {
     /// [`LlmText::encode`] with image embeddings (`[width, n]`, token order) in place of the
     /// token embeddings from their index on.
     pub fn encode_with_images(&mut self, tokens: &LlmTokens, out_layers: &[i32], images: &[(usize, Tensor)]) -> Result<Tensor> {
+        self.encode_vl(tokens, out_layers, &llm::VlInputs { images, ..Default::default() })
+    }
+
+    /// [`LlmText::encode_with_images`] with deepstack embeddings and picture grids.
+    pub fn encode_vl(&mut self, tokens: &LlmTokens, out_layers: &[i32], vl: &llm::VlInputs<'_>) -> Result<Tensor> {
         let start = Instant::now();
         let ids: Vec<i32> = tokens.ids.iter().map(|&t| i32::try_from(t).unwrap_or(-1)).collect();
         let mask = causal_mask(&tokens.keep);
-        let mut h = self.net.run_in_phase(|model, runner| llm::hidden_states_with_images(runner, model, &ids, Some(&mask), out_layers, images))?;
+        let mut h = self.net.run_in_phase(|model, runner| llm::hidden_states_vl(runner, model, &ids, Some(&mask), out_layers, vl))?;
         let (width, n) = (h.ne(0), tokens.ids.len());
         h = h.reshape(&[width, n])?;
         apply_token_weights(&mut h, &tokens.weights, n)?;
@@ -323,7 +328,7 @@ impl Conditioner for LlmConditioner {
         // always sets it, for the T5 conditioners' padding).
         let context = Tensor::from_vec(&[width, len, 1], data)?;
         sd_debug!("computing condition graph completed, taking {} ms", start.elapsed().as_millis());
-        Ok(Condition { crossattn: Some(context), vector: None, concat: None, extra_context: None })
+        Ok(Condition { crossattn: Some(context), vector: None, concat: None, extra_context: None, token_types: None })
     }
 }
 
@@ -389,7 +394,7 @@ mod tests {
         assert_eq!(cond.context_width(), 288);
         let tokens = tokenize(cond.llm.tokenizer(), &template, "a lovely cat");
         assert_eq!(tokens.ids, [1, 3, 1097, 45988, 7990, 4]);
-        let req = CondRequest { text: "a lovely cat", clip_skip: 0, width: 64, height: 64, zero_out_masked: false, ref_images: &[], refs: Default::default() };
+        let req = CondRequest { text: "a lovely cat", clip_skip: 0, width: 64, height: 64, zero_out_masked: false, ref_images: &[], refs: Default::default(), shown: &[] };
         let c = cond.encode(&req).unwrap().crossattn.unwrap();
         assert_eq!(c.shape(), &[288, 64, 1]);
         let (real, pad) = c.data().split_at(288 * 6);

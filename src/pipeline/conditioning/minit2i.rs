@@ -63,6 +63,7 @@ impl Conditioner for MiniT2iConditioner {
                 vector: Some(Tensor::zeros(&[PROMPT_LENGTH])),
                 concat: None,
                 extra_context: None,
+                token_types: None,
             });
         };
         let (ids, mask) = prompt_tokens(T5Tokenizer::shared(T5Vocab::T5)?, req.text);
@@ -74,12 +75,13 @@ impl Conditioner for MiniT2iConditioner {
             vector: Some(Tensor::from_vec(&[PROMPT_LENGTH], mask)?),
             concat: None,
             extra_context: None,
+            token_types: None,
         })
     }
 
     /// The prompt's states with every token masked.
     fn unconditional(&mut self, cond: &Condition, _negative: &CondRequest<'_>) -> Result<Condition> {
-        Ok(Condition { crossattn: cond.crossattn.clone(), vector: Some(Tensor::zeros(&[PROMPT_LENGTH])), concat: None, extra_context: None })
+        Ok(Condition { crossattn: cond.crossattn.clone(), vector: Some(Tensor::zeros(&[PROMPT_LENGTH])), concat: None, extra_context: None, token_types: None })
     }
 }
 

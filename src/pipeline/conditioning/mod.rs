@@ -34,6 +34,20 @@ pub struct CondRequest<'a> {
     /// unless `pass_to_vlm`), and how to size them for it.
     pub ref_images: &'a [Tensor],
     pub refs: RefImageParams,
+    /// What a vision-language conditioner is shown of a request's references instead of
+    /// `ref_images`, in order (MiniMax-H3's Ref2VA); empty: `ref_images`.
+    pub shown: &'a [Shown],
+}
+
+/// A reference as a vision-language conditioner is shown it.
+#[derive(Clone, Debug)]
+pub enum Shown {
+    /// A picture `[W, H, 3, 1]` in [0, 1].
+    Picture(Tensor),
+    /// Frames `[W, H, 3, 1]` of a video, each with its time in seconds.
+    Video(Vec<(Tensor, f32)>),
+    /// A sound (announced only).
+    Audio,
 }
 
 /// A loaded conditioner of some family. `encode` runs between its networks' phase hooks

@@ -99,7 +99,7 @@ impl Conditioner for PidConditioner {
             data.fill(0.0);
         }
         sd_debug!("computing condition graph completed, taking {} ms", start.elapsed().as_millis());
-        Ok(Condition { crossattn: Some(Tensor::from_vec(&[width, len, 1], data)?), vector: None, concat: None, extra_context: None })
+        Ok(Condition { crossattn: Some(Tensor::from_vec(&[width, len, 1], data)?), vector: None, concat: None, extra_context: None, token_types: None })
     }
 }
 

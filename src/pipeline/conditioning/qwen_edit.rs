@@ -90,9 +90,23 @@ impl VisionTower {
     /// [`VisionTower::open`] for a tower under `prefix` (HiDream-O1's checkpoint keeps it
     /// under `model.visual.`).
     pub fn open_at(weights: &Arc<Weights>, prefix: &str, arch: VisionArch, llm_width: i64, place: &Placement, n_threads: i32, resident: bool) -> Result<Option<VisionTower>> {
-        let Some(cfg) = VisionConfig::detect(weights.types(), &|n| weights.shape_of(n), prefix) else {
+        Self::open_with(weights, prefix, arch, llm_width, place, n_threads, resident, false)
+    }
+
+    /// [`VisionTower::open`] with the deepstack mergers a 24- or 27-block tower has (MiniMax-H3
+    /// reads them; the other families leave them unread, like the reference).
+    pub fn open_deepstack(weights: &Arc<Weights>, arch: VisionArch, llm_width: i64, place: &Placement, n_threads: i32, resident: bool) -> Result<Option<VisionTower>> {
+        Self::open_with(weights, VISION_PREFIX, arch, llm_width, place, n_threads, resident, true)
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn open_with(weights: &Arc<Weights>, prefix: &str, arch: VisionArch, llm_width: i64, place: &Placement, n_threads: i32, resident: bool, deepstack: bool) -> Result<Option<VisionTower>> {
+        let Some(mut cfg) = VisionConfig::detect(weights.types(), &|n| weights.shape_of(n), prefix) else {
             return Ok(None);
         };
+        if !deepstack {
+            cfg.deepstack.clear();
+        }
         ensure!(cfg.arch == arch, "the LLM vision tower (llm_vision_path) is {:?}'s, the LLM text encoder needs {arch:?}'s", cfg.arch);
         cfg.validate()?;
         ensure!(
@@ -113,6 +127,12 @@ impl VisionTower {
     /// the weights are read and freed around the call.
     pub fn encode(&mut self, image: &Tensor) -> Result<Tensor> {
         self.net.run_in_phase(|model, runner| qwen_vision::encode_image(runner, model, image))
+    }
+
+    /// The embeddings of a block of preprocessed frames (one picture, or a video's two frames)
+    /// and the deepstack mergers' outputs after them.
+    pub fn encode_outputs(&mut self, frames: &[&Tensor]) -> Result<Vec<Tensor>> {
+        self.net.run_in_phase(|model, runner| qwen_vision::encode_outputs(runner, model, frames))
     }
 
     pub fn component(&mut self) -> &mut dyn Component {

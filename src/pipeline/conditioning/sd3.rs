@@ -130,6 +130,7 @@ impl Conditioner for Sd3Conditioner {
             vector: Some(Tensor::from_vec(&[CLIP_L_WIDTH + CLIP_G_WIDTH], pooled)?),
             concat: None,
             extra_context: None,
+            token_types: None,
         })
     }
 

@@ -97,7 +97,7 @@ impl Conditioner for LingbotConditioner {
         let data = h.data().get(self.drop * width..).context("LLM hidden states")?.to_vec();
         let context = Tensor::from_vec(&[width, n - self.drop, 1], data)?;
         sd_debug!("computing condition graph completed, taking {} ms", start.elapsed().as_millis());
-        Ok(Condition { crossattn: Some(context), vector: None, concat: None, extra_context: None })
+        Ok(Condition { crossattn: Some(context), vector: None, concat: None, extra_context: None, token_types: None })
     }
 }
 

@@ -207,7 +207,7 @@ impl Conditioner for LtxConditioner {
         })?;
         let (w, n) = (out.ne(0), t.real);
         sd_debug!("computing LTXAV condition graph completed, taking {} ms", start.elapsed().as_millis());
-        Ok(Condition { crossattn: Some(out.reshape(&[w, n, 1])?), vector: None, concat: None, extra_context: None })
+        Ok(Condition { crossattn: Some(out.reshape(&[w, n, 1])?), vector: None, concat: None, extra_context: None, token_types: None })
     }
 }
 

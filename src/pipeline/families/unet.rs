@@ -126,6 +126,7 @@ fn uses_v_parameterization(unet: &mut Loaded<UNetModel>, inpaint: bool) -> Resul
         vector: None,
         concat: inpaint.then(|| Tensor::zeros(&[8, 8, cfg.in_channels as usize - 4, 1])),
         extra_context: None,
+        token_types: None,
     };
     let start = std::time::Instant::now();
     Component::begin(unet)?;

@@ -20,7 +20,8 @@
 # it), and so is every file the same invocation was asked for; only files that are made
 # again when missing are removed (recipes.tsv, and the q8_0 conversions and split
 # checkpoints the tests write). A write that fails on a full disk is retried once after
-# everything removable is gone. On a large disk nothing is removed.
+# everything removable is gone. On a large disk nothing is removed. With $SD_FIXTURE_LOG set,
+# each file written appends "NAME SECONDS s" to that file (where a cold test run's time goes).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
@@ -102,6 +103,7 @@ for name in "$@"; do
         [ -f "$dest" ] && exit 0
         make_room "$min_free_mb"
         echo "fixtures: writing $dest (synth_model.py $args)" >&2
+        began=$SECONDS
         tmp=$(dirname "$dest")/.$(basename "$dest").tmp.$$.$RANDOM
         trap 'rm -f "$tmp"' EXIT
         # shellcheck disable=SC2086
@@ -118,5 +120,6 @@ for name in "$@"; do
         fi
         mv -f "$tmp" "$dest"
         trap - EXIT
+        [ -z "${SD_FIXTURE_LOG:-}" ] || echo "$file $((SECONDS - began)) s" >>"$SD_FIXTURE_LOG"
     ) 9>"$(dirname "$dest")/.$(basename "$dest").lock"
 done

@@ -2,7 +2,7 @@
 # Builds libstable-diffusion and installs it, with its header, the ggml libraries it needs,
 # a pkg-config file, a CMake package and the sd-cli program, under a prefix:
 #
-#   scripts/install.sh [--prefix DIR] [--features LIST] [--release|--debug]
+#   scripts/install.sh [--prefix DIR] [--features LIST] [--release|--debug] [--tests]
 #
 #   PREFIX/lib/libstable-diffusion.so.X.Y.Z (+ .so.X, .so links), libstable-diffusion.a
 #   PREFIX/lib/libggml*.so*          ggml and its CPU variant modules (default build)
@@ -14,7 +14,9 @@
 # Defaults: --prefix ./prefix, a release build with the default features. --features takes
 # cargo features (native, openmp, cuda, vulkan, metal; rpc is a default; comma-separated). Every file
 # is written under a temporary name and renamed, so a failed or interrupted install never
-# leaves a half-written file behind. A build that is up to date is not redone.
+# leaves a half-written file behind. A build that is up to date is not redone. --tests builds
+# the whole workspace's tests along (as `cargo test --workspace` builds them: its dev-dependencies
+# change some dependencies' features, which would otherwise compile the library a second time).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 root=$PWD
@@ -22,6 +24,7 @@ root=$PWD
 prefix=$root/prefix
 features=""
 profile=release
+tests=0
 while [ $# -gt 0 ]; do
     case "$1" in
         --prefix) prefix=${2:?--prefix needs a folder}; shift 2 ;;
@@ -30,7 +33,8 @@ while [ $# -gt 0 ]; do
         --features=*) features=${1#--features=}; shift ;;
         --release) profile=release; shift ;;
         --debug) profile=debug; shift ;;
-        -h|--help) sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+        --tests) tests=1; shift ;;
+        -h|--help) sed -n '2,20p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
         *) echo "install.sh: unknown argument '$1' (see --help)" >&2; exit 2 ;;
     esac
 done
@@ -41,6 +45,7 @@ prefix=$(cd "$prefix" && pwd)
 command -v python3 >/dev/null || die "python3 is needed to read cargo's build report"
 
 cargo_args=(build --message-format=json-render-diagnostics -p stable-diffusion -p sd-cli)
+[ "$tests" = 1 ] && cargo_args=(build --message-format=json-render-diagnostics --workspace --lib --bins --tests)
 [ "$profile" = release ] && cargo_args+=(--release)
 features=$(echo "$features" | tr ' ' ',' | sed 's/,,*/,/g; s/^,//; s/,$//')
 if [ -n "$features" ]; then
@@ -68,7 +73,7 @@ for line in open(sys.argv[1]):
         m = json.loads(line)
     except ValueError:
         continue
-    if m.get("reason") == "compiler-artifact":
+    if m.get("reason") == "compiler-artifact" and not m.get("profile", {}).get("test"):
         name = m["target"]["name"]
         for f in m.get("filenames", []):
             if name == "stable_diffusion" and f.endswith(".so"):

@@ -68,7 +68,8 @@ df -h . "${SD_FIXTURE_CACHE:-$HOME/.cache/sd-rs-fixtures}" 2>/dev/null | awk '!s
 scripts/fixtures.sh --make-room
 scripts/fetch-sources.sh || fatal "fetch-sources failed"
 python3 scripts/gen-bindings.py --check || fatal "generated bindings are stale"
-scripts/install.sh --prefix "$prefix" --release ${features:+--features "$features"} || fatal "build/install failed"
+# --tests: the tests are built with the library, so cargo test below compiles nothing again.
+scripts/install.sh --prefix "$prefix" --release --tests ${features:+--features "$features"} || fatal "build/install failed"
 # numpy for the synthetic checkpoints (tests generate the ones they need through python3,
 # found first in the venv); SD1, SDXL and the DiT / LLM-family components, which the parity subsets and
 # bindings use, are made now.
@@ -134,7 +135,8 @@ suite csharp bindings/csharp/run.sh "$prefix"
 device_suite() { # test-name-filter env...
     local filter=$1
     shift
-    env "$@" cargo test --release "${cargo_features[@]}" --test devices -- --test-threads=1 "$filter"
+    # --workspace: the features the build above unified (without it the library compiles again).
+    env "$@" cargo test --release --workspace "${cargo_features[@]}" --test devices -- --test-threads=1 "$filter"
 }
 # GGML_VK_DISABLE_F16: ggml-vulkan accumulates matrix products in f16 where the graph does
 # not ask for f32 (as the reference's graphs do not); that moves 64x64 pictures by up to 6

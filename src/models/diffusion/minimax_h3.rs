@@ -413,21 +413,16 @@ pub fn pieces(refs: &[RefTokens]) -> Vec<Piece> {
     out
 }
 
-/// The layout of one evaluation: `text_len` text tokens, the references' tokens (pictures
+/// The layout of one evaluation: the text's tokens, the references' tokens (pictures
 /// modulated for timestep `max(t_v, 0.999)`, sound for `max(t_a, 1)`), `audio_t` audio steps
 /// and a `latent_t` × `latent_h` × `latent_w` video latent, at timesteps `t_v` (video) and
 /// `t_a`. Keyframes sit at the time of the frame they stand for; Ref2VA's blocks (pictures,
 /// videos, sound) come one after the other before the video, which starts after them in
 /// time; a block's sound starts with it and sits at its picture's left and right edge.
+/// The text's tokens are tagged (1 text, 0 a picture the LLM was shown): each run of one tag
+/// is modulated as that modality.
 #[allow(clippy::too_many_arguments)]
-pub fn layout(text_len: usize, latent_t: usize, latent_h: usize, latent_w: usize, audio_t: usize, refs: &[RefTokens], t_v: f32, t_a: f32) -> Layout {
-    layout_tagged(&vec![1; text_len], latent_t, latent_h, latent_w, audio_t, refs, t_v, t_a)
-}
-
-/// [`layout`] of a text whose tokens are tagged (1 text, 0 a picture the LLM was shown): each
-/// run of one tag is modulated as that modality.
-#[allow(clippy::too_many_arguments)]
-pub fn layout_tagged(tags: &[i32], latent_t: usize, latent_h: usize, latent_w: usize, audio_t: usize, refs: &[RefTokens], t_v: f32, t_a: f32) -> Layout {
+pub fn layout(tags: &[i32], latent_t: usize, latent_h: usize, latent_w: usize, audio_t: usize, refs: &[RefTokens], t_v: f32, t_a: f32) -> Layout {
     let text_len = tags.len();
     let sqrt_area = ((latent_h * latent_w) as f32).sqrt();
     let (h_axis, w_axis) = (spatial_axis(latent_h, sqrt_area), spatial_axis(latent_w, sqrt_area));
@@ -878,7 +873,8 @@ impl DiffusionModel for Loaded<MinimaxH3Model> {
         let t_a = 1.0 - time_shift_sigma(sigma, shift, AUDIO_SHIFT);
         let slope = time_shift_slope(sigma, shift, AUDIO_SHIFT);
         let (refs, mut vrows, mut arows) = reference_rows(input, p.video_channels)?;
-        let tags = match &input.cond.token_types {
+        let all_text;
+        let tags: &[i32] = match &input.cond.token_types {
             Some(tags) => {
                 ensure!(
                     tags.len() == context.ne(1) && tags.iter().all(|&t| t == 0 || t == 1),
@@ -886,11 +882,14 @@ impl DiffusionModel for Loaded<MinimaxH3Model> {
                     tags.len(),
                     context.ne(1)
                 );
-                tags.clone()
+                tags
             }
-            None => vec![1; context.ne(1)],
+            None => {
+                all_text = vec![1; context.ne(1)];
+                &all_text
+            }
         };
-        let lay = layout_tagged(&tags, p.t, p.h, p.w, p.audio_len, &refs, t_v, t_a);
+        let lay = layout(tags, p.t, p.h, p.w, p.audio_len, &refs, t_v, t_a);
         let pieces = pieces(&refs);
         let ref_video_tokens: usize = refs.iter().map(RefTokens::tokens).sum();
         let ref_audio_rows: usize = refs.iter().map(|r| r.audio * AUDIO_ROWS).sum();
@@ -926,12 +925,12 @@ mod tests {
     #[test]
     fn layout_of_text_audio_and_video() {
         // 2 text tokens, 3 audio steps, 2 frames of a 4x4 latent (2x2 patches each).
-        let lay = layout(2, 2, 4, 4, 3, &[], 0.25, 0.5);
+        let lay = layout(&[1; 2], 2, 4, 4, 3, &[], 0.25, 0.5);
         assert_eq!(lay.timesteps, vec![0.25, 0.5, 0.999, 1.0]);
         assert_eq!(lay.spans, vec![Span { start: 0, end: 2, row: 1 }, Span { start: 2, end: 8, row: 5 }, Span { start: 8, end: 16, row: 0 }]);
         assert_eq!(lay.positions.len(), 16 * 3);
         // Text with a picture's tokens (tag 0) inside: each run its own modality row.
-        let tagged = layout_tagged(&[1, 0, 0, 1], 2, 4, 4, 3, &[], 0.25, 0.5);
+        let tagged = layout(&[1, 0, 0, 1], 2, 4, 4, 3, &[], 0.25, 0.5);
         assert_eq!(&tagged.spans[..3], &[Span { start: 0, end: 1, row: 1 }, Span { start: 1, end: 3, row: 0 }, Span { start: 3, end: 4, row: 1 }]);
         assert_eq!(tagged.spans[3], Span { start: 4, end: 10, row: 5 });
         // Spatial axis of 4 pixels in a 4x4 latent: ratio 1, two patches at 0 and 16.
@@ -956,9 +955,9 @@ mod tests {
     /// video keep the positions they have without them.
     #[test]
     fn layout_with_keyframes() {
-        let plain = layout(2, 2, 4, 4, 3, &[], 0.25, 0.5);
+        let plain = layout(&[1; 2], 2, 4, 4, 3, &[], 0.25, 0.5);
         let keys = [RefTokens::video(4, 4, 1, RefRole::Keyframe(0)), RefTokens::video(4, 4, 1, RefRole::Keyframe(4))];
-        let lay = layout(2, 2, 4, 4, 3, &keys, 0.25, 0.5);
+        let lay = layout(&[1; 2], 2, 4, 4, 3, &keys, 0.25, 0.5);
         assert_eq!(lay.timesteps, plain.timesteps);
         assert_eq!(
             lay.spans,
@@ -976,7 +975,7 @@ mod tests {
         assert_eq!(lay.positions[6 * 3], 2.0 + (FRAME_RESCALE + FRAME_RESCALE * 4.0) - FRAME_RESCALE);
         assert_eq!(&lay.positions[10 * 3..], &plain.positions[2 * 3..]);
         // A step past 0.999 modulates keyframes with the video's own row.
-        let late = layout(2, 2, 4, 4, 3, &keys[..1], 0.9995, 0.5);
+        let late = layout(&[1; 2], 2, 4, 4, 3, &keys[..1], 0.9995, 0.5);
         assert_eq!(late.spans[1].row, 0);
     }
 
@@ -985,7 +984,7 @@ mod tests {
     #[test]
     fn layout_with_reference_pictures() {
         let pic = RefTokens::video(4, 2, 1, RefRole::Picture);
-        let lay = layout(2, 2, 4, 4, 3, &[pic, pic], 0.25, 0.5);
+        let lay = layout(&[1; 2], 2, 4, 4, 3, &[pic, pic], 0.25, 0.5);
         assert_eq!(lay.spans[1..3], [Span { start: 2, end: 4, row: 6 }, Span { start: 4, end: 6, row: 6 }]);
         // A 4x2 picture: one row of patches (height 2: at 8), two columns at 0 and 16 scaled by its area.
         let (hs, ws) = pic.axes();
@@ -993,7 +992,7 @@ mod tests {
         assert_eq!(&lay.positions[2 * 3..4 * 3], &[2.0, hs[0], ws[0], 2.0, hs[0], ws[1]]);
         assert_eq!(lay.positions[4 * 3], 3.0);
         assert_eq!(lay.positions[6 * 3], 4.0);
-        let plain = layout(2, 2, 4, 4, 3, &[], 0.25, 0.5);
+        let plain = layout(&[1; 2], 2, 4, 4, 3, &[], 0.25, 0.5);
         assert_eq!(lay.positions[lay.video.start as usize * 3], plain.positions[plain.video.start as usize * 3] + 2.0);
     }
 
@@ -1003,7 +1002,7 @@ mod tests {
     fn layout_with_a_reference_video() {
         let video = RefTokens::video(2, 2, 2, RefRole::Video { audio: None });
         let pic = RefTokens::video(2, 2, 1, RefRole::Picture);
-        let lay = layout(1, 2, 4, 4, 3, &[video, pic], 0.25, 0.5);
+        let lay = layout(&[1], 2, 4, 4, 3, &[video, pic], 0.25, 0.5);
         let times: Vec<f32> = lay.positions.chunks(3).map(|p| p[0]).collect();
         let after = (1.0 + FRAME_RESCALE * 1.0) + FRAME_RESCALE * 4.0;
         assert_eq!(&times[..4], &[0.0, 1.0, 1.0 + FRAME_RESCALE, after]);

@@ -370,46 +370,34 @@ impl LlmModel {
 /// `x` `[hidden, L, 1]` with the rows from each `(index, rows)` on replaced by `rows`
 /// (the reference's `splice_image_embeds`).
 pub fn splice_rows<'g>(x: T<'g>, images: &[(usize, T<'g>)]) -> T<'g> {
+    join_rows(x, images, |_, rows| rows)
+}
+
+/// `x` `[hidden, L, 1]` with `rows` added from each `(index, rows)` on (the reference's
+/// `add_deepstack_image_embeds`).
+fn add_rows<'g>(x: T<'g>, images: &[(usize, T<'g>)]) -> T<'g> {
+    join_rows(x, images, |own, rows| own.add(rows))
+}
+
+/// `x` `[hidden, L, 1]` rebuilt along the tokens: the untouched rows between the pictures
+/// copied, each picture's span given by `piece(x's rows there, the picture's rows)`.
+fn join_rows<'g>(x: T<'g>, images: &[(usize, T<'g>)], piece: impl Fn(T<'g>, T<'g>) -> T<'g>) -> T<'g> {
     if images.is_empty() {
         return x;
     }
     let [hidden, len, ..] = x.ne();
     let nb1 = x.nb()[1];
-    let text = |from: usize, to: usize| (to > from).then(|| x.view(&[hidden, (to - from) as i64], &[nb1], from * nb1).cont());
+    let span = |from: usize, to: usize| x.view(&[hidden, (to - from) as i64], &[nb1], from * nb1);
+    let text = |from: usize, to: usize| (to > from).then(|| span(from, to).cont());
     let mut parts = Vec::new();
     let mut at = 0;
     for &(index, rows) in images {
         parts.extend(text(at, index));
-        parts.push(rows);
-        at = index + rows.ne()[1] as usize;
+        let end = index + rows.ne()[1] as usize;
+        parts.push(piece(span(index, end), rows));
+        at = end;
     }
     parts.extend(text(at, len as usize));
-    let first = parts[0];
-    parts[1..].iter().fold(first, |acc, &p| acc.concat(p, 1)).reshape(&[hidden, len, 1])
-}
-
-/// `x` `[hidden, L, 1]` with `rows` added from each `(index, rows)` on (the reference's
-/// `add_deepstack_image_embeds`: the sums joined with the untouched rows between them).
-fn add_rows<'g>(x: T<'g>, images: &[(usize, T<'g>)]) -> T<'g> {
-    if images.is_empty() {
-        return x;
-    }
-    let [hidden, len, ..] = x.ne();
-    let nb1 = x.nb()[1];
-    let rows = |from: usize, to: usize| x.view(&[hidden, (to - from) as i64], &[nb1], from * nb1);
-    let mut parts = Vec::new();
-    let mut at = 0;
-    for &(index, add) in images {
-        if index > at {
-            parts.push(rows(at, index).cont());
-        }
-        let n = add.ne()[1] as usize;
-        parts.push(rows(index, index + n).add(add));
-        at = index + n;
-    }
-    if at < len as usize {
-        parts.push(rows(at, len as usize).cont());
-    }
     let first = parts[0];
     parts[1..].iter().fold(first, |acc, &p| acc.concat(p, 1)).reshape(&[hidden, len, 1])
 }

@@ -59,11 +59,14 @@ impl Components for MinimaxH3Conditioner {
 
 /// The prompt's front and what the LLM reads in it, built reference by reference.
 #[derive(Default)]
-struct Shown2Llm {
+struct VisionPrompt {
     text: String,
     images: Vec<(usize, Tensor)>,
     deepstack: Vec<Vec<(usize, Tensor)>>,
     grids: Vec<ImageGrid>,
+    /// The tower's patch side and 2×2 merge (its grids are in patches).
+    patch: usize,
+    merge: usize,
 }
 
 /// A frame `[W, H, 3, 1]` in [0, 1] as the tower takes it: nearest-resized to multiples of
@@ -78,16 +81,15 @@ fn for_vision(frame: &Tensor, factor: i32) -> Result<Tensor> {
     Ok(t)
 }
 
-impl Shown2Llm {
+impl VisionPrompt {
     /// Encodes a block of frames (a picture, or two of a video's) and puts it in the prompt.
     fn add(&mut self, tower: &mut VisionTower, llm: &LlmText, frames: &[&Tensor]) -> Result<()> {
-        let cfg = tower.config().clone();
         let mut outputs = tower.encode_outputs(frames)?;
         ensure!(
             outputs.len() == 1 + 3,
             "the MiniMax-H3 LLM's vision tower has {} deepstack mergers; it needs 3 (a tower of 24 or 27 blocks, {} here)",
             outputs.len() - 1,
-            cfg.num_layers
+            tower.config().num_layers
         );
         self.text.push_str("<|vision_start|>");
         let index = llm.tokenizer().encode(&self.text).len();
@@ -97,8 +99,7 @@ impl Shown2Llm {
         for (layer, d) in self.deepstack.iter_mut().zip(outputs) {
             layer.push((index, d));
         }
-        let p = cfg.patch_size as usize;
-        self.grids.push(ImageGrid { index, size, grid_h: frames[0].ne(1) / p, grid_w: frames[0].ne(0) / p });
+        self.grids.push(ImageGrid { index, size, grid_h: frames[0].ne(1) / self.patch, grid_w: frames[0].ne(0) / self.patch });
         self.images.push((index, embeds));
         self.text.push_str(&"<|image_pad|>".repeat(size));
         self.text.push_str("<|vision_end|>");
@@ -108,10 +109,11 @@ impl Shown2Llm {
 
 impl MinimaxH3Conditioner {
     /// What the vision tower is shown of `req`, as the prompt's front.
-    fn show(&mut self, req: &CondRequest<'_>) -> Result<Shown2Llm> {
-        let mut out = Shown2Llm::default();
-        let Some(tower) = self.vision.as_mut() else { return Ok(out) };
-        let factor = tower.config().factor() as i32;
+    fn show(&mut self, req: &CondRequest<'_>) -> Result<VisionPrompt> {
+        let Some(tower) = self.vision.as_mut() else { return Ok(VisionPrompt::default()) };
+        let cfg = tower.config();
+        let factor = cfg.factor() as i32;
+        let mut out = VisionPrompt { patch: cfg.patch_size as usize, merge: cfg.spatial_merge_size as usize, ..VisionPrompt::default() };
         let llm = &self.llm;
         if req.shown.is_empty() {
             for (i, picture) in req.ref_images.iter().enumerate() {
@@ -166,8 +168,7 @@ impl Conditioner for MinimaxH3Conditioner {
         let h = if shown.images.is_empty() {
             self.llm.encode(&tokens, OUT_LAYERS)?
         } else {
-            let merge = self.vision.as_ref().map_or(2, |v| v.config().spatial_merge_size as usize);
-            let vl = VlInputs { images: &shown.images, deepstack: &shown.deepstack, grids: &shown.grids, merge };
+            let vl = VlInputs { images: &shown.images, deepstack: &shown.deepstack, grids: &shown.grids, merge: shown.merge };
             self.llm.encode_vl(&tokens, OUT_LAYERS, &vl)?
         };
         // The pictures' tokens, with the <|vision_start|> and <|vision_end|> around each, are

@@ -19,7 +19,8 @@
 //! Without `encoder.conv_in.conv.weight` the VAE decodes only (the reference's rule).
 
 use super::wan::blocks::{RmsNorm, ShapeOf};
-use super::{Progress, VaeNet};
+use super::feat_cache::{f16_columns, run_cached, FeatCache};
+use super::{cat_frames, take_frames, Progress, VaeNet};
 use crate::error::Result;
 use crate::graph::nn;
 use crate::graph::{Graph, Runner, Scope, F16, F32, T, W};
@@ -78,18 +79,13 @@ fn replicate_pad<'g>(x: T<'g>, dim: usize, n: i64) -> T<'g> {
     y
 }
 
-/// The frames each causal convolution of one chunk continues from (those the previous chunk
-/// left, taken in the order its convolutions ran) and the ones it leaves for the next.
-struct Carry<'g> {
-    input: Option<Vec<T<'g>>>,
+/// One chunk's view of the feature cache: each causal convolution, in the order they run,
+/// continues from its slot (the frames the previous chunk left) and leaves its last frames
+/// there for the next.
+struct Carry<'c, 'g> {
+    cache: &'c mut FeatCache<'g>,
     next: usize,
-    output: Vec<T<'g>>,
-}
-
-impl<'g> Carry<'g> {
-    fn continuation(&self) -> bool {
-        self.input.is_some()
-    }
+    continuation: bool,
 }
 
 /// A causal 3-D convolution (kernel `k` all round, stride 1).
@@ -108,16 +104,14 @@ impl CausalConv {
     }
 
     /// x `[W, H, T, IC]` → `[W, H, T, OC]`.
-    fn forward<'g>(&self, g: &'g Graph, x: T<'g>, carry: Option<&mut Carry<'g>>) -> T<'g> {
+    fn forward<'g>(&self, g: &'g Graph, x: T<'g>, carry: Option<&mut Carry<'_, 'g>>) -> T<'g> {
         let pad_t = self.k - 1;
+        let weight = g.param(self.weight);
         let mut padded = x;
         if pad_t > 0 {
-            let mut front = None::<T<'g>>;
-            let mut n = 0;
-            if let Some(c) = carry.as_ref().and_then(|c| c.input.as_ref().map(|v| v[c.next])) {
-                n = c.ne()[2];
-                front = Some(c);
-            }
+            let mut carry = carry;
+            let mut front = carry.as_mut().and_then(|c| c.cache.get(c.next));
+            let mut n = front.map_or(0, |f| f.ne()[2]);
             let first = frames(x, 0, 1);
             while n < pad_t {
                 front = Some(front.map_or(first, |f| f.concat(first, 2)));
@@ -125,15 +119,13 @@ impl CausalConv {
             }
             padded = front.expect("time padding").concat(x, 2);
             if let Some(c) = carry {
-                if c.input.is_some() {
-                    c.next += 1;
-                }
                 let t = padded.ne()[2];
-                c.output.push(frames(padded, t - pad_t, t));
+                c.cache.set(c.next, frames(padded, t - pad_t, t), f16_columns(weight));
+                c.next += 1;
             }
         }
         let padded = replicate_pad(replicate_pad(padded, 0, self.k / 2), 1, self.k / 2);
-        nn::conv_3d(g, padded, g.param(self.weight), Some(g.param(self.bias)), self.in_ch, [1; 3], [0; 3], [1; 3])
+        nn::conv_3d(g, padded, weight, Some(g.param(self.bias)), self.in_ch, [1; 3], [0; 3], [1; 3])
     }
 }
 
@@ -177,7 +169,7 @@ impl Resnet {
         }
     }
 
-    fn forward<'g>(&self, g: &'g Graph, x: T<'g>, mut carry: Option<&mut Carry<'g>>) -> T<'g> {
+    fn forward<'g>(&self, g: &'g Graph, x: T<'g>, mut carry: Option<&mut Carry<'_, 'g>>) -> T<'g> {
         let h = self.norm1.forward(g, x).silu_inplace();
         let h = self.conv1.forward(g, h, carry.as_deref_mut());
         let h = self.norm2.forward(g, h).silu_inplace();
@@ -286,8 +278,8 @@ impl Upsample {
         Upsample { conv: CausalConv::new(s, "upsample.conv", ic, oc * factor, 3), out: oc, temporal, repeats: oc * factor / ic }
     }
 
-    fn forward<'g>(&self, g: &'g Graph, x: T<'g>, carry: &mut Carry<'g>) -> T<'g> {
-        let continuation = carry.continuation();
+    fn forward<'g>(&self, g: &'g Graph, x: T<'g>, carry: &mut Carry<'_, 'g>) -> T<'g> {
+        let continuation = carry.continuation;
         let h = self.conv.forward(g, x, Some(carry));
         let t = x.ne()[2];
         if self.temporal && !continuation {
@@ -472,30 +464,32 @@ impl Decoder {
         }
     }
 
-    /// Latent `[w, h, t, 32]` → video `[16w, 16h, 4(t-1)+1, 3]`.
-    fn forward<'g>(&self, g: &'g Graph, z: T<'g>) -> T<'g> {
+    /// Latent `[w, h, t, 32]` → the mid block's output `[w, h, t, 1024]` (its attention spans
+    /// every frame, so it runs on all of them at once).
+    fn head<'g>(&self, g: &'g Graph, z: T<'g>) -> T<'g> {
         let h = self.conv_in.forward(g, z, None).add(repeat_channels(g, z, DIMS[DIMS.len() - 1] / Z_CHANNELS));
-        let h = self.mid.forward(g, h);
-        let t = h.ne()[2];
-        let mut out: Option<T<'g>> = None;
-        let mut previous: Option<Vec<T<'g>>> = None;
-        for i in 0..t {
-            let mut carry = Carry { input: previous.take(), next: 0, output: Vec::new() };
-            let mut x = frames(h, i, i + 1);
-            for level in &self.up {
-                for r in &level.resnets {
-                    x = r.forward(g, x, Some(&mut carry));
-                }
-                if let Some(u) = &level.upsample {
-                    x = u.forward(g, x, &mut carry);
-                }
+        self.mid.forward(g, h)
+    }
+
+    /// The causal convolutions a chunk runs, each with its slot of the feature cache.
+    fn cached_convs(&self) -> usize {
+        self.up.iter().map(|l| 2 * l.resnets.len() + usize::from(l.upsample.is_some())).sum::<usize>() + 1
+    }
+
+    /// One latent frame of the mid block's output `[w, h, 1, 1024]` → its frames (1 for the
+    /// video's first chunk, 4 after), continuing from the frames the chunk before left.
+    fn chunk<'g>(&self, g: &'g Graph, x: T<'g>, carry: &mut Carry<'_, 'g>) -> T<'g> {
+        let mut x = x;
+        for level in &self.up {
+            for r in &level.resnets {
+                x = r.forward(g, x, Some(&mut *carry));
             }
-            let x = self.norm_out.forward(g, x).silu_inplace();
-            let x = self.conv_out.forward(g, x, Some(&mut carry));
-            out = Some(out.map_or(x, |o| o.concat(x, 2)));
-            previous = Some(carry.output);
+            if let Some(u) = &level.upsample {
+                x = u.forward(g, x, carry);
+            }
         }
-        out.expect("at least one latent frame")
+        let x = self.norm_out.forward(g, x).silu_inplace();
+        self.conv_out.forward(g, x, Some(carry))
     }
 }
 
@@ -525,13 +519,28 @@ impl HunyuanVae {
         out.reshape(&[w / SCALE, h / SCALE, (t - 1) / TIME_SCALE + 1, Z_CHANNELS as usize])
     }
 
-    fn run_decoder(&self, runner: &mut Runner, z: &Tensor) -> Result<Tensor> {
+    fn run_decoder(&self, runner: &mut Runner, z: &Tensor, mut progress: Progress<'_>) -> Result<Tensor> {
         let (w, h, t) = (z.ne(0), z.ne(1), z.ne(2));
         ensure!(z.ne(3) as i64 == Z_CHANNELS, "vae decode: the HunyuanVideo VAE takes {Z_CHANNELS} latent channels, got {}", z.ne(3));
         ensure!(t >= 1, "vae decode: no latent frames");
-        let out = runner.compute(|g| Ok(self.decoder.forward(g, g.input_f32(z.data(), &[w as i64, h as i64, t as i64, Z_CHANNELS]))))?;
-        let frames = (t - 1) * TIME_SCALE + 1;
-        out.reshape(&[w * SCALE, h * SCALE, frames, 3])
+        let decoder = &self.decoder;
+        let mid = runner.compute(|g| Ok(decoder.head(g, g.input_f32(z.data(), &[w as i64, h as i64, t as i64, Z_CHANNELS]))))?;
+        let mid = mid.reshape(&[w, h, t, DIMS[DIMS.len() - 1] as usize])?;
+        // One graph per latent frame: memory holds one chunk's buffers and the cached frames,
+        // however long the video.
+        let (slots, mut cache, mut parts) = (decoder.cached_convs(), Vec::new(), Vec::with_capacity(t));
+        for i in 0..t {
+            let start = std::time::Instant::now();
+            let x = take_frames(&mid, i..i + 1)?;
+            parts.push(run_cached(runner, &mut cache, slots, i + 1 < t, |g, fc| {
+                let mut carry = Carry { cache: fc, next: 0, continuation: i > 0 };
+                Ok(decoder.chunk(g, g.input(&x), &mut carry))
+            })?);
+            if let Some(p) = progress.as_mut() {
+                p(i as i32 + 1, t as i32, start.elapsed().as_secs_f32());
+            }
+        }
+        cat_frames(&parts)
     }
 }
 
@@ -569,7 +578,7 @@ impl VaeNet for HunyuanVae {
         let mut out = Vec::with_capacity(n * w * h * SCALE * SCALE * 3);
         for b in 0..n {
             let item = Tensor::from_vec(&[w, h, 1, c], latent.data()[b * w * h * c..(b + 1) * w * h * c].to_vec())?;
-            out.extend_from_slice(self.run_decoder(runner, &item)?.data());
+            out.extend_from_slice(self.run_decoder(runner, &item, None)?.data());
         }
         Tensor::from_vec(&[w * SCALE, h * SCALE, 3, n], out)
     }
@@ -592,9 +601,9 @@ impl VaeNet for HunyuanVae {
         self.run_encoder(runner, frames)
     }
 
-    fn decode_video(&self, runner: &mut Runner, latents: &Tensor, _temporal: Option<TemporalTiles>, _progress: Progress<'_>) -> Result<Tensor> {
+    fn decode_video(&self, runner: &mut Runner, latents: &Tensor, _temporal: Option<TemporalTiles>, progress: Progress<'_>) -> Result<Tensor> {
         let s = latents.shape();
         ensure!((4..=5).contains(&s.len()) && s[4..].iter().all(|&d| d == 1), "vae decode: expected a video [W, H, T, C, 1], got shape {s:?}");
-        self.run_decoder(runner, latents)
+        self.run_decoder(runner, latents, progress)
     }
 }

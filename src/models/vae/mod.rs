@@ -441,6 +441,24 @@ pub(crate) fn video_channels(z: &Tensor, channels: usize) -> Tensor {
     Tensor::from_vec(&shape, z.data()[..len].to_vec()).expect("a prefix of the latent")
 }
 
+/// Frames `range` of `x` `[W, H, T, C, ...]` as `[W, H, len, C]`.
+pub(crate) fn take_frames(x: &Tensor, range: std::ops::Range<usize>) -> Result<Tensor> {
+    let (w, h, t, c) = (x.ne(0), x.ne(1), x.ne(2), x.ne(3));
+    ensure!(range.start < range.end && range.end <= t, "frames {range:?} of a {t}-frame video");
+    let plane = w * h;
+    let mut data = Vec::with_capacity(plane * range.len() * c);
+    for ch in 0..c {
+        let base = ch * t * plane;
+        data.extend_from_slice(&x.data()[base + range.start * plane..base + range.end * plane]);
+    }
+    Tensor::from_vec(&[w, h, range.len(), c], data)
+}
+
+/// Each frame of `x` `[W, H, T, C]` as `[W, H, 1, C]`.
+pub(crate) fn split_frames(x: &Tensor) -> Result<Vec<Tensor>> {
+    (0..x.ne(2)).map(|i| take_frames(x, i..i + 1)).collect()
+}
+
 /// `[W, H, T_i, C]` pieces one after the other in time.
 pub(crate) fn cat_frames(parts: &[Tensor]) -> Result<Tensor> {
     let first = parts.first().ok_or_else(|| crate::error::Error::new("no frames to join"))?;

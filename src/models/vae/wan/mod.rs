@@ -28,7 +28,7 @@
 
 pub(crate) mod blocks;
 
-use super::{cat_frames, per_channel, Progress, VaeNet};
+use super::{cat_frames, per_channel, split_frames, take_frames, Progress, VaeNet};
 use crate::error::Result;
 use crate::graph::{Graph, Runner, Scope, T};
 use crate::models::common::dit::chunk;
@@ -501,23 +501,6 @@ impl WanVae {
     }
 }
 
-/// Frames `range` of `x` `[W, H, T, C, ...]` as `[W, H, len, C]`.
-fn take_frames(x: &Tensor, range: Range<usize>) -> Result<Tensor> {
-    let (w, h, t, c) = (x.ne(0), x.ne(1), x.ne(2), x.ne(3));
-    ensure!(range.start < range.end && range.end <= t, "frames {range:?} of a {t}-frame video");
-    let plane = w * h;
-    let mut data = Vec::with_capacity(plane * range.len() * c);
-    for ch in 0..c {
-        let base = ch * t * plane;
-        data.extend_from_slice(&x.data()[base + range.start * plane..base + range.end * plane]);
-    }
-    Tensor::from_vec(&[w, h, range.len(), c], data)
-}
-
-/// Each frame of `x` `[W, H, T, C]` as `[W, H, 1, C]`.
-fn split_frames(x: &Tensor) -> Result<Vec<Tensor>> {
-    (0..x.ne(2)).map(|i| take_frames(x, i..i + 1)).collect()
-}
 
 /// Runs `f` on each batch item of `x` `[W, H, C, N]` as one frame `[W, H, 1, C]` and puts
 /// the outputs (`[W', H', 1, C']`) back as `[W', H', C', N]`.

@@ -16,12 +16,16 @@
 # Other arguments go to CMake. OpenMP stays at ggml's default (on), as in the reference's
 # own build.
 #
-# The reference's ggml fork adds two INT8 ConvRot ops that upstream ggml lacks; the build
-# declares them as stubs that abort (sd-bench-stubs.h, force-included), as the golden data's
-# build did. No benchmark or golden case uses them.
+# The reference's ggml fork adds two INT8 ConvRot ops that upstream ggml lacks
+# (ggml_quantize_i8_convrot, ggml_mul_mat_i8_tensorwise); the build defines them
+# (sd-bench-stubs.h, force-included) as one custom CPU op that follows the fork's CPU
+# arithmetic step for step (docs/int8_convrot.md of the reference and the fork's kernels: the
+# rotation's order of sums, lrint rounding, the fused multiply-add GCC makes of its last two
+# statements), for the `int8/` golden cases. The rows are rotated inside the product instead
+# of packed first, which changes no value.
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
-[ $# -ge 2 ] || { sed -n '2,21p' "$0" >&2; exit 2; }
+[ $# -ge 2 ] || { sed -n '2,25p' "$0" >&2; exit 2; }
 src=$(cd "$1" && pwd)
 out=$(mkdir -p "$2" && cd "$2" && pwd)
 shift 2
@@ -52,15 +56,71 @@ done
 
 stubs=$out/sd-bench-stubs.h
 cat >"$stubs" <<EOF
-// sd-bench: the ggml fork's INT8 ConvRot ops, absent from upstream ggml; never called here.
+// sd-bench: the ggml fork's INT8 ConvRot ops, absent from upstream ggml, as one custom CPU op
+// (written from the fork's documented arithmetic, see build-reference.sh).
 #pragma once
 #ifdef __cplusplus
 #include "$stage/ggml/include/ggml.h"
-static inline ggml_tensor* ggml_mul_mat_i8_tensorwise(ggml_context*, ggml_tensor*, ggml_tensor*, ggml_tensor*, ggml_tensor*, int, ...) {
-    GGML_ABORT("INT8 ConvRot is not in this ggml");
+#include <cmath>
+#include <cstdint>
+#include <vector>
+static void sd_bench_i8_rotate(float* v, int n) {
+    const float norm = 1.0f / std::sqrt((float)n);
+    for (int i = 0; i < n; i++) v[i] *= norm;
+    for (int stride = 1; stride < n; stride *= 4) {
+        for (int base = 0; base < n; base += 4 * stride) {
+            for (int j = base; j < base + stride; j++) {
+                const float a = v[j], b = v[j + stride], c = v[j + 2 * stride], d = v[j + 3 * stride];
+                v[j]              = a + b + c - d;
+                v[j + stride]     = a + b - c + d;
+                v[j + 2 * stride] = a - b + c + d;
+                v[j + 3 * stride] = -a + b + c + d;
+            }
+        }
+    }
 }
-static inline ggml_tensor* ggml_quantize_i8_convrot(ggml_context*, ggml_tensor*, int) {
-    GGML_ABORT("INT8 ConvRot is not in this ggml");
+static float sd_bench_i8_quantize(const float* x, int64_t k, int group, float* work, int8_t* q) {
+    for (int64_t i = 0; i < k; i++) work[i] = x[i];
+    if (group > 0) for (int64_t i = 0; i < k; i += group) sd_bench_i8_rotate(work + i, group);
+    float amax = 0.0f;
+    for (int64_t i = 0; i < k; i++) { const float a = std::fabs(work[i]); amax = amax > a ? amax : a; }
+    const float scale = amax / 127.0f;
+    if (scale == 0.0f) { for (int64_t i = 0; i < k; i++) q[i] = 0; return scale; }
+    const float inv = 1.0f / scale;
+    for (int64_t i = 0; i < k; i++) {
+        long r = std::lrint(work[i] * inv);
+        q[i] = (int8_t)(r < -127 ? -127 : r > 127 ? 127 : r);
+    }
+    return scale;
+}
+static void sd_bench_i8_linear(ggml_tensor* dst, int ith, int nth, void* userdata) {
+    const ggml_tensor* x = dst->src[0]; const ggml_tensor* w = dst->src[1]; const ggml_tensor* ws = dst->src[2];
+    const ggml_tensor* b = dst->src[3];
+    const int group = (int)(intptr_t)userdata;
+    const int64_t k = x->ne[0], n = dst->ne[0], rows = dst->ne[1] * dst->ne[2] * dst->ne[3];
+    std::vector<float> work(k); std::vector<int8_t> q(k);
+    for (int64_t r = ith; r < rows; r += nth) {
+        const float s = sd_bench_i8_quantize((const float*)x->data + r * k, k, group, work.data(), q.data());
+        for (int64_t o = 0; o < n; o++) {
+            const int8_t* wr = (const int8_t*)w->data + o * k;
+            int32_t sum = 0;
+            for (int64_t i = 0; i < k; i++) sum += (int32_t)wr[i] * (int32_t)q[i];
+            const float v = (float)sum * s;
+            const float sw = ((const float*)ws->data)[o];
+            ((float*)dst->data)[r * n + o] = b ? std::fma(v, sw, ((const float*)b->data)[o]) : v * sw;
+        }
+    }
+}
+static inline ggml_tensor* ggml_mul_mat_i8_tensorwise(ggml_context* ctx, ggml_tensor* w, ggml_tensor* x, ggml_tensor* ws, ggml_tensor* b, int group, ...) {
+    GGML_ASSERT(w->type == GGML_TYPE_I8 && x->type == GGML_TYPE_F32 && ggml_is_contiguous(x) && ws != nullptr);
+    ggml_tensor* args[4] = {x, w, ws, b};
+    return ggml_custom_4d(ctx, GGML_TYPE_F32, w->ne[1], x->ne[1], x->ne[2], x->ne[3], args, b ? 4 : 3,
+                          sd_bench_i8_linear, -1, (void*)(intptr_t)group);
+}
+// The fork packs rotated I8 rows and their scales here; the op above rotates and quantizes
+// each row itself (the same values), so the activations pass through.
+static inline ggml_tensor* ggml_quantize_i8_convrot(ggml_context*, ggml_tensor* x, int) {
+    return x;
 }
 #endif
 EOF

@@ -32,6 +32,11 @@ pub trait WeightAdapter: Send + Sync {
     /// updates of `weight` applied to `x`.
     fn add_to_output<'g>(&self, g: &'g Graph, weight: W, x: T<'g>, out: T<'g>, op: LayerOp) -> T<'g>;
 
+    /// [`add_to_output`](Self::add_to_output) for a linear layer whose weight cannot be
+    /// patched (ComfyUI INT8 rows): per adapter, its full-size updates multiplied with `x`
+    /// as a product of their own, then its low-rank ones.
+    fn add_to_unpatched_output<'g>(&self, g: &'g Graph, weight: W, x: T<'g>, out: T<'g>, op: LayerOp) -> T<'g>;
+
     /// Graph nodes the adapter may add to one graph (on top of the model's own).
     fn extra_nodes(&self) -> usize;
 }

@@ -18,6 +18,7 @@ use std::sync::Arc;
 pub type GgmlType = g::ggml_type;
 pub const F32: GgmlType = g::GGML_TYPE_F32;
 pub const F16: GgmlType = g::GGML_TYPE_F16;
+pub const I8: GgmlType = g::GGML_TYPE_I8;
 pub const I32: GgmlType = g::GGML_TYPE_I32;
 
 /// Whether `ty` stores blocks of elements (q8_0, q4_K, …) rather than single values.

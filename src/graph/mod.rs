@@ -3,6 +3,7 @@
 pub mod adapter;
 pub mod backend;
 pub(crate) mod channel_norm;
+pub(crate) mod int8;
 pub mod context;
 pub(crate) mod cut;
 pub mod devices;

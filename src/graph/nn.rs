@@ -2,7 +2,7 @@
 //! and build the reference's op sequence, so pictures match it.
 
 use super::adapter::LayerOp;
-use super::context::{GgmlType, Graph, F16, F32, T, W};
+use super::context::{GgmlType, Graph, F16, F32, I8, T, W};
 use super::params::Scope;
 use ggml_sys as g;
 
@@ -58,6 +58,8 @@ pub struct Linear {
     pub bias: Option<W>,
     pub force_prec_f32: bool,
     pub scale: f32,
+    /// A ComfyUI `int8_tensorwise` weight: its row scales and ConvRot group.
+    pub int8: Option<(W, u32)>,
 }
 
 impl Linear {
@@ -66,25 +68,37 @@ impl Linear {
         Self::with_options(s, name, in_f, out_f, bias, false)
     }
 
+    /// A ComfyUI `int8_tensorwise` weight keeps its I8 rows whatever is asked (the reference
+    /// asserts on a forced type).
     pub fn with_options(s: &mut Scope, name: &str, in_f: i64, out_f: i64, bias: bool, force_f32: bool) -> Linear {
         let mut s = s.sub(name);
         let mut ty = s.file_type("weight").unwrap_or(F32);
-        if force_f32 || in_f % blck_size(ty) != 0 {
+        let int8 = if ty == I8 { s.int8_scale("weight", out_f) } else { None };
+        if int8.is_none() && (force_f32 || in_f % blck_size(ty) != 0 || ty == I8) {
             ty = F32;
         }
         let weight = s.tensor("weight", ty, &[in_f, out_f]);
         let bias = bias.then(|| s.tensor("bias", F32, &[out_f]));
-        Linear { weight, bias, force_prec_f32: false, scale: 1.0 }
+        Linear { weight, bias, force_prec_f32: false, scale: 1.0, int8 }
     }
 
     pub fn forward<'g>(&self, g: &'g Graph, x: T<'g>) -> T<'g> {
-        let Some(a) = g.adapter_for(&[Some(self.weight), self.bias]) else {
+        let adapter = g.adapter_for(&[Some(self.weight), self.bias]);
+        let op = LayerOp::Linear { force_prec_f32: self.force_prec_f32, scale: self.scale };
+        if let Some((row_scales, group)) = self.int8 {
+            let x = if x.ty() == F32 { x } else { x.cast(F32) };
+            let x = if x.is_contiguous() { x } else { x.cont() };
+            let b = self.bias.map(|b| adapter.map_or(g.param(b), |a| a.patch(g, b, g.param(b), false)));
+            let out = super::int8::linear(g, x, g.param(self.weight), g.param(row_scales), b, group, self.scale);
+            return adapter.map_or(out, |a| a.add_to_unpatched_output(g, self.weight, x, out, op));
+        }
+        let Some(a) = adapter else {
             return linear(g, x, g.param(self.weight), g.opt_param(self.bias), self.force_prec_f32, self.scale);
         };
         let w = a.patch(g, self.weight, g.param(self.weight), false);
         let b = self.bias.map(|b| a.patch(g, b, g.param(b), false));
         let out = linear(g, x, w, b, self.force_prec_f32, self.scale);
-        a.add_to_output(g, self.weight, x, out, LayerOp::Linear { force_prec_f32: self.force_prec_f32, scale: self.scale })
+        a.add_to_output(g, self.weight, x, out, op)
     }
 }
 

@@ -35,6 +35,10 @@ impl TensorSpec {
 /// Tensor types found in the model files (after wtype / tensor_type_rules), by name.
 pub type TypeMap = HashMap<String, GgmlType>;
 
+/// ComfyUI `int8_tensorwise` weights by full name: the group size of their ConvRot rotation
+/// (0: none).
+pub type Int8Groups = HashMap<String, u32>;
+
 /// Where a declared tensor's data lives.
 #[derive(Clone, Copy, Debug, PartialEq)]
 enum Home {
@@ -722,18 +726,24 @@ impl Drop for Staged {
 pub struct Scope<'s> {
     store: &'s mut ParamStore,
     types: &'s TypeMap,
+    int8: Option<&'s Int8Groups>,
     prefix: String,
 }
 
 impl<'s> Scope<'s> {
     pub fn new(store: &'s mut ParamStore, types: &'s TypeMap, prefix: &str) -> Scope<'s> {
-        Scope { store, types, prefix: prefix.to_string() }
+        Scope { store, types, int8: None, prefix: prefix.to_string() }
+    }
+
+    /// This scope knowing the files' `int8_tensorwise` weights.
+    pub fn with_int8(self, int8: &'s Int8Groups) -> Scope<'s> {
+        Scope { int8: Some(int8), ..self }
     }
 
     /// A nested scope `prefix + name + "."`.
     pub fn sub(&mut self, name: &str) -> Scope<'_> {
         let prefix = format!("{}{}.", self.prefix, name);
-        Scope { store: self.store, types: self.types, prefix }
+        Scope { store: self.store, types: self.types, int8: self.int8, prefix }
     }
 
     pub fn prefix(&self) -> &str {
@@ -757,6 +767,13 @@ impl<'s> Scope<'s> {
     pub fn tensor(&mut self, leaf: &str, ty: GgmlType, ne: &[i64]) -> W {
         let name = self.full_name(leaf);
         self.store.declare(&name, ty, ne)
+    }
+
+    /// For an `int8_tensorwise` weight `leaf` (I8 `[in, out]`), its row scales
+    /// (`<leaf>_scale`, `out` values) and ConvRot group; None for any other weight.
+    pub fn int8_scale(&mut self, leaf: &str, out: i64) -> Option<(W, u32)> {
+        let group = *self.int8?.get(&self.full_name(leaf))?;
+        Some((self.tensor(&format!("{leaf}_scale"), super::context::F32, &[out]), group))
     }
 }
 

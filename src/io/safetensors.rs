@@ -11,7 +11,7 @@ use crate::error::{Context, Error, Result};
 use crate::types::SdType;
 use serde::de::{Deserialize, Deserializer, Error as _, MapAccess, Visitor};
 use serde_json::Value;
-use std::collections::{BTreeMap, HashSet};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fmt;
 use std::io::{Read, Seek, SeekFrom};
 use std::path::{Component, Path, PathBuf};
@@ -71,7 +71,9 @@ pub fn read<R: Read + Seek>(r: &mut R, file_len: u64, what: &str) -> Result<Safe
     entries.sort_by(|a, b| a.0.as_bytes().cmp(b.0.as_bytes()));
 
     let mut out = SafetensorsFile::default();
-    let mut comfy_int8: Vec<(String, bool)> = Vec::new();
+    // ComfyUI quantization configs by module (the reference reads them in the same pass; the
+    // sorted order puts `<module>.comfy_quant` before `<module>.weight`).
+    let mut comfy: HashMap<String, ComfyQuant> = HashMap::new();
 
     for (name, info) in entries.iter() {
         if name == "__metadata__" {
@@ -107,10 +109,7 @@ pub fn read<R: Read + Seek>(r: &mut R, file_len: u64, what: &str) -> Result<Safe
         if dtype == "U8" {
             // Raw byte blobs are not weights; ComfyUI keeps its quantization configs here.
             if let Some(module) = name.strip_suffix(".comfy_quant") {
-                let (format, convrot) = read_comfy_config(r, data_start + begin, end - begin, what, name)?;
-                if format == "int8_tensorwise" {
-                    comfy_int8.push((module.to_string(), convrot));
-                }
+                comfy.insert(module.to_string(), read_comfy_config(r, data_start + begin, end - begin, what, name)?);
             }
             continue;
         }
@@ -139,16 +138,8 @@ pub fn read<R: Read + Seek>(r: &mut R, file_len: u64, what: &str) -> Result<Safe
             end - begin
         );
         ts.offset = data_start + begin;
+        mark_int8(&mut ts, &comfy, what)?;
         out.tensors.push(ts);
-    }
-
-    if let Some((module, convrot)) = comfy_int8.first() {
-        bail!(
-            "'{}' is a ComfyUI int8_tensorwise{} quantized checkpoint (module '{}'); these weights are not supported, use an f16/bf16/f8 safetensors or a GGUF version of the model",
-            what,
-            if *convrot { " + ConvRot" } else { "" },
-            module
-        );
     }
 
     Ok(out)
@@ -181,7 +172,40 @@ impl<'de> Deserialize<'de> for Entries {
     }
 }
 
-fn read_comfy_config<R: Read + Seek>(r: &mut R, offset: u64, len: u64, what: &str, name: &str) -> Result<(String, bool)> {
+/// One module's ComfyUI quantization config (`<module>.comfy_quant`, JSON in a U8 tensor).
+struct ComfyQuant {
+    format: String,
+    convrot: bool,
+    group: i64,
+}
+
+/// The largest ConvRot group the CPU kernels rotate (the reference's fork has the same bound).
+pub const MAX_CONVROT_GROUP: i64 = 256;
+
+/// Marks an `int8_tensorwise` module's weight with its rotation group, checking it as the
+/// reference does, and makes its `[out, 1]` row scales 1-D.
+fn mark_int8(ts: &mut TensorStorage, comfy: &HashMap<String, ComfyQuant>, what: &str) -> Result<()> {
+    let name = ts.name().to_string();
+    let ne = TensorStorage::ne(ts);
+    let config = |suffix: &str| name.strip_suffix(suffix).and_then(|m| comfy.get(m)).filter(|c| c.format == "int8_tensorwise");
+    if let Some(c) = config(".weight") {
+        ensure!(ts.ty() == SdType::I8, "'{}': ComfyUI int8_tensorwise weight is not I8: '{}'", what, name);
+        let mut group = 0;
+        if c.convrot {
+            let g = c.group;
+            let power_of_4 = g >= 1 && (g & (g - 1)) == 0 && g.trailing_zeros() % 2 == 0;
+            ensure!(power_of_4 && ne[0] % g == 0, "'{}': invalid ComfyUI convrot group size {} for tensor '{}' (a power of 4 dividing its {} inputs)", what, g, name, ne[0]);
+            ensure!(g <= MAX_CONVROT_GROUP, "'{}': the ComfyUI convrot group size {} of tensor '{}' is larger than {}, the most the CPU kernels rotate", what, g, name, MAX_CONVROT_GROUP);
+            group = g as u32;
+        }
+        ts.set_int8_group(group);
+    } else if config(".weight_scale").is_some() && ts.n_dims() == 2 && ne[0] == 1 {
+        ts.flatten();
+    }
+    Ok(())
+}
+
+fn read_comfy_config<R: Read + Seek>(r: &mut R, offset: u64, len: u64, what: &str, name: &str) -> Result<ComfyQuant> {
     ensure!(
         len > 0 && len <= MAX_COMFY_CONFIG_LEN,
         "'{}': invalid ComfyUI quantization metadata tensor '{}' ({} bytes)",
@@ -196,7 +220,8 @@ fn read_comfy_config<R: Read + Seek>(r: &mut R, offset: u64, len: u64, what: &st
         .map_err(|e| Error::new(format!("'{what}': parsing ComfyUI quantization metadata '{name}' failed: {e}")))?;
     let format = v.get("format").and_then(Value::as_str).unwrap_or("").to_string();
     let convrot = v.get("convrot").and_then(Value::as_bool).unwrap_or(false);
-    Ok((format, convrot))
+    let group = v.get("convrot_groupsize").and_then(Value::as_i64).unwrap_or(0);
+    Ok(ComfyQuant { format, convrot, group })
 }
 
 /// The ggml type a safetensors dtype is read as, and how its bytes are converted.
@@ -400,14 +425,40 @@ pub(crate) mod tests {
     }
 
     #[test]
-    fn comfy_int8_is_rejected() {
-        let cfg = br#"{"format":"int8_tensorwise","convrot":true,"convrot_groupsize":16}"#;
-        let e = parse(&comfy("I8", &[0; 256], "[16,16]", cfg)).unwrap_err().to_string();
-        assert!(e.contains("int8_tensorwise + ConvRot") && e.contains("'m'"), "{e}");
+    fn comfy_int8_weights_carry_their_rotation() {
+        let cfg = |convrot: bool, g: i64| format!(r#"{{"format":"int8_tensorwise","convrot":{convrot},"convrot_groupsize":{g}}}"#).into_bytes();
+        let f = parse(&comfy("I8", &[0; 256], "[16,16]", &cfg(true, 16))).unwrap();
+        assert_eq!((f.tensors.len(), f.tensors[0].int8_group()), (1, Some(16)));
+        let f = parse(&comfy("I8", &[0; 256], "[16,16]", &cfg(false, 16))).unwrap();
+        assert_eq!(f.tensors[0].int8_group(), Some(0));
+        // groups that are not powers of 4 dividing the inputs, or beyond the kernels' 256
+        for g in [0, 2, 8, 12, 64] {
+            let e = parse(&comfy("I8", &[0; 256], "[16,16]", &cfg(true, g))).unwrap_err().to_string();
+            assert!(e.contains("invalid ComfyUI convrot group size") && e.contains("'m.weight'"), "{g}: {e}");
+        }
+        let e = parse(&comfy("I8", &[0; 1024], "[2,512]", &cfg(true, 1024 / 2))).unwrap_err().to_string();
+        assert!(e.contains("invalid"), "{e}");
+        let e = parse(&comfy("I8", &[0; 2048], "[2,1024]", &cfg(true, 1024))).unwrap_err().to_string();
+        assert!(e.contains("larger than 256"), "{e}");
+        let e = parse(&comfy("F16", &[0; 8], "[4]", &cfg(false, 0))).unwrap_err().to_string();
+        assert!(e.contains("not I8: 'm.weight'"), "{e}");
         // other ComfyUI formats load as plain tensors
         let f = comfy("F8_E4M3", &[0; 4], "[4]", br#"{"format":"float8_e4m3fn"}"#);
-        assert_eq!(parse(&f).unwrap().tensors.len(), 1);
+        assert_eq!(parse(&f).unwrap().tensors[0].int8_group(), None);
         assert!(parse(&comfy("I8", &[0; 4], "[4]", b"{bad")).unwrap_err().to_string().contains("ComfyUI"));
+    }
+
+    #[test]
+    fn comfy_int8_row_scales_become_one_dimensional() {
+        let cfg = br#"{"format":"int8_tensorwise"}"#;
+        let h = format!(
+            r#"{{"m.weight":{{"dtype":"I8","shape":[2,4],"data_offsets":[0,8]}},"m.weight_scale":{{"dtype":"F32","shape":[2,1],"data_offsets":[8,16]}},"m.comfy_quant":{{"dtype":"U8","shape":[{}],"data_offsets":[16,{}]}}}}"#,
+            cfg.len(),
+            16 + cfg.len()
+        );
+        let f = parse(&file(&h, &[&[0u8; 16][..], cfg].concat())).unwrap();
+        let scale = f.tensors.iter().find(|t| t.name() == "m.weight_scale").unwrap();
+        assert_eq!(scale.shape(), &[2]);
     }
 
     #[test]

@@ -25,6 +25,8 @@ pub struct TensorStorage {
     pub(crate) offset: u64,
     /// Set when the data sits in a compressed zip entry (index of the entry).
     pub(crate) zip_entry: Option<usize>,
+    /// A ComfyUI `int8_tensorwise` weight: its ConvRot group size (0: no rotation).
+    int8_group: Option<u32>,
 }
 
 impl TensorStorage {
@@ -62,7 +64,7 @@ impl TensorStorage {
         if matches!(source, SourceDtype::F8E4M3 | SourceDtype::F8E5M2) {
             ensure!(ty == SdType::F16, "internal: float8 data must be read as f16");
         }
-        Ok(TensorStorage { name, ty, ne: dims, n_dims, nbytes, source, file_index: 0, offset: 0, zip_entry: None })
+        Ok(TensorStorage { name, ty, ne: dims, n_dims, nbytes, source, file_index: 0, offset: 0, zip_entry: None, int8_group: None })
     }
 
     pub fn name(&self) -> &str {
@@ -95,6 +97,22 @@ impl TensorStorage {
 
     pub fn n_dims(&self) -> usize {
         self.n_dims
+    }
+
+    /// For a ComfyUI `int8_tensorwise` weight (I8 rows, one scale per row in
+    /// `<module>.weight_scale`), the group size of its ConvRot rotation, 0 without one.
+    pub fn int8_group(&self) -> Option<u32> {
+        self.int8_group
+    }
+
+    pub(crate) fn set_int8_group(&mut self, group: u32) {
+        self.int8_group = Some(group);
+    }
+
+    /// The same elements seen as a 1-D tensor (ComfyUI's `[out, 1]` row scales).
+    pub(crate) fn flatten(&mut self) {
+        self.ne = [self.nelements() as i64, 1, 1, 1];
+        self.n_dims = 1;
     }
 
     /// Number of dimensions without trailing ones (at least 1), like `ggml_n_dims`.

@@ -6,6 +6,7 @@
 use crate::params::CtxParams;
 use crate::error::{Context as _, Result};
 use crate::graph::params::{HostRegion, TensorSpec};
+use crate::graph::params::Int8Groups;
 use crate::graph::{Backend, Loaded, ParamStore, Placement, Runner, Scope, TypeMap, WeightSource};
 use std::sync::Arc;
 use crate::io::type_rules::{target_type, TypeRules};
@@ -17,6 +18,8 @@ use std::time::Instant;
 pub struct Weights {
     files: ModelFiles,
     types: TypeMap,
+    /// ComfyUI `int8_tensorwise` weights and their ConvRot groups.
+    int8: Int8Groups,
     version: SdVersion,
 }
 
@@ -94,7 +97,8 @@ impl Weights {
         if quantizing {
             files.set_importance(crate::runtime::imatrix::importance());
         }
-        Weights { files, types, version }
+        let int8 = int8_groups(&files);
+        Weights { files, types, int8, version }
     }
 
     /// Lists one file of a family the caller already knows (an upscaler model), names
@@ -108,7 +112,8 @@ impl Weights {
             .map_err(|e| crate::error::Error::new(format!("init model loader from file failed: '{path}': {e}")))?;
         files.convert_names(Some(version));
         let types = files.tensors().iter().map(|ts| (ts.name().to_string(), ts.ty().raw())).collect();
-        Ok(Weights { files, types, version })
+        let int8 = int8_groups(&files);
+        Ok(Weights { files, types, int8, version })
     }
 
     /// Lists one file whose tensors keep the names they are stored under: the ADetailer
@@ -122,7 +127,8 @@ impl Weights {
             .add(path, "")
             .map_err(|e| crate::error::Error::new(format!("init model loader from file failed: '{path}': {e}")))?;
         let types = files.tensors().iter().map(|ts| (ts.name().to_string(), ts.ty().raw())).collect();
-        Ok(Weights { files, types, version: SdVersion::Esrgan })
+        let int8 = int8_groups(&files);
+        Ok(Weights { files, types, int8, version: SdVersion::Esrgan })
     }
 
     /// String metadata of the safetensors files (`__metadata__`).
@@ -197,7 +203,13 @@ impl Weights {
     /// test for applying LoRAs at run time in `auto` mode (it looks at the files' types, not
     /// at `wtype`, so an f16 file loaded as q8_0 still merges them).
     pub fn has_quantized_storage(&self) -> bool {
-        self.files.tensors().iter().any(|ts| crate::graph::is_block_quantized(ts.ty().raw()))
+        self.has_int8() || self.files.tensors().iter().any(|ts| crate::graph::is_block_quantized(ts.ty().raw()))
+    }
+
+    /// Whether the files hold ComfyUI `int8_tensorwise` weights (LoRAs apply to them at run
+    /// time only).
+    pub fn has_int8(&self) -> bool {
+        !self.int8.is_empty()
     }
 
     /// Fails, naming the file, when a file that loaded weights compute from in place (mmap)
@@ -255,7 +267,13 @@ impl Weights {
         declare: impl FnOnce(&mut Scope) -> M,
     ) -> Result<Loaded<M>> {
         let mut store = ParamStore::new(STORE_CAPACITY)?;
-        let model = declare(&mut Scope::new(&mut store, self.types(), prefix));
+        let model = declare(&mut Scope::new(&mut store, self.types(), prefix).with_int8(&self.int8));
+        check_int8_claimed(&store, &self.int8, what)?;
+        ensure!(
+            self.int8.is_empty() || !self.int8.keys().any(|n| store.get(n).is_some()) || placement.compute.is_cpu(),
+            "{what}: ComfyUI int8_tensorwise weights compute on the CPU only, not on {} (use --backend cpu for this model, or an f16/bf16/GGUF version of it)",
+            placement.compute.device_name()
+        );
         let threads = n_threads.max(1) as usize;
         if !placement.split.is_empty() {
             let (devices, shares) = placement.split_devices();
@@ -344,6 +362,24 @@ mod tests {
     use super::*;
     use crate::graph::{F16, F32};
 
+    /// An INT8 weight must reach a linear layer (which declares its row scales); any other
+    /// layer would hand I8 rows to a product that cannot read them.
+    #[test]
+    fn int8_weights_outside_linear_layers_are_refused() {
+        let types: TypeMap = [("a.weight".to_string(), crate::graph::context::I8), ("b.weight".to_string(), crate::graph::context::I8)].into_iter().collect();
+        let int8: Int8Groups = [("a.weight".to_string(), 16), ("b.weight".to_string(), 0)].into_iter().collect();
+        let mut store = ParamStore::new(8).unwrap();
+        {
+            let mut s = Scope::new(&mut store, &types, "").with_int8(&int8);
+            let lin = crate::graph::nn::Linear::new(&mut s, "a", 16, 4, false);
+            assert_eq!(lin.int8.map(|(_, g)| g), Some(16));
+        }
+        check_int8_claimed(&store, &int8, "test").unwrap();
+        Scope::new(&mut store, &types, "").with_int8(&int8).tensor("b.weight", crate::graph::context::I8, &[16, 4]);
+        let e = check_int8_claimed(&store, &int8, "test").unwrap_err().to_string();
+        assert!(e.contains("'b.weight'") && e.contains("only linear layers"), "{e}");
+    }
+
     /// Tensors read in pieces by several threads hold what the one-call read gives, those
     /// that need a conversion (f16 → f32) included.
     #[test]
@@ -374,4 +410,21 @@ mod tests {
         }
         assert_eq!(stores[1].get_data(stores[1].get("big").unwrap()).unwrap(), values[..1280]);
     }
+}
+
+/// The ComfyUI `int8_tensorwise` weights of `files` and their ConvRot groups.
+fn int8_groups(files: &ModelFiles) -> Int8Groups {
+    files.tensors().iter().filter_map(|ts| ts.int8_group().map(|g| (ts.name().to_string(), g))).collect()
+}
+
+/// Fails, naming it, when an `int8_tensorwise` weight of `store` went to a layer that
+/// cannot multiply with it (only linear layers take their row scales).
+fn check_int8_claimed(store: &ParamStore, int8: &Int8Groups, what: &str) -> Result<()> {
+    for name in int8.keys() {
+        let scale = format!("{}_scale", name);
+        if store.get(name).is_some() && store.get(&scale).is_none() {
+            bail!("{what}: '{name}' is a ComfyUI int8_tensorwise weight of a layer that takes no INT8 weights (only linear layers do)");
+        }
+    }
+    Ok(())
 }

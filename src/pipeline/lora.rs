@@ -51,6 +51,10 @@ impl LoraSet {
     pub fn new(mode: LoraApplyMode, weights: &Weights, components: &[WeightsMut]) -> LoraSet {
         let constrained = components.iter().any(|c| c.placement.module == Module::Diffusion && (!mergeable(c) || c.placement.stream_layers));
         let immediately = match mode {
+            LoraApplyMode::Immediately if weights.has_int8() => {
+                sd_warn!("INT8 tensorwise weights do not support the immediately LoRA apply mode; using at_runtime instead");
+                false
+            }
             LoraApplyMode::Immediately => true,
             LoraApplyMode::AtRuntime => false,
             _ => !weights.has_quantized_storage() && !constrained,

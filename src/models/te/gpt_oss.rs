@@ -240,7 +240,7 @@ impl MoeMlp {
         let (h, ff, e) = (cfg.hidden_size, cfg.intermediate_size, cfg.num_experts);
         let router = {
             let mut r = s.sub("router");
-            Linear { weight: matrix(&mut r, "weight", &[h, e]), bias: Some(r.tensor("bias", F32, &[e])), force_prec_f32: false, scale: 1.0 }
+            Linear { weight: matrix(&mut r, "weight", &[h, e]), bias: Some(r.tensor("bias", F32, &[e])), force_prec_f32: false, scale: 1.0, int8: None }
         };
         let mut x = s.sub("experts");
         let gate_up = if cfg.combined_gate_up {

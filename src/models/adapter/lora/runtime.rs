@@ -7,6 +7,7 @@
 use super::delta::{output_delta, weight_delta};
 use super::{n_dims, Lora, Patch};
 use crate::error::Result;
+use crate::graph::nn::linear;
 use crate::graph::{Graph, LayerOp, ParamStore, WeightAdapter, F16, F32, T, W};
 use std::collections::HashMap;
 
@@ -107,6 +108,26 @@ impl WeightAdapter for RuntimeLoras {
     fn add_to_output<'g>(&self, g: &'g Graph, weight: W, x: T<'g>, out: T<'g>, op: LayerOp) -> T<'g> {
         let mut out = out;
         for (name, patch) in self.patches(weight) {
+            match output_delta(g, patch, weight.ne(), x, out, op, name) {
+                Ok(Some(y)) => out = out.add_inplace(y),
+                Ok(None) => {}
+                Err(e) => sd_error!("LoRA skipped: {e}"),
+            }
+        }
+        out
+    }
+
+    fn add_to_unpatched_output<'g>(&self, g: &'g Graph, weight: W, x: T<'g>, out: T<'g>, op: LayerOp) -> T<'g> {
+        let LayerOp::Linear { force_prec_f32, scale } = op else {
+            return self.add_to_output(g, weight, x, out, op);
+        };
+        let mut out = out;
+        for (name, patch) in self.patches(weight) {
+            match weight_delta(g, patch, weight.ne(), false, name) {
+                Ok(Some(d)) => out = out.add_inplace(linear(g, x, d, None, force_prec_f32, scale)),
+                Ok(None) => {}
+                Err(e) => sd_error!("LoRA skipped: {e}"),
+            }
             match output_delta(g, patch, weight.ne(), x, out, op, name) {
                 Ok(Some(y)) => out = out.add_inplace(y),
                 Ok(None) => {}

@@ -53,6 +53,8 @@ usage: sd-bench [--quick] [options]
                        only --ref-lib sides (ours too: --ref-lib ours=.../libstable_diffusion.so)
   --sampler NAME       sample method (default euler_a)
   --cfg X              CFG scale (default 7)
+  --ref-image          image jobs pass one reference image (ref_images: the bench's test
+                       picture at the generation size; PiD and edit models); --ref-lib sides
   --mmap               generation workloads with enable_mmap on (default off; e.g. LTX-2.3,
                        whose Gemma 3 and connector files may share bytes)
   --no-load            skip the load-only workloads (mmap on / off)
@@ -87,6 +89,7 @@ struct Options {
     components: Vec<(String, String)>,
     /// Frames of the video workloads; 0: image workloads.
     video_frames: i32,
+    ref_image: bool,
     sampler: String,
     cfg: f32,
     /// `enable_mmap` of the generation workloads.
@@ -153,6 +156,7 @@ fn parse_args_from(args: Vec<String>) -> Result<Options, String> {
         model: fixture("sd1.safetensors"),
         components: Vec::new(),
         video_frames: 0,
+        ref_image: false,
         sampler: Job::default().sampler,
         cfg: Job::default().cfg,
         mmap: false,
@@ -206,6 +210,7 @@ fn parse_args_from(args: Vec<String>) -> Result<Options, String> {
             "--sampler" => o.sampler = value()?,
             "--cfg" => o.cfg = value()?.parse().map_err(|_| "--cfg: not a number".to_string())?,
             "--mmap" => o.mmap = true,
+            "--ref-image" => o.ref_image = true,
             "--no-load" => o.load = false,
             "--load" => o.load = true,
             "--no-gen" => o.gen = false,
@@ -236,6 +241,9 @@ fn parse_args_from(args: Vec<String>) -> Result<Options, String> {
         // Only sd-bench-lib calls generate_video (through the C API).
         if o.video_frames > 0 && o.library(s).is_none() {
             return Err(format!("--video-frames: side {s:?} is not a --ref-lib library (give ours as --ref-lib ours=PATH)"));
+        }
+        if o.ref_image && o.library(s).is_none() {
+            return Err(format!("--ref-image: side {s:?} is not a --ref-lib library (give ours as --ref-lib ours=PATH)"));
         }
     }
     Ok(o)
@@ -359,6 +367,7 @@ fn workloads(o: &Options) -> Vec<Workload> {
         verbose: o.verbose,
         video_frames: o.video_frames,
         mmap: o.mmap,
+        ref_image: o.ref_image,
         ..Job::default()
     };
     let video = o.video_frames > 0;

@@ -70,6 +70,9 @@ pub struct Job {
     /// Frames of a video job (`generate_video` instead of `generate_image`); 0 is an image
     /// job.
     pub video_frames: i32,
+    /// An image job with one reference image (`ref_images`): [`test_image`] at the job's
+    /// size (PiD, edit models).
+    pub ref_image: bool,
 }
 
 /// Component keys of [`Job::components`], named after the `sd_ctx_params_t` fields
@@ -165,6 +168,7 @@ impl Default for Job {
             library: String::new(),
             flash_attn: false,
             video_frames: 0,
+            ref_image: false,
         }
     }
 }
@@ -227,6 +231,9 @@ impl Job {
         if self.is_video() {
             a.extend(["--video-frames".into(), self.video_frames.to_string()]);
         }
+        if self.ref_image {
+            a.push("--ref-image".into());
+        }
         a
     }
 
@@ -257,6 +264,7 @@ impl Job {
                 "--library" => job.library = value()?,
                 "--flash-attn" => job.flash_attn = true,
                 "--video-frames" => job.video_frames = parse_num(&flag, &value()?)?,
+                "--ref-image" => job.ref_image = true,
                 _ => return Err(format!("unknown flag {flag:?}")),
             }
         }
@@ -623,6 +631,8 @@ mod tests {
         assert_eq!(Job::from_args(ltx.to_args()).unwrap(), ltx);
         let video = Job { video_frames: 17, cfg: 1.0, ..dit };
         assert!(video.is_video() && video.to_args().contains(&"--video-frames".to_string()));
+        let edit = Job { ref_image: true, ..video.clone() };
+        assert!(Job::from_args(edit.to_args()).unwrap().ref_image);
         assert_eq!(Job::from_args(video.to_args()).unwrap(), video);
         assert!(parse_component("unet=x").is_err() && parse_component("vae=").is_err());
         assert_eq!(test_image(7, 5).len(), 105);

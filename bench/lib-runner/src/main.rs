@@ -241,6 +241,12 @@ fn run(job: &Job) -> Result<Outcome<'static>, String> {
             gp.height = job.height;
             gp.seed = job.seed;
             gp.batch_count = 1;
+            let mut reference = common::test_image(job.width as u32, job.height as u32);
+            let mut refs = [sd_image_t { width: job.width as u32, height: job.height as u32, channel: 3, data: reference.as_mut_ptr() }];
+            if job.ref_image {
+                gp.ref_images = refs.as_mut_ptr();
+                gp.ref_images_count = 1;
+            }
             sample(&mut gp.sample_params);
             common::set_generating(true);
             ("generate_image", common::timed(|| (api.generate_image)(ctx, &gp, &mut images, &mut count)))

@@ -69,7 +69,7 @@ impl Weights {
                 sd_warn!("loading embeddings connectors from '{path}' failed: {e}");
                 continue;
             }
-            added.map_err(|e| crate::error::Error::new(format!("init model loader from file failed: '{path}': {e}")))?;
+            added.map_err(|e| loader_error(&path, e))?;
         }
         let version = files.detect_version().with_context(|| {
             let main = list.first().map(|s| s.1).unwrap_or("");
@@ -109,7 +109,7 @@ impl Weights {
         files.set_mmap(false);
         files
             .add(path, "")
-            .map_err(|e| crate::error::Error::new(format!("init model loader from file failed: '{path}': {e}")))?;
+            .map_err(|e| loader_error(&path, e))?;
         files.convert_names(Some(version));
         let types = files.tensors().iter().map(|ts| (ts.name().to_string(), ts.ty().raw())).collect();
         let int8 = int8_groups(&files);
@@ -125,7 +125,7 @@ impl Weights {
         files.set_mmap(false);
         files
             .add(path, "")
-            .map_err(|e| crate::error::Error::new(format!("init model loader from file failed: '{path}': {e}")))?;
+            .map_err(|e| loader_error(&path, e))?;
         let types = files.tensors().iter().map(|ts| (ts.name().to_string(), ts.ty().raw())).collect();
         let int8 = int8_groups(&files);
         Ok(Weights { files, types, int8, version: SdVersion::Esrgan })
@@ -149,7 +149,7 @@ impl Weights {
         files.set_mmap(params.enable_mmap);
         files
             .add(path, prefix)
-            .map_err(|e| crate::error::Error::new(format!("init model loader from file failed: '{path}': {e}")))?;
+            .map_err(|e| loader_error(&path, e))?;
         files.convert_names(Some(version));
         Ok(Self::from_files(files, version, params.wtype, params.tensor_type_rules.as_deref().unwrap_or("")))
     }
@@ -427,4 +427,14 @@ fn check_int8_claimed(store: &ParamStore, int8: &Int8Groups, what: &str) -> Resu
         }
     }
     Ok(())
+}
+
+/// A file that could not be listed, named once (the readers' messages often start with it).
+fn loader_error(path: &str, e: impl std::fmt::Display) -> crate::error::Error {
+    let e = e.to_string();
+    if e.starts_with(&format!("'{path}'")) {
+        crate::error::Error::new(format!("init model loader from file failed: {e}"))
+    } else {
+        crate::error::Error::new(format!("init model loader from file failed: '{path}': {e}"))
+    }
 }

@@ -50,6 +50,12 @@ fn sources(params: &CtxParams) -> Vec<(Component, &str, &'static str)> {
 }
 
 impl Weights {
+    /// The weights of `files` typed as `types`, with the files' `int8_tensorwise` weights.
+    fn assemble(files: ModelFiles, types: TypeMap, version: SdVersion) -> Weights {
+        let int8 = files.tensors().iter().filter_map(|ts| ts.int8_group().map(|g| (ts.name().to_string(), g))).collect();
+        Weights { files, types, int8, version }
+    }
+
     /// Lists every file of `params` and detects the model family. A file that cannot be
     /// read, or a set of files whose family is unknown, is an error naming the file.
     pub fn open(params: &CtxParams) -> Result<Weights> {
@@ -97,8 +103,7 @@ impl Weights {
         if quantizing {
             files.set_importance(crate::runtime::imatrix::importance());
         }
-        let int8 = int8_groups(&files);
-        Weights { files, types, int8, version }
+        Weights::assemble(files, types, version)
     }
 
     /// Lists one file of a family the caller already knows (an upscaler model), names
@@ -112,8 +117,7 @@ impl Weights {
             .map_err(|e| loader_error(&path, e))?;
         files.convert_names(Some(version));
         let types = files.tensors().iter().map(|ts| (ts.name().to_string(), ts.ty().raw())).collect();
-        let int8 = int8_groups(&files);
-        Ok(Weights { files, types, int8, version })
+        Ok(Weights::assemble(files, types, version))
     }
 
     /// Lists one file whose tensors keep the names they are stored under: the ADetailer
@@ -127,8 +131,7 @@ impl Weights {
             .add(path, "")
             .map_err(|e| loader_error(&path, e))?;
         let types = files.tensors().iter().map(|ts| (ts.name().to_string(), ts.ty().raw())).collect();
-        let int8 = int8_groups(&files);
-        Ok(Weights { files, types, int8, version: SdVersion::Esrgan })
+        Ok(Weights::assemble(files, types, SdVersion::Esrgan))
     }
 
     /// String metadata of the safetensors files (`__metadata__`).
@@ -268,12 +271,7 @@ impl Weights {
     ) -> Result<Loaded<M>> {
         let mut store = ParamStore::new(STORE_CAPACITY)?;
         let model = declare(&mut Scope::new(&mut store, self.types(), prefix).with_int8(&self.int8));
-        check_int8_claimed(&store, &self.int8, what)?;
-        ensure!(
-            self.int8.is_empty() || !self.int8.keys().any(|n| store.get(n).is_some()) || placement.compute.is_cpu(),
-            "{what}: ComfyUI int8_tensorwise weights compute on the CPU only, not on {} (use --backend cpu for this model, or an f16/bf16/GGUF version of it)",
-            placement.compute.device_name()
-        );
+        check_int8(&store, &self.int8, &placement, what)?;
         let threads = n_threads.max(1) as usize;
         if !placement.split.is_empty() {
             let (devices, shares) = placement.split_devices();
@@ -357,6 +355,34 @@ pub fn read_all_f32(path: &str) -> Result<Vec<(String, crate::tensor::Tensor)>> 
     Ok(out)
 }
 
+/// Fails, naming it, when an `int8_tensorwise` weight of `store` went to a layer that
+/// cannot multiply with it (only linear layers take their row scales), or is to compute on
+/// another device than the CPU (the op is a CPU one).
+fn check_int8(store: &ParamStore, int8: &Int8Groups, placement: &Placement, what: &str) -> Result<()> {
+    for name in int8.keys().filter(|n| store.get(n).is_some()) {
+        ensure!(
+            store.get(&format!("{name}_scale")).is_some(),
+            "{what}: '{name}' is a ComfyUI int8_tensorwise weight of a layer that takes no INT8 weights (only linear layers do)"
+        );
+        ensure!(
+            placement.compute.is_cpu(),
+            "{what}: ComfyUI int8_tensorwise weights compute on the CPU only, not on {} (use --backend cpu for this model, or an f16/bf16/GGUF version of it)",
+            placement.compute.device_name()
+        );
+    }
+    Ok(())
+}
+
+/// A file that could not be listed, named once (the readers' messages often start with it).
+fn loader_error(path: &str, e: impl std::fmt::Display) -> crate::error::Error {
+    let e = e.to_string();
+    if e.starts_with(&format!("'{path}'")) {
+        crate::error::Error::new(format!("init model loader from file failed: {e}"))
+    } else {
+        crate::error::Error::new(format!("init model loader from file failed: '{path}': {e}"))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -369,14 +395,15 @@ mod tests {
         let types: TypeMap = [("a.weight".to_string(), crate::graph::context::I8), ("b.weight".to_string(), crate::graph::context::I8)].into_iter().collect();
         let int8: Int8Groups = [("a.weight".to_string(), 16), ("b.weight".to_string(), 0)].into_iter().collect();
         let mut store = ParamStore::new(8).unwrap();
+        let cpu = Placement::on(crate::graph::Module::Diffusion, Arc::new(Backend::cpu().unwrap()));
         {
             let mut s = Scope::new(&mut store, &types, "").with_int8(&int8);
             let lin = crate::graph::nn::Linear::new(&mut s, "a", 16, 4, false);
             assert_eq!(lin.int8.map(|(_, g)| g), Some(16));
         }
-        check_int8_claimed(&store, &int8, "test").unwrap();
+        check_int8(&store, &int8, &cpu, "test").unwrap();
         Scope::new(&mut store, &types, "").with_int8(&int8).tensor("b.weight", crate::graph::context::I8, &[16, 4]);
-        let e = check_int8_claimed(&store, &int8, "test").unwrap_err().to_string();
+        let e = check_int8(&store, &int8, &cpu, "test").unwrap_err().to_string();
         assert!(e.contains("'b.weight'") && e.contains("only linear layers"), "{e}");
     }
 
@@ -409,32 +436,5 @@ mod tests {
             assert!(data.iter().all(|d| *d == data[0]), "{name}");
         }
         assert_eq!(stores[1].get_data(stores[1].get("big").unwrap()).unwrap(), values[..1280]);
-    }
-}
-
-/// The ComfyUI `int8_tensorwise` weights of `files` and their ConvRot groups.
-fn int8_groups(files: &ModelFiles) -> Int8Groups {
-    files.tensors().iter().filter_map(|ts| ts.int8_group().map(|g| (ts.name().to_string(), g))).collect()
-}
-
-/// Fails, naming it, when an `int8_tensorwise` weight of `store` went to a layer that
-/// cannot multiply with it (only linear layers take their row scales).
-fn check_int8_claimed(store: &ParamStore, int8: &Int8Groups, what: &str) -> Result<()> {
-    for name in int8.keys() {
-        let scale = format!("{}_scale", name);
-        if store.get(name).is_some() && store.get(&scale).is_none() {
-            bail!("{what}: '{name}' is a ComfyUI int8_tensorwise weight of a layer that takes no INT8 weights (only linear layers do)");
-        }
-    }
-    Ok(())
-}
-
-/// A file that could not be listed, named once (the readers' messages often start with it).
-fn loader_error(path: &str, e: impl std::fmt::Display) -> crate::error::Error {
-    let e = e.to_string();
-    if e.starts_with(&format!("'{path}'")) {
-        crate::error::Error::new(format!("init model loader from file failed: {e}"))
-    } else {
-        crate::error::Error::new(format!("init model loader from file failed: '{path}': {e}"))
     }
 }

@@ -82,6 +82,31 @@ impl RuntimeLoras {
     }
 }
 
+impl RuntimeLoras {
+    /// `out` plus, per LoRA in order, its low-rank updates of `weight` applied to `x`; with
+    /// `full_size` (a linear layer whose weight is not patched) first its full-size updates
+    /// as a product of their own.
+    fn add_updates<'g>(&self, g: &'g Graph, weight: W, x: T<'g>, out: T<'g>, op: LayerOp, full_size: bool) -> T<'g> {
+        let mut out = out;
+        for (name, patch) in self.patches(weight) {
+            if let (true, LayerOp::Linear { force_prec_f32, scale }) = (full_size, op) {
+                match weight_delta(g, patch, weight.ne(), false, name) {
+                    Ok(Some(d)) => out = out.add_inplace(linear(g, x, d, None, force_prec_f32, scale)),
+                    Ok(None) => {}
+                    Err(e) => sd_error!("LoRA skipped: {e}"),
+                }
+            }
+            match output_delta(g, patch, weight.ne(), x, out, op, name) {
+                Ok(Some(y)) => out = out.add_inplace(y),
+                Ok(None) => {}
+                // Checked when the adapter was made; kept as a message, never an abort.
+                Err(e) => sd_error!("LoRA skipped: {e}"),
+            }
+        }
+        out
+    }
+}
+
 impl WeightAdapter for RuntimeLoras {
     fn adapts(&self, w: W) -> bool {
         self.weights.contains_key(&w)
@@ -106,35 +131,11 @@ impl WeightAdapter for RuntimeLoras {
     }
 
     fn add_to_output<'g>(&self, g: &'g Graph, weight: W, x: T<'g>, out: T<'g>, op: LayerOp) -> T<'g> {
-        let mut out = out;
-        for (name, patch) in self.patches(weight) {
-            match output_delta(g, patch, weight.ne(), x, out, op, name) {
-                Ok(Some(y)) => out = out.add_inplace(y),
-                Ok(None) => {}
-                Err(e) => sd_error!("LoRA skipped: {e}"),
-            }
-        }
-        out
+        self.add_updates(g, weight, x, out, op, false)
     }
 
     fn add_to_unpatched_output<'g>(&self, g: &'g Graph, weight: W, x: T<'g>, out: T<'g>, op: LayerOp) -> T<'g> {
-        let LayerOp::Linear { force_prec_f32, scale } = op else {
-            return self.add_to_output(g, weight, x, out, op);
-        };
-        let mut out = out;
-        for (name, patch) in self.patches(weight) {
-            match weight_delta(g, patch, weight.ne(), false, name) {
-                Ok(Some(d)) => out = out.add_inplace(linear(g, x, d, None, force_prec_f32, scale)),
-                Ok(None) => {}
-                Err(e) => sd_error!("LoRA skipped: {e}"),
-            }
-            match output_delta(g, patch, weight.ne(), x, out, op, name) {
-                Ok(Some(y)) => out = out.add_inplace(y),
-                Ok(None) => {}
-                Err(e) => sd_error!("LoRA skipped: {e}"),
-            }
-        }
-        out
+        self.add_updates(g, weight, x, out, op, matches!(op, LayerOp::Linear { .. }))
     }
 
     fn extra_nodes(&self) -> usize {

@@ -343,6 +343,9 @@ mod tests {
             (1, 3, 2),
             (191, 130, 61),
             (2085, 150, 100),
+            // Row blocks enough for a task each (4 threads, then 1), columns in chunks of 48.
+            (64, 2100, 60),
+            (300, 600, 100),
         ];
         for (i, &(k, m, n)) in fixed.iter().enumerate() {
             for (ta, tb) in FLOAT_PAIRS {

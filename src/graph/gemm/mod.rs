@@ -103,9 +103,15 @@ impl Problem {
         let mc = self.rows_per_block();
         let batches = self.batch[0] * self.batch[1];
         let mblocks = self.m.div_ceil(mc);
-        // Column chunks of at most 48, narrower when that leaves a thread without tasks.
-        let want = (4 * nth).div_ceil((batches * mblocks).max(1)).max(1);
-        let nc = (self.n.div_ceil(want).div_ceil(6).max(1) * 6).min(48);
+        // With row blocks enough for every thread, a task is a whole row block (its columns
+        // are computed 48 at a time by the one thread that packed the block); else column
+        // chunks of at most 48, narrower when that leaves a thread without tasks.
+        let nc = if batches * mblocks >= 4 * nth {
+            self.n.max(1)
+        } else {
+            let want = (4 * nth).div_ceil((batches * mblocks).max(1)).max(1);
+            (self.n.div_ceil(want).div_ceil(6).max(1) * 6).min(48)
+        };
         let nchunks = self.n.div_ceil(nc);
         (mc, nc, mblocks, nchunks, batches * mblocks * nchunks)
     }
@@ -320,9 +326,26 @@ mod tests {
         ts.tv_sec as f64 + ts.tv_nsec as f64 * 1e-9
     }
 
-    /// One thread's f32 FMA rate with independent chains in 16-lane registers (what no
-    /// product can beat on this CPU; 0 without AVX-512).
+    /// One thread's f32 FMA rate with independent chains in 16-lane registers, or 8-lane
+    /// ones without AVX-512 (what no product can beat on this CPU).
     fn fma_peak() -> f64 {
+        #[cfg(target_arch = "x86_64")]
+        #[target_feature(enable = "avx2,fma")]
+        unsafe fn chains8(reps: usize) -> f32 {
+            use std::arch::x86_64::*;
+            let (m, c) = (_mm256_set1_ps(0.999_999), _mm256_set1_ps(1e-7));
+            let mut acc = [_mm256_set1_ps(1.0); 12];
+            for _ in 0..reps {
+                for v in acc.iter_mut() {
+                    *v = _mm256_fmadd_ps(*v, m, c);
+                }
+            }
+            let mut out = [0f32; 8];
+            acc.iter().map(|v| {
+                _mm256_storeu_ps(out.as_mut_ptr(), *v);
+                out[0]
+            }).sum()
+        }
         #[cfg(target_arch = "x86_64")]
         #[target_feature(enable = "avx512f")]
         unsafe fn chains(reps: usize) -> f32 {
@@ -344,6 +367,14 @@ mod tests {
             std::hint::black_box(unsafe { chains(reps) });
             return 2.0 * 16.0 * 12.0 * reps as f64 / (thread_cpu_s() - t) / 1e9;
         }
+        #[cfg(target_arch = "x86_64")]
+        if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
+            let reps = 100_000_000usize;
+            let t = thread_cpu_s();
+            // SAFETY: AVX2 and FMA checked.
+            std::hint::black_box(unsafe { chains8(reps) });
+            return 2.0 * 8.0 * 12.0 * reps as f64 / (thread_cpu_s() - t) / 1e9;
+        }
         0.0
     }
 
@@ -364,6 +395,9 @@ mod tests {
             ("wan linear 1536->1536, 1280 tokens", Dot::F16, Elem::F16, Elem::F32, 1536, 1536, 1280),
             ("wan ffn 1536->8960", Dot::F16, Elem::F16, Elem::F32, 1536, 8960, 1280),
             ("wan ffn 8960->1536", Dot::F16, Elem::F16, Elem::F32, 8960, 1536, 1280),
+            ("dit linear 4096->4096, 77 tokens", Dot::F16, Elem::F16, Elem::F32, 4096, 4096, 77),
+            ("dit ffn 4096->12288, 77 tokens", Dot::F16, Elem::F16, Elem::F32, 4096, 12288, 77),
+            ("dit ffn 12288->4096, 77 tokens", Dot::F16, Elem::F16, Elem::F32, 12288, 4096, 77),
         ];
         println!("this CPU's f32 FMA peak: {:.1} GFLOP per CPU s", fma_peak());
         // `SD_KERNEL_SHAPES=wan` keeps the shapes whose name contains it.
@@ -408,6 +442,24 @@ mod tests {
                 best = best.min(thread_cpu_s() - t);
             }
             println!("{what}: {:.1} GFLOP per CPU s", 2.0 * (k * m * n) as f64 / best / 1e9);
+            // `SD_KERNEL_THREADS=N`: also N threads sharing a task queue, per wall second.
+            let nth: usize = std::env::var("SD_KERNEL_THREADS").ok().and_then(|v| v.parse().ok()).unwrap_or(0);
+            if nth > 1 {
+                let queue = TaskQueue::new();
+                let mut best = f64::MAX;
+                for _ in 0..5 {
+                    let t = std::time::Instant::now();
+                    std::thread::scope(|s| {
+                        for ith in 0..nth {
+                            let (p, queue) = (&p, &queue);
+                            // SAFETY: buffers outlive the scope; the queue gives each task to one thread.
+                            s.spawn(move || unsafe { run(p, ith, nth, Imp::Auto, Some(queue)) });
+                        }
+                    });
+                    best = best.min(t.elapsed().as_secs_f64());
+                }
+                println!("  {nth} threads: {:.1} GFLOP per wall s", 2.0 * (k * m * n) as f64 / best / 1e9);
+            }
         }
     }
 }

@@ -56,20 +56,30 @@ unsafe fn load1(kind: Load, row: *const u8, i: usize) -> f32 {
     }
 }
 
-/// Packs lane groups `j..j + g` of blocks c0..c1 of `rows` (≤ R) rows, `stride` bytes
-/// apart, as [c][r][8 · g] (zero rows beyond `rows`).
+/// Packs every lane group of `tiles` tiles of R rows (`rows` real ones, `stride` bytes apart;
+/// zeros beyond) into panels: per lane-group set jj (groups jj·g..jj·g + g), per K chunk of
+/// `kc` blocks starting at c0, per tile t, the layout [c][r][8 · g]. Each row is read once,
+/// front to back (one pass per lane group read every cache line of a weight row four times,
+/// and stalled on memory).
 #[target_feature(enable = "avx2,fma,f16c")]
 #[allow(clippy::too_many_arguments)]
-unsafe fn pack_chunk<const R: usize>(kind: Load, src: *const u8, stride: usize, rows: usize, j: usize, g: usize, c0: usize, c1: usize, dst: *mut f32) {
-    for r in 0..R {
-        let row = src.wrapping_add(r * stride);
-        let mut d = dst.add(r * 8 * g);
-        for c in c0..c1 {
-            for h in 0..g {
-                let v = if r < rows { load8(kind, row, c * 32 + (j + h) * 8) } else { _mm256_setzero_ps() };
-                _mm256_storeu_ps(d.add(8 * h), v);
+unsafe fn pack_panels<const R: usize>(kind: Load, src: *const u8, stride: usize, rows: usize, tiles: usize, g: usize, cs: usize, kc: usize, dst: *mut f32) {
+    let plane = tiles * R * cs * 8 * g;
+    for t in 0..tiles {
+        for r in 0..R {
+            let i = t * R + r;
+            let row = src.wrapping_add(i * stride);
+            for c0 in (0..cs).step_by(kc) {
+                let c1 = (c0 + kc).min(cs);
+                let base = dst.add(c0 * tiles * R * 8 * g + t * R * (c1 - c0) * 8 * g + r * 8 * g);
+                for c in c0..c1 {
+                    let d = base.add((c - c0) * R * 8 * g);
+                    for j in 0..4 {
+                        let v = if i < rows { load8(kind, row, c * 32 + j * 8) } else { _mm256_setzero_ps() };
+                        _mm256_storeu_ps(d.add((j / g) * plane + (j % g) * 8), v);
+                    }
+                }
             }
-            d = d.add(R * 8 * g);
         }
     }
 }
@@ -189,22 +199,29 @@ fn grow<T: Copy>(v: &mut Vec<T>, n: usize, zero: T) {
     }
 }
 
-/// Runs the thread's tasks (consecutive, so that tasks sharing an A block pack it once).
+/// Runs the thread's tasks (consecutive, so that tasks sharing an A block pack it once),
+/// each in chunks of at most `COLUMN_CHUNK` columns.
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(crate) unsafe fn run(p: &Problem, tasks: impl Iterator<Item = Task>, s: &mut Scratch) {
     s.a_key = None;
-    for t in tasks {
-        let t = &t;
-        match p.dot {
-            Dot::F16 | Dot::F32 if p.k < SMALL_K => small_task(p, t, s),
-            Dot::F16 | Dot::F32 => float_task(p, t, s),
-            Dot::Q8_0 => q8_task(p, t, s),
+    for whole in tasks {
+        for n0 in (whole.n0..whole.n1).step_by(COLUMN_CHUNK) {
+            let t = &Task { n0, n1: (n0 + COLUMN_CHUNK).min(whole.n1), ..whole };
+            match p.dot {
+                Dot::F16 | Dot::F32 if p.k < SMALL_K => small_task(p, t, s),
+                Dot::F16 | Dot::F32 => float_task(p, t, s),
+                Dot::Q8_0 => q8_task(p, t, s),
+            }
         }
     }
 }
 
+/// Columns computed at once (their accumulators and packed B stay in L2).
+const COLUMN_CHUNK: usize = 48;
+
 /// Blocks of 32 elements per K chunk: a chunk of one lane group is 8 · KC_BLOCKS values
-/// per row, so that an A chunk of MC rows stays in L2 and a B panel chunk in L1.
+/// per row, so that a tile's A panel chunk stays in L1 while the task's B chunk (≤ 48
+/// columns) streams from L2.
 const KC_BLOCKS: usize = 64;
 
 /// The float products: lane groups two at a time in 16-lane registers where AVX-512 is
@@ -245,12 +262,13 @@ unsafe fn float_body<L: Lanes, const NR: usize>(p: &Problem, t: &Task, s: &mut S
     let (rows, cols) = (t.m1 - t.m0, t.n1 - t.n0);
     let (pm, pn) = (rows.div_ceil(MR), cols.div_ceil(NR));
     let kc = KC_BLOCKS.min(cs).max(1);
-    // The A block is packed whole (every lane group and K chunk: chunk (j, c0) at
-    // `a_at(j, c0)`) and kept for the thread's next tasks over the same rows, the other
-    // token columns of a product (a weight matrix was packed again for every 48 columns).
+    // The A block is packed whole (every lane group and K chunk, see `passes`) and kept for
+    // the thread's next tasks over the same rows, the other token columns of a product (a
+    // weight matrix was packed again for every 48 columns). B (this task's columns) is
+    // packed whole too, in the same layout. (Halves in the A panels, widened in the tile
+    // loop, halve the bytes but ran at 0.6× here: the conversions outnumber the FMA ports.)
     let a_len = pm * MR * cs * 32;
-    let a_at = |j: usize, c0: usize| (j / g) * pm * MR * cs * 8 * g + c0 * pm * MR * 8 * g;
-    let b_len = NR * kc * 8 * g;
+    let b_len = pn * NR * cs * 32;
     grow(&mut s.a, a_len + rows * tail, 0.0);
     grow(&mut s.b, b_len + cols * tail, 0.0);
     grow(&mut s.st, pn * pm * 4 * MR * NR, _mm256_setzero_ps());
@@ -260,35 +278,14 @@ unsafe fn float_body<L: Lanes, const NR: usize>(p: &Problem, t: &Task, s: &mut S
     let (ap, bp, st) = (s.a.as_mut_ptr(), s.b.as_mut_ptr(), s.st.as_mut_ptr());
     let ta = ap.add(a_len);
     if s.a_key != Some((t.batch, t.m0)) {
-        for j in (0..4).step_by(g) {
-            for c0 in (0..cs).step_by(kc) {
-                let c1 = (c0 + kc).min(cs);
-                for q in 0..pm {
-                    let r0 = q * MR;
-                    let dst = ap.add(a_at(j, c0) + q * MR * (c1 - c0) * 8 * g);
-                    pack_chunk::<MR>(a_kind, arow.wrapping_add(r0 * p.a.nb[0]), p.a.nb[0], MR.min(rows - r0), j, g, c0, c1, dst);
-                }
-            }
-        }
+        pack_panels::<MR>(a_kind, arow, p.a.nb[0], rows, pm, g, cs, kc, ap);
         if tail > 0 {
             pack_tail(a_kind, arow, p.a.nb[0], rows, k32, tail, ta);
         }
         s.a_key = Some((t.batch, t.m0));
     }
-    for j in (0..4).step_by(g) {
-        for c0 in (0..cs).step_by(kc) {
-            let c1 = (c0 + kc).min(cs);
-            let nc = c1 - c0;
-            let achunk = ap.add(a_at(j, c0));
-            for n in 0..pn {
-                let n0 = n * NR;
-                pack_chunk::<NR>(b_kind, brow.wrapping_add(n0 * p.b.nb[0]), p.b.nb[0], NR.min(cols - n0), j, g, c0, c1, bp);
-                for q in 0..pm {
-                    tile_pass::<L, NR>(achunk.add(q * MR * nc * 8 * g), bp, nc, st.add(((n * pm + q) * 4 + j) * MR * NR), c0 > 0);
-                }
-            }
-        }
-    }
+    pack_panels::<NR>(b_kind, brow, p.b.nb[0], cols, pn, g, cs, kc, bp);
+    passes::<L, NR>(&Panels { a: ap, b: bp, st, g, cs, kc, pm, pn });
     let tb = bp.add(b_len);
     if tail > 0 {
         pack_tail(b_kind, brow, p.b.nb[0], cols, k32, tail, tb);
@@ -310,6 +307,41 @@ unsafe fn float_body<L: Lanes, const NR: usize>(p: &Problem, t: &Task, s: &mut S
                     _ => super::scalar::tail_f32(r, a, b),
                 }
             };
+        }
+    }
+}
+
+/// A task's packed operands: A panels and B panels of `pm` and `pn`
+/// tiles, in K chunks of `kc` of the `cs` blocks, `g` lane groups per pass, and the
+/// accumulators `st` of every tile and lane group.
+struct Panels {
+    a: *const f32,
+    b: *const f32,
+    st: *mut __m256,
+    g: usize,
+    cs: usize,
+    kc: usize,
+    pm: usize,
+    pn: usize,
+}
+
+/// Every tile's accumulator passes: per lane-group set j and K chunk c0, the chunk of A
+/// tile q at `a_at(j, c0)` + q · MR · nc · 8g elements (B likewise), each A tile panel
+/// kept in L1 while the task's B tiles stream past it.
+#[inline(always)]
+unsafe fn passes<L: Lanes, const NR: usize>(p: &Panels) {
+    let Panels { a, b, st, g, cs, kc, pm, pn } = *p;
+    for j in (0..4).step_by(g) {
+        for c0 in (0..cs).step_by(kc) {
+            let nc = (c0 + kc).min(cs) - c0;
+            let achunk = a.add((j / g) * pm * MR * cs * 8 * g + c0 * pm * MR * 8 * g);
+            let bchunk = b.add((j / g) * pn * NR * cs * 8 * g + c0 * pn * NR * 8 * g);
+            for q in 0..pm {
+                let apanel = achunk.add(q * MR * nc * 8 * g);
+                for n in 0..pn {
+                    tile_pass::<L, NR>(apanel, bchunk.add(n * NR * nc * 8 * g), nc, st.add(((n * pm + q) * 4 + j) * MR * NR), c0 > 0);
+                }
+            }
         }
     }
 }
@@ -534,6 +566,7 @@ impl Lanes for W8 {
     unsafe fn load(p: *const f32) -> __m256 {
         _mm256_loadu_ps(p)
     }
+
     #[inline(always)]
     unsafe fn store(p: *mut f32, v: __m256) {
         _mm256_storeu_ps(p, v)
@@ -588,6 +621,7 @@ impl Lanes for W16 {
     unsafe fn load(p: *const f32) -> __m512 {
         _mm512_loadu_ps(p)
     }
+
     #[inline(always)]
     unsafe fn store(p: *mut f32, v: __m512) {
         _mm512_storeu_ps(p, v)

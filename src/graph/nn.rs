@@ -358,6 +358,19 @@ pub fn conv_3d_after<'g>(g: &'g Graph, before: T<'g>, x: T<'g>, w: T<'g>, b: Opt
     conv_3d(g, before.concat(x, 2), w, b, ic, [1; 3], padding, [1; 3])
 }
 
+/// `conv_3d` (stride 1, zero spatial padding) of `x` after `zeros` zero frames: a causal
+/// convolution's first chunk. Where Winograd's convolution takes it, without the padded
+/// copy and the zero frames' products (the same values: adding zeros changes no sum).
+pub fn conv_3d_zero_front<'g>(g: &'g Graph, zeros: i32, x: T<'g>, w: T<'g>, b: Option<T<'g>>, ic: i64, padding: [i32; 3]) -> T<'g> {
+    if padding[2] == 0 {
+        if let Some(y) = super::winograd::conv3x3_frames_zero_front(g, zeros as i64, x, w, ic, (padding[0], padding[1])) {
+            return add_channel_bias(y, b);
+        }
+    }
+    let x = if zeros > 0 { x.pad_ext([0, 0, zeros, 0], [0; 4]) } else { x };
+    conv_3d(g, x, w, b, ic, [1; 3], padding, [1; 3])
+}
+
 /// `y` [W, H, T, C] plus a bias per channel `b` [C] (none: `y`).
 fn add_channel_bias<'g>(y: T<'g>, b: Option<T<'g>>) -> T<'g> {
     match b {

@@ -41,13 +41,16 @@ const KC: usize = 256;
 struct Layout {
     /// Input frames per output frame (1 for images).
     taps: i32,
+    /// Zero frames (fewer than `taps`) before the first one read: a causal convolution's
+    /// time padding, whose products are skipped (adding zeros changes no sum).
+    zeros: i32,
     /// Video: x [W, H, T, C], w [3, 3, taps, OC·C], out [OW, OH, T', OC]; images: x [W, H,
     /// C, N], w [3, 3, C, OC], out [OW, OH, OC, N].
     video: bool,
 }
 
 impl Layout {
-    const IMAGES: Layout = Layout { taps: 1, video: false };
+    const IMAGES: Layout = Layout { taps: 1, zeros: 0, video: false };
 }
 
 #[repr(C)]
@@ -91,21 +94,34 @@ pub(crate) fn conv3x3<'g>(g: &'g Graph, x: T<'g>, w: T<'g>, stride: (i32, i32), 
 /// layout), zero spatial padding `padding` (x, y) → [OW, OH, T - KD + 1, OC], under the
 /// conditions of [`conv3x3`]; otherwise None.
 pub(crate) fn conv3x3_frames<'g>(g: &'g Graph, x: T<'g>, w: T<'g>, ic: i64, padding: (i32, i32)) -> Option<T<'g>> {
-    conv3x3_frames_after(g, None, x, w, ic, padding)
+    frames(g, 0, None, x, w, ic, padding)
+}
+
+/// [`conv3x3_frames`] of `x` after `zeros` zero frames (fewer than KD): a causal
+/// convolution's first chunk, without the padded copy and without the zero frames'
+/// products, which add nothing (the same sums bit for bit).
+pub(crate) fn conv3x3_frames_zero_front<'g>(g: &'g Graph, zeros: i64, x: T<'g>, w: T<'g>, ic: i64, padding: (i32, i32)) -> Option<T<'g>> {
+    frames(g, zeros, None, x, w, ic, padding)
 }
 
 /// [`conv3x3_frames`] over the frames of `before` (f32 [W, H, T', C], contiguous: a causal
 /// convolution's cached frames) followed by those of `x`, read where they are: the two
 /// joined in time, without the joined copy.
 pub(crate) fn conv3x3_frames_after<'g>(g: &'g Graph, before: Option<T<'g>>, x: T<'g>, w: T<'g>, ic: i64, padding: (i32, i32)) -> Option<T<'g>> {
+    frames(g, 0, before, x, w, ic, padding)
+}
+
+/// The video convolutions: `zeros` zero frames, then `before`'s, then `x`'s.
+#[allow(clippy::too_many_arguments)]
+fn frames<'g>(g: &'g Graph, zeros: i64, before: Option<T<'g>>, x: T<'g>, w: T<'g>, ic: i64, padding: (i32, i32)) -> Option<T<'g>> {
     if !g.on_cpu || !g.options.cpu_winograd || !super::gemm::vector_kernels_available() || super::eval_callback::is_set() {
         return None;
     }
     let [kw, kh, kd, ocic] = w.ne();
     let [wi, hi, tx, xc] = x.ne();
-    let t = tx + before.map_or(0, |b| b.ne()[2]);
+    let t = zeros + tx + before.map_or(0, |b| b.ne()[2]);
     let (p0, p1) = padding;
-    if (kw, kh) != (3, 3) || kd < 1 || t < kd || xc != ic || ic < 16 || ocic % ic != 0 || !(0..=2).contains(&p0) || !(0..=2).contains(&p1) {
+    if (kw, kh) != (3, 3) || kd < 1 || t < kd || !(0..kd).contains(&zeros) || xc != ic || ic < 16 || ocic % ic != 0 || !(0..=2).contains(&p0) || !(0..=2).contains(&p1) {
         return None;
     }
     let oc = ocic / ic;
@@ -122,7 +138,7 @@ pub(crate) fn conv3x3_frames_after<'g>(g: &'g Graph, before: Option<T<'g>>, x: T
     if ow * oh < 256 || usize::BITS < 64 {
         return None;
     }
-    let layout = Layout { taps: i32::try_from(kd).ok()?, video: true };
+    let layout = Layout { taps: i32::try_from(kd).ok()?, zeros: zeros as i32, video: true };
     build(g, x, before, w, [p0, p1], layout, kd * ic, oc, [ow, oh, t - kd + 1, oc])
 }
 
@@ -210,6 +226,8 @@ struct Geo {
     b_n: usize,
     /// Real channels per input frame (`c` / taps).
     cr: usize,
+    /// Zero frames before the first one read (`Layout::zeros`).
+    zeros: usize,
     /// Transformed kernels: [16][oc panel][c][NO].
     u: *const f32,
     opan: usize,
@@ -256,6 +274,7 @@ impl Geo {
             b_c: before.map_or(0, |b| b.nb[ca]),
             b_n: before.map_or(0, |b| b.nb[na]),
             cr: us(x.ne[ca]),
+            zeros: layout.zeros.max(0) as usize,
             u: w.data as *const f32,
             opan: us(w.ne[2]),
             out: d.data as *mut u8,
@@ -283,9 +302,15 @@ impl Geo {
         self.n * self.segs
     }
 
-    /// The plane of (virtual) channel `ci` read for output frame (image) `n`.
+    /// The first (virtual) channel of output frame `n` that is not a zero frame's.
+    fn first_channel(&self, n: usize) -> usize {
+        self.zeros.saturating_sub(n) * self.cr
+    }
+
+    /// The plane of (virtual) channel `ci` (from `first_channel(n)` on) read for output
+    /// frame (image) `n`.
     fn plane(&self, n: usize, ci: usize) -> *const u8 {
-        let (f, c) = (n + ci / self.cr, ci % self.cr);
+        let (f, c) = (n + ci / self.cr - self.zeros, ci % self.cr);
         if f < self.b_frames {
             self.b.wrapping_add(f * self.b_n + c * self.b_c)
         } else {
@@ -345,21 +370,23 @@ unsafe fn task(geo: &Geo, i: usize, s: &mut Scratch) {
     let tpan = tiles.div_ceil(MT);
     grow(&mut s.v, 16 * tpan * c * MT);
     grow(&mut s.m, 16 * OCB * SEG);
-    transform_tiles(geo, n, t0, tiles, tpan, s.v.as_mut_ptr());
+    let c_lo = geo.first_channel(n);
+    transform_tiles(geo, n, c_lo, t0, tiles, tpan, s.v.as_mut_ptr());
     let (v, m) = (s.v.as_ptr(), s.m.as_mut_ptr());
     for oc0 in (0..geo.oc).step_by(OCB) {
         let ocs = OCB.min(geo.oc - oc0);
         let (p0, p1) = (oc0 / NO, (oc0 + ocs).div_ceil(NO));
         for pos in 0..16 {
             let (u, v, m) = (geo.u.add(pos * geo.opan * c * NO), v.add(pos * tpan * c * MT), m.add(pos * OCB * SEG));
-            for c0 in (0..c).step_by(KC) {
+            for c0 in (c_lo..c).step_by(KC) {
                 let kc = KC.min(c - c0);
+                let resume = c0 > c_lo;
                 let mut p = p0;
                 if geo.avx512 {
                     while p + 4 <= p1 {
                         let up: [*const f32; 4] = std::array::from_fn(|q| u.add(((p + q) * c + c0) * NO));
                         for t in 0..tpan {
-                            kernel_avx512(v.add((t * c + c0) * MT), up, kc, m.add((p - p0) * NO * SEG + t * MT), SEG, c0 > 0);
+                            kernel_avx512(v.add((t * c + c0) * MT), up, kc, m.add((p - p0) * NO * SEG + t * MT), SEG, resume);
                         }
                         p += 4;
                     }
@@ -367,7 +394,7 @@ unsafe fn task(geo: &Geo, i: usize, s: &mut Scratch) {
                 for p in p..p1 {
                     let up = u.add((p * c + c0) * NO);
                     for t in 0..tpan {
-                        kernel(v.add((t * c + c0) * MT), up, kc, m.add((p - p0) * NO * SEG + t * MT), SEG, c0 > 0);
+                        kernel(v.add((t * c + c0) * MT), up, kc, m.add((p - p0) * NO * SEG + t * MT), SEG, resume);
                     }
                 }
             }
@@ -488,14 +515,14 @@ unsafe fn gather_tiles(geo: &Geo, plane: *const u8, first: usize, live: usize, d
     }
 }
 
-/// `Bᵀ d B` of tiles t0..t0+tiles of image `n` (zero beyond), every channel, into
-/// [16][tile panel][c][MT].
+/// `Bᵀ d B` of tiles t0..t0+tiles of image `n` (zero beyond), channels c_lo.. (the ones
+/// before are zero frames'), into [16][tile panel][c][MT].
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn transform_tiles(geo: &Geo, n: usize, t0: usize, tiles: usize, tpan: usize, v: *mut f32) {
+unsafe fn transform_tiles(geo: &Geo, n: usize, c_lo: usize, t0: usize, tiles: usize, tpan: usize, v: *mut f32) {
     let c = geo.c;
     let pos_stride = tpan * c * MT;
     let mut d = [[_mm256_setzero_ps(); 4]; 4];
-    for ci in 0..c {
+    for ci in c_lo..c {
         let plane = geo.plane(n, ci);
         for gi in 0..tpan * MT / TV {
             let live = tiles.saturating_sub(gi * TV).min(TV);
@@ -775,6 +802,27 @@ mod tests {
                 })
                 .unwrap();
             assert!(after.data().iter().map(|v| v.to_bits()).eq(got.data().iter().map(|v| v.to_bits())), "frames given apart differ");
+            // Zero frames in front (a causal first chunk), skipped: the padded copy's bits.
+            for zeros in 1..kd as i32 {
+                let conv = |skip: bool| {
+                    let mut r = Runner::new(backend.clone(), 2);
+                    r.options.cpu_winograd = true;
+                    r.compute(|g| {
+                        let xt = g.input_f32(&x, &[wi, hi, t, c]);
+                        let wt = g.input_bytes(wty, &[3, 3, kd, c * oc], wbytes.clone());
+                        let bt = Some(g.input_f32(&bias, &[oc]));
+                        Ok(if skip {
+                            crate::graph::nn::conv_3d_zero_front(g, zeros, xt, wt, bt, c, [pad, pad, 0])
+                        } else {
+                            crate::graph::nn::conv_3d(g, xt.pad_ext([0, 0, zeros, 0], [0; 4]), wt, bt, c, [1; 3], [pad, pad, 0], [1; 3])
+                        })
+                    })
+                    .unwrap()
+                };
+                let (padded, skipped) = (conv(false), conv(true));
+                assert_eq!(padded.shape(), skipped.shape());
+                assert!(padded.data().iter().map(|v| v.to_bits()).eq(skipped.data().iter().map(|v| v.to_bits())), "{zeros} zero frames skipped differ");
+            }
         }
     }
 }

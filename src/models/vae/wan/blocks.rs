@@ -111,6 +111,7 @@ impl CausalConv3d {
                 nn::conv_3d_after(g, pad(c, missing), pad(x, 0), w, b, self.in_ch, padding)
             }
             Some(c) => nn::conv_3d(g, pad(c.concat(x, 2), (front - c.ne()[2] as i32).max(0)), w, b, self.in_ch, [sw, sh, sd], padding, [1; 3]),
+            None if self.stride == [1; 3] && !circular => nn::conv_3d_zero_front(g, front, x, w, b, self.in_ch, padding),
             None => nn::conv_3d(g, pad(x, front), w, b, self.in_ch, [sw, sh, sd], padding, [1; 3]),
         }
     }

@@ -23,6 +23,14 @@ mod common;
 
 use common::parity::{full, report, run};
 
+/// The library's progress and preview callbacks are process-wide: a test that sets them must
+/// not share the process's time with a generation of another test (each test holds this).
+static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 /// Every golden folder of the Wan family.
 const FOLDERS: [&str; 7] = ["wan", "wan-i2v", "wan-flf2v", "wan-vace", "wan-lora", "wan-moe", "taehv"];
 
@@ -32,6 +40,7 @@ fn wan_all_cases() {
         eprintln!("skipped: set SD_PARITY=full (the Wan fixtures are several GB)");
         return;
     }
+    let _serial = serial();
     report(&FOLDERS.iter().flat_map(|f| run(f, |_| true)).collect::<Vec<_>>());
 }
 
@@ -43,6 +52,7 @@ fn wan_selected_cases() {
         return;
     };
     let names: Vec<&str> = names.split(',').collect();
+    let _serial = serial();
     report(&FOLDERS.iter().flat_map(|f| run(f, |c| names.contains(&c.name.as_str()))).collect::<Vec<_>>());
 }
 
@@ -89,6 +99,7 @@ mod behaviour {
             eprintln!("skipped: set SD_PARITY=full (the Wan fixtures are several GB)");
             return;
         }
+        let _serial = super::serial();
         let _ = fixture_dir();
         let ctx_fields = serde_json::json!({
             "model_path": "",

@@ -61,6 +61,9 @@ pub(crate) const OP_DATA_ROOM: usize = 64;
 /// (custom ops point their user data at it); None when it does not fit. `v` is never
 /// dropped, so it must not own anything.
 pub(crate) fn store_in_ctx<V>(ctx: *mut g::ggml_context, v: V) -> Option<*mut V> {
+    // A type too large for the room a node keeps would be refused at run time, and its op
+    // would quietly fall back to ggml's: make that a compile error instead.
+    const { assert!(std::mem::size_of::<V>() + 32 <= OP_DATA_ROOM && std::mem::align_of::<V>() <= 16) };
     let size = std::mem::size_of::<V>();
     if std::mem::needs_drop::<V>() || size + 32 > OP_DATA_ROOM || std::mem::align_of::<V>() > 16 {
         return None;

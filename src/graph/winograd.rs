@@ -66,11 +66,6 @@ struct KernelData {
     layout: Layout,
 }
 
-// The user data must fit the room each node keeps for it (else `store_in_ctx` refuses it
-// and every convolution would quietly fall back to ggml's).
-const _: () = assert!(std::mem::size_of::<OpData>() + 32 <= super::context::OP_DATA_ROOM);
-const _: () = assert!(std::mem::size_of::<KernelData>() + 32 <= super::context::OP_DATA_ROOM);
-
 /// `x` [W, H, C, N] (f32) convolved with `w` [3, 3, C, OC] (f16 or f32), stride 1, dilation
 /// 1, zero padding `padding` (x, y) → [OW, OH, OC, N], when the graph runs on a CPU with AVX2
 /// and the convolution is large enough to gain; otherwise None.

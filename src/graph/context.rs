@@ -58,14 +58,15 @@ impl Ctx {
 pub(crate) const OP_DATA_ROOM: usize = 64;
 
 /// Moves `v` into the context's own memory, where it lives as long as the context's nodes
-/// (custom ops point their user data at it); None when it does not fit. `v` is never
-/// dropped, so it must not own anything.
+/// (custom ops point their user data at it); None when the context has no room left (a
+/// type larger than a node's room does not compile). `v` is never dropped, so it must not
+/// own anything.
 pub(crate) fn store_in_ctx<V>(ctx: *mut g::ggml_context, v: V) -> Option<*mut V> {
     // A type too large for the room a node keeps would be refused at run time, and its op
     // would quietly fall back to ggml's: make that a compile error instead.
     const { assert!(std::mem::size_of::<V>() + 32 <= OP_DATA_ROOM && std::mem::align_of::<V>() <= 16) };
     let size = std::mem::size_of::<V>();
-    if std::mem::needs_drop::<V>() || size + 32 > OP_DATA_ROOM || std::mem::align_of::<V>() > 16 {
+    if std::mem::needs_drop::<V>() {
         return None;
     }
     // SAFETY: a live context; the buffer is new, aligned to 16 by ggml and `size` long, and

@@ -359,21 +359,21 @@ mod tests {
             }
             acc.iter().map(|v| _mm512_reduce_add_ps(*v)).sum()
         }
+        // GFLOP per CPU second of 12 chains of `lanes`-lane FMAs, `reps` rounds.
+        #[cfg(target_arch = "x86_64")]
+        let rate = |lanes: f64, reps: usize, chains: unsafe fn(usize) -> f32| {
+            let t = thread_cpu_s();
+            // SAFETY: called only after the chains' features were checked.
+            std::hint::black_box(unsafe { chains(reps) });
+            2.0 * lanes * 12.0 * reps as f64 / (thread_cpu_s() - t) / 1e9
+        };
         #[cfg(target_arch = "x86_64")]
         if is_x86_feature_detected!("avx512f") {
-            let reps = 50_000_000usize;
-            let t = thread_cpu_s();
-            // SAFETY: AVX-512F checked.
-            std::hint::black_box(unsafe { chains(reps) });
-            return 2.0 * 16.0 * 12.0 * reps as f64 / (thread_cpu_s() - t) / 1e9;
+            return rate(16.0, 50_000_000, chains);
         }
         #[cfg(target_arch = "x86_64")]
         if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
-            let reps = 100_000_000usize;
-            let t = thread_cpu_s();
-            // SAFETY: AVX2 and FMA checked.
-            std::hint::black_box(unsafe { chains8(reps) });
-            return 2.0 * 8.0 * 12.0 * reps as f64 / (thread_cpu_s() - t) / 1e9;
+            return rate(8.0, 100_000_000, chains8);
         }
         0.0
     }

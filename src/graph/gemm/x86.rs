@@ -64,24 +64,30 @@ unsafe fn load1(kind: Load, row: *const u8, i: usize) -> f32 {
 #[target_feature(enable = "avx2,fma,f16c")]
 #[allow(clippy::too_many_arguments)]
 unsafe fn pack_panels<const R: usize>(kind: Load, src: *const u8, stride: usize, rows: usize, tiles: usize, g: usize, cs: usize, kc: usize, dst: *mut f32) {
-    let plane = tiles * R * cs * 8 * g;
     for t in 0..tiles {
         for r in 0..R {
             let i = t * R + r;
             let row = src.wrapping_add(i * stride);
             for c0 in (0..cs).step_by(kc) {
                 let c1 = (c0 + kc).min(cs);
-                let base = dst.add(c0 * tiles * R * 8 * g + t * R * (c1 - c0) * 8 * g + r * 8 * g);
                 for c in c0..c1 {
-                    let d = base.add((c - c0) * R * 8 * g);
                     for j in 0..4 {
+                        let at = panel_at(R, tiles, g, cs, j, c0) + t * R * (c1 - c0) * 8 * g + (c - c0) * R * 8 * g + r * 8 * g + (j % g) * 8;
                         let v = if i < rows { load8(kind, row, c * 32 + j * 8) } else { _mm256_setzero_ps() };
-                        _mm256_storeu_ps(d.add((j / g) * plane + (j % g) * 8), v);
+                        _mm256_storeu_ps(dst.add(at), v);
                     }
                 }
             }
         }
     }
+}
+
+/// Where the panels of `pack_panels` put lane-group set j / g's K chunk from block c0 (tiles
+/// of R rows, `tiles` of them, `cs` blocks): tile t of that chunk follows at
+/// t · R · (chunk length) · 8g.
+#[inline(always)]
+fn panel_at(r: usize, tiles: usize, g: usize, cs: usize, j: usize, c0: usize) -> usize {
+    (j / g) * tiles * r * cs * 8 * g + c0 * tiles * r * 8 * g
 }
 
 /// The elements past the last whole block of `rows` rows, as [r][tail].
@@ -325,17 +331,17 @@ struct Panels {
     pn: usize,
 }
 
-/// Every tile's accumulator passes: per lane-group set j and K chunk c0, the chunk of A
-/// tile q at `a_at(j, c0)` + q · MR · nc · 8g elements (B likewise), each A tile panel
-/// kept in L1 while the task's B tiles stream past it.
+/// Every tile's accumulator passes: per lane-group set j and K chunk c0, A tile q's and B
+/// tile n's chunks (`panel_at`), each A tile panel kept in L1 while the task's B tiles
+/// stream past it.
 #[inline(always)]
 unsafe fn passes<L: Lanes, const NR: usize>(p: &Panels) {
     let Panels { a, b, st, g, cs, kc, pm, pn } = *p;
     for j in (0..4).step_by(g) {
         for c0 in (0..cs).step_by(kc) {
             let nc = (c0 + kc).min(cs) - c0;
-            let achunk = a.add((j / g) * pm * MR * cs * 8 * g + c0 * pm * MR * 8 * g);
-            let bchunk = b.add((j / g) * pn * NR * cs * 8 * g + c0 * pn * NR * 8 * g);
+            let achunk = a.add(panel_at(MR, pm, g, cs, j, c0));
+            let bchunk = b.add(panel_at(NR, pn, g, cs, j, c0));
             for q in 0..pm {
                 let apanel = achunk.add(q * MR * nc * 8 * g);
                 for n in 0..pn {
@@ -566,7 +572,6 @@ impl Lanes for W8 {
     unsafe fn load(p: *const f32) -> __m256 {
         _mm256_loadu_ps(p)
     }
-
     #[inline(always)]
     unsafe fn store(p: *mut f32, v: __m256) {
         _mm256_storeu_ps(p, v)
@@ -621,7 +626,6 @@ impl Lanes for W16 {
     unsafe fn load(p: *const f32) -> __m512 {
         _mm512_loadu_ps(p)
     }
-
     #[inline(always)]
     unsafe fn store(p: *mut f32, v: __m512) {
         _mm512_storeu_ps(p, v)

@@ -38,7 +38,8 @@ usage: sd-bench [--quick] [options]
                        ours-vulkan computes on the first Vulkan device (lavapipe without a GPU),
                        ours-rpc on this CPU through ggml's RPC server on loopback,
                        and the NAMEs of --ref-lib); SIDE+fa is SIDE with flash attention
-                       (flash_attn of sd_ctx_params_t), e.g. ours+fa,ref97+fa
+                       (flash_attn of sd_ctx_params_t), e.g. ours+fa,ref97+fa; SIDE+fast
+                       (after +fa or alone) is SIDE with fast=1 in model_args (our fast path)
   --ref-lib NAME=PATH  a side NAME that runs the stable-diffusion.cpp shared library PATH
                        (loaded at run time through the C API of stable-diffusion.h), e.g.
                        the exact reference built by bench/build-reference.sh; repeatable
@@ -254,9 +255,12 @@ const BUILT_SIDES: &[&str] = &["reference", "ours", "ours-native", "ours-vulkan"
 
 /// The suffix of a side that runs with flash attention on.
 const FLASH_ATTN_SUFFIX: &str = "+fa";
+/// The suffix (last) of a side that runs our fast path (`fast=1` in `model_args`).
+const FAST_SUFFIX: &str = "+fast";
 
-/// A side's runner without its flash-attention suffix.
+/// A side's runner without its flash-attention and fast-path suffixes.
 fn base_side(side: &str) -> &str {
+    let side = side.strip_suffix(FAST_SUFFIX).unwrap_or(side);
     side.strip_suffix(FLASH_ATTN_SUFFIX).unwrap_or(side)
 }
 
@@ -268,11 +272,12 @@ impl Options {
 
     /// The runner of a side and the job it runs (a `--ref-lib` side's names its library).
     fn runner(&self, side: &str, job: &Job) -> (PathBuf, Job) {
-        let flash_attn = side.ends_with(FLASH_ATTN_SUFFIX);
+        let fast = side.ends_with(FAST_SUFFIX);
+        let flash_attn = side.strip_suffix(FAST_SUFFIX).unwrap_or(side).ends_with(FLASH_ATTN_SUFFIX);
         let side = base_side(side);
         match self.library(side) {
-            Some(lib) => (runner_path("library"), Job { library: lib.to_string(), flash_attn, ..job.clone() }),
-            None => (runner_path(side), Job { flash_attn, ..job.clone() }),
+            Some(lib) => (runner_path("library"), Job { library: lib.to_string(), flash_attn, fast, ..job.clone() }),
+            None => (runner_path(side), Job { flash_attn, fast, ..job.clone() }),
         }
     }
 }
@@ -703,6 +708,12 @@ mod tests {
         assert_eq!(o.runner("ours+fa", &job).0, runner_path("ours"));
         assert!(parse_args_from(["--sides", "ours+fa,reference+fa"].map(String::from).to_vec()).is_ok());
         assert!(parse_args_from(["--sides", "nobody+fa"].map(String::from).to_vec()).is_err());
+        let (exe, j) = o.runner("ours+fa+fast", &job);
+        assert_eq!((exe, j.flash_attn, j.fast), (runner_path("ours"), true, true));
+        let (_, j) = o.runner("ours+fast", &job);
+        assert_eq!((j.flash_attn, j.fast), (false, true));
+        assert!(!o.runner("ours+fa", &job).1.fast);
+        assert!(parse_args_from(["--sides", "ours+fa+fast,reference+fa"].map(String::from).to_vec()).is_ok());
     }
 
     #[test]

@@ -121,18 +121,23 @@ pub struct GraphOptions {
     /// rounding differs from ggml's, so only where nothing amplifies it (decoders and
     /// upscalers, see `winograd_wanted`).
     pub cpu_winograd: bool,
+    /// The context's opt-in fast path (`runtime::args::fast_path`): encoders keep Winograd
+    /// too (`encoder_winograd`).
+    pub fast: bool,
 }
 
-/// Whether a decoder or upscaler takes Winograd's convolutions (`GraphOptions::cpu_winograd`).
-/// Not in networks whose output is sampled further (UNet, encoders): SDXL's sampling
-/// amplifies the rounding past the golden tolerance (its img2img case moved by max 8 with a
-/// Winograd VAE encoder). Not in contexts with quantized weights either, whose pictures are
-/// the reference's bit for bit. `SD_CPU_WINOGRAD=0` switches it off, `=all` on even there.
-pub fn winograd_wanted(quantized_context: bool) -> bool {
+/// Whether a network takes Winograd's convolutions (`GraphOptions::cpu_winograd`). By
+/// default only decoders and upscalers do, of float contexts: not networks whose output is
+/// sampled further (UNet, encoders), as SDXL's sampling amplifies the rounding past the
+/// golden tolerance (its img2img case moved by max 8 with a Winograd VAE encoder), and not
+/// contexts with quantized weights, whose pictures are the reference's bit for bit. On the
+/// `fast` path every network of every context takes it. `SD_CPU_WINOGRAD=0` switches it off
+/// (fast path included), `=all` on for decoders of quantized contexts too.
+pub fn winograd_wanted(quantized_context: bool, fast: bool) -> bool {
     match std::env::var("SD_CPU_WINOGRAD").as_deref().map(str::trim) {
         Ok("0" | "off") => false,
         Ok("all") => true,
-        _ => !quantized_context,
+        _ => fast || !quantized_context,
     }
 }
 
@@ -159,7 +164,19 @@ impl Default for GraphOptions {
             cpu_fast_im2col: fast_im2col,
             cpu_own_matmul: !matches!(std::env::var("SD_CPU_OWN_MATMUL").as_deref().map(str::trim), Ok("0" | "off")),
             cpu_winograd: false,
+            fast: false,
         }
+    }
+}
+
+impl GraphOptions {
+    /// Sets Winograd for an encoder's graphs and returns the setting to restore after them:
+    /// off (an encoder's latent is sampled further, see `winograd_wanted`) unless the fast
+    /// path is on.
+    pub fn encoder_winograd(&mut self) -> bool {
+        let was = self.cpu_winograd;
+        self.cpu_winograd = was && self.fast;
+        was
     }
 }
 

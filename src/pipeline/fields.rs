@@ -161,9 +161,10 @@ pub const EXTRA_SAMPLE_ARGS: &[(&str, Use)] = &[
     ("guidance_schedule", Acts),
 ];
 
-/// The reference's `model_args` keys (read by the family they name).
+/// The reference's `model_args` keys (read by the family they name), and ours: `fast`, the
+/// opt-in fast path (`runtime::args::fast_path`).
 pub const MODEL_ARGS: &[(&str, Use)] =
-    &[("chroma_use_t5_mask", Acts), ("chroma_t5_mask_pad", Acts), ("chroma_use_dit_mask", Acts), ("qwen_image_zero_cond_t", Acts)];
+    &[("chroma_use_t5_mask", Acts), ("chroma_t5_mask_pad", Acts), ("chroma_use_dit_mask", Acts), ("qwen_image_zero_cond_t", Acts), ("fast", Acts)];
 
 /// The row of `field` of C struct `strukt`.
 pub fn rule(strukt: &str, field: &str) -> Option<Use> {

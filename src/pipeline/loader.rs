@@ -21,6 +21,9 @@ pub struct Weights {
     /// ComfyUI `int8_tensorwise` weights and their ConvRot groups.
     int8: Int8Groups,
     version: SdVersion,
+    /// The context's opt-in fast path (`runtime::args::fast_path`): every network loaded from
+    /// these files takes Winograd's convolutions.
+    fast: bool,
 }
 
 /// The component files of `params` with the prefix the reference gives each.
@@ -53,7 +56,7 @@ impl Weights {
     /// The weights of `files` typed as `types`, with the files' `int8_tensorwise` weights.
     fn assemble(files: ModelFiles, types: TypeMap, version: SdVersion) -> Weights {
         let int8 = files.tensors().iter().filter_map(|ts| ts.int8_group().map(|g| (ts.name().to_string(), g))).collect();
-        Weights { files, types, int8, version }
+        Weights { files, types, int8, version, fast: false }
     }
 
     /// Lists every file of `params` and detects the model family. A file that cannot be
@@ -83,7 +86,17 @@ impl Weights {
         })?;
         sd_info!("Version: {}", version.name());
         files.convert_names(Some(version));
-        Ok(Self::from_files(files, version, params.wtype, params.tensor_type_rules.as_deref().unwrap_or("")))
+        let fast = crate::runtime::args::fast_path(params.model_args.as_deref());
+        if fast {
+            sd_info!("fast path on: 3x3 convolutions by Winograd in every network (pictures move from the reference's by float rounding)");
+        }
+        Ok(Self::from_files(files, version, params.wtype, params.tensor_type_rules.as_deref().unwrap_or("")).fast(fast))
+    }
+
+    /// The same weights for a context on the fast path or not.
+    fn fast(mut self, fast: bool) -> Weights {
+        self.fast = fast;
+        self
     }
 
     /// Files already listed with internal names, each weight typed by `wtype` and the
@@ -154,7 +167,8 @@ impl Weights {
             .add(path, prefix)
             .map_err(|e| loader_error(&path, e))?;
         files.convert_names(Some(version));
-        Ok(Self::from_files(files, version, params.wtype, params.tensor_type_rules.as_deref().unwrap_or("")))
+        let fast = crate::runtime::args::fast_path(params.model_args.as_deref());
+        Ok(Self::from_files(files, version, params.wtype, params.tensor_type_rules.as_deref().unwrap_or("")).fast(fast))
     }
 
     /// Internal names of every tensor in the files.
@@ -167,9 +181,9 @@ impl Weights {
     }
 
     /// Whether decoders and upscalers of these files take Winograd's convolutions: not when
-    /// any weight is quantized (see `graph::context::winograd_wanted`).
+    /// any weight is quantized, unless on the fast path (see `graph::context::winograd_wanted`).
     pub fn winograd_for_decoding(&self) -> bool {
-        crate::graph::context::winograd_wanted(self.types().values().any(|&t| crate::graph::context::is_block_quantized(t)))
+        crate::graph::context::winograd_wanted(self.types().values().any(|&t| crate::graph::context::is_block_quantized(t)), self.fast)
     }
 
     /// Internal name → type the weight will have.
@@ -282,7 +296,11 @@ impl Weights {
         } else {
             sd_info!("{what}: weights are read from the model files for each use");
         }
-        let runner = Runner::for_placement(&placement, n_threads);
+        let mut runner = Runner::for_placement(&placement, n_threads);
+        if self.fast {
+            runner.options.fast = true;
+            runner.options.cpu_winograd = self.winograd_for_decoding();
+        }
         let source: Arc<dyn WeightSource> = self.clone();
         Ok(Loaded::new(model, store, placement, runner, Some(source), what))
     }

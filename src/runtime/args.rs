@@ -152,6 +152,29 @@ pub fn parse_strict_bool(text: &str) -> Option<bool> {
     }
 }
 
+/// Whether a context takes the opt-in fast path (issue 28): `fast=<bool>` in its
+/// `model_args`, else `SD_FAST=<bool>` in the environment; off by default. The fast path
+/// trades the reference's float sums for speed (its pictures move by rounding), so it is
+/// never on unless asked for. An invalid value is warned about and leaves it off.
+pub fn fast_path(model_args: Option<&str>) -> bool {
+    let mut fast = None;
+    for (k, v) in parse_key_value_args(model_args, "model arg") {
+        if k == "fast" {
+            match parse_strict_bool(&v) {
+                Some(b) => fast = Some(b),
+                None => sd_warn!("ignoring invalid model arg 'fast={v}' (expected 1/0, true/false, yes/no or on/off)"),
+            }
+        }
+    }
+    fast.unwrap_or_else(|| match std::env::var("SD_FAST") {
+        Ok(v) if !trim(&v).is_empty() => parse_strict_bool(&v).unwrap_or_else(|| {
+            sd_warn!("ignoring invalid SD_FAST='{v}' (expected 1/0, true/false, yes/no or on/off)");
+            false
+        }),
+        _ => false,
+    })
+}
+
 /// Reads a float option into `slot`, warning (with the reference's wording) when invalid.
 pub(crate) fn set_float(slot: &mut f32, what: &str, key: &str, value: &str) {
     match parse_strict_float(value) {
@@ -211,5 +234,15 @@ mod tests {
         assert_eq!(parse_strict_bool(" Yes "), Some(true));
         assert_eq!(parse_strict_bool("OFF"), Some(false));
         assert_eq!(parse_strict_bool("2"), None);
+    }
+
+    /// `fast` in `model_args` decides whatever SD_FAST says (the environment is only read
+    /// without it, and is left alone here: tests share it).
+    #[test]
+    fn fast_path_from_model_args() {
+        assert!(fast_path(Some("fast=1")));
+        assert!(fast_path(Some("chroma_use_dit_mask=false, fast = On")));
+        assert!(!fast_path(Some("fast=0")));
+        assert!(!fast_path(Some("fast=1;fast=no")));
     }
 }

@@ -22,6 +22,17 @@ import tempfile
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
+def case_spec(folder, case):
+    """The sd_capi.py case of a golden case: its context (the folder's model unless it names
+    its own) and fields."""
+    ctx = dict(case.get("ctx", {}))
+    ctx.setdefault("model_path", "{fx}/" + folder["model"])
+    spec = {"ctx": ctx, "params": case.get("params", {})}
+    if "adetailer" in case:
+        spec["adetailer"] = case["adetailer"]
+    return spec
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--lib", required=True)
@@ -36,12 +47,7 @@ def main():
         for case in folder["cases"]:
             if a.only and case["name"] not in a.only:
                 continue
-            ctx = dict(case.get("ctx", {}))
-            ctx.setdefault("model_path", "{fx}/" + folder["model"])
-            spec = {"ctx": ctx, "params": case.get("params", {})}
-            if "adetailer" in case:
-                spec["adetailer"] = case["adetailer"]
-            spec = json.dumps(spec)
+            spec = json.dumps(case_spec(folder, case))
             runs = []
             for r in range(a.repeat):
                 out = os.path.join(tmp, f"{case['name']}_{r}.png")

@@ -67,6 +67,8 @@ pub struct Job {
     /// `flash_attn` of `sd_ctx_params_t`: flash attention in every model (a side named
     /// `NAME+fa`).
     pub flash_attn: bool,
+    /// Our opt-in fast path (`fast=1` in `model_args`; a side named `NAME+fast`).
+    pub fast: bool,
     /// Frames of a video job (`generate_video` instead of `generate_image`); 0 is an image
     /// job.
     pub video_frames: i32,
@@ -167,6 +169,7 @@ impl Default for Job {
             components: Vec::new(),
             library: String::new(),
             flash_attn: false,
+            fast: false,
             video_frames: 0,
             ref_image: false,
         }
@@ -228,6 +231,9 @@ impl Job {
         if self.flash_attn {
             a.push("--flash-attn".into());
         }
+        if self.fast {
+            a.push("--fast".into());
+        }
         if self.is_video() {
             a.extend(["--video-frames".into(), self.video_frames.to_string()]);
         }
@@ -263,6 +269,7 @@ impl Job {
                 "--component" => job.components.push(parse_component(&value()?)?),
                 "--library" => job.library = value()?,
                 "--flash-attn" => job.flash_attn = true,
+                "--fast" => job.fast = true,
                 "--video-frames" => job.video_frames = parse_num(&flag, &value()?)?,
                 "--ref-image" => job.ref_image = true,
                 _ => return Err(format!("unknown flag {flag:?}")),

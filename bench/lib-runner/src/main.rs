@@ -196,6 +196,10 @@ fn run(job: &Job) -> Result<Outcome<'static>, String> {
         cp.n_threads = job.threads;
         cp.enable_mmap = job.mmap.into();
         cp.flash_attn = job.flash_attn.into();
+        let fast_arg = cstr("fast=1")?;
+        if job.fast {
+            cp.model_args = fast_arg.as_ptr();
+        }
         if !job.wtype.is_empty() {
             let wtype = (api.str_to_type)(wtype_name.as_ptr());
             if wtype == sd_type_t::COUNT {

@@ -107,6 +107,7 @@ fn run(job: &Job) -> Result<Outcome<'static>, String> {
         n_threads: job.threads,
         enable_mmap: job.mmap,
         flash_attn: job.flash_attn,
+        model_args: job.fast.then(|| "fast=1".to_string()),
         ..CtxParams::default()
     };
     for (key, path) in &job.components {

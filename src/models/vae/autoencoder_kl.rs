@@ -614,7 +614,7 @@ pub fn encode(runner: &mut Runner, vae: &AutoEncoderKL, image: &Tensor) -> Resul
     }
     // The encoder's latent is sampled further: ggml's convolution sums (see
     // `graph::context::winograd_wanted`).
-    let winograd = std::mem::replace(&mut runner.options.cpu_winograd, false);
+    let winograd = runner.options.encoder_winograd();
     let moments = runner.compute(|g| vae.encode_graph(g, g.input(image)));
     runner.options.cpu_winograd = winograd;
     moments

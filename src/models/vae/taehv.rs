@@ -408,7 +408,7 @@ impl Taehv {
             }
         }
         let x = Tensor::from_vec(&[w, h, padded_t, c], data)?;
-        let winograd = std::mem::replace(&mut runner.options.cpu_winograd, false);
+        let winograd = runner.options.encoder_winograd();
         let out = runner.compute(|g| {
             let x = g.input(&x).permute(0, 1, 3, 2).cont();
             Ok(self.encode_graph(g, x)?.permute(0, 1, 3, 2).cont())
@@ -429,7 +429,7 @@ impl Taehv {
         let plane = w * h;
         let chunks = t.div_ceil(CHUNK);
         let mut outs = Vec::with_capacity(chunks);
-        let winograd = std::mem::replace(&mut runner.options.cpu_winograd, false);
+        let winograd = runner.options.encoder_winograd();
         let result = (|| -> Result<()> {
             for k in 0..chunks {
                 let mut data = Vec::with_capacity(plane * (LEAD + CHUNK) * c);

@@ -444,7 +444,7 @@ impl LtxVae {
         let c = CHANNELS as i64;
         // The reference's sums (no Winograd): the encoded pictures condition every step after,
         // frames and sound, where rounding differences would spread.
-        let winograd = std::mem::replace(&mut runner.options.cpu_winograd, false);
+        let winograd = runner.options.encoder_winograd();
         let out = runner.compute(|g| {
             let means = enc.graph(g, g.input_f32(&patches, &ne));
             Ok(means.sub(g.param(self.mean).reshape(&[1, 1, 1, c])).div(g.param(self.std).reshape(&[1, 1, 1, c])))

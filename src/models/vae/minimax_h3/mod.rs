@@ -217,7 +217,7 @@ impl MinimaxH3Vae {
         ensure!(pixels.shape().len() >= 4 && pixels.ne(3) == 3, "the MiniMax-H3 VAE encodes RGB frames [W, H, T, 3], got {:?}", pixels.shape());
         let plane = w * h * t;
         let data: Vec<f32> = (0..3).flat_map(|c| pixels.data()[c * plane..(c + 1) * plane].iter().map(move |&v| (v - PIXEL_MEAN[c]) / PIXEL_STD[c])).collect();
-        let winograd = std::mem::replace(&mut runner.options.cpu_winograd, false);
+        let winograd = runner.options.encoder_winograd();
         let out = runner.compute(|g| Ok(enc.forward(g, g.input_f32(&data, &[w as i64, h as i64, t as i64, 3]))));
         runner.options.cpu_winograd = winograd;
         out

@@ -437,7 +437,7 @@ impl WanVae {
         let chunks = 1 + (t - 1) / TIME_SCALE;
         // The encoder's latent is sampled further: ggml's convolution sums (see
         // `graph::context::winograd_wanted`; only the 2-D variant has convolutions it takes).
-        let winograd = std::mem::replace(&mut runner.options.cpu_winograd, false);
+        let winograd = runner.options.encoder_winograd();
         let mut cache = Vec::new();
         let mut out = Vec::with_capacity(chunks);
         let mut run = || -> Result<()> {

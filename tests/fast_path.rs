@@ -1,0 +1,56 @@
+//! The opt-in fast path (issue 28, `fast=1` in `model_args` or `SD_FAST=1`): our fast
+//! picture may be no further from our exact one than the reference's fastest build
+//! (llamafile, -march=native) is from its default build on the same case. Each case of
+//! `golden/fast-bound/` carries that distance (`fast_bound`, measured by
+//! tests/tools/fast_bound.py); its pictures are the default build's. The sizes are large
+//! enough that Winograd runs in the UNet (a convolution's output of 256 positions or more).
+//! CI runs the SD 1.x text-to-image case; `SD_PARITY=full` every case.
+
+mod common;
+
+use common::parity::{diff_bytes, full, render_with, report, run, Case};
+use serde_json::Value;
+
+/// (case name, max, mean) of every case's `fast_bound`.
+fn bounds() -> Vec<(String, f64, f64)> {
+    let path = common::root().join("tests/fixtures/golden/fast-bound/cases.json");
+    let v: Value = serde_json::from_str(&std::fs::read_to_string(path).expect("cases.json")).expect("JSON");
+    v["cases"]
+        .as_array()
+        .expect("cases")
+        .iter()
+        .map(|c| {
+            let b = &c["fast_bound"];
+            let name = c["name"].as_str().expect("name").to_string();
+            let (max, mean) = (b["max"].as_f64(), b["mean"].as_f64());
+            (name.clone(), max.unwrap_or_else(|| panic!("{name}: no fast_bound.max")), mean.expect("fast_bound.mean"))
+        })
+        .collect()
+}
+
+fn in_this_run(name: &str) -> bool {
+    full() || name == "sd1_txt2img"
+}
+
+#[test]
+fn fast_path_stays_within_the_reference_builds_distance() {
+    let mut moved = false;
+    for (name, bound_max, bound_mean) in bounds().into_iter().filter(|b| in_this_run(&b.0)) {
+        let select = |c: &Case| c.name == name;
+        // `fast=0` wins over an SD_FAST in the environment.
+        let exact = render_with("fast-bound", select, |p, arena| p.model_args = arena.str("fast=0"));
+        let fast = render_with("fast-bound", select, |p, arena| p.model_args = arena.str("fast=1"));
+        let (max, mean) = diff_bytes(&exact[0], &fast[0]);
+        eprintln!("fast-bound/{name}: fast vs exact max {max} mean {mean:.4} (the reference's fastest vs default build: max {bound_max} mean {bound_mean})");
+        assert!(max <= bound_max && mean <= bound_mean, "fast-bound/{name}: the fast path moved the picture by max {max} mean {mean:.4}, more than the reference's fastest build moves it (max {bound_max} mean {bound_mean})");
+        moved |= max > 0.0;
+    }
+    assert!(moved, "the fast path changed no picture: its convolutions did not run");
+}
+
+/// The folder's pictures are the reference's default build's: our exact path within the
+/// golden tolerance, like every golden folder.
+#[test]
+fn fast_bound_cases_match_the_reference() {
+    report(&run("fast-bound", |c| in_this_run(&c.name)));
+}

@@ -1,0 +1,63 @@
+#!/usr/bin/env python3
+"""Measures the fast path's quality bound (issue 28) on a golden image folder: renders every
+case with the reference's fastest build (bench/build-reference.sh SRC OUT --llamafile:
+llamafile, -march=native) and records how far its picture is from the folder's golden one (the
+reference's default AVX2 build) as `"fast_bound": {"max": M, "mean": m}` in cases.json.
+tests/fast_path.rs then holds our fast path to the same distance from our exact path.
+
+  fast_bound.py --lib FASTEST/libstable-diffusion.so --golden tests/fixtures/golden/fast-bound
+
+Each case is rendered once by tests/tools/sd_capi.py in a child process, with the case's
+own context (the same fields as the golden render: only the build differs). Needs numpy
+(scripts/fixtures.sh --python prints a python with it).
+"""
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, HERE)
+from make_golden_images import case_spec  # noqa: E402
+from vae_ref import read_png  # noqa: E402
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--lib", required=True)
+    ap.add_argument("--golden", required=True)
+    ap.add_argument("--only", nargs="*", default=None)
+    ap.add_argument("--threads", type=int, default=2)
+    a = ap.parse_args()
+    path = os.path.join(a.golden, "cases.json")
+    folder = json.load(open(path))
+    failed = False
+    with tempfile.TemporaryDirectory() as tmp:
+        for case in folder["cases"]:
+            if a.only and case["name"] not in a.only:
+                continue
+            spec = json.dumps(case_spec(folder, case))
+            out = os.path.join(tmp, case["name"] + ".png")
+            cmd = [sys.executable, os.path.join(HERE, "sd_capi.py"), "--lib", a.lib, "--case", spec, "--out", out, "--threads", str(a.threads)]
+            if subprocess.run(cmd).returncode != 0 or not os.path.exists(out):
+                print(f"{case['name']}: render failed", file=sys.stderr)
+                failed = True
+                continue
+            got = read_png(out)[0].astype(np.float64)
+            golden = read_png(os.path.join(a.golden, case["images"][0]))[0].astype(np.float64)
+            d = np.abs(got - golden)
+            case["fast_bound"] = {"max": float(d.max()), "mean": round(float(d.mean()), 4)}
+            print(f"{case['name']}: fastest build vs default build: max {d.max():.0f} mean {d.mean():.4f}")
+    with open(path + ".tmp", "w") as f:
+        json.dump(folder, f, indent=1)
+        f.write("\n")
+    os.replace(path + ".tmp", path)
+    sys.exit(1 if failed else 0)
+
+
+if __name__ == "__main__":
+    main()

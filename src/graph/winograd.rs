@@ -405,38 +405,42 @@ unsafe fn task(geo: &Geo, i: usize, s: &mut Scratch) {
 
 /// `G g Gᵀ` of the kernels of output channel panel `p` into [16][panel][c][NO] (zero past
 /// the last channel). f32 kernels are rounded to f16 first: ggml's product with the f16
-/// im2col matrix does.
+/// im2col matrix does. Eight channels at a time on vectors (the same operations per value as
+/// `tests::transform_kernels_scalar`, so the same bits): done once per compute, it was 6 %
+/// of a fast-path UNet run as scalar code.
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn transform_kernels(w: &KernelGeo, p: usize, panels: usize, u: *mut f32) {
-    let (c, oc, f16) = (w.c, w.oc, w.f16);
+    let (c, oc) = (w.c, w.oc);
+    let half = _mm256_set1_ps(0.5);
+    // The three values of Gᵀ's action on (a, b, d): a, (a + b + d) / 2, (a - b + d) / 2, d.
+    let g = |a: __m256, b: __m256, d: __m256| [a, _mm256_mul_ps(_mm256_add_ps(_mm256_add_ps(a, b), d), half), _mm256_mul_ps(_mm256_add_ps(_mm256_sub_ps(a, b), d), half), d];
     for lane in 0..NO {
         let o = p * NO + lane;
-        for ci in 0..c {
-            let mut k = [[0f32; 3]; 3];
+        for c0 in (0..c).step_by(8) {
+            let live = (c - c0).min(8);
+            // taps[ky·3 + kx][i]: channel c0 + i's value as f16 bits.
+            let mut taps = [[0u16; 8]; 9];
             if o < oc {
-                let base = w.data.add(o * w.o_nb + (ci % w.cr) * w.c_nb + (ci / w.cr) * w.t_nb);
-                for (ky, row) in k.iter_mut().enumerate() {
-                    for (kx, v) in row.iter_mut().enumerate() {
-                        let at = base.add(ky * w.nb[1] + kx * w.nb[0]);
-                        let h = if f16 { (at as *const u16).read_unaligned() } else { super::gemm::scalar::f32_to_f16((at as *const f32).read_unaligned()) };
-                        *v = super::gemm::scalar::f16_to_f32(h);
+                for i in 0..live {
+                    let ci = c0 + i;
+                    let base = w.data.add(o * w.o_nb + (ci % w.cr) * w.c_nb + (ci / w.cr) * w.t_nb);
+                    for (t, tap) in taps.iter_mut().enumerate() {
+                        let at = base.add((t / 3) * w.nb[1] + (t % 3) * w.nb[0]);
+                        tap[i] = if w.f16 { (at as *const u16).read_unaligned() } else { super::gemm::scalar::f32_to_f16((at as *const f32).read_unaligned()) };
                     }
                 }
             }
-            // Rows: G g.
-            let mut gk = [[0f32; 3]; 4];
-            for col in 0..3 {
-                let (a, b, d) = (k[0][col], k[1][col], k[2][col]);
-                gk[0][col] = a;
-                gk[1][col] = (a + b + d) * 0.5;
-                gk[2][col] = (a - b + d) * 0.5;
-                gk[3][col] = d;
-            }
-            for (r, row) in gk.iter().enumerate() {
-                let (a, b, d) = (row[0], row[1], row[2]);
-                let vals = [a, (a + b + d) * 0.5, (a - b + d) * 0.5, d];
-                for (q, v) in vals.into_iter().enumerate() {
-                    *u.add((((r * 4 + q) * panels + p) * c + ci) * NO + lane) = v;
+            let k: [__m256; 9] = std::array::from_fn(|t| _mm256_cvtph_ps(_mm_loadu_si128(taps[t].as_ptr() as *const __m128i)));
+            // Rows (G g), column by column, then each row's columns.
+            let cols: [[__m256; 4]; 3] = std::array::from_fn(|col| g(k[col], k[3 + col], k[6 + col]));
+            for r in 0..4 {
+                for (q, v) in g(cols[0][r], cols[1][r], cols[2][r]).into_iter().enumerate() {
+                    let mut vals = [0f32; 8];
+                    _mm256_storeu_ps(vals.as_mut_ptr(), v);
+                    let dst = u.add((((r * 4 + q) * panels + p) * c + c0) * NO + lane);
+                    for (i, &x) in vals.iter().enumerate().take(live) {
+                        *dst.add(i * NO) = x;
+                    }
                 }
             }
         }
@@ -653,7 +657,77 @@ unsafe fn kernel(v: *const f32, u: *const f32, kc: usize, m: *mut f32, ldm: usiz
 
 #[cfg(test)]
 mod tests {
+    use super::{transform_kernels, KernelGeo, NO};
     use crate::graph::backend::Backend;
+
+    /// The scalar specification of `transform_kernels` (its former code).
+    unsafe fn transform_kernels_scalar(w: &KernelGeo, p: usize, panels: usize, u: *mut f32) {
+        let (c, oc, f16) = (w.c, w.oc, w.f16);
+        for lane in 0..NO {
+            let o = p * NO + lane;
+            for ci in 0..c {
+                let mut k = [[0f32; 3]; 3];
+                if o < oc {
+                    let base = w.data.add(o * w.o_nb + (ci % w.cr) * w.c_nb + (ci / w.cr) * w.t_nb);
+                    for (ky, row) in k.iter_mut().enumerate() {
+                        for (kx, v) in row.iter_mut().enumerate() {
+                            let at = base.add(ky * w.nb[1] + kx * w.nb[0]);
+                            let h = if f16 { (at as *const u16).read_unaligned() } else { crate::graph::gemm::scalar::f32_to_f16((at as *const f32).read_unaligned()) };
+                            *v = crate::graph::gemm::scalar::f16_to_f32(h);
+                        }
+                    }
+                }
+                // Rows: G g.
+                let mut gk = [[0f32; 3]; 4];
+                for col in 0..3 {
+                    let (a, b, d) = (k[0][col], k[1][col], k[2][col]);
+                    gk[0][col] = a;
+                    gk[1][col] = (a + b + d) * 0.5;
+                    gk[2][col] = (a - b + d) * 0.5;
+                    gk[3][col] = d;
+                }
+                for (r, row) in gk.iter().enumerate() {
+                    let (a, b, d) = (row[0], row[1], row[2]);
+                    let vals = [a, (a + b + d) * 0.5, (a - b + d) * 0.5, d];
+                    for (q, v) in vals.into_iter().enumerate() {
+                        *u.add((((r * 4 + q) * panels + p) * c + ci) * NO + lane) = v;
+                    }
+                }
+            }
+        }
+    }
+
+    /// The vector kernel transform gives the scalar one's values bit for bit: f16 and f32
+    /// kernels, channel counts that are not multiples of 8, output channels past the last.
+    #[test]
+    fn kernel_transform_matches_its_scalar_specification() {
+        if !crate::graph::gemm::vector_kernels_available() {
+            return;
+        }
+        let (c, oc) = (21usize, 8usize);
+        let panels = oc.div_ceil(NO);
+        for f16 in [true, false] {
+            let n = 9 * c * oc;
+            let vals: Vec<f32> = (0..n).map(|i| ((i * 7919 % 1013) as f32 - 506.0) * 0.00731).collect();
+            let bytes: Vec<u8> = if f16 {
+                vals.iter().flat_map(|&v| crate::graph::gemm::scalar::f32_to_f16(v).to_le_bytes()).collect()
+            } else {
+                vals.iter().flat_map(|&v| v.to_le_bytes()).collect()
+            };
+            let es = if f16 { 2 } else { 4 };
+            let w = KernelGeo { data: bytes.as_ptr(), f16, nb: [es, 3 * es], o_nb: 9 * c * es, c_nb: 9 * es, t_nb: 0, c, cr: c, oc };
+            let len = 16 * panels * c * NO;
+            let (mut got, mut want) = (vec![f32::NAN; len], vec![f32::NAN; len]);
+            for p in 0..panels {
+                // SAFETY: the buffers hold every panel's values; the kernels are `bytes`.
+                unsafe {
+                    transform_kernels(&w, p, panels, got.as_mut_ptr());
+                    transform_kernels_scalar(&w, p, panels, want.as_mut_ptr());
+                }
+            }
+            assert_eq!(got.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), want.iter().map(|v| v.to_bits()).collect::<Vec<_>>(), "f16 {f16}");
+        }
+    }
 
     /// The 16-lane kernel's values are the AVX2 kernel's, bit for bit (fresh and resumed).
     #[test]
@@ -844,7 +918,7 @@ mod bench {
     #[ignore]
     fn winograd_speed() {
         let backend = Arc::new(Backend::cpu().unwrap());
-        for (wi, c, oc) in [(128i64, 512i64, 512i64), (64, 320, 320), (256, 256, 256)] {
+        for (wi, c, oc) in [(128i64, 512i64, 512i64), (64, 320, 320), (256, 256, 256), (16, 1280, 1280)] {
             let x: Vec<f32> = (0..wi * wi * c).map(|i| ((i * 7 % 13) as f32 - 6.0) * 0.1).collect();
             let wb: Vec<u8> = (0..9 * c * oc).flat_map(|i| crate::graph::gemm::scalar::f32_to_f16(((i * 5 % 11) as f32 - 5.0) * 0.01).to_le_bytes()).collect();
             for wino in [false, true] {

@@ -21,15 +21,8 @@
 
 mod common;
 
+use common::logs::SERIAL;
 use common::parity::{full, report, run};
-
-/// The library's progress and preview callbacks are process-wide: a test that sets them must
-/// not share the process's time with a generation of another test (each test holds this).
-static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
-
-fn serial() -> std::sync::MutexGuard<'static, ()> {
-    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
-}
 
 /// Every golden folder of the Wan family.
 const FOLDERS: [&str; 7] = ["wan", "wan-i2v", "wan-flf2v", "wan-vace", "wan-lora", "wan-moe", "taehv"];
@@ -40,7 +33,9 @@ fn wan_all_cases() {
         eprintln!("skipped: set SD_PARITY=full (the Wan fixtures are several GB)");
         return;
     }
-    let _serial = serial();
+    // The progress and preview callbacks are process-wide: the behaviour test must not count
+    // this test's steps.
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     report(&FOLDERS.iter().flat_map(|f| run(f, |_| true)).collect::<Vec<_>>());
 }
 
@@ -52,7 +47,7 @@ fn wan_selected_cases() {
         return;
     };
     let names: Vec<&str> = names.split(',').collect();
-    let _serial = serial();
+    let _serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     report(&FOLDERS.iter().flat_map(|f| run(f, |c| names.contains(&c.name.as_str()))).collect::<Vec<_>>());
 }
 
@@ -99,7 +94,7 @@ mod behaviour {
             eprintln!("skipped: set SD_PARITY=full (the Wan fixtures are several GB)");
             return;
         }
-        let _serial = super::serial();
+        let _serial = super::SERIAL.lock().unwrap_or_else(|e| e.into_inner());
         let _ = fixture_dir();
         let ctx_fields = serde_json::json!({
             "model_path": "",

@@ -86,17 +86,19 @@ impl Weights {
         })?;
         sd_info!("Version: {}", version.name());
         files.convert_names(Some(version));
-        let fast = crate::runtime::args::fast_path(params.model_args.as_deref());
-        if fast {
+        let weights = Self::for_context(files, version, params);
+        if weights.fast {
             sd_info!("fast path on: 3x3 convolutions by Winograd in every network (pictures move from the reference's by float rounding)");
         }
-        Ok(Self::from_files(files, version, params.wtype, params.tensor_type_rules.as_deref().unwrap_or("")).fast(fast))
+        Ok(weights)
     }
 
-    /// The same weights for a context on the fast path or not.
-    fn fast(mut self, fast: bool) -> Weights {
-        self.fast = fast;
-        self
+    /// Files of the context `params` describes: weights typed by its `wtype` and
+    /// `tensor_type_rules`, on its fast path or not.
+    fn for_context(files: ModelFiles, version: SdVersion, params: &CtxParams) -> Weights {
+        let mut weights = Self::from_files(files, version, params.wtype, params.tensor_type_rules.as_deref().unwrap_or(""));
+        weights.fast = crate::runtime::args::fast_path(params.model_args.as_deref());
+        weights
     }
 
     /// Files already listed with internal names, each weight typed by `wtype` and the
@@ -153,8 +155,8 @@ impl Weights {
     }
 
     /// Lists an add-on network's file (a ControlNet) for a context of `version`: names
-    /// converted for it, weights typed by the context's `wtype` and `tensor_type_rules`
-    /// like the files of the model itself.
+    /// converted for it, weights typed by the context's `wtype` and `tensor_type_rules` and on
+    /// its fast path, like the files of the model itself.
     pub fn open_addon(path: &str, version: SdVersion, params: &CtxParams) -> Result<Weights> {
         Self::open_addon_under(path, "", version, params)
     }
@@ -167,8 +169,7 @@ impl Weights {
             .add(path, prefix)
             .map_err(|e| loader_error(&path, e))?;
         files.convert_names(Some(version));
-        let fast = crate::runtime::args::fast_path(params.model_args.as_deref());
-        Ok(Self::from_files(files, version, params.wtype, params.tensor_type_rules.as_deref().unwrap_or("")).fast(fast))
+        Ok(Self::for_context(files, version, params))
     }
 
     /// Internal names of every tensor in the files.

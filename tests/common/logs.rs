@@ -1,12 +1,13 @@
 //! The errors the library logs during a call, for tests that check a failure names its
-//! reason. The log callback is process-wide: tests using it hold [`SERIAL`].
+//! reason. The log callback is process-wide: tests using it hold [`SERIAL`], as do tests
+//! that set the (equally process-wide) progress and preview callbacks.
 
 use stable_diffusion::capi::{sd_log_level_t, sd_set_log_callback};
 use std::ffi::{c_char, c_void, CStr};
 use std::ptr::null_mut;
 use std::sync::Mutex;
 
-/// Held by every test of a file that captures the log.
+/// Held by every test of a file that captures the log or sets another process-wide callback.
 pub static SERIAL: Mutex<()> = Mutex::new(());
 static ERRORS: Mutex<Vec<String>> = Mutex::new(Vec::new());
 

@@ -11,10 +11,8 @@ Each case is rendered once by tests/tools/sd_capi.py in a child process, with th
 own context (the same fields as the golden render: only the build differs). Needs numpy
 (scripts/fixtures.sh --python prints a python with it).
 """
-import argparse
 import json
 import os
-import subprocess
 import sys
 import tempfile
 
@@ -22,17 +20,12 @@ import numpy as np
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, HERE)
-from make_golden_images import case_spec  # noqa: E402
+from make_golden_images import folder_arguments, render  # noqa: E402
 from vae_ref import read_png  # noqa: E402
 
 
 def main():
-    ap = argparse.ArgumentParser()
-    ap.add_argument("--lib", required=True)
-    ap.add_argument("--golden", required=True)
-    ap.add_argument("--only", nargs="*", default=None)
-    ap.add_argument("--threads", type=int, default=2)
-    a = ap.parse_args()
+    a = folder_arguments().parse_args()
     path = os.path.join(a.golden, "cases.json")
     folder = json.load(open(path))
     failed = False
@@ -40,11 +33,8 @@ def main():
         for case in folder["cases"]:
             if a.only and case["name"] not in a.only:
                 continue
-            spec = json.dumps(case_spec(folder, case))
             out = os.path.join(tmp, case["name"] + ".png")
-            cmd = [sys.executable, os.path.join(HERE, "sd_capi.py"), "--lib", a.lib, "--case", spec, "--out", out, "--threads", str(a.threads)]
-            if subprocess.run(cmd).returncode != 0 or not os.path.exists(out):
-                print(f"{case['name']}: render failed", file=sys.stderr)
+            if not render(a.lib, folder, case, out, a.threads):
                 failed = True
                 continue
             got = read_png(out)[0].astype(np.float64)

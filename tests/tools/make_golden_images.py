@@ -33,13 +33,30 @@ def case_spec(folder, case):
     return spec
 
 
-def main():
+def folder_arguments():
+    """The options of a tool that renders a golden folder's cases with a library."""
     ap = argparse.ArgumentParser()
     ap.add_argument("--lib", required=True)
     ap.add_argument("--golden", required=True)
     ap.add_argument("--only", nargs="*", default=None)
-    ap.add_argument("--repeat", type=int, default=2)
     ap.add_argument("--threads", type=int, default=2)
+    return ap
+
+
+def render(lib, folder, case, out, threads):
+    """Renders golden case `case` of `folder` with the library `lib` into the PNG `out` by
+    sd_capi.py in a child process; whether it worked (a failure is reported)."""
+    spec = json.dumps(case_spec(folder, case))
+    cmd = [sys.executable, os.path.join(HERE, "sd_capi.py"), "--lib", lib, "--case", spec, "--out", out, "--threads", str(threads)]
+    if subprocess.run(cmd).returncode != 0 or not os.path.exists(out):
+        print(f"{case['name']}: render failed", file=sys.stderr)
+        return False
+    return True
+
+
+def main():
+    ap = folder_arguments()
+    ap.add_argument("--repeat", type=int, default=2)
     a = ap.parse_args()
     folder = json.load(open(os.path.join(a.golden, "cases.json")))
     failed = False
@@ -47,13 +64,10 @@ def main():
         for case in folder["cases"]:
             if a.only and case["name"] not in a.only:
                 continue
-            spec = json.dumps(case_spec(folder, case))
             runs = []
             for r in range(a.repeat):
                 out = os.path.join(tmp, f"{case['name']}_{r}.png")
-                cmd = [sys.executable, os.path.join(HERE, "sd_capi.py"), "--lib", a.lib, "--case", spec, "--out", out, "--threads", str(a.threads)]
-                if subprocess.run(cmd).returncode != 0 or not os.path.exists(out):
-                    print(f"{case['name']}: render failed", file=sys.stderr)
+                if not render(a.lib, folder, case, out, a.threads):
                     break
                 runs.append(out)
             if len(runs) != a.repeat or not all(filecmp.cmp(runs[0], r, shallow=False) for r in runs[1:]):

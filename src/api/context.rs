@@ -6,6 +6,7 @@
 
 use crate::params::*;
 use crate::error::Result;
+use crate::graph::profile;
 use crate::image::Image;
 use crate::pipeline::callbacks::CancelFlag;
 use crate::pipeline::{ModelSet, Upscaler};
@@ -83,6 +84,7 @@ impl Context {
 
     /// Text/image to image. Returns `batch_count` images (fewer when cancelled).
     pub fn generate_image(&self, params: &ImgGenParams) -> Result<Vec<Image>> {
+        let _profile = profile::Session::start("generate_image");
         self.cancel.reset();
         // The reference crashes here (Wan: a division by zero in its 3-D convolution).
         ensure!(!self.video, "this is a video model and cannot be run by generate_image; use generate_video");
@@ -94,6 +96,7 @@ impl Context {
     /// Text (and images) to video: the frames, and the sound when the model makes one and its
     /// audio VAE is loaded (MiniMax-H3 with `audio_vae_path`).
     pub fn generate_video(&self, params: &VidGenParams) -> Result<VideoOutput> {
+        let _profile = profile::Session::start("generate_video");
         self.cancel.reset();
         let mut sd = self.sd.lock();
         crate::pipeline::fields::warn_video(&sd, &self.params, params);
@@ -157,6 +160,7 @@ impl UpscalerContext {
         if factor != 0 && factor != self.scale {
             sd_debug!("upscale factor {factor} ignored: the model upscales x{}", self.scale);
         }
+        let _profile = profile::Session::start("upscale");
         self.upscaler.lock().upscale(image)
     }
 }
@@ -177,6 +181,7 @@ impl AdetailerContext {
     /// Detects regions in `image` and inpaints each with `sd` using `inpaint` as the base
     /// request (`generate_image` of `sd`, once per region). Returns the composited image.
     pub fn detail(&self, sd: &Context, image: &Image, params: &AdetailerParams, inpaint: &ImgGenParams) -> Result<Image> {
+        let _profile = profile::Session::start("ADetailer");
         let mut detector = self.detector.lock();
         crate::pipeline::adetailer::detail(&mut detector, image, params, inpaint, |req| sd.generate_image(req))
     }

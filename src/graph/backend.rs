@@ -381,7 +381,7 @@ impl Backend {
     }
 
     /// A function this backend's module exports by name (null when it has none).
-    fn proc_address(&self, name: &std::ffi::CStr) -> *mut libc::c_void {
+    pub(crate) fn proc_address(&self, name: &std::ffi::CStr) -> *mut libc::c_void {
         // SAFETY: registry lookups on a valid backend; nulls are checked.
         unsafe {
             let dev = g::ggml_backend_get_device(self.raw.as_ptr());

@@ -32,7 +32,7 @@ pub(crate) fn rms_norm_channels<'g>(g: &'g Graph, x: T<'g>, gamma: T<'g>, eps: f
     Some(x.wrap(y))
 }
 
-unsafe extern "C" fn compute(dst: *mut g::ggml_tensor, ith: c_int, nth: c_int, userdata: *mut c_void) {
+pub(super) unsafe extern "C" fn compute(dst: *mut g::ggml_tensor, ith: c_int, nth: c_int, userdata: *mut c_void) {
     // A panic must not unwind into ggml's C threads.
     let _ = std::panic::catch_unwind(|| {
         // SAFETY: ggml calls this with the node built by `rms_norm_channels`: contiguous f32

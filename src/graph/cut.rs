@@ -365,9 +365,8 @@ pub(crate) fn compute_segments(runner: &mut Runner, graph: &Graph, gf: *mut g::g
         let compute_bytes = unsafe { g::ggml_gallocr_get_buffer_size(a.0.as_ptr(), 0) };
         upload_inputs(graph);
         backend.set_n_threads(runner.n_threads());
-        // SAFETY: allocated graph on this backend.
-        let status = unsafe { g::ggml_backend_graph_compute(backend.raw(), sg.gf) };
-        ensure!(status == g::GGML_STATUS_SUCCESS, "graph computation failed on {} (segment {}, status {status})", backend.device_name(), k + 1);
+        let status = super::observe::compute(&backend, sg.gf, runner.n_threads());
+        super::runner::failed_unless(status, &backend).with_context(|| format!("segment {}", k + 1))?;
 
         // Keep the cut outputs later segments read.
         let keep: Vec<*mut g::ggml_tensor> = outs.iter().copied().filter(|t| last_use.get(t).is_some_and(|&u| u > k)).collect();

@@ -1,9 +1,9 @@
 //! The backend evaluation callback (`sd_set_backend_eval_callback`, imatrix collection).
 //!
-//! ggml's scheduler asks, node by node, whether the callback wants a tensor (`ask = true`),
-//! then hands over the computed tensor (`ask = false`). The graph runner registers
-//! [`sched_eval_callback`] with `ggml_backend_sched_set_eval_callback` when [`is_set`] says a
-//! callback is installed; it forwards to whatever callback was installed here.
+//! Like the reference, a graph computed on one device is computed in pieces while a callback
+//! is installed (`graph::observe`): the callback is asked about each node (`ask = true`), and
+//! each node it wanted is handed over once computed (`ask = false`); returning false then
+//! stops the computation. Graphs scheduled over several devices ignore it, with a warning.
 
 use ggml_sys as g;
 use parking_lot::RwLock;
@@ -13,30 +13,41 @@ use std::sync::Arc;
 /// `(tensor, ask) -> wanted / continue`.
 pub type EvalFn = Arc<dyn Fn(EvalTensor<'_>, bool) -> bool + Send + Sync>;
 
+#[cfg(not(test))]
 static CALLBACK: RwLock<Option<EvalFn>> = RwLock::new(None);
+
+// Unit tests run side by side in one process: each test thread has its own callback.
+#[cfg(test)]
+thread_local! {
+    static CALLBACK: RwLock<Option<EvalFn>> = const { RwLock::new(None) };
+}
+
+fn with_slot<R>(f: impl FnOnce(&RwLock<Option<EvalFn>>) -> R) -> R {
+    #[cfg(not(test))]
+    return f(&CALLBACK);
+    #[cfg(test)]
+    return CALLBACK.with(f);
+}
 
 /// Installs (or with `None` removes) the evaluation callback.
 pub fn set(cb: Option<EvalFn>) {
-    *CALLBACK.write() = cb;
+    with_slot(|c| *c.write() = cb);
 }
 
 /// True when an evaluation callback is installed.
 pub fn is_set() -> bool {
-    CALLBACK.read().is_some()
+    with_slot(|c| c.read().is_some())
 }
 
-/// The function to give ggml's scheduler; forwards to the installed callback.
-///
-/// # Safety
-/// `t` must be null or a tensor that ggml keeps valid for the duration of the call.
-pub unsafe extern "C" fn sched_eval_callback(t: *mut g::ggml_tensor, ask: bool, _user_data: *mut libc::c_void) -> bool {
-    let Some(tensor) = std::ptr::NonNull::new(t) else { return false };
-    let cb = CALLBACK.read().clone();
-    let Some(cb) = cb else {
-        // Nothing installed: want nothing, and keep computing.
-        return !ask;
-    };
-    let view = EvalTensor { raw: tensor, _life: std::marker::PhantomData };
+/// The installed callback.
+pub fn installed() -> Option<EvalFn> {
+    with_slot(|c| c.read().clone())
+}
+
+/// Calls `cb` on a node of the graph being computed; a panic counts as "not wanted" when
+/// asked and as "go on" when shown.
+pub(crate) fn call(cb: &EvalFn, t: std::ptr::NonNull<g::ggml_tensor>, ask: bool) -> bool {
+    let view = EvalTensor { raw: t, _life: std::marker::PhantomData };
     match catch_unwind(AssertUnwindSafe(|| cb(view, ask))) {
         Ok(v) => v,
         Err(_) => {
@@ -172,11 +183,14 @@ mod tests {
         for (d, s) in t.name.iter_mut().zip(b"blk.0\0") {
             *d = *s as libc::c_char;
         }
+        let p = std::ptr::NonNull::from(&mut t);
         set(Some(Arc::new(|t: EvalTensor<'_>, ask: bool| ask && t.is_mul_mat() && t.name() == "blk.0")));
-        // SAFETY: t lives on the stack for the call.
-        assert!(unsafe { sched_eval_callback(&mut t, true, std::ptr::null_mut()) });
+        let cb = installed().expect("installed");
+        assert!(call(&cb, p, true));
+        assert!(!call(&cb, p, false));
         set(None);
-        assert!(!unsafe { sched_eval_callback(&mut t, true, std::ptr::null_mut()) });
-        assert!(unsafe { sched_eval_callback(&mut t, false, std::ptr::null_mut()) });
+        assert!(installed().is_none() && !is_set());
+        let panics: EvalFn = Arc::new(|_, _| panic!("boom"));
+        assert!(!call(&panics, p, true) && call(&panics, p, false));
     }
 }

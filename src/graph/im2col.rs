@@ -95,7 +95,7 @@ pub(crate) fn im2col_f16<'g>(
 }
 
 /// The op body: thread `ith` of `nth` fills its share of the output rows (n, oy).
-unsafe extern "C" fn im2col_rows(dst: *mut g::ggml_tensor, ith: c_int, nth: c_int, userdata: *mut c_void) {
+pub(super) unsafe extern "C" fn im2col_rows(dst: *mut g::ggml_tensor, ith: c_int, nth: c_int, userdata: *mut c_void) {
     // A panic must not unwind into ggml's C threads.
     let _ = std::panic::catch_unwind(|| {
         // SAFETY: ggml calls this with the tensor built by `im2col_f16`: an f16 output of

@@ -47,7 +47,7 @@ pub(crate) fn linear<'g>(g: &'g Graph, x: T<'g>, w: T<'g>, scales: T<'g>, bias: 
 /// Outputs one piece of work covers.
 const OUT_BLOCK: usize = 64;
 
-unsafe extern "C" fn compute(dst: *mut g::ggml_tensor, ith: c_int, nth: c_int, userdata: *mut c_void) {
+pub(super) unsafe extern "C" fn compute(dst: *mut g::ggml_tensor, ith: c_int, nth: c_int, userdata: *mut c_void) {
     // A panic must not unwind into ggml's C threads.
     let _ = std::panic::catch_unwind(|| {
         // SAFETY: ggml calls this with the node built by `linear`: contiguous f32 x [K, rows],

@@ -140,7 +140,7 @@ fn custom<'g>(a: T<'g>, b: T<'g>, imp: usize) -> Option<T<'g>> {
 }
 
 /// The op body: thread `ith` of `nth` computes output tasks until none is left.
-unsafe extern "C" fn compute(dst: *mut g::ggml_tensor, ith: c_int, nth: c_int, userdata: *mut c_void) {
+pub(super) unsafe extern "C" fn compute(dst: *mut g::ggml_tensor, ith: c_int, nth: c_int, userdata: *mut c_void) {
     // A panic must not unwind into ggml's C threads.
     let _ = std::panic::catch_unwind(|| {
         // SAFETY: ggml calls this with the node built by `custom`: sources a, b and an f32

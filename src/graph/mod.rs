@@ -29,8 +29,10 @@ pub(crate) mod winograd {
     }
 }
 pub mod nn;
+pub(crate) mod observe;
 pub mod ops;
 pub mod params;
+pub mod profile;
 pub mod runner;
 
 pub use adapter::{LayerOp, WeightAdapter};
@@ -42,3 +44,17 @@ pub use loaded::{Component, Components, Loaded, WeightSource, WeightsMut};
 pub use params::{ParamStore, Scope, TensorSpec, TypeMap};
 pub use ops::RopeParams;
 pub use runner::Runner;
+
+/// The name of one of our own operations (`ggml_custom_4d` nodes) by its function, for the
+/// profiler.
+pub(crate) fn own_op_name(fun: usize) -> Option<&'static str> {
+    let mut ours: Vec<(usize, &'static str)> = vec![
+        (matmul::compute as *const () as usize, "matrix product (ours)"),
+        (int8::compute as *const () as usize, "int8 matrix product (ours)"),
+        (channel_norm::compute as *const () as usize, "channel norm (ours)"),
+        (im2col::im2col_rows as *const () as usize, "im2col (ours)"),
+    ];
+    #[cfg(target_arch = "x86_64")]
+    ours.extend([(winograd::compute as *const () as usize, "winograd 3x3 convolution (ours)"), (winograd::compute_kernels as *const () as usize, "winograd kernel transform (ours)")]);
+    ours.into_iter().find(|&(f, _)| f == fun).map(|(_, name)| name)
+}

@@ -236,6 +236,7 @@ impl ParamStore {
             // SAFETY: ggml copies (and truncates) the name; our index keeps the full one.
             unsafe { g::ggml_set_name(p, c.as_ptr()) };
         }
+        super::profile::name_weight(p, name);
         self.index.insert(name.to_string(), self.entries.len());
         self.by_handle.insert(w, self.entries.len());
         self.entries.push((name.to_string(), w));
@@ -593,6 +594,7 @@ impl ParamStore {
 
 impl Drop for ParamStore {
     fn drop(&mut self) {
+        super::profile::forget_weights(self.entries.iter().map(|(_, w)| w.raw()));
         self.free_buffers();
     }
 }

@@ -45,6 +45,8 @@ pub struct Runner {
     #[cfg(test)]
     pub(crate) segment_on_cpu: bool,
     pub options: GraphOptions,
+    /// The scheduler's "evaluation callback ignored" warning was given.
+    eval_callback_warned: bool,
     /// Handed to every graph this runner builds (run-time LoRAs).
     adapter: Option<Arc<dyn WeightAdapter>>,
 }
@@ -70,6 +72,7 @@ impl Runner {
             #[cfg(test)]
             segment_on_cpu: false,
             options: GraphOptions::default(),
+            eval_callback_warned: false,
             adapter: None,
         }
     }
@@ -184,15 +187,22 @@ impl Runner {
             if let Some(cpu) = &self.cpu {
                 cpu.set_n_threads(self.n_threads);
             }
+            if super::eval_callback::is_set() && !self.eval_callback_warned {
+                sd_warn!("the backend evaluation callback is not supported on graphs scheduled over several devices; ignoring it");
+                self.eval_callback_warned = true;
+            }
+            let start = std::time::Instant::now();
             // SAFETY: graph allocated by this scheduler.
             let st = unsafe { g::ggml_backend_sched_graph_compute(s.as_ptr(), gf) };
             unsafe { g::ggml_backend_sched_synchronize(s.as_ptr()) };
+            if super::profile::enabled() {
+                super::profile::record_whole(gf, start.elapsed());
+            }
             st
         } else {
-            // SAFETY: allocated graph on this backend.
-            unsafe { g::ggml_backend_graph_compute(self.backend.raw(), gf) }
+            super::observe::compute(&self.backend, gf, self.n_threads)
         };
-        ensure!(status == g::GGML_STATUS_SUCCESS, "graph computation failed on {} (status {status})", self.backend.device_name());
+        failed_unless(status, &self.backend)?;
         let out = raw_outputs.into_iter().map(R::read).collect::<Result<Vec<R>>>()?;
         if self.max_vram > 0 && !self.backend.is_cpu() && self.sched.is_none() {
             let held = self.buffer_bytes + staged_now.as_ref().map_or(0, |s| s.bytes);
@@ -400,6 +410,15 @@ impl Drop for Runner {
     fn drop(&mut self) {
         self.release();
     }
+}
+
+/// The error of a graph computation that did not succeed.
+pub(crate) fn failed_unless(status: g::ggml_status, backend: &Backend) -> Result<()> {
+    if status == g::GGML_STATUS_ABORTED {
+        bail!("the graph computation on {} was stopped by the backend evaluation callback (aborted)", backend.device_name());
+    }
+    ensure!(status == g::GGML_STATUS_SUCCESS, "graph computation failed on {} (status {status})", backend.device_name());
+    Ok(())
 }
 
 /// The buffer holding a tensor's data when that buffer holds weights.

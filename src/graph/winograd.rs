@@ -162,7 +162,7 @@ fn build<'g>(g: &'g Graph, x: T<'g>, before: Option<T<'g>>, w: T<'g>, pad: [i32;
 
 /// The first node: `G g Gᵀ` of every kernel into [16][oc panel][c][NO], panels of output
 /// channels shared out among the threads.
-unsafe extern "C" fn compute_kernels(dst: *mut g::ggml_tensor, _ith: c_int, nth: c_int, userdata: *mut c_void) {
+pub(super) unsafe extern "C" fn compute_kernels(dst: *mut g::ggml_tensor, _ith: c_int, nth: c_int, userdata: *mut c_void) {
     // A panic must not unwind into ggml's C threads.
     let _ = std::panic::catch_unwind(|| {
         // SAFETY: ggml calls this with the node built by `build`: source w (its layout's),
@@ -337,7 +337,7 @@ fn grow(v: &mut Vec<f32>, n: usize) {
     }
 }
 
-unsafe extern "C" fn compute(dst: *mut g::ggml_tensor, _ith: c_int, nth: c_int, userdata: *mut c_void) {
+pub(super) unsafe extern "C" fn compute(dst: *mut g::ggml_tensor, _ith: c_int, nth: c_int, userdata: *mut c_void) {
     // A panic must not unwind into ggml's C threads.
     let _ = std::panic::catch_unwind(|| {
         // SAFETY: ggml calls this with the node built by `conv3x3`, its sources and output

@@ -124,8 +124,10 @@ fn frames<'g>(g: &'g Graph, zeros: i64, before: Option<T<'g>>, x: T<'g>, w: T<'g
     if (kw, kh) != (3, 3) || kd < 1 || t < kd || !(0..kd).contains(&zeros) || xc != ic || ic < 16 || ocic % ic != 0 || !(0..=2).contains(&p0) || !(0..=2).contains(&p1) {
         return None;
     }
+    // Any number of output channels: the alternative is ggml's im2col_3d after a padded copy
+    // (a Wan VAE's last convolution, 96 → 3 channels, took a third of a 512² decode so).
     let oc = ocic / ic;
-    if (w.ty() != F16 && w.ty() != F32) || x.ty() != F32 || !x.is_contiguous() || oc < 16 {
+    if (w.ty() != F16 && w.ty() != F32) || x.ty() != F32 || !x.is_contiguous() {
         return None;
     }
     if let Some(b) = before {
@@ -843,7 +845,15 @@ mod tests {
         let backend = Arc::new(Backend::cpu().unwrap());
         let mut rnd = uniform(11);
         // (w, h, t, kd, c, oc, padding, f16 kernel)
-        let cases = [(19, 17, 4, 3, 24, 40, 1, true), (18, 16, 3, 3, 16, 16, 0, true), (21, 13, 5, 3, 40, 20, 2, false), (17, 16, 2, 1, 300, 18, 1, true)];
+        let cases = [
+            (19, 17, 4, 3, 24, 40, 1, true),
+            (18, 16, 3, 3, 16, 16, 0, true),
+            (21, 13, 5, 3, 40, 20, 2, false),
+            (17, 16, 2, 1, 300, 18, 1, true),
+            // A video VAE's last convolutions: RGB, and RGB in 2×2 patches.
+            (18, 17, 3, 3, 32, 3, 1, true),
+            (16, 18, 4, 3, 24, 12, 1, false),
+        ];
         for (wi, hi, t, kd, c, oc, pad, f16) in cases {
             let x: Vec<f32> = (0..wi * hi * t * c).map(|_| rnd()).collect();
             let wv: Vec<f32> = (0..9 * kd * c * oc).map(|_| rnd() * 0.2).collect();

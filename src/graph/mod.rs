@@ -27,6 +27,9 @@ pub(crate) mod winograd {
     pub(crate) fn conv3x3_frames_after<'g>(_: &'g Graph, _: Option<T<'g>>, _: T<'g>, _: T<'g>, _: i64, _: (i32, i32)) -> Option<T<'g>> {
         None
     }
+    pub(crate) fn conv3x3_frames_after_replicated<'g>(_: &'g Graph, _: Option<T<'g>>, _: T<'g>, _: T<'g>, _: i64) -> Option<T<'g>> {
+        None
+    }
 }
 pub mod nn;
 pub(crate) mod observe;

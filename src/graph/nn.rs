@@ -358,6 +358,14 @@ pub fn conv_3d_after<'g>(g: &'g Graph, before: T<'g>, x: T<'g>, w: T<'g>, b: Opt
     conv_3d(g, before.concat(x, 2), w, b, ic, [1; 3], padding, [1; 3])
 }
 
+/// A 3×3×3 convolution (stride 1, no time padding) over the frames of `before` then those of
+/// `x`, with one pixel of replicate padding all round in space, read in place where
+/// Winograd's convolution takes it (the padded copies' values, bit for bit); None elsewhere:
+/// the caller pads copies.
+pub fn conv_3d_after_replicated<'g>(g: &'g Graph, before: T<'g>, x: T<'g>, w: T<'g>, b: Option<T<'g>>, ic: i64) -> Option<T<'g>> {
+    super::winograd::conv3x3_frames_after_replicated(g, Some(before), x, w, ic).map(|y| add_channel_bias(y, b))
+}
+
 /// `conv_3d` (stride 1, zero spatial padding) of `x` after `zeros` zero frames: a causal
 /// convolution's first chunk. Where Winograd's convolution takes it, without the padded
 /// copy and the zero frames' products (the same values: adding zeros changes no sum).

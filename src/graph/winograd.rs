@@ -47,10 +47,13 @@ struct Layout {
     /// Video: x [W, H, T, C], w [3, 3, taps, OC·C], out [OW, OH, T', OC]; images: x [W, H,
     /// C, N], w [3, 3, C, OC], out [OW, OH, OC, N].
     video: bool,
+    /// The spatial padding repeats the border (zero beyond it, as around a padded copy)
+    /// instead of being zeros.
+    replicate: bool,
 }
 
 impl Layout {
-    const IMAGES: Layout = Layout { taps: 1, zeros: 0, video: false };
+    const IMAGES: Layout = Layout { taps: 1, zeros: 0, video: false, replicate: false };
 }
 
 #[repr(C)]
@@ -111,9 +114,19 @@ pub(crate) fn conv3x3_frames_after<'g>(g: &'g Graph, before: Option<T<'g>>, x: T
     frames(g, 0, before, x, w, ic, padding)
 }
 
+/// [`conv3x3_frames_after`] with one pixel of replicate padding all round in space, read in
+/// place: the values (and the sums, bit for bit) of the convolution of a padded copy.
+pub(crate) fn conv3x3_frames_after_replicated<'g>(g: &'g Graph, before: Option<T<'g>>, x: T<'g>, w: T<'g>, ic: i64) -> Option<T<'g>> {
+    frames_with(g, 0, before, x, w, ic, (1, 1), true)
+}
+
 /// The video convolutions: `zeros` zero frames, then `before`'s, then `x`'s.
-#[allow(clippy::too_many_arguments)]
 fn frames<'g>(g: &'g Graph, zeros: i64, before: Option<T<'g>>, x: T<'g>, w: T<'g>, ic: i64, padding: (i32, i32)) -> Option<T<'g>> {
+    frames_with(g, zeros, before, x, w, ic, padding, false)
+}
+
+#[allow(clippy::too_many_arguments)]
+fn frames_with<'g>(g: &'g Graph, zeros: i64, before: Option<T<'g>>, x: T<'g>, w: T<'g>, ic: i64, padding: (i32, i32), replicate: bool) -> Option<T<'g>> {
     if !g.on_cpu || !g.options.cpu_winograd || !super::gemm::vector_kernels_available() || super::eval_callback::is_set() {
         return None;
     }
@@ -140,7 +153,7 @@ fn frames<'g>(g: &'g Graph, zeros: i64, before: Option<T<'g>>, x: T<'g>, w: T<'g
     if ow * oh < 256 || usize::BITS < 64 {
         return None;
     }
-    let layout = Layout { taps: i16::try_from(kd).ok()?, zeros: zeros as i16, video: true };
+    let layout = Layout { taps: i16::try_from(kd).ok()?, zeros: zeros as i16, video: true, replicate };
     build(g, x, before, w, [p0, p1], layout, kd * ic, oc, [ow, oh, t - kd + 1, oc])
 }
 
@@ -230,6 +243,8 @@ struct Geo {
     cr: usize,
     /// Zero frames before the first one read (`Layout::zeros`).
     zeros: usize,
+    /// `Layout::replicate`.
+    replicate: bool,
     /// Transformed kernels: [16][oc panel][c][NO].
     u: *const f32,
     opan: usize,
@@ -277,6 +292,7 @@ impl Geo {
             b_n: before.map_or(0, |b| b.nb[na]),
             cr: us(x.ne[ca]),
             zeros: layout.zeros.max(0) as usize,
+            replicate: layout.replicate,
             u: w.data as *const f32,
             opan: us(w.ne[2]),
             out: d.data as *mut u8,
@@ -464,27 +480,38 @@ unsafe fn gather_tiles(geo: &Geo, plane: *const u8, first: usize, live: usize, d
     let (ty, tx) = (first / geo.tw, first % geo.tw);
     let y0 = (2 * ty) as isize - geo.pad[1];
     let x0 = (2 * tx) as isize - geo.pad[0];
+    // The input row / column read for padded coordinate v (None: a zero).
+    let at = |v: isize, len: usize, pad: isize| -> Option<usize> {
+        if (0..len as isize).contains(&v) {
+            Some(v as usize)
+        } else if geo.replicate && v >= -pad && v < len as isize + pad {
+            Some(v.clamp(0, len as isize - 1) as usize)
+        } else {
+            None
+        }
+    };
     if live == TV && tx + TV <= geo.tw {
         // One tile row: per input row, 18 values (zero outside the image) de-interleaved,
-        // read in place inside the image and through a zero-padded copy at its edges.
+        // read in place inside the image and through a padded copy at its edges.
         let inside = x0 >= 0 && x0 + 18 <= geo.wi as isize;
         let mut buf = [0f32; 24];
         for (r, dr) in d.iter_mut().enumerate() {
             let y = y0 + r as isize;
-            let row_in = y >= 0 && y < geo.hi as isize;
-            let p = if row_in && inside {
-                (plane.add(y as usize * geo.x_row) as *const f32).offset(x0)
-            } else {
-                buf[..18].fill(0.0);
-                if row_in {
-                    let src = plane.add(y as usize * geo.x_row) as *const f32;
-                    let lo = (-x0).max(0) as usize;
-                    let hi = (geo.wi as isize - x0).clamp(0, 18) as usize;
-                    for (i, b) in buf.iter_mut().enumerate().take(hi).skip(lo) {
-                        *b = *src.offset(x0 + i as isize);
+            let row = at(y, geo.hi, geo.pad[1]);
+            let p = match row {
+                Some(yr) if inside => (plane.add(yr * geo.x_row) as *const f32).offset(x0),
+                _ => {
+                    buf[..18].fill(0.0);
+                    if let Some(yr) = row {
+                        let src = plane.add(yr * geo.x_row) as *const f32;
+                        for (i, b) in buf.iter_mut().enumerate().take(18) {
+                            if let Some(xc) = at(x0 + i as isize, geo.wi, geo.pad[0]) {
+                                *b = *src.add(xc);
+                            }
+                        }
                     }
+                    buf.as_ptr()
                 }
-                buf.as_ptr()
             };
             for (q, half) in [(0usize, 0usize), (2, 2)] {
                 let (a, b) = (_mm256_loadu_ps(p.add(half)), _mm256_loadu_ps(p.add(half + 8)));
@@ -501,15 +528,11 @@ unsafe fn gather_tiles(geo: &Geo, plane: *const u8, first: usize, live: usize, d
     for l in 0..live {
         let (ty, tx) = ((first + l) / geo.tw, (first + l) % geo.tw);
         for (r, lr) in lanes.iter_mut().enumerate() {
-            let y = (2 * ty + r) as isize - geo.pad[1];
-            if y < 0 || y >= geo.hi as isize {
-                continue;
-            }
-            let src = plane.add(y as usize * geo.x_row) as *const f32;
+            let Some(y) = at((2 * ty + r) as isize - geo.pad[1], geo.hi, geo.pad[1]) else { continue };
+            let src = plane.add(y * geo.x_row) as *const f32;
             for (q, lq) in lr.iter_mut().enumerate() {
-                let x = (2 * tx + q) as isize - geo.pad[0];
-                if x >= 0 && x < geo.wi as isize {
-                    lq[l] = *src.offset(x);
+                if let Some(x) = at((2 * tx + q) as isize - geo.pad[0], geo.wi, geo.pad[0]) {
+                    lq[l] = *src.add(x);
                 }
             }
         }
@@ -912,6 +935,53 @@ mod tests {
                 assert_eq!(padded.shape(), skipped.shape());
                 assert!(padded.data().iter().map(|v| v.to_bits()).eq(skipped.data().iter().map(|v| v.to_bits())), "{zeros} zero frames skipped differ");
             }
+        }
+    }
+
+    /// Replicate padding read in place (HunyuanVideo's VAE) gives the bits of Winograd's
+    /// convolution of the padded copy: inside and at every edge, tile rows whole and ragged.
+    #[test]
+    fn replicated_borders_read_in_place_match_a_padded_copy() {
+        if !crate::graph::gemm::vector_kernels_available() {
+            return;
+        }
+        let backend = Arc::new(Backend::cpu().unwrap());
+        let mut rnd = uniform(5);
+        for (wi, hi, tb, tx, c, oc) in [(20i64, 18i64, 2i64, 3i64, 16i64, 8i64), (17, 19, 1, 2, 24, 3), (33, 16, 2, 1, 16, 20)] {
+            let before: Vec<f32> = (0..wi * hi * tb * c).map(|_| rnd()).collect();
+            let x: Vec<f32> = (0..wi * hi * tx * c).map(|_| rnd()).collect();
+            let wv: Vec<f32> = (0..27 * c * oc).map(|_| rnd() * 0.2).collect();
+            let bias: Vec<f32> = (0..oc).map(|_| rnd()).collect();
+            let wbytes = kernel_bytes(&wv, true);
+            let conv = |in_place: bool| {
+                let mut r = Runner::new(backend.clone(), 2);
+                r.options.cpu_winograd = true;
+                r.compute(|g| {
+                    let bt = g.input_f32(&before, &[wi, hi, tb, c]);
+                    let xt = g.input_f32(&x, &[wi, hi, tx, c]);
+                    let wt = g.input_bytes(F16, &[3, 3, 3, c * oc], wbytes.clone());
+                    let b = Some(g.input_f32(&bias, &[oc]));
+                    if in_place {
+                        return Ok(crate::graph::nn::conv_3d_after_replicated(g, bt, xt, wt, b, c).expect("Winograd takes it"));
+                    }
+                    // The padded copy: edges repeated along x, then along y.
+                    let joined = bt.concat(xt, 2);
+                    fn edge(t: crate::graph::context::T<'_>, dim: usize, at: i64) -> crate::graph::context::T<'_> {
+                        let mut ne = t.ne();
+                        ne[dim] = 1;
+                        let nb = t.nb();
+                        t.view(&ne, &[nb[1], nb[2], nb[3]], nb[dim] * at as usize).cont()
+                    }
+                    let padx = edge(joined, 0, 0).concat(joined, 0).concat(edge(joined, 0, wi - 1), 0);
+                    let pady = edge(padx, 1, 0).concat(padx, 1).concat(edge(padx, 1, hi - 1), 1);
+                    Ok(crate::graph::nn::conv_3d(g, pady, wt, b, c, [1; 3], [0; 3], [1; 3]))
+                })
+                .unwrap()
+            };
+            let (copy, in_place) = (conv(false), conv(true));
+            assert_eq!(copy.shape(), &[wi as usize, hi as usize, (tb + tx - 2) as usize, oc as usize]);
+            assert_eq!(copy.shape(), in_place.shape());
+            assert!(copy.data().iter().map(|v| v.to_bits()).eq(in_place.data().iter().map(|v| v.to_bits())), "{wi}x{hi}: in place differs from the padded copy");
         }
     }
 }

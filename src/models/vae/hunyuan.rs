@@ -117,12 +117,27 @@ impl CausalConv {
                 front = Some(front.map_or(first, |f| f.concat(first, 2)));
                 n += 1;
             }
-            padded = front.expect("time padding").concat(x, 2);
+            let front = front.expect("time padding");
             if let Some(c) = carry {
-                let t = padded.ne()[2];
-                c.cache.set(c.next, frames(padded, t - pad_t, t), f16_columns(weight));
+                // The last pad_t frames of the front frames followed by x's.
+                let tx = x.ne()[2];
+                let tail = if tx >= pad_t {
+                    frames(x, tx - pad_t, tx)
+                } else {
+                    let joined = front.concat(x, 2);
+                    let t = joined.ne()[2];
+                    frames(joined, t - pad_t, t)
+                };
+                c.cache.set(c.next, tail, f16_columns(weight));
                 c.next += 1;
             }
+            // Front frames and replicated borders read in place, without the padded copies.
+            if self.k == 3 {
+                if let Some(y) = nn::conv_3d_after_replicated(g, front, x, weight, Some(g.param(self.bias)), self.in_ch) {
+                    return y;
+                }
+            }
+            padded = front.concat(x, 2);
         }
         let padded = replicate_pad(replicate_pad(padded, 0, self.k / 2), 1, self.k / 2);
         nn::conv_3d(g, padded, weight, Some(g.param(self.bias)), self.in_ch, [1; 3], [0; 3], [1; 3])

@@ -36,6 +36,7 @@ pub(crate) mod observe;
 pub mod ops;
 pub mod params;
 pub mod profile;
+pub(crate) mod rope_pairs;
 pub mod runner;
 
 pub use adapter::{LayerOp, WeightAdapter};
@@ -56,6 +57,7 @@ pub(crate) fn own_op_name(fun: usize) -> Option<&'static str> {
         (int8::compute as *const () as usize, "int8 matrix product (ours)"),
         (channel_norm::compute as *const () as usize, "channel norm (ours)"),
         (im2col::im2col_rows as *const () as usize, "im2col (ours)"),
+        (rope_pairs::compute as *const () as usize, "rotary embedding (ours)"),
     ];
     #[cfg(target_arch = "x86_64")]
     ours.extend([(winograd::compute as *const () as usize, "winograd 3x3 convolution (ours)"), (winograd::compute_kernels as *const () as usize, "winograd kernel transform (ours)")]);

@@ -357,7 +357,14 @@ pub fn apply_rope_halves<'g>(g: &'g Graph, x: T<'g>, pe: T<'g>) -> T<'g> {
     rotate(g, x, pe, false)
 }
 
+/// On the CPU one op of our own (`graph::rope_pairs`, the same values); elsewhere the
+/// reference's composition.
 fn rotate<'g>(g: &'g Graph, x: T<'g>, pe: T<'g>, interleaved: bool) -> T<'g> {
+    crate::graph::rope_pairs::rotate(g, x, pe, interleaved).unwrap_or_else(|| rotate_by_ops(g, x, pe, interleaved))
+}
+
+/// The reference's composition: permuted copies, repeats, products and a sum.
+fn rotate_by_ops<'g>(g: &'g Graph, x: T<'g>, pe: T<'g>, interleaved: bool) -> T<'g> {
     let [d_head, n_head, l, n] = x.ne();
     let x = x.permute(0, 2, 1, 3).cont();
     let x = if interleaved {
@@ -402,6 +409,30 @@ pub fn attention_scaled<'g>(g: &'g Graph, q: T<'g>, k: T<'g>, v: T<'g>, pe: T<'g
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The CPU op gives the composition's values bit for bit: both pairings, a view of a
+    /// larger tensor as `x` (strided, like q and k out of a fused projection), batch 2.
+    #[test]
+    fn the_rotation_op_is_the_composition() {
+        use crate::graph::{Backend, Runner};
+        let (d, h, l, n) = (16i64, 3i64, 5i64, 2i64);
+        let xs: Vec<f32> = (0..d * 2 * h * l * n).map(|i| ((i * 37 % 101) as f32 - 50.0) / 7.0).collect();
+        let pes: Vec<f32> = (0..4 * d / 2 * l).map(|i| ((i * 13 % 29) as f32 - 14.0) / 9.0).collect();
+        let mut r = Runner::new(std::sync::Arc::new(Backend::cpu().unwrap()), 3);
+        for interleaved in [true, false] {
+            let out = r
+                .compute_many(|g| {
+                    let big = g.input_f32(&xs, &[d * 2, h, l, n]);
+                    let nb = big.nb();
+                    let x = big.view(&[d, h, l, n], &[nb[1], nb[2], nb[3]], 4 * d as usize);
+                    let pe = g.input_f32(&pes, &[2, 2, d / 2, l]);
+                    Ok(vec![rotate(g, x, pe, interleaved), rotate_by_ops(g, x, pe, interleaved)])
+                })
+                .unwrap();
+            assert_eq!(out[0].shape(), out[1].shape());
+            assert!(out[0].data().iter().map(|v| v.to_bits()).eq(out[1].data().iter().map(|v| v.to_bits())), "interleaved {interleaved}");
+        }
+    }
 
     #[test]
     fn flux_ids_place_text_image_and_references() {

@@ -183,6 +183,35 @@ fn upscale_mode_runs_the_model_repeatedly() {
     assert!(text(&out.stderr).contains("needs an upscaler model (--upscale-model)"), "{}", text(&out.stderr));
 }
 
+/// `SD_PROFILE=1`: the upscale's graphs are timed node by node and the log ends with their
+/// profile (phase, operations, blocks, layers); the picture is the same as without it.
+#[test]
+fn profile_reports_where_an_upscale_went() {
+    let Some(model) = esrgan_fixture() else {
+        eprintln!("skipped: the ESRGAN fixture cannot be made here (scripts/fixtures.sh esrgan_x4.safetensors)");
+        return;
+    };
+    let init = concat!(env!("CARGO_MANIFEST_DIR"), "/../tests/fixtures/inputs/init_64.png");
+    let dir = std::env::temp_dir().join(format!("sd-cli-profile-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let run = |profile: &str, name: &str| {
+        let output = dir.join(name);
+        let args = ["-M", "upscale", "-i", init, "-W", "16", "-H", "16", "--upscale-model", &model, "-o", output.to_str().unwrap()];
+        let out = Command::new(env!("CARGO_BIN_EXE_sd-cli")).args(args).env("SD_PROFILE", profile).output().expect("sd-cli runs");
+        assert!(out.status.success(), "{}", text(&out.stderr));
+        (text(&out.stdout), std::fs::read(output).unwrap())
+    };
+    let (log, profiled) = run("1", "on.png");
+    assert!(log.contains("profile of upscale:"), "{log}");
+    for part in ["graph computations", "operations (the", "blocks (the", "layers (the"] {
+        assert!(log.contains(part), "no {part:?} in\n{log}");
+    }
+    let (log, plain) = run("0", "off.png");
+    assert!(!log.contains("profile of"), "{log}");
+    assert_eq!(profiled, plain, "the same picture with the profiler on");
+    std::fs::remove_dir_all(&dir).ok();
+}
+
 /// `<lora:name:multiplier>` in the prompt with `--lora-model-dir`: the tag is removed from the
 /// prompt and the LoRA file of that directory applied, giving golden case sd1-lora/lora_1_0.
 #[test]

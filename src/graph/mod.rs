@@ -18,16 +18,19 @@ pub(crate) mod winograd;
 #[cfg(not(target_arch = "x86_64"))]
 pub(crate) mod winograd {
     use super::context::{Graph, T};
-    pub(crate) fn conv3x3<'g>(_: &'g Graph, _: T<'g>, _: T<'g>, _: (i32, i32), _: (i32, i32), _: (i32, i32)) -> Option<T<'g>> {
+    pub(crate) fn conv3x3<'g>(_: &'g Graph, _: T<'g>, _: T<'g>, _: Option<T<'g>>, _: (i32, i32), _: (i32, i32), _: (i32, i32)) -> Option<T<'g>> {
         None
     }
-    pub(crate) fn conv3x3_frames<'g>(_: &'g Graph, _: T<'g>, _: T<'g>, _: i64, _: (i32, i32)) -> Option<T<'g>> {
+    pub(crate) fn conv3x3_frames<'g>(_: &'g Graph, _: T<'g>, _: T<'g>, _: Option<T<'g>>, _: i64, _: (i32, i32)) -> Option<T<'g>> {
         None
     }
-    pub(crate) fn conv3x3_frames_after<'g>(_: &'g Graph, _: Option<T<'g>>, _: T<'g>, _: T<'g>, _: i64, _: (i32, i32)) -> Option<T<'g>> {
+    pub(crate) fn conv3x3_frames_zero_front<'g>(_: &'g Graph, _: i64, _: T<'g>, _: T<'g>, _: Option<T<'g>>, _: i64, _: (i32, i32)) -> Option<T<'g>> {
         None
     }
-    pub(crate) fn conv3x3_frames_after_replicated<'g>(_: &'g Graph, _: Option<T<'g>>, _: T<'g>, _: T<'g>, _: i64) -> Option<T<'g>> {
+    pub(crate) fn conv3x3_frames_after<'g>(_: &'g Graph, _: Option<T<'g>>, _: T<'g>, _: T<'g>, _: Option<T<'g>>, _: i64, _: (i32, i32)) -> Option<T<'g>> {
+        None
+    }
+    pub(crate) fn conv3x3_frames_after_replicated<'g>(_: &'g Graph, _: Option<T<'g>>, _: T<'g>, _: T<'g>, _: Option<T<'g>>, _: i64) -> Option<T<'g>> {
         None
     }
 }

@@ -159,8 +159,7 @@ impl Conv2d {
         }
         let w = g.param(self.weight);
         let [kw, kh, ic, oc] = w.ne();
-        let y = super::winograd::conv3x3_frames(g, x, w.reshape(&[kw, kh, 1, ic * oc]), ic, (self.padding.1, self.padding.0))?;
-        Some(add_channel_bias(y, g.opt_param(self.bias)))
+        super::winograd::conv3x3_frames(g, x, w.reshape(&[kw, kh, 1, ic * oc]), g.opt_param(self.bias), ic, (self.padding.1, self.padding.0))
     }
 }
 
@@ -258,9 +257,15 @@ pub fn conv_2d<'g>(
     }
     let big = g.on_cpu && im2col_bytes(w, x, stride, (p0, p1), dilation) > g.options.cpu_im2col_limit;
     let direct = |x: T<'g>| w.conv_2d_direct(x, stride.0, stride.1, p0, p1, dilation.0, dilation.1);
+    // Winograd's op adds the bias itself (in its output pass), unless the output is scaled
+    // back first.
+    let mut b = b;
     x = if g.options.conv_direct {
         direct(x)
-    } else if let Some(y) = super::winograd::conv3x3(g, x, w, stride, (p0, p1), dilation) {
+    } else if let Some(y) = super::winograd::conv3x3(g, x, w, b.filter(|_| scale_by == 1.0), stride, (p0, p1), dilation) {
+        if scale_by == 1.0 {
+            b = None;
+        }
         y
     } else if big {
         conv_in_bands(g, w, x, stride, (p0, p1), dilation).unwrap_or_else(|| direct(x))
@@ -294,8 +299,8 @@ pub fn conv_2d<'g>(
 pub fn conv_3d<'g>(g: &'g Graph, x: T<'g>, w: T<'g>, b: Option<T<'g>>, ic: i64, stride: [i32; 3], padding: [i32; 3], dilation: [i32; 3]) -> T<'g> {
     let bias = |y: T<'g>| add_channel_bias(y, b);
     if stride == [1; 3] && dilation == [1; 3] && padding[2] == 0 {
-        if let Some(y) = super::winograd::conv3x3_frames(g, x, w, ic, (padding[0], padding[1])) {
-            return bias(y);
+        if let Some(y) = super::winograd::conv3x3_frames(g, x, w, b, ic, (padding[0], padding[1])) {
+            return y;
         }
     }
     // Bands of output rows need the rows' padding in the input.
@@ -351,8 +356,8 @@ pub fn conv_3d<'g>(g: &'g Graph, x: T<'g>, w: T<'g>, b: Option<T<'g>>, ic: i64, 
 #[allow(clippy::too_many_arguments)]
 pub fn conv_3d_after<'g>(g: &'g Graph, before: T<'g>, x: T<'g>, w: T<'g>, b: Option<T<'g>>, ic: i64, padding: [i32; 3]) -> T<'g> {
     if padding[2] == 0 {
-        if let Some(y) = super::winograd::conv3x3_frames_after(g, Some(before), x, w, ic, (padding[0], padding[1])) {
-            return add_channel_bias(y, b);
+        if let Some(y) = super::winograd::conv3x3_frames_after(g, Some(before), x, w, b, ic, (padding[0], padding[1])) {
+            return y;
         }
     }
     conv_3d(g, before.concat(x, 2), w, b, ic, [1; 3], padding, [1; 3])
@@ -363,7 +368,7 @@ pub fn conv_3d_after<'g>(g: &'g Graph, before: T<'g>, x: T<'g>, w: T<'g>, b: Opt
 /// Winograd's convolution takes it (the padded copies' values, bit for bit); None elsewhere:
 /// the caller pads copies.
 pub fn conv_3d_after_replicated<'g>(g: &'g Graph, before: T<'g>, x: T<'g>, w: T<'g>, b: Option<T<'g>>, ic: i64) -> Option<T<'g>> {
-    super::winograd::conv3x3_frames_after_replicated(g, Some(before), x, w, ic).map(|y| add_channel_bias(y, b))
+    super::winograd::conv3x3_frames_after_replicated(g, Some(before), x, w, b, ic)
 }
 
 /// `conv_3d` (stride 1, zero spatial padding) of `x` after `zeros` zero frames: a causal
@@ -371,8 +376,8 @@ pub fn conv_3d_after_replicated<'g>(g: &'g Graph, before: T<'g>, x: T<'g>, w: T<
 /// copy and the zero frames' products (the same values: adding zeros changes no sum).
 pub fn conv_3d_zero_front<'g>(g: &'g Graph, zeros: i32, x: T<'g>, w: T<'g>, b: Option<T<'g>>, ic: i64, padding: [i32; 3]) -> T<'g> {
     if padding[2] == 0 {
-        if let Some(y) = super::winograd::conv3x3_frames_zero_front(g, zeros as i64, x, w, ic, (padding[0], padding[1])) {
-            return add_channel_bias(y, b);
+        if let Some(y) = super::winograd::conv3x3_frames_zero_front(g, zeros as i64, x, w, b, ic, (padding[0], padding[1])) {
+            return y;
         }
     }
     let x = if zeros > 0 { x.pad_ext([0, 0, zeros, 0], [0; 4]) } else { x };

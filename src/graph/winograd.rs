@@ -72,7 +72,7 @@ struct KernelData {
 /// `x` [W, H, C, N] (f32) convolved with `w` [3, 3, C, OC] (f16 or f32), stride 1, dilation
 /// 1, zero padding `padding` (x, y) → [OW, OH, OC, N], when the graph runs on a CPU with AVX2
 /// and the convolution is large enough to gain; otherwise None.
-pub(crate) fn conv3x3<'g>(g: &'g Graph, x: T<'g>, w: T<'g>, stride: (i32, i32), padding: (i32, i32), dilation: (i32, i32)) -> Option<T<'g>> {
+pub(crate) fn conv3x3<'g>(g: &'g Graph, x: T<'g>, w: T<'g>, bias: Option<T<'g>>, stride: (i32, i32), padding: (i32, i32), dilation: (i32, i32)) -> Option<T<'g>> {
     if !g.on_cpu || !g.options.cpu_winograd || !super::gemm::vector_kernels_available() || super::eval_callback::is_set() {
         return None;
     }
@@ -89,44 +89,45 @@ pub(crate) fn conv3x3<'g>(g: &'g Graph, x: T<'g>, w: T<'g>, stride: (i32, i32), 
     if ow * oh < 256 || usize::BITS < 64 {
         return None;
     }
-    build(g, x, None, w, [p0, p1], Layout::IMAGES, c, oc, [ow, oh, oc, n])
+    build(g, x, None, w, bias, [p0, p1], Layout::IMAGES, c, oc, [ow, oh, oc, n])
 }
 
 /// A video's 3×3×KD convolution, stride 1: `x` [W, H, T, C] (f32, contiguous, its time
 /// padding already in front) with `w` [3, 3, KD, OC·C] (f16 or f32, `ggml_conv_3d`'s
 /// layout), zero spatial padding `padding` (x, y) → [OW, OH, T - KD + 1, OC], under the
 /// conditions of [`conv3x3`]; otherwise None.
-pub(crate) fn conv3x3_frames<'g>(g: &'g Graph, x: T<'g>, w: T<'g>, ic: i64, padding: (i32, i32)) -> Option<T<'g>> {
-    frames(g, 0, None, x, w, ic, padding)
+pub(crate) fn conv3x3_frames<'g>(g: &'g Graph, x: T<'g>, w: T<'g>, bias: Option<T<'g>>, ic: i64, padding: (i32, i32)) -> Option<T<'g>> {
+    frames(g, 0, None, x, w, bias, ic, padding)
 }
 
 /// [`conv3x3_frames`] of `x` after `zeros` zero frames (fewer than KD): a causal
 /// convolution's first chunk, without the padded copy and without the zero frames'
 /// products, which add nothing (the same sums bit for bit).
-pub(crate) fn conv3x3_frames_zero_front<'g>(g: &'g Graph, zeros: i64, x: T<'g>, w: T<'g>, ic: i64, padding: (i32, i32)) -> Option<T<'g>> {
-    frames(g, zeros, None, x, w, ic, padding)
+pub(crate) fn conv3x3_frames_zero_front<'g>(g: &'g Graph, zeros: i64, x: T<'g>, w: T<'g>, bias: Option<T<'g>>, ic: i64, padding: (i32, i32)) -> Option<T<'g>> {
+    frames(g, zeros, None, x, w, bias, ic, padding)
 }
 
 /// [`conv3x3_frames`] over the frames of `before` (f32 [W, H, T', C], contiguous: a causal
 /// convolution's cached frames) followed by those of `x`, read where they are: the two
 /// joined in time, without the joined copy.
-pub(crate) fn conv3x3_frames_after<'g>(g: &'g Graph, before: Option<T<'g>>, x: T<'g>, w: T<'g>, ic: i64, padding: (i32, i32)) -> Option<T<'g>> {
-    frames(g, 0, before, x, w, ic, padding)
+pub(crate) fn conv3x3_frames_after<'g>(g: &'g Graph, before: Option<T<'g>>, x: T<'g>, w: T<'g>, bias: Option<T<'g>>, ic: i64, padding: (i32, i32)) -> Option<T<'g>> {
+    frames(g, 0, before, x, w, bias, ic, padding)
 }
 
 /// [`conv3x3_frames_after`] with one pixel of replicate padding all round in space, read in
 /// place: the values (and the sums, bit for bit) of the convolution of a padded copy.
-pub(crate) fn conv3x3_frames_after_replicated<'g>(g: &'g Graph, before: Option<T<'g>>, x: T<'g>, w: T<'g>, ic: i64) -> Option<T<'g>> {
-    frames_with(g, 0, before, x, w, ic, (1, 1), true)
+pub(crate) fn conv3x3_frames_after_replicated<'g>(g: &'g Graph, before: Option<T<'g>>, x: T<'g>, w: T<'g>, bias: Option<T<'g>>, ic: i64) -> Option<T<'g>> {
+    frames_with(g, 0, before, x, w, bias, ic, (1, 1), true)
 }
 
 /// The video convolutions: `zeros` zero frames, then `before`'s, then `x`'s.
-fn frames<'g>(g: &'g Graph, zeros: i64, before: Option<T<'g>>, x: T<'g>, w: T<'g>, ic: i64, padding: (i32, i32)) -> Option<T<'g>> {
-    frames_with(g, zeros, before, x, w, ic, padding, false)
+#[allow(clippy::too_many_arguments)]
+fn frames<'g>(g: &'g Graph, zeros: i64, before: Option<T<'g>>, x: T<'g>, w: T<'g>, bias: Option<T<'g>>, ic: i64, padding: (i32, i32)) -> Option<T<'g>> {
+    frames_with(g, zeros, before, x, w, bias, ic, padding, false)
 }
 
 #[allow(clippy::too_many_arguments)]
-fn frames_with<'g>(g: &'g Graph, zeros: i64, before: Option<T<'g>>, x: T<'g>, w: T<'g>, ic: i64, padding: (i32, i32), replicate: bool) -> Option<T<'g>> {
+fn frames_with<'g>(g: &'g Graph, zeros: i64, before: Option<T<'g>>, x: T<'g>, w: T<'g>, bias: Option<T<'g>>, ic: i64, padding: (i32, i32), replicate: bool) -> Option<T<'g>> {
     if !g.on_cpu || !g.options.cpu_winograd || !super::gemm::vector_kernels_available() || super::eval_callback::is_set() {
         return None;
     }
@@ -154,13 +155,15 @@ fn frames_with<'g>(g: &'g Graph, zeros: i64, before: Option<T<'g>>, x: T<'g>, w:
         return None;
     }
     let layout = Layout { taps: i16::try_from(kd).ok()?, zeros: zeros as i16, video: true, replicate };
-    build(g, x, before, w, [p0, p1], layout, kd * ic, oc, [ow, oh, t - kd + 1, oc])
+    build(g, x, before, w, bias, [p0, p1], layout, kd * ic, oc, [ow, oh, t - kd + 1, oc])
 }
 
 /// The two nodes: the kernels transformed (`c` channels, virtual ones for video), then the
-/// convolution of `before`'s frames and `x`'s into a tensor of `out` elements.
+/// convolution of `before`'s frames and `x`'s into a tensor of `out` elements, plus `bias`
+/// per output channel: added in the output pass when it is f32 [OC] (the same f32 sums as a
+/// separate `add`, one pass over the output less), else by ggml's `add`.
 #[allow(clippy::too_many_arguments)]
-fn build<'g>(g: &'g Graph, x: T<'g>, before: Option<T<'g>>, w: T<'g>, pad: [i32; 2], layout: Layout, c: i64, oc: i64, out: [i64; 4]) -> Option<T<'g>> {
+fn build<'g>(g: &'g Graph, x: T<'g>, before: Option<T<'g>>, w: T<'g>, bias: Option<T<'g>>, pad: [i32; 2], layout: Layout, c: i64, oc: i64, out: [i64; 4]) -> Option<T<'g>> {
     let opan = (oc as usize).div_ceil(NO) as i64;
     let kq = store_in_ctx(g.ctx(), KernelData { queue: TaskQueue::new(), layout })?;
     let data = store_in_ctx(g.ctx(), OpData { queue: TaskQueue::new(), pad, layout })?;
@@ -168,11 +171,19 @@ fn build<'g>(g: &'g Graph, x: T<'g>, before: Option<T<'g>>, w: T<'g>, pad: [i32;
     // SAFETY: a live context and sources; each callback reads its sources and writes only its
     // own output; the user data lives in the same context as the nodes.
     let u = unsafe { g::ggml_custom_4d(g.ctx(), F32, NO as i64, c, opan, 16, wargs.as_mut_ptr(), 1, Some(compute_kernels), -1, kq as *mut c_void) };
-    let mut args = [x.raw(), u, before.map_or(std::ptr::null_mut(), |b| b.raw())];
-    let n_args = if before.is_some() { 3 } else { 2 };
+    let folded = bias.filter(|b| b.ty() == F32 && b.is_contiguous() && b.nelements() == oc);
+    let null = std::ptr::null_mut();
+    let mut args = [x.raw(), u, before.map_or(null, |b| b.raw()), folded.map_or(null, |b| b.raw())];
+    let n_args = if folded.is_some() { 4 } else if before.is_some() { 3 } else { 2 };
     let [ow, oh, o2, o3] = out;
-    let y = unsafe { g::ggml_custom_4d(g.ctx(), F32, ow, oh, o2, o3, args.as_mut_ptr(), n_args, Some(compute), -1, data as *mut c_void) };
-    Some(x.wrap(y))
+    let y = x.wrap(unsafe { g::ggml_custom_4d(g.ctx(), F32, ow, oh, o2, o3, args.as_mut_ptr(), n_args, Some(compute), -1, data as *mut c_void) });
+    Some(match (bias, folded) {
+        (Some(b), None) => {
+            let per_channel: [i64; 4] = if layout.video { [1, 1, 1, b.nelements()] } else { [1, 1, b.nelements(), 1] };
+            y.add_inplace(b.reshape(&per_channel))
+        }
+        _ => y,
+    })
 }
 
 /// The first node: `G g Gᵀ` of every kernel into [16][oc panel][c][NO], panels of output
@@ -245,6 +256,8 @@ struct Geo {
     zeros: usize,
     /// `Layout::replicate`.
     replicate: bool,
+    /// Per output channel, added to the outputs (null: none).
+    bias: *const f32,
     /// Transformed kernels: [16][oc panel][c][NO].
     u: *const f32,
     opan: usize,
@@ -275,6 +288,7 @@ impl Geo {
     unsafe fn new(d: &g::ggml_tensor, pad: [i32; 2], layout: Layout) -> Geo {
         let (x, w) = unsafe { (&*d.src[0], &*d.src[1]) };
         let before = unsafe { d.src[2].as_ref() };
+        let bias = d.src[3] as *const g::ggml_tensor;
         let us = |v: i64| v as usize;
         let (ow, oh) = (us(d.ne[0]), us(d.ne[1]));
         let (tw, th) = (ow.div_ceil(2), oh.div_ceil(2));
@@ -293,6 +307,7 @@ impl Geo {
             cr: us(x.ne[ca]),
             zeros: layout.zeros.max(0) as usize,
             replicate: layout.replicate,
+            bias: if bias.is_null() { std::ptr::null() } else { unsafe { (*bias).data as *const f32 } },
             u: w.data as *const f32,
             opan: us(w.ne[2]),
             out: d.data as *mut u8,
@@ -582,6 +597,7 @@ unsafe fn transform_tiles(geo: &Geo, n: usize, c_lo: usize, t0: usize, tiles: us
 unsafe fn untransform(geo: &Geo, n: usize, t0: usize, tiles: usize, oc0: usize, ocs: usize, m: *const f32) {
     for o in 0..ocs {
         let out = geo.out.add(n * geo.o_n + (oc0 + o) * geo.o_c);
+        let bias = (!geo.bias.is_null()).then(|| _mm256_set1_ps(*geo.bias.add(oc0 + o)));
         for gi in 0..tiles.div_ceil(TV) {
             let at = m.add(o * SEG + gi * TV);
             let mv = |r: usize, q: usize| _mm256_loadu_ps(at.add((r * 4 + q) * OCB * SEG));
@@ -593,8 +609,11 @@ unsafe fn untransform(geo: &Geo, n: usize, t0: usize, tiles: usize, oc0: usize, 
             let live = (tiles - gi * TV).min(TV);
             let (ty, tx) = (first / geo.tw, first % geo.tw);
             for (r, row) in s.iter().enumerate() {
-                let y0 = _mm256_add_ps(_mm256_add_ps(row[0], row[1]), row[2]);
-                let y1 = _mm256_sub_ps(_mm256_sub_ps(row[1], row[2]), row[3]);
+                let mut y0 = _mm256_add_ps(_mm256_add_ps(row[0], row[1]), row[2]);
+                let mut y1 = _mm256_sub_ps(_mm256_sub_ps(row[1], row[2]), row[3]);
+                if let Some(b) = bias {
+                    (y0, y1) = (_mm256_add_ps(y0, b), _mm256_add_ps(y1, b));
+                }
                 if live == TV && tx + TV <= geo.tw && 2 * (tx + TV) <= geo.ow {
                     let y = 2 * ty + r;
                     if y < geo.oh {
@@ -935,6 +954,48 @@ mod tests {
                 assert_eq!(padded.shape(), skipped.shape());
                 assert!(padded.data().iter().map(|v| v.to_bits()).eq(skipped.data().iter().map(|v| v.to_bits())), "{zeros} zero frames skipped differ");
             }
+        }
+    }
+
+    /// A bias added in the output pass gives the bits of ggml's `add` after the convolution
+    /// (images, video, and a bias that is a view into a larger tensor).
+    #[test]
+    fn bias_in_the_output_pass_is_the_separate_add() {
+        if !crate::graph::gemm::vector_kernels_available() {
+            return;
+        }
+        let backend = Arc::new(Backend::cpu().unwrap());
+        let mut rnd = uniform(9);
+        let (wi, hi, t, c, oc) = (19i64, 17i64, 3i64, 16i64, 20i64);
+        let x: Vec<f32> = (0..wi * hi * t * c).map(|_| rnd()).collect();
+        let wv: Vec<f32> = (0..27 * c * oc).map(|_| rnd() * 0.2).collect();
+        let bias: Vec<f32> = (0..oc).map(|_| rnd()).collect();
+        let wbytes = kernel_bytes(&wv, true);
+        let mut r = Runner::new(backend, 2);
+        r.options.cpu_winograd = true;
+        let out = r
+            .compute_many(|g| {
+                let img = g.input_f32(&x[..(wi * hi * c) as usize], &[wi, hi, c, 1]);
+                let w2 = g.input_bytes(F16, &[3, 3, c, oc], wbytes[..(18 * c * oc) as usize].to_vec());
+                let vid = g.input_f32(&x, &[wi, hi, t, c]);
+                let w3 = g.input_bytes(F16, &[3, 3, 3, c * oc], wbytes.clone());
+                let b = g.input_f32(&bias, &[oc]);
+                let b2 = g.input_f32(&[bias.clone(), bias.clone()].concat(), &[oc, 2]);
+                let conv2 = |b| super::conv3x3(g, img, w2, b, (1, 1), (1, 1), (1, 1)).unwrap();
+                let conv3 = |b| super::conv3x3_frames(g, vid, w3, b, c, (1, 1)).unwrap();
+                Ok(vec![
+                    conv2(Some(b)),
+                    conv2(None).add(b.reshape(&[1, 1, oc, 1])),
+                    conv3(Some(b)),
+                    conv3(None).add(b.reshape(&[1, 1, 1, oc])),
+                    // A row of a larger tensor as the bias (read through its own data pointer).
+                    conv3(Some(b2.view(&[oc], &[], 0))),
+                    conv3(None).add(b2.view(&[oc], &[], 0).reshape(&[1, 1, 1, oc])),
+                ])
+            })
+            .unwrap();
+        for (k, pair) in out.chunks(2).enumerate() {
+            assert!(pair[0].data().iter().map(|v| v.to_bits()).eq(pair[1].data().iter().map(|v| v.to_bits())), "case {k}: the bias differs");
         }
     }
 

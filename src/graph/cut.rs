@@ -89,7 +89,7 @@ fn closure(outputs: &[*mut g::ggml_tensor], produced: &HashSet<*mut g::ggml_tens
         if !produced.contains(&t) {
             if weight_buffer(t).is_some() {
                 // SAFETY: live tensor.
-                let base = unsafe { if (*t).view_src.is_null() { t } else { (*t).view_src } };
+                let base = unsafe { super::runner::view_base(t) };
                 c.weights.push(base);
             } else {
                 c.leaves.push(t);

@@ -91,7 +91,7 @@ pub(crate) fn forget_weights(ts: impl Iterator<Item = *mut g::ggml_tensor>) {
 fn weight_name(t: *mut g::ggml_tensor) -> Option<Arc<str>> {
     weight_buffer(t)?;
     // SAFETY: a live tensor of a graph.
-    let base = unsafe { if (*t).view_src.is_null() { t } else { (*t).view_src } };
+    let base = unsafe { super::runner::view_base(t) };
     if let Some(n) = NAMES.lock().get(&(base as usize)) {
         return Some(n.clone());
     }

@@ -421,6 +421,15 @@ pub(crate) fn failed_unless(status: g::ggml_status, backend: &Backend) -> Result
     Ok(())
 }
 
+/// The tensor whose storage `t` uses: its view source, or itself.
+///
+/// # Safety
+/// `t` must be a live tensor.
+pub(crate) unsafe fn view_base(t: *mut g::ggml_tensor) -> *mut g::ggml_tensor {
+    // SAFETY: per the contract.
+    unsafe { if (*t).view_src.is_null() { t } else { (*t).view_src } }
+}
+
 /// The buffer holding a tensor's data when that buffer holds weights.
 pub(crate) fn weight_buffer(t: *mut g::ggml_tensor) -> Option<g::ggml_backend_buffer_t> {
     if t.is_null() {
@@ -428,7 +437,7 @@ pub(crate) fn weight_buffer(t: *mut g::ggml_tensor) -> Option<g::ggml_backend_bu
     }
     // SAFETY: live tensor of a graph or store.
     unsafe {
-        let base = if (*t).view_src.is_null() { t } else { (*t).view_src };
+        let base = view_base(t);
         let b = (*base).buffer;
         (!b.is_null() && g::ggml_backend_buffer_get_usage(b) == g::GGML_BACKEND_BUFFER_USAGE_WEIGHTS).then_some(b)
     }
@@ -446,7 +455,7 @@ pub(crate) fn weight_leaves(gf: *mut g::ggml_cgraph) -> Vec<*mut g::ggml_tensor>
                 if weight_buffer(src).is_none() {
                     continue;
                 }
-                let base = if (*src).view_src.is_null() { src } else { (*src).view_src };
+                let base = view_base(src);
                 if seen.insert(base) {
                     out.push(base);
                 }

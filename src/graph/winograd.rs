@@ -158,12 +158,80 @@ fn frames_with<'g>(g: &'g Graph, zeros: i64, before: Option<T<'g>>, x: T<'g>, w:
     build(g, x, before, w, bias, [p0, p1], layout, kd * ic, oc, [ow, oh, t - kd + 1, oc])
 }
 
+/// Bytes of transformed kernels one convolution node holds at most: 16 f32 values per
+/// kernel and (virtual) input channel, so HunyuanVideo's 1024 → 4096 upsampler over three
+/// frames would need 805 MB, most of its decode's compute buffer. Larger convolutions run as
+/// several nodes over groups of output channels (each output's sums unchanged).
+const KERNEL_BUDGET: usize = 64 << 20;
+
+#[cfg(test)]
+thread_local! {
+    /// Tests set a small budget to split small convolutions.
+    static TEST_BUDGET: std::cell::Cell<Option<usize>> = const { std::cell::Cell::new(None) };
+}
+
+fn kernel_budget() -> usize {
+    #[cfg(test)]
+    if let Some(b) = TEST_BUDGET.with(|b| b.get()) {
+        return b;
+    }
+    KERNEL_BUDGET
+}
+
+/// Output channels per node: all of them when their transformed kernels fit the budget,
+/// else whole tasks' worth (multiples of `OCB`) that do.
+fn channels_per_node(c: i64, oc: i64) -> i64 {
+    let per_channel = (c.max(1) as usize) * 16 * 4;
+    let fit = (kernel_budget() / per_channel / OCB * OCB).max(OCB) as i64;
+    if fit >= oc {
+        oc
+    } else {
+        fit
+    }
+}
+
+/// The convolution of `before`'s frames and `x`'s into a tensor of `out` elements, plus
+/// `bias` per output channel, as one pair of nodes (`build_group`) or, past the kernel budget,
+/// one pair per group of output channels, each written into its part of the output.
+#[allow(clippy::too_many_arguments)]
+fn build<'g>(g: &'g Graph, x: T<'g>, before: Option<T<'g>>, w: T<'g>, bias: Option<T<'g>>, pad: [i32; 2], layout: Layout, c: i64, oc: i64, out: [i64; 4]) -> Option<T<'g>> {
+    let per_node = channels_per_node(c, oc);
+    if per_node >= oc {
+        return build_group(g, x, before, w, bias, pad, layout, c, oc, out);
+    }
+    // The output channel axis: 3 for video, 2 for images; a group's kernels are the
+    // contiguous run of its output channels' (video: `C` rows of the last axis each).
+    let axis = if layout.video { 3 } else { 2 };
+    let rows_per_oc = if layout.video { w.ne()[3] / oc } else { 1 };
+    let folded = bias.filter(|b| b.ty() == F32 && b.is_contiguous() && b.nelements() == oc);
+    let whole = g.new_tensor(F32, &out);
+    let nb = whole.nb();
+    let (wne, wnb) = (w.ne(), w.nb());
+    let mut result = whole;
+    for o0 in (0..oc).step_by(per_node as usize) {
+        let n = per_node.min(oc - o0);
+        let wg = w.view(&[wne[0], wne[1], wne[2], n * rows_per_oc], &[wnb[1], wnb[2], wnb[3]], o0 as usize * rows_per_oc as usize * wnb[3]);
+        let bg = folded.map(|b| b.view(&[n], &[], o0 as usize * 4));
+        let mut part_out = out;
+        part_out[axis] = n;
+        let part = build_group(g, x, before, wg, bg, pad, layout, c, n, part_out)?;
+        result = result.set_inplace(part, nb[1], nb[2], nb[3], o0 as usize * nb[axis]);
+    }
+    Some(match (bias, folded) {
+        (Some(b), None) => {
+            let per_channel: [i64; 4] = if layout.video { [1, 1, 1, b.nelements()] } else { [1, 1, b.nelements(), 1] };
+            result.add_inplace(b.reshape(&per_channel))
+        }
+        _ => result,
+    })
+}
+
 /// The two nodes: the kernels transformed (`c` channels, virtual ones for video), then the
 /// convolution of `before`'s frames and `x`'s into a tensor of `out` elements, plus `bias`
 /// per output channel: added in the output pass when it is f32 [OC] (the same f32 sums as a
 /// separate `add`, one pass over the output less), else by ggml's `add`.
 #[allow(clippy::too_many_arguments)]
-fn build<'g>(g: &'g Graph, x: T<'g>, before: Option<T<'g>>, w: T<'g>, bias: Option<T<'g>>, pad: [i32; 2], layout: Layout, c: i64, oc: i64, out: [i64; 4]) -> Option<T<'g>> {
+fn build_group<'g>(g: &'g Graph, x: T<'g>, before: Option<T<'g>>, w: T<'g>, bias: Option<T<'g>>, pad: [i32; 2], layout: Layout, c: i64, oc: i64, out: [i64; 4]) -> Option<T<'g>> {
     let opan = (oc as usize).div_ceil(NO) as i64;
     let kq = store_in_ctx(g.ctx(), KernelData { queue: TaskQueue::new(), layout })?;
     let data = store_in_ctx(g.ctx(), OpData { queue: TaskQueue::new(), pad, layout })?;
@@ -957,6 +1025,16 @@ mod tests {
         }
     }
 
+    /// A video [W, H, T, C], 3×3×3 kernels to `oc` channels (small values) and a bias, from
+    /// `seed`; and the sequence, for more.
+    fn video_case(seed: u64, [wi, hi, t, c, oc]: [i64; 5]) -> (Vec<f32>, Vec<f32>, Vec<f32>, impl FnMut() -> f32) {
+        let mut rnd = uniform(seed);
+        let x: Vec<f32> = (0..wi * hi * t * c).map(|_| rnd()).collect();
+        let wv: Vec<f32> = (0..27 * c * oc).map(|_| rnd() * 0.2).collect();
+        let bias: Vec<f32> = (0..oc).map(|_| rnd()).collect();
+        (x, wv, bias, rnd)
+    }
+
     /// A bias added in the output pass gives the bits of ggml's `add` after the convolution
     /// (images, video, and a bias that is a view into a larger tensor).
     #[test]
@@ -965,11 +1043,8 @@ mod tests {
             return;
         }
         let backend = Arc::new(Backend::cpu().unwrap());
-        let mut rnd = uniform(9);
         let (wi, hi, t, c, oc) = (19i64, 17i64, 3i64, 16i64, 20i64);
-        let x: Vec<f32> = (0..wi * hi * t * c).map(|_| rnd()).collect();
-        let wv: Vec<f32> = (0..27 * c * oc).map(|_| rnd() * 0.2).collect();
-        let bias: Vec<f32> = (0..oc).map(|_| rnd()).collect();
+        let (x, wv, bias, _) = video_case(9, [wi, hi, t, c, oc]);
         let wbytes = kernel_bytes(&wv, true);
         let mut r = Runner::new(backend, 2);
         r.options.cpu_winograd = true;
@@ -997,6 +1072,57 @@ mod tests {
         for (k, pair) in out.chunks(2).enumerate() {
             assert!(pair[0].data().iter().map(|v| v.to_bits()).eq(pair[1].data().iter().map(|v| v.to_bits())), "case {k}: the bias differs");
         }
+    }
+
+    /// A convolution past the kernel budget, run as one node pair per group of output
+    /// channels written into its part of the output, gives the one node's bits: images and
+    /// video (cached frames, zero frames, replicated borders), biases folded, ragged groups.
+    #[test]
+    fn output_channel_groups_give_the_whole_convolution() {
+        if !crate::graph::gemm::vector_kernels_available() {
+            return;
+        }
+        let backend = Arc::new(Backend::cpu().unwrap());
+        let (wi, hi, t, c, oc) = (19i64, 17i64, 3i64, 16i64, 100i64);
+        let (x, wv, bias, mut rnd) = video_case(13, [wi, hi, t, c, oc]);
+        let lead: Vec<f32> = (0..wi * hi * 2 * c).map(|_| rnd()).collect();
+        let wbytes = kernel_bytes(&wv, true);
+        let run = |budget: Option<usize>| {
+            super::TEST_BUDGET.with(|b| b.set(budget));
+            let mut r = Runner::new(backend.clone(), 2);
+            r.options.cpu_winograd = true;
+            let out = r
+                .compute_many(|g| {
+                    let img = g.input_f32(&x[..(wi * hi * c) as usize], &[wi, hi, c, 1]);
+                    let w2 = g.input_bytes(F16, &[3, 3, c, oc], wbytes[..(18 * c * oc) as usize].to_vec());
+                    let vid = g.input_f32(&x, &[wi, hi, t, c]);
+                    let before = g.input_f32(&lead, &[wi, hi, 2, c]);
+                    let w3 = g.input_bytes(F16, &[3, 3, 3, c * oc], wbytes.clone());
+                    let b = g.input_f32(&bias, &[oc]);
+                    Ok(vec![
+                        super::conv3x3(g, img, w2, Some(b), (1, 1), (1, 1), (1, 1)).unwrap(),
+                        super::conv3x3(g, img, w2, None, (1, 1), (0, 2), (1, 1)).unwrap(),
+                        super::conv3x3_frames(g, vid, w3, Some(b), c, (1, 1)).unwrap(),
+                        super::conv3x3_frames_zero_front(g, 2, vid, w3, None, c, (2, 0)).unwrap(),
+                        super::conv3x3_frames_after_replicated(g, Some(before), vid, w3, Some(b), c).unwrap(),
+                    ])
+                })
+                .unwrap();
+            super::TEST_BUDGET.with(|b| b.set(None));
+            out
+        };
+        // Groups of 48 output channels (48, 48 and 4): 16 values per channel and output.
+        let whole = run(None);
+        let grouped = run(Some(48 * 16 * 4 * (3 * c as usize)));
+        assert_eq!(super::channels_per_node(3 * c, oc), oc, "the default budget holds these");
+        for (k, (a, b)) in whole.iter().zip(&grouped).enumerate() {
+            assert_eq!(a.shape(), b.shape(), "case {k}");
+            assert!(a.data().iter().map(|v| v.to_bits()).eq(b.data().iter().map(|v| v.to_bits())), "case {k}: the groups differ");
+        }
+        super::TEST_BUDGET.with(|b| b.set(Some(48 * 16 * 4 * (3 * c as usize))));
+        assert_eq!(super::channels_per_node(3 * c, oc), 48);
+        assert_eq!(super::channels_per_node(c, oc), 144.min(oc));
+        super::TEST_BUDGET.with(|b| b.set(None));
     }
 
     /// Replicate padding read in place (HunyuanVideo's VAE) gives the bits of Winograd's

@@ -19,6 +19,8 @@ static CANCEL_AT: Mutex<Option<(i32, u32)>> = Mutex::new(None);
 
 unsafe extern "C" fn on_progress(step: c_int, steps: c_int, _time: f32, data: *mut c_void) {
     PROGRESS.lock().unwrap().push((step, steps));
+    // In the log too, so that a test sees what was logged before and after a step.
+    LOG.lock().unwrap().push(format!("<progress {step}/{steps}>"));
     if let Some((at, mode)) = *CANCEL_AT.lock().unwrap() {
         if step == at {
             sd_cancel_generation(data as *mut sd_ctx_t, sd_cancel_mode_t(mode));
@@ -87,9 +89,12 @@ fn generation_behaviour() {
     std::fs::remove_file(&bogus).ok();
 
     cp.model_path = model.as_ptr();
+    LOG.lock().unwrap().clear();
     // SAFETY: valid params.
     let ctx = unsafe { new_sd_ctx(&cp) };
     assert!(!ctx.is_null(), "new_sd_ctx(sd1) failed: {:?}", LOG.lock().unwrap());
+    let vae_loads = || LOG.lock().unwrap().iter().filter(|l| l.contains(" - VAE: loaded")).count();
+    assert_eq!(vae_loads(), 0, "without eager_load the VAE is read when first used");
     assert!(sd_ctx_supports_image_generation(ctx).get());
     assert!(!sd_ctx_supports_video_generation(ctx).get());
     // An image model given to generate_video: false, nothing returned, an error naming why.
@@ -117,10 +122,18 @@ fn generation_behaviour() {
     let (ok, a) = generate(ctx, &params(&prompt, 3, 2, 7));
     assert!(ok && a.len() == 2);
     assert_eq!(*PROGRESS.lock().unwrap(), vec![(0, 3), (1, 3), (2, 3), (3, 3), (0, 3), (1, 3), (2, 3), (3, 3)]);
+    // The VAE was read for the first decode, after the first item's sampling, once.
+    {
+        let log = LOG.lock().unwrap();
+        let loaded = log.iter().position(|l| l.contains(" - VAE: loaded")).expect("the VAE is loaded for the decode");
+        assert!(log[..loaded].iter().any(|l| l == "<progress 3/3>"), "the VAE was read before sampling: {log:?}");
+        assert_eq!(log.iter().filter(|l| l.contains(" - VAE: loaded")).count(), 1);
+    }
     assert!(a.iter().all(|(w, h, c, d)| (*w, *h, *c) == (64, 64, 3) && d.len() == 64 * 64 * 3));
     assert_ne!(a[0].3, a[1].3, "batch items use different seeds");
     let (_, b) = generate(ctx, &params(&prompt, 3, 1, 7));
     assert_eq!(a[0].3, b[0].3, "seed 7 renders the same picture twice");
+    assert_eq!(vae_loads(), 1, "the VAE stays loaded after its first use");
     let (_, c) = generate(ctx, &params(&prompt, 3, 1, 8));
     assert_eq!(a[1].3, c[0].3, "batch item 2 uses seed + 1");
 
@@ -189,6 +202,15 @@ fn generation_behaviour() {
     }
 
     sd_set_progress_callback(None, null_mut());
-    sd_set_log_callback(None, null_mut());
     free_sd_ctx(ctx);
+
+    // With eager_load the VAE is read with the context.
+    LOG.lock().unwrap().clear();
+    cp.eager_load = CBool::TRUE;
+    // SAFETY: valid params.
+    let eager = unsafe { new_sd_ctx(&cp) };
+    assert!(!eager.is_null());
+    assert_eq!(vae_loads(), 1, "eager_load reads the VAE with the context");
+    free_sd_ctx(eager);
+    sd_set_log_callback(None, null_mut());
 }

@@ -187,6 +187,9 @@ pub enum WeightHome {
     Backend(Arc<Backend>),
     /// Nowhere: read from the model files for each phase and freed after it.
     Disk,
+    /// On the compute device once first used: read from the model files at the start of the
+    /// first phase and kept (the reference's loading without `eager_load`).
+    FirstUse,
 }
 
 impl std::fmt::Debug for WeightHome {
@@ -195,6 +198,7 @@ impl std::fmt::Debug for WeightHome {
             WeightHome::Compute => write!(f, "compute device"),
             WeightHome::Backend(b) => write!(f, "{}", b.device_name()),
             WeightHome::Disk => write!(f, "disk"),
+            WeightHome::FirstUse => write!(f, "compute device, from first use"),
         }
     }
 }
@@ -231,13 +235,24 @@ impl Placement {
         place
     }
 
+    /// This placement, or with `at_first_use` its weights read when first used instead of
+    /// at load time, where they would stay on the compute device (no other home, layer
+    /// split, budget or streaming).
+    pub fn loaded_at_first_use(&self, at_first_use: bool) -> Placement {
+        let mut place = self.clone();
+        if at_first_use && matches!(place.weights, WeightHome::Compute) && place.split.is_empty() && place.max_vram == 0 && !place.stream_layers {
+            place.weights = WeightHome::FirstUse;
+        }
+        place
+    }
+
     /// The backend a `ParamStore` of this module is allocated on at load time (None: the
-    /// weights are read per phase, `params_backend=disk`).
+    /// weights are read later, per phase with `params_backend=disk`, or at first use).
     pub fn weights_backend(&self) -> Option<&Arc<Backend>> {
         match &self.weights {
             WeightHome::Compute => Some(&self.compute),
             WeightHome::Backend(b) => Some(b),
-            WeightHome::Disk => None,
+            WeightHome::Disk | WeightHome::FirstUse => None,
         }
     }
 
@@ -251,7 +266,7 @@ impl Placement {
 
     /// Whether the weights live somewhere else than the compute device between phases.
     pub fn weights_off_device(&self) -> bool {
-        !matches!(self.weights, WeightHome::Compute)
+        !matches!(self.weights, WeightHome::Compute | WeightHome::FirstUse)
     }
 
     pub fn describe(&self) -> String {

@@ -161,7 +161,7 @@ impl ParamStore {
     pub fn begin_phase(&mut self, placement: &Placement, reload: impl FnOnce(&mut ParamStore, &Backend) -> Result<()>) -> Result<()> {
         match &placement.weights {
             WeightHome::Compute => Ok(()),
-            WeightHome::Disk => {
+            WeightHome::Disk | WeightHome::FirstUse => {
                 if !self.allocated {
                     reload(self, &placement.compute)?;
                 }

@@ -294,6 +294,8 @@ impl Weights {
             self.fill(&mut store, threads)?;
         } else if let Some(b) = placement.weights_backend() {
             self.load(&mut store, b, what, threads)?;
+        } else if matches!(placement.weights, crate::graph::WeightHome::FirstUse) {
+            sd_debug!("{what}: weights will be read from the model files when first used");
         } else {
             sd_info!("{what}: weights are read from the model files for each use");
         }

@@ -100,7 +100,8 @@ impl LoraSet {
         let merge: Vec<bool> = targets.iter().map(|t| self.immediately && mergeable(t)).collect();
         if self.immediately && !wanted.is_empty() && !self.noted_runtime {
             for (t, _) in targets.iter().zip(&merge).filter(|(_, m)| !**m) {
-                sd_info!("{}: its weights are not kept on the compute device, so LoRAs are applied to it at run time", t.what);
+                let why = if matches!(t.placement.weights, WeightHome::FirstUse) { "are read when first used" } else { "are not kept on the compute device" };
+                sd_info!("{}: its weights {why}, so LoRAs are applied to it at run time", t.what);
                 self.noted_runtime = true;
             }
         }

@@ -21,6 +21,10 @@ const SDXL_VAE_CONV_SCALE: f32 = 1.0 / 32.0;
 /// reference's rules.
 pub(super) fn build(ctx: &BuildCtx<'_>, place: Placement) -> Result<(Box<dyn FirstStage>, Option<Box<dyn FirstStage>>)> {
     let (params, weights, spec, n_threads) = (ctx.params, ctx.weights, ctx.spec, ctx.n_threads);
+    // Without `eager_load` the first stage's weights are read when the first decode or encode
+    // begins, as the reference prepares its weights: they are not resident while the text
+    // encoders and the diffusion model run first (HunyuanVideo's VAE decoder is 1.7 GB).
+    let place = place.loaded_at_first_use(!params.eager_load);
     let has_tae = weights.has_prefix(vae::tae::PREFIX);
     ensure!(!spec.tae_first_stage || has_tae, "{} models need their tiny autoencoder (taesd_path)", ctx.version.name());
     let tae_preview_only = params.tae_preview_only && !spec.tae_first_stage;

@@ -135,9 +135,11 @@ fn frames_with<'g>(g: &'g Graph, zeros: i64, before: Option<T<'g>>, x: T<'g>, w:
     let [wi, hi, tx, xc] = x.ne();
     let t = zeros + tx + before.map_or(0, |b| b.ne()[2]);
     let (p0, p1) = padding;
-    if (kw, kh) != (3, 3) || kd < 1 || t < kd || !(0..kd).contains(&zeros) || xc != ic || ic < 16 || ocic % ic != 0 || !(0..=2).contains(&p0) || !(0..=2).contains(&p1) {
+    if (kw, kh) != (3, 3) || kd < 1 || t < kd || !(0..kd).contains(&zeros) || xc != ic || ic < 4 || ocic % ic != 0 || !(0..=2).contains(&p0) || !(0..=2).contains(&p1) {
         return None;
     }
+    // From 4 input channels (LTX's last convolutions, 8 → 32 and 4 → 48 at full size, were
+    // most of its decode through im2col_3d: its matrix is 27 values per channel and pixel).
     // Any number of output channels: the alternative is ggml's im2col_3d after a padded copy
     // (a Wan VAE's last convolution, 96 → 3 channels, took a third of a 512² decode so).
     let oc = ocic / ic;
@@ -963,6 +965,9 @@ mod tests {
             // A video VAE's last convolutions: RGB, and RGB in 2×2 patches.
             (18, 17, 3, 3, 32, 3, 1, true),
             (16, 18, 4, 3, 24, 12, 1, false),
+            // Few input channels (LTX's last convolutions: 8 → 32, 4 → 48).
+            (18, 17, 3, 3, 4, 48, 1, true),
+            (20, 16, 4, 3, 8, 32, 1, false),
         ];
         for (wi, hi, t, kd, c, oc, pad, f16) in cases {
             let x: Vec<f32> = (0..wi * hi * t * c).map(|_| rnd()).collect();

@@ -294,10 +294,14 @@ impl Weights {
             self.fill(&mut store, threads)?;
         } else if let Some(b) = placement.weights_backend() {
             self.load(&mut store, b, what, threads)?;
-        } else if matches!(placement.weights, crate::graph::WeightHome::FirstUse) {
-            sd_debug!("{what}: weights will be read from the model files when first used");
         } else {
-            sd_info!("{what}: weights are read from the model files for each use");
+            // Read later: what a load would refuse is refused now, with the context.
+            check_declared(&self.files, &store).with_context(|| format!("{what}: checking weights"))?;
+            if matches!(placement.weights, crate::graph::WeightHome::FirstUse) {
+                sd_debug!("{what}: weights will be read from the model files when first used");
+            } else {
+                sd_info!("{what}: weights are read from the model files for each use");
+            }
         }
         let mut runner = Runner::for_placement(&placement, n_threads);
         if self.fast {
@@ -346,16 +350,26 @@ fn fill_in_pieces(files: &ModelFiles, store: &mut ParamStore, threads: usize, pi
     )
 }
 
+/// Fails, naming it, on a declared tensor of `store` that `files` lack or hold in another
+/// shape: a load's checks without reading (the reference validates its registered tensors
+/// when the context is made, its weights are read later).
+fn check_declared(files: &ModelFiles, store: &ParamStore) -> Result<()> {
+    for (name, w) in store.entries() {
+        declared(files, name, ParamStore::spec(w).ne4())?;
+    }
+    Ok(())
+}
+
+/// The files' tensor `name`, when it has the declared shape `want`.
+fn declared<'f>(files: &'f ModelFiles, name: &str, want: [i64; 4]) -> Result<&'f TensorStorage> {
+    let ts = files.get(name).with_context(|| format!("tensor '{name}' not found in the model files"))?;
+    ensure!(ts.ne() == want, "tensor '{name}' has wrong shape in model file: got {:?}, expected {:?}", ts.ne(), want);
+    Ok(ts)
+}
+
 /// Reads the declared tensor `name` (`spec`) from `files` into `dst`.
 fn fill_one(files: &ModelFiles, name: &str, spec: &TensorSpec, dst: &mut [u8]) -> Result<()> {
-    let ts = files.get(name).with_context(|| format!("tensor '{name}' not found in the model files"))?;
-    let want = spec.ne4();
-    ensure!(
-        ts.ne() == want,
-        "tensor '{name}' has wrong shape in model file: got {:?}, expected {:?}",
-        ts.ne(),
-        want
-    );
+    let ts = declared(files, name, spec.ne4())?;
     let ty = SdType::from_raw(spec.ty).with_context(|| format!("tensor '{name}': unknown ggml type {}", spec.ty))?;
     files.read_tensor(ts, ty, dst)
 }

@@ -346,6 +346,10 @@ mod tests {
             // Row blocks enough for a task each (4 threads, then 1), columns in chunks of 48.
             (64, 2100, 60),
             (300, 600, 100),
+            // One column chunk, f16 weights read in place on AVX2: K tails and chunks, ragged
+            // row tiles.
+            (2085, 150, 17),
+            (4100, 9, 48),
         ];
         for (i, &(k, m, n)) in fixed.iter().enumerate() {
             for (ta, tb) in FLOAT_PAIRS {

@@ -401,6 +401,8 @@ mod tests {
             ("hunyuan refiner mlp 2048->8192, 17 tokens", Dot::F16, Elem::F16, Elem::F32, 2048, 8192, 17),
             ("hunyuan refiner mlp 8192->2048, 17 tokens", Dot::F16, Elem::F16, Elem::F32, 8192, 2048, 17),
             ("hunyuan linear 2048->2048, 48 tokens", Dot::F16, Elem::F16, Elem::F32, 2048, 2048, 48),
+            ("hunyuan linear 2048->2048, 24 tokens", Dot::F16, Elem::F16, Elem::F32, 2048, 2048, 24),
+            ("hunyuan linear 2048->2048, 32 tokens", Dot::F16, Elem::F16, Elem::F32, 2048, 2048, 32),
         ];
         println!("this CPU's f32 FMA peak: {:.1} GFLOP per CPU s", fma_peak());
         // `SD_KERNEL_SHAPES=wan` keeps the shapes whose name contains it.

@@ -211,16 +211,23 @@ fn grow<T: Copy>(v: &mut Vec<T>, n: usize, zero: T) {
 pub(crate) unsafe fn run(p: &Problem, tasks: impl Iterator<Item = Task>, s: &mut Scratch) {
     s.a_key = None;
     for whole in tasks {
+        // A task of few columns reads each weight once: f16 weights are then read in place
+        // (`direct_task`), not packed first (from 32 columns packing gains again).
+        let one_chunk = whole.n1 - whole.n0 <= DIRECT_COLUMNS;
         for n0 in (whole.n0..whole.n1).step_by(COLUMN_CHUNK) {
             let t = &Task { n0, n1: (n0 + COLUMN_CHUNK).min(whole.n1), ..whole };
             match p.dot {
                 Dot::F16 | Dot::F32 if p.k < SMALL_K => small_task(p, t, s),
+                Dot::F16 if one_chunk && p.a.ty == Elem::F16 && !avx512vl_allowed() => direct_task(p, t, s),
                 Dot::F16 | Dot::F32 => float_task(p, t, s),
                 Dot::Q8_0 => q8_task(p, t, s),
             }
         }
     }
 }
+
+/// Tasks of at most this many columns read f16 weights in place (`direct_task`).
+const DIRECT_COLUMNS: usize = 24;
 
 /// Columns computed at once (their accumulators and packed B stay in L2).
 const COLUMN_CHUNK: usize = 48;
@@ -296,6 +303,16 @@ unsafe fn float_body<L: Lanes, const NR: usize>(p: &Problem, t: &Task, s: &mut S
     if tail > 0 {
         pack_tail(b_kind, brow, p.b.nb[0], cols, k32, tail, tb);
     }
+    write_outputs::<MR, NR>(p, t, out, st, pm, [ta, tb], tail);
+}
+
+/// The outputs of a task from its tiles' accumulators `st` (the layout of `passes`), each
+/// reduced as ggml reduces it, plus the products past the last whole block (`tails` of A
+/// and B, [row][tail]).
+#[inline(always)]
+unsafe fn write_outputs<const MR: usize, const NR: usize>(p: &Problem, t: &Task, out: *mut u8, st: *const __m256, pm: usize, tails: [*const f32; 2], tail: usize) {
+    let [ta, tb] = tails;
+    let (rows, cols) = (t.m1 - t.m0, t.n1 - t.n0);
     for ni in 0..cols {
         let dst = (out.add((t.n0 + ni) * p.out_nb[0]) as *mut f32).add(t.m0);
         let (n, nn) = (ni / NR, ni % NR);
@@ -348,6 +365,86 @@ unsafe fn passes<L: Lanes, const NR: usize>(p: &Panels) {
                     tile_pass::<L, NR>(apanel, bchunk.add(n * NR * nc * 8 * g), nc, st.add(((n * pm + q) * 4 + j) * MR * NR), c0 > 0);
                 }
             }
+        }
+    }
+}
+
+/// A task of f16 weights over few columns (AVX2): B packed as in `float_body`, A's rows
+/// read where they are and widened in the tile loop, 2 rows × 6 columns a tile (packing
+/// them to f32 first cost as much as the products with 17 columns; a 4 × 3 tile widened
+/// each A vector twice as often and ran slower than packing). Per A tile row and K chunk
+/// the four lane-group passes read the same 8 KB of rows, which stay in L1; every
+/// accumulator sees the packed path's operations in its order, so the same bits.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn direct_task(p: &Problem, t: &Task, s: &mut Scratch) {
+    // Two rows: each A vector is widened once per 6 columns (12 products).
+    const DR: usize = 2;
+    const NR: usize = 6;
+    let k = p.k;
+    let (k32, tail) = (k & !31, k % 32);
+    let cs = k32 / 32;
+    let b_kind = if p.b.ty == Elem::F16 { Load::F16 } else { Load::F32AsF16 };
+    let (rows, cols) = (t.m1 - t.m0, t.n1 - t.n0);
+    let (pm, pn) = (rows.div_ceil(DR), cols.div_ceil(NR));
+    let kc = KC_BLOCKS.min(cs).max(1);
+    let b_len = pn * NR * cs * 32;
+    // The A tails go where `float_body` keeps its packed A block, which is gone now.
+    s.a_key = None;
+    grow(&mut s.a, rows * tail, 0.0);
+    grow(&mut s.b, b_len + cols * tail, 0.0);
+    grow(&mut s.st, pn * pm * 4 * DR * NR, _mm256_setzero_ps());
+    let (arow, brow, out) = p.batch_ptrs(t.batch);
+    let arow = arow.wrapping_add(t.m0 * p.a.nb[0]);
+    let brow = brow.wrapping_add(t.n0 * p.b.nb[0]);
+    let (ta, bp, st) = (s.a.as_mut_ptr(), s.b.as_mut_ptr(), s.st.as_mut_ptr());
+    let tb = bp.add(b_len);
+    pack_panels::<NR>(b_kind, brow, p.b.nb[0], cols, pn, 1, cs, kc, bp);
+    if tail > 0 {
+        pack_tail(Load::F16, arow, p.a.nb[0], rows, k32, tail, ta);
+        pack_tail(b_kind, brow, p.b.nb[0], cols, k32, tail, tb);
+    }
+    for q in 0..pm {
+        // A ragged last tile repeats its last row (its outputs are not written).
+        let a_rows: [*const u8; DR] = std::array::from_fn(|r| arow.wrapping_add((q * DR + r).min(rows - 1) * p.a.nb[0]));
+        for c0 in (0..cs).step_by(kc) {
+            let nc = (c0 + kc).min(cs) - c0;
+            for j in 0..4 {
+                let bchunk = bp.add(panel_at(NR, pn, 1, cs, j, c0));
+                for n in 0..pn {
+                    direct_pass(a_rows, (c0 * 32 + j * 8) * 2, nc, bchunk.add(n * NR * nc * 8), st.add(((n * pm + q) * 4 + j) * DR * NR), c0 > 0);
+                }
+            }
+        }
+    }
+    write_outputs::<DR, NR>(p, t, out, st, pm, [ta, tb], tail);
+}
+
+/// One accumulator pass of a 2 × 6 tile over `nc` blocks: A's f16 lanes at byte `at` of each
+/// row (then every 64 bytes), B's packed panel `b`; started from zero or resumed from `st`.
+#[inline(always)]
+unsafe fn direct_pass(a: [*const u8; 2], at: usize, nc: usize, b: *const f32, st: *mut __m256, resume: bool) {
+    let mut c = [[_mm256_setzero_ps(); 6]; 2];
+    if resume {
+        for (i, row) in c.iter_mut().enumerate() {
+            for (j, v) in row.iter_mut().enumerate() {
+                *v = *st.add(i * 6 + j);
+            }
+        }
+    }
+    let mut pb = b;
+    for blk in 0..nc {
+        let a0 = _mm256_cvtph_ps(_mm_loadu_si128(a[0].add(at + blk * 64) as *const __m128i));
+        let a1 = _mm256_cvtph_ps(_mm_loadu_si128(a[1].add(at + blk * 64) as *const __m128i));
+        for j in 0..6 {
+            let bj = _mm256_loadu_ps(pb.add(8 * j));
+            c[0][j] = _mm256_fmadd_ps(a0, bj, c[0][j]);
+            c[1][j] = _mm256_fmadd_ps(a1, bj, c[1][j]);
+        }
+        pb = pb.add(48);
+    }
+    for (i, row) in c.iter().enumerate() {
+        for (j, v) in row.iter().enumerate() {
+            *st.add(i * 6 + j) = *v;
         }
     }
 }

@@ -99,7 +99,9 @@ impl LoraSet {
         }
         let merge: Vec<bool> = targets.iter().map(|t| self.immediately && mergeable(t)).collect();
         if self.immediately && !wanted.is_empty() && !self.noted_runtime {
-            for (t, _) in targets.iter().zip(&merge).filter(|(_, m)| !**m) {
+            // Only components some LoRA changes (a first stage read at first use is never
+            // merged into, and most LoRAs leave it alone).
+            for ((t, _), _) in targets.iter().zip(&merge).zip(&per_target).filter(|((_, m), loras)| !**m && !loras.is_empty()) {
                 let why = if matches!(t.placement.weights, WeightHome::FirstUse) { "are read when first used" } else { "are not kept on the compute device" };
                 sd_info!("{}: its weights {why}, so LoRAs are applied to it at run time", t.what);
                 self.noted_runtime = true;

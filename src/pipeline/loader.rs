@@ -294,14 +294,13 @@ impl Weights {
             self.fill(&mut store, threads)?;
         } else if let Some(b) = placement.weights_backend() {
             self.load(&mut store, b, what, threads)?;
-        } else {
-            // Read later: what a load would refuse is refused now, with the context.
+        } else if matches!(placement.weights, crate::graph::WeightHome::FirstUse) {
+            // Read later (where an eager load read them before): what that load would refuse
+            // is refused now, with the context.
             check_declared(&self.files, &store).with_context(|| format!("{what}: checking weights"))?;
-            if matches!(placement.weights, crate::graph::WeightHome::FirstUse) {
-                sd_debug!("{what}: weights will be read from the model files when first used");
-            } else {
-                sd_info!("{what}: weights are read from the model files for each use");
-            }
+            sd_debug!("{what}: weights will be read from the model files when first used");
+        } else {
+            sd_info!("{what}: weights are read from the model files for each use");
         }
         let mut runner = Runner::for_placement(&placement, n_threads);
         if self.fast {

@@ -205,7 +205,7 @@ fn build<'g>(g: &'g Graph, x: T<'g>, before: Option<T<'g>>, w: T<'g>, bias: Opti
     // contiguous run of its output channels' (video: `C` rows of the last axis each).
     let axis = if layout.video { 3 } else { 2 };
     let rows_per_oc = if layout.video { w.ne()[3] / oc } else { 1 };
-    let folded = bias.filter(|b| b.ty() == F32 && b.is_contiguous() && b.nelements() == oc);
+    let folded = foldable(bias, oc);
     let whole = g.new_tensor(F32, &out);
     let nb = whole.nb();
     let (wne, wnb) = (w.ne(), w.nb());
@@ -219,13 +219,7 @@ fn build<'g>(g: &'g Graph, x: T<'g>, before: Option<T<'g>>, w: T<'g>, bias: Opti
         let part = build_group(g, x, before, wg, bg, pad, layout, c, n, part_out)?;
         result = result.set_inplace(part, nb[1], nb[2], nb[3], o0 as usize * nb[axis]);
     }
-    Some(match (bias, folded) {
-        (Some(b), None) => {
-            let per_channel: [i64; 4] = if layout.video { [1, 1, 1, b.nelements()] } else { [1, 1, b.nelements(), 1] };
-            result.add_inplace(b.reshape(&per_channel))
-        }
-        _ => result,
-    })
+    Some(with_unfolded_bias(result, bias, folded, layout))
 }
 
 /// The two nodes: the kernels transformed (`c` channels, virtual ones for video), then the
@@ -241,19 +235,30 @@ fn build_group<'g>(g: &'g Graph, x: T<'g>, before: Option<T<'g>>, w: T<'g>, bias
     // SAFETY: a live context and sources; each callback reads its sources and writes only its
     // own output; the user data lives in the same context as the nodes.
     let u = unsafe { g::ggml_custom_4d(g.ctx(), F32, NO as i64, c, opan, 16, wargs.as_mut_ptr(), 1, Some(compute_kernels), -1, kq as *mut c_void) };
-    let folded = bias.filter(|b| b.ty() == F32 && b.is_contiguous() && b.nelements() == oc);
+    let folded = foldable(bias, oc);
     let null = std::ptr::null_mut();
     let mut args = [x.raw(), u, before.map_or(null, |b| b.raw()), folded.map_or(null, |b| b.raw())];
     let n_args = if folded.is_some() { 4 } else if before.is_some() { 3 } else { 2 };
     let [ow, oh, o2, o3] = out;
     let y = x.wrap(unsafe { g::ggml_custom_4d(g.ctx(), F32, ow, oh, o2, o3, args.as_mut_ptr(), n_args, Some(compute), -1, data as *mut c_void) });
-    Some(match (bias, folded) {
+    Some(with_unfolded_bias(y, bias, folded, layout))
+}
+
+/// The bias the output pass adds: f32 [OC], contiguous.
+fn foldable<'g>(bias: Option<T<'g>>, oc: i64) -> Option<T<'g>> {
+    bias.filter(|b| b.ty() == F32 && b.is_contiguous() && b.nelements() == oc)
+}
+
+/// `y` plus `bias` per output channel by ggml's `add` when the output pass did not add it
+/// (`folded` is what it added).
+fn with_unfolded_bias<'g>(y: T<'g>, bias: Option<T<'g>>, folded: Option<T<'g>>, layout: Layout) -> T<'g> {
+    match (bias, folded) {
         (Some(b), None) => {
             let per_channel: [i64; 4] = if layout.video { [1, 1, 1, b.nelements()] } else { [1, 1, b.nelements(), 1] };
             y.add_inplace(b.reshape(&per_channel))
         }
         _ => y,
-    })
+    }
 }
 
 /// The first node: `G g Gᵀ` of every kernel into [16][oc panel][c][NO], panels of output

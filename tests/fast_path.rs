@@ -28,8 +28,12 @@ fn bounds() -> Vec<(String, f64, f64)> {
         .collect()
 }
 
+/// `SD_FAST_BOUND_CASE=name` runs that one case.
 fn in_this_run(name: &str) -> bool {
-    full() || name == "sd1_txt2img"
+    match std::env::var("SD_FAST_BOUND_CASE") {
+        Ok(only) => only == name,
+        Err(_) => full() || name == "sd1_txt2img",
+    }
 }
 
 #[test]

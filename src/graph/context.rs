@@ -121,9 +121,11 @@ pub struct GraphOptions {
     /// rounding differs from ggml's, so only where nothing amplifies it (decoders and
     /// upscalers, see `winograd_wanted`).
     pub cpu_winograd: bool,
-    /// The context's opt-in fast path (`runtime::args::fast_path`): encoders keep Winograd
-    /// too (`encoder_winograd`).
+    /// The context's opt-in fast path (`runtime::args::fast_path`): the UNet takes Winograd
+    /// too, transformers `cpu_fast_products`.
     pub fast: bool,
+    /// Float products by the fast path's kernels (`gemm::fast`: sums in their own order).
+    pub cpu_fast_products: bool,
 }
 
 /// Whether a network takes Winograd's convolutions (`GraphOptions::cpu_winograd`). By
@@ -131,8 +133,9 @@ pub struct GraphOptions {
 /// sampled further (UNet, encoders), as SDXL's sampling amplifies the rounding past the
 /// golden tolerance (its img2img case moved by max 8 with a Winograd VAE encoder), and not
 /// contexts with quantized weights, whose pictures are the reference's bit for bit. On the
-/// `fast` path every network of every context takes it. `SD_CPU_WINOGRAD=0` switches it off
-/// (fast path included), `=all` on for decoders of quantized contexts too.
+/// `fast` path the UNet takes it too, in every context (encoders stay off,
+/// `encoder_winograd`). `SD_CPU_WINOGRAD=0` switches it off (fast path included), `=all` on
+/// for decoders of quantized contexts too.
 pub fn winograd_wanted(quantized_context: bool, fast: bool) -> bool {
     match std::env::var("SD_CPU_WINOGRAD").as_deref().map(str::trim) {
         Ok("0" | "off") => false,
@@ -165,17 +168,19 @@ impl Default for GraphOptions {
             cpu_own_matmul: !matches!(std::env::var("SD_CPU_OWN_MATMUL").as_deref().map(str::trim), Ok("0" | "off")),
             cpu_winograd: false,
             fast: false,
+            cpu_fast_products: false,
         }
     }
 }
 
 impl GraphOptions {
     /// Sets Winograd for an encoder's graphs and returns the setting to restore after them:
-    /// off (an encoder's latent is sampled further, see `winograd_wanted`) unless the fast
-    /// path is on.
+    /// off, as an encoder's latent is sampled further (see `winograd_wanted`); on the fast path
+    /// too, where it moved Flux img2img's picture further from the exact one than the
+    /// reference's fastest build moves it, for a one-off convolution.
     pub fn encoder_winograd(&mut self) -> bool {
         let was = self.cpu_winograd;
-        self.cpu_winograd = was && self.fast;
+        self.cpu_winograd = false;
         was
     }
 }

@@ -11,6 +11,7 @@ use std::ffi::{c_int, c_void};
 /// What the op's user-data word says.
 const IMP_AUTO: usize = 0;
 const IMP_SCALAR: usize = 1;
+const IMP_FAST: usize = 2;
 
 fn elem(ty: GgmlType) -> Option<Elem> {
     match ty {
@@ -68,11 +69,17 @@ fn problem(a: &g::ggml_tensor, b: &g::ggml_tensor, out: Option<&g::ggml_tensor>)
 
 /// `a.mul_mat(b)` (`[K, M, ..] × [K, N, ..] → [M, N, ..]`, f32) by our kernels when the graph
 /// runs on a CPU with AVX2 and the types are ones they reproduce; otherwise ggml's `mul_mat`.
+/// On the fast path float products sum each output in order (`gemm::fast`).
 /// `prec_f32` asks other backends for f32 accumulation (the CPU always accumulates in f32).
 pub(crate) fn mul_mat<'g>(g: &'g Graph, a: T<'g>, b: T<'g>, prec_f32: bool) -> T<'g> {
     // An evaluation callback (imatrix collection) looks for ggml's MUL_MAT nodes.
     if g.on_cpu && g.options.cpu_own_matmul && gemm::vector_kernels_available() && !super::eval_callback::is_set() && !few_columns(a, b) {
-        if let Some(t) = flat(a, b).or_else(|| custom(a, b, IMP_AUTO)) {
+        let imp = if g.options.cpu_fast_products { IMP_FAST } else { IMP_AUTO };
+        // The fast kernels read activations again for every block of weight rows: converted
+        // to f16 once (by ggml, as its own product does), they are half the bytes and need
+        // no rounding each time. The values are the ones the kernels would round to.
+        let b = if imp == IMP_FAST && a.ty() == F16 && b.ty() == F32 { b.cast(F16) } else { b };
+        if let Some(t) = flat(a, b, imp).or_else(|| custom(a, b, imp)) {
             return t;
         }
     }
@@ -96,13 +103,13 @@ fn few_columns(a: T<'_>, b: T<'_>) -> bool {
 /// A matrix without batch dims times a dense batched `b` as one product over all of b's
 /// columns: the kernels then pack `a` once, not once per batch (Chroma's approximator runs
 /// 5120×5120 weights on 344 batches of one column). Every output keeps its sum.
-fn flat<'g>(a: T<'g>, b: T<'g>) -> Option<T<'g>> {
+fn flat<'g>(a: T<'g>, b: T<'g>, imp: usize) -> Option<T<'g>> {
     let [_, m, a2, a3] = a.ne();
     let [k, n, b2, b3] = b.ne();
     if a2 != 1 || a3 != 1 || b2 * b3 == 1 || !b.is_contiguous() {
         return None;
     }
-    custom(a, b.reshape(&[k, n * b2 * b3]), IMP_AUTO).map(|t| t.reshape(&[m, n, b2, b3]))
+    custom(a, b.reshape(&[k, n * b2 * b3]), imp).map(|t| t.reshape(&[m, n, b2, b3]))
 }
 
 /// What the op's user-data word points at: the node's task queue and implementation.
@@ -151,13 +158,17 @@ pub(super) unsafe extern "C" fn compute(dst: *mut g::ggml_tensor, ith: c_int, nt
             let d = &*dst;
             let Some(p) = problem(&*d.src[0], &*d.src[1], Some(d)) else { return };
             let (imp, queue) = match userdata as usize {
-                word @ (IMP_AUTO | IMP_SCALAR) => (word, None),
+                word @ (IMP_AUTO | IMP_SCALAR | IMP_FAST) => (word, None),
                 _ => {
                     let data = &*(userdata as *const OpData);
                     (data.imp, Some(&data.queue))
                 }
             };
-            let imp = if imp == IMP_SCALAR { Imp::Scalar } else { Imp::Auto };
+            let imp = match imp {
+                IMP_SCALAR => Imp::Scalar,
+                IMP_FAST => Imp::Fast,
+                _ => Imp::Auto,
+            };
             gemm::run(&p, ith.max(0) as usize, nth.max(1) as usize, imp, queue);
         }
     });

@@ -4,6 +4,8 @@
 //! these kernels keep each output's summation (the lanes, their order, the reduction) and
 //! share loaded values across a register tile of outputs (see `x86`).
 
+#[cfg(target_arch = "x86_64")]
+pub(crate) mod fast;
 pub(crate) mod scalar;
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod x86;
@@ -132,11 +134,16 @@ pub(crate) enum Imp {
     /// AVX2 when the CPU has it, else scalar.
     Auto,
     Scalar,
+    /// The fast path's kernels (`fast`: each output summed in order, not ggml's order) for
+    /// float dots on a CPU with AVX2; otherwise `Auto`.
+    Fast,
 }
 
 thread_local! {
     #[cfg(target_arch = "x86_64")]
     static SCRATCH: RefCell<x86::Scratch> = RefCell::new(x86::Scratch::default());
+    #[cfg(target_arch = "x86_64")]
+    static FAST_SCRATCH: RefCell<fast::Scratch> = RefCell::new(fast::Scratch::default());
 }
 
 /// Whether the vector kernels run on this CPU (x86-64 with AVX2, FMA and F16C). Elsewhere
@@ -217,7 +224,12 @@ pub(crate) unsafe fn run(p: &Problem, ith: usize, nth: usize, imp: Imp, queue: O
     });
     #[cfg(target_arch = "x86_64")]
     {
-        if imp == Imp::Auto && x86::available() {
+        if imp == Imp::Fast && x86::available() && fast::supports(p) {
+            // SAFETY: features checked; memory per this function's contract.
+            FAST_SCRATCH.with(|s| unsafe { fast::run(p, mine, &mut s.borrow_mut()) });
+            return;
+        }
+        if imp != Imp::Scalar && x86::available() {
             // SAFETY: features checked; memory per this function's contract.
             SCRATCH.with(|s| unsafe { x86::run(p, mine, &mut s.borrow_mut()) });
             return;
@@ -405,9 +417,13 @@ mod tests {
             ("hunyuan linear 2048->2048, 32 tokens", Dot::F16, Elem::F16, Elem::F32, 2048, 2048, 32),
         ];
         println!("this CPU's f32 FMA peak: {:.1} GFLOP per CPU s", fma_peak());
+        // `SD_KERNEL_FAST=1`: the fast path's kernels.
+        let imp = if std::env::var("SD_KERNEL_FAST").is_ok_and(|v| v == "1") { Imp::Fast } else { Imp::Auto };
         // `SD_KERNEL_SHAPES=wan` keeps the shapes whose name contains it.
         let only = std::env::var("SD_KERNEL_SHAPES").unwrap_or_default();
         for (what, dot, ea, eb, k, m, n) in shapes.into_iter().filter(|s| s.0.contains(only.as_str())) {
+            // The fast path's graph gives f16 weights their activations as f16 (`matmul`).
+            let eb = if imp == Imp::Fast && dot == Dot::F16 { Elem::F16 } else { eb };
             let bytes = |e: Elem, rows: usize| match e {
                 Elem::F16 => (0..rows * k).flat_map(|i| scalar::f32_to_f16(((i * 7 % 13) as f32 - 6.0) * 0.01).to_le_bytes()).collect::<Vec<u8>>(),
                 Elem::F32 => (0..rows * k).flat_map(|i| (((i * 5 % 11) as f32 - 5.0) * 0.01).to_le_bytes()).collect(),
@@ -443,7 +459,7 @@ mod tests {
             for _ in 0..5 {
                 let t = thread_cpu_s();
                 // SAFETY: buffers outlive the call; one thread.
-                unsafe { run(&p, 0, 1, Imp::Auto, None) };
+                unsafe { run(&p, 0, 1, imp, None) };
                 best = best.min(thread_cpu_s() - t);
             }
             println!("{what}: {:.1} GFLOP per CPU s", 2.0 * (k * m * n) as f64 / best / 1e9);
@@ -458,7 +474,7 @@ mod tests {
                         for ith in 0..nth {
                             let (p, queue) = (&p, &queue);
                             // SAFETY: buffers outlive the scope; the queue gives each task to one thread.
-                            s.spawn(move || unsafe { run(p, ith, nth, Imp::Auto, Some(queue)) });
+                            s.spawn(move || unsafe { run(p, ith, nth, imp, Some(queue)) });
                         }
                     });
                     best = best.min(t.elapsed().as_secs_f64());

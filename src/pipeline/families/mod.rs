@@ -816,12 +816,17 @@ pub struct BuildCtx<'a> {
 
 impl BuildCtx<'_> {
     /// A transformer declared under `prefix`, placed where the context puts the diffusion
-    /// model, with the context's attention and convolution options.
+    /// model, with the context's attention and convolution options. On the fast path its
+    /// float products sum in their own order (`gemm::fast`): a transformer's step is nearly
+    /// all products. The UNet's convolutions take Winograd there instead, and encoders and
+    /// VAEs keep ggml's order: one reordering per network keeps the pictures within the
+    /// reference's own builds' distance (`tests/fast_path.rs`).
     pub fn load_transformer<M>(&self, prefix: &str, declare: impl FnOnce(&mut Scope) -> M) -> Result<Loaded<M>> {
         let place = self.devices.placement(Module::Diffusion)?;
         let mut model = self.weights.load_model(place, self.n_threads, prefix, "diffusion model", declare)?;
         model.runner.options.flash_attn = self.params.flash_attn || self.params.diffusion_flash_attn;
         model.runner.options.conv_direct = self.params.diffusion_conv_direct;
+        model.runner.options.cpu_fast_products = model.runner.options.fast;
         Ok(model)
     }
 

@@ -37,9 +37,10 @@ pub(crate) struct Scratch {
     a_key: Option<(usize, usize)>,
 }
 
-/// Whether these kernels compute `p` (float dots; q8_0 keeps its exact kernel).
+/// Whether these kernels compute `p`: float dots (q8_0 keeps its exact kernel), on a CPU
+/// without AVX-512VL, whose exact 16-lane kernels outrun these 8-lane tiles.
 pub(crate) fn supports(p: &Problem) -> bool {
-    matches!(p.dot, Dot::F16 | Dot::F32)
+    matches!(p.dot, Dot::F16 | Dot::F32) && !super::x86::avx512vl_allowed()
 }
 
 /// Runs the thread's tasks (consecutive ones over the same rows pack them once).
@@ -214,6 +215,7 @@ unsafe fn pack_b(kind: BKind, src: *const u8, stride: usize, nr: usize, k0: usiz
 
 /// One k of a tile: 12 fused multiply-adds.
 #[inline(always)]
+#[allow(clippy::needless_range_loop)] // j indexes both halves of the tile
 unsafe fn step(a: *const f32, b: *const f32, part: &mut [[__m256; NR]; 2], i: usize) {
     let a0 = _mm256_loadu_ps(a.add(i * MR));
     let a1 = _mm256_loadu_ps(a.add(i * MR + 8));
@@ -230,7 +232,7 @@ unsafe fn step(a: *const f32, b: *const f32, part: &mut [[__m256; NR]; 2], i: us
 /// accumulators carry √(k/32)), so the fast path's pictures stay as near the exact ones as
 /// the reference's llamafile build stays to its default build. Only `mr` × `nr` is stored.
 #[inline(always)]
-#[allow(clippy::too_many_arguments)]
+#[allow(clippy::too_many_arguments, clippy::needless_range_loop)]
 unsafe fn tile(a: *const f32, b: *const f32, kc: usize, dst: *mut u8, ldc: usize, mr: usize, nr: usize, first: bool) {
     let full = mr == MR && nr == NR;
     let mut edge = [0f32; MR * NR];
@@ -306,7 +308,8 @@ mod tests {
     /// giving the same bits.
     #[test]
     fn fast_products_are_chunked_f32_sums() {
-        if !super::super::x86::available() {
+        // Where these kernels do not run (no AVX2, or AVX-512VL's exact kernels instead).
+        if !super::super::x86::available() || super::super::x86::avx512vl_allowed() {
             return;
         }
         let shapes = [(1, 1, 1), (7, 5, 3), (300, 17, 13), (513, 40, 7), (256, 16, 6), (1000, 33, 50), (40, 130, 200)];

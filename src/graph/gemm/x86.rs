@@ -842,7 +842,7 @@ pub(crate) fn avx512_allowed() -> bool {
 }
 
 /// `avx512_allowed` on a CPU that also has AVX-512VL.
-fn avx512vl_allowed() -> bool {
+pub(crate) fn avx512vl_allowed() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *ON.get_or_init(|| avx512_allowed() && is_x86_feature_detected!("avx512vl"))
 }

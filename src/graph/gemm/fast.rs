@@ -1,6 +1,7 @@
 //! The fast path's float products (issue 28, `fast=1`; never on the exact path). Every
-//! output is a sum of K chunks' sums, each in order, in f32, by outer-product register tiles: 16
-//! weight rows (two 8-lane vectors) × 6 columns, one column value broadcast at a time. The
+//! output is a sum of `SUB`-value chunks' sums, each in order, in f32, by outer-product
+//! register tiles: 16 weight rows (two 8-lane vectors) × 6 columns, one column value
+//! broadcast at a time. The
 //! exact kernels keep ggml's four lane groups per output and its reduction, which costs
 //! passes, stores and horizontal sums; here nothing is reduced and the tile is bound by the
 //! FMA ports. Operands are rounded as ggml rounds them (activations to f16 for f16
@@ -10,7 +11,7 @@
 //! Blocking: a task's A block (≤ 128 rows) is packed once, row panels of 16 stored
 //! k-major; columns go in chunks of `NC`, each over K chunks of `KC` (the A slice of a K
 //! chunk stays in L2 across the chunk's column groups, a group's packed columns in L1),
-//! each K chunk's sums added to the outputs.
+//! each `SUB` values' sums added to the outputs.
 
 use super::{scalar, Dot, Elem, Problem, Task};
 use std::arch::x86_64::*;
@@ -19,9 +20,9 @@ use std::arch::x86_64::*;
 const MR: usize = 16;
 /// Columns of a tile: 12 accumulators, 2 weight vectors and a broadcast in 16 registers.
 const NR: usize = 6;
-/// K values per chunk.
+/// K values per packed chunk.
 const KC: usize = 256;
-/// K values summed in registers before they join the chunk's sum.
+/// K values summed in registers before they join the output (see `tile`).
 const SUB: usize = 64;
 /// Columns per chunk (their outputs stay in L2 across the K chunks).
 const NC: usize = 96;
@@ -226,11 +227,12 @@ unsafe fn step(a: *const f32, b: *const f32, part: &mut [[__m256; NR]; 2], i: us
     }
 }
 
-/// One tile over a K chunk: outputs (rows `dst`.., columns `ldc` bytes apart) = their
-/// value so far (none when `first`) + the chunk's Σ a·b, summed on its own first: a sum in
-/// chunks carries the rounding of √256 + √(k/256) terms, not √k (ggml's four 8-lane
-/// accumulators carry √(k/32)), so the fast path's pictures stay as near the exact ones as
-/// the reference's llamafile build stays to its default build. Only `mr` × `nr` is stored.
+/// One tile over at most `SUB` values of k: outputs (rows `dst`.., columns `ldc` bytes
+/// apart) = their value so far (none when `first`) + this stretch's Σ a·b, summed on its
+/// own first: a sum in stretches carries the rounding of about √64 + √(k/64) terms, not √k
+/// (ggml's four 8-lane accumulators carry √(k/32), llamafile's one √(k/8)). Stretches of
+/// 32 cost 8-12 % of the speed for no measurable gain in the pictures. Only `mr` × `nr`
+/// is stored.
 #[inline(always)]
 #[allow(clippy::too_many_arguments, clippy::needless_range_loop)]
 unsafe fn tile(a: *const f32, b: *const f32, kc: usize, dst: *mut u8, ldc: usize, mr: usize, nr: usize, first: bool) {
@@ -303,7 +305,7 @@ mod tests {
     }
 
     /// Every output within the bound of f32 sums in K chunks of the operands the kernels
-    /// see ((min(k, 256) + chunks) · 2⁻²⁴ · Σ|a·b|, from an f64 sum), over shapes with
+    /// see ((min(k, 64) + chunks) · 2⁻²⁴ · Σ|a·b|, from an f64 sum), over shapes with
     /// partial tiles, K chunks with tails, batches with a broadcast A, and any thread count
     /// giving the same bits.
     #[test]
@@ -342,7 +344,7 @@ mod tests {
                             let terms = (0..k).map(|x| seen(a[i * k + x], ea, false) * seen(b[bi * k * n + j * k + x], eb, round));
                             let (sum, abs) = terms.fold((0f64, 0f64), |(s, t), v| (s + v, t + v.abs()));
                             let got = one[bi * m * n + j * m + i] as f64;
-                            let bound = (k.min(super::KC) + k.div_ceil(super::KC)) as f64 * 2f64.powi(-24) * abs * 1.01 + 1e-30;
+                            let bound = (k.min(super::SUB) + k.div_ceil(super::SUB)) as f64 * 2f64.powi(-24) * abs * 1.01 + 1e-30;
                             assert!((got - sum).abs() <= bound, "{dot:?} {ea:?}×{eb:?} k{k} m{m} n{n}: out[{bi}][{j}][{i}] = {got}, exact sum {sum} (bound {bound})");
                         }
                     }

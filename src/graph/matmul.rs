@@ -69,12 +69,12 @@ fn problem(a: &g::ggml_tensor, b: &g::ggml_tensor, out: Option<&g::ggml_tensor>)
 
 /// `a.mul_mat(b)` (`[K, M, ..] × [K, N, ..] → [M, N, ..]`, f32) by our kernels when the graph
 /// runs on a CPU with AVX2 and the types are ones they reproduce; otherwise ggml's `mul_mat`.
-/// On the fast path float products sum each output in order (`gemm::fast`).
+/// In transformers on the fast path float products sum in their own order (`gemm::fast`).
 /// `prec_f32` asks other backends for f32 accumulation (the CPU always accumulates in f32).
 pub(crate) fn mul_mat<'g>(g: &'g Graph, a: T<'g>, b: T<'g>, prec_f32: bool) -> T<'g> {
     // An evaluation callback (imatrix collection) looks for ggml's MUL_MAT nodes.
     if g.on_cpu && g.options.cpu_own_matmul && gemm::vector_kernels_available() && !super::eval_callback::is_set() && !few_columns(a, b) {
-        let imp = if g.options.cpu_fast_products { IMP_FAST } else { IMP_AUTO };
+        let imp = if g.options.cpu_fast_products && gemm::fast_kernels_available() { IMP_FAST } else { IMP_AUTO };
         // The fast kernels read activations again for every block of weight rows: converted
         // to f16 once (by ggml, as its own product does), they are half the bytes and need
         // no rounding each time. The values are the ones the kernels would round to.

@@ -38,10 +38,15 @@ pub(crate) struct Scratch {
     a_key: Option<(usize, usize)>,
 }
 
-/// Whether these kernels compute `p`: float dots (q8_0 keeps its exact kernel), on a CPU
-/// without AVX-512VL, whose exact 16-lane kernels outrun these 8-lane tiles.
+/// Whether these kernels run on this CPU: AVX2 without AVX-512VL, whose exact 16-lane
+/// kernels outrun these 8-lane tiles.
+pub(crate) fn available() -> bool {
+    super::x86::available() && !super::x86::avx512vl_allowed()
+}
+
+/// Whether these kernels compute `p`: float dots (q8_0 keeps its exact kernel).
 pub(crate) fn supports(p: &Problem) -> bool {
-    matches!(p.dot, Dot::F16 | Dot::F32) && !super::x86::avx512vl_allowed()
+    matches!(p.dot, Dot::F16 | Dot::F32)
 }
 
 /// Runs the thread's tasks (consecutive ones over the same rows pack them once).
@@ -311,7 +316,7 @@ mod tests {
     #[test]
     fn fast_products_are_chunked_f32_sums() {
         // Where these kernels do not run (no AVX2, or AVX-512VL's exact kernels instead).
-        if !super::super::x86::available() || super::super::x86::avx512vl_allowed() {
+        if !super::available() {
             return;
         }
         let shapes = [(1, 1, 1), (7, 5, 3), (300, 17, 13), (513, 40, 7), (256, 16, 6), (1000, 33, 50), (40, 130, 200)];

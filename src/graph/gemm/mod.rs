@@ -160,6 +160,19 @@ pub(crate) fn vector_kernels_available() -> bool {
     }
 }
 
+/// Whether the fast path's product kernels (`fast`) run on this CPU; elsewhere the fast
+/// path keeps the exact ones.
+pub(crate) fn fast_kernels_available() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        fast::available()
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
 /// A product's tasks handed out to its threads as they ask for them: with a fixed share
 /// each, a thread the OS delays (two vCPUs shared with anything else) leaves the others
 /// spinning at ggml's barrier after every product. Lives in the graph's context, one per
@@ -224,7 +237,7 @@ pub(crate) unsafe fn run(p: &Problem, ith: usize, nth: usize, imp: Imp, queue: O
     });
     #[cfg(target_arch = "x86_64")]
     {
-        if imp == Imp::Fast && x86::available() && fast::supports(p) {
+        if imp == Imp::Fast && fast::available() && fast::supports(p) {
             // SAFETY: features checked; memory per this function's contract.
             FAST_SCRATCH.with(|s| unsafe { fast::run(p, mine, &mut s.borrow_mut()) });
             return;

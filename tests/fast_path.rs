@@ -4,6 +4,8 @@
 //! `golden/fast-bound/` carries that distance (`fast_bound`, measured by
 //! tests/tools/fast_bound.py); its pictures are the default build's. The sizes are large
 //! enough that Winograd runs in the UNet (a convolution's output of 256 positions or more).
+//! Video: two cases of `golden/wan/` carry theirs (over all frames; tests/fixtures/README.md,
+//! "Fast bound"), the Wan transformer's products being the fast path's there.
 //! CI runs the SD 1.x text-to-image case; `SD_PARITY=full` every case.
 
 mod common;
@@ -11,21 +13,27 @@ mod common;
 use common::parity::{diff_bytes, full, render_with, report, run, Case};
 use serde_json::Value;
 
-/// (case name, max, mean) of every case's `fast_bound`.
-fn bounds() -> Vec<(String, f64, f64)> {
-    let path = common::root().join("tests/fixtures/golden/fast-bound/cases.json");
-    let v: Value = serde_json::from_str(&std::fs::read_to_string(path).expect("cases.json")).expect("JSON");
-    v["cases"]
-        .as_array()
-        .expect("cases")
-        .iter()
-        .map(|c| {
+/// Golden folders with cases that carry a `fast_bound`.
+const FOLDERS: [&str; 2] = ["fast-bound", "wan"];
+
+/// (folder, case name, max, mean) of every case's `fast_bound` (every case of `fast-bound`
+/// must have one).
+fn bounds() -> Vec<(&'static str, String, f64, f64)> {
+    let mut out = Vec::new();
+    for folder in FOLDERS {
+        let path = common::root().join("tests/fixtures/golden").join(folder).join("cases.json");
+        let v: Value = serde_json::from_str(&std::fs::read_to_string(path).expect("cases.json")).expect("JSON");
+        for c in v["cases"].as_array().expect("cases") {
             let b = &c["fast_bound"];
             let name = c["name"].as_str().expect("name").to_string();
+            if b.is_null() && folder != "fast-bound" {
+                continue;
+            }
             let (max, mean) = (b["max"].as_f64(), b["mean"].as_f64());
-            (name.clone(), max.unwrap_or_else(|| panic!("{name}: no fast_bound.max")), mean.expect("fast_bound.mean"))
-        })
-        .collect()
+            out.push((folder, name.clone(), max.unwrap_or_else(|| panic!("{name}: no fast_bound.max")), mean.expect("fast_bound.mean")));
+        }
+    }
+    out
 }
 
 /// `SD_FAST_BOUND_CASE=name` runs that one case.
@@ -39,14 +47,15 @@ fn in_this_run(name: &str) -> bool {
 #[test]
 fn fast_path_stays_within_the_reference_builds_distance() {
     let mut moved = false;
-    for (name, bound_max, bound_mean) in bounds().into_iter().filter(|b| in_this_run(&b.0)) {
+    for (folder, name, bound_max, bound_mean) in bounds().into_iter().filter(|b| in_this_run(&b.1)) {
         let select = |c: &Case| c.name == name;
-        // `fast=0` wins over an SD_FAST in the environment.
-        let exact = render_with("fast-bound", select, |p, arena| p.model_args = arena.str("fast=0"));
-        let fast = render_with("fast-bound", select, |p, arena| p.model_args = arena.str("fast=1"));
-        let (max, mean) = diff_bytes(&exact[0], &fast[0]);
-        eprintln!("fast-bound/{name}: fast vs exact max {max} mean {mean:.4} (the reference's fastest vs default build: max {bound_max} mean {bound_mean})");
-        assert!(max <= bound_max && mean <= bound_mean, "fast-bound/{name}: the fast path moved the picture by max {max} mean {mean:.4}, more than the reference's fastest build moves it (max {bound_max} mean {bound_mean})");
+        // `fast=0` wins over an SD_FAST in the environment. A video's frames count as one
+        // picture.
+        let exact = render_with(folder, select, |p, arena| p.model_args = arena.str("fast=0")).concat();
+        let fast = render_with(folder, select, |p, arena| p.model_args = arena.str("fast=1")).concat();
+        let (max, mean) = diff_bytes(&exact, &fast);
+        eprintln!("{folder}/{name}: fast vs exact max {max} mean {mean:.4} (the reference's fastest vs default build: max {bound_max} mean {bound_mean})");
+        assert!(max <= bound_max && mean <= bound_mean, "{folder}/{name}: the fast path moved the picture by max {max} mean {mean:.4}, more than the reference's fastest build moves it (max {bound_max} mean {bound_mean})");
         moved |= max > 0.0;
     }
     assert!(moved, "the fast path changed no picture: its convolutions did not run");

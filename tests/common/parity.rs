@@ -852,7 +852,7 @@ pub fn run_with(
 }
 
 /// Renders the first case of `folder` accepted by `select` (context from `setup` after the
-/// case's own fields) and returns each image's RGB bytes.
+/// case's own fields) and returns each image's (a video case: each frame's) RGB bytes.
 pub fn render_with(folder_name: &str, select: impl Fn(&Case) -> bool, setup: impl Fn(&mut sd_ctx_params_t, &mut Arena)) -> Vec<Vec<u8>> {
     let f = folder(folder_name);
     let case = f.cases.iter().find(|c| select(c)).expect("a case");
@@ -864,11 +864,23 @@ pub fn render_with(folder_name: &str, select: impl Fn(&Case) -> bool, setup: imp
     let ctx = unsafe { new_sd_ctx(&p) };
     assert!(!ctx.is_null(), "new_sd_ctx failed for {folder_name}/{}", case.name);
     let mut g_arena = Arena::default();
-    let gp = gen_params(&case.params, &mut g_arena);
     let mut images: *mut sd_image_t = std::ptr::null_mut();
     let mut n: c_int = 0;
-    // SAFETY: valid context and params; out-pointers are writable.
-    let ok = unsafe { generate_image(ctx, &gp, &mut images, &mut n) };
+    let ok = if case.video {
+        let vp = vid_params(&case.params, &mut g_arena);
+        let mut audio: *mut sd_audio_t = std::ptr::null_mut();
+        // SAFETY: valid context and params; out-pointers are writable; the sound (if any)
+        // is freed once, as returned.
+        unsafe {
+            let ok = generate_video(ctx, &vp, &mut images, &mut n, &mut audio);
+            free_sd_audio(audio);
+            ok
+        }
+    } else {
+        let gp = gen_params(&case.params, &mut g_arena);
+        // SAFETY: valid context and params; out-pointers are writable.
+        unsafe { generate_image(ctx, &gp, &mut images, &mut n) }
+    };
     let out = (0..n as usize)
         .map(|i| {
             // SAFETY: n images were returned, each width * height * channel bytes.
@@ -879,7 +891,7 @@ pub fn render_with(folder_name: &str, select: impl Fn(&Case) -> bool, setup: imp
     // SAFETY: freed once, as returned.
     unsafe { free_sd_images(images, n) };
     free_sd_ctx(ctx);
-    assert!(ok.0 != 0, "generate_image failed for {folder_name}/{}", case.name);
+    assert!(ok.0 != 0, "generating failed for {folder_name}/{}", case.name);
     out
 }
 

@@ -281,20 +281,8 @@ unsafe fn tile(a: *const f32, b: *const f32, kc: usize, dst: *mut u8, ldc: usize
 
 #[cfg(test)]
 mod tests {
-    use super::super::{run as run_gemm, scalar, Dot, Elem, Imp, Operand, Problem, TaskQueue};
-
-    /// Deterministic values in [-1, 1).
-    fn values(seed: u64, n: usize) -> Vec<f32> {
-        let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-        (0..n)
-            .map(|_| {
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
-                (x >> 40) as f32 / (1u64 << 23) as f32 - 1.0
-            })
-            .collect()
-    }
+    use super::super::testing::{check_fast_sums, values};
+    use super::super::{scalar, Dot, Elem, Operand, Problem};
 
     fn bytes(v: &[f32], e: Elem) -> Vec<u8> {
         match e {
@@ -339,34 +327,10 @@ mod tests {
                     out: out.as_mut_ptr() as *mut u8,
                     out_nb: [4 * m, 4 * m * n, 4 * m * n * 2],
                 };
-                let mut one = vec![f32::NAN; m * n * 2];
-                // SAFETY: the buffers outlive the call; one thread.
-                unsafe { run_gemm(&problem(&mut one), 0, 1, Imp::Fast, None) };
                 let round = dot == Dot::F16 && eb == Elem::F32;
-                for bi in 0..2 {
-                    for j in 0..n {
-                        for i in 0..m {
-                            let terms = (0..k).map(|x| seen(a[i * k + x], ea, false) * seen(b[bi * k * n + j * k + x], eb, round));
-                            let (sum, abs) = terms.fold((0f64, 0f64), |(s, t), v| (s + v, t + v.abs()));
-                            let got = one[bi * m * n + j * m + i] as f64;
-                            let bound = (k.min(super::SUB) + k.div_ceil(super::SUB)) as f64 * 2f64.powi(-24) * abs * 1.01 + 1e-30;
-                            assert!((got - sum).abs() <= bound, "{dot:?} {ea:?}×{eb:?} k{k} m{m} n{n}: out[{bi}][{j}][{i}] = {got}, exact sum {sum} (bound {bound})");
-                        }
-                    }
-                }
-                let queue = TaskQueue::new();
-                for nth in [2, 3] {
-                    let mut got = vec![f32::NAN; m * n * 2];
-                    let p = problem(&mut got);
-                    std::thread::scope(|s| {
-                        for ith in 0..nth {
-                            let (p, queue) = (&p, &queue);
-                            // SAFETY: buffers outlive the scope; the queue gives each task to one thread.
-                            s.spawn(move || unsafe { run_gemm(p, ith, nth, Imp::Fast, Some(queue)) });
-                        }
-                    });
-                    assert!(got.iter().zip(&one).all(|(x, y)| x.to_bits() == y.to_bits()), "{dot:?} k{k} m{m} n{n}: {nth} threads changed the bits");
-                }
+                let term = |bi: usize, j: usize, i: usize, x: usize| seen(a[i * k + x], ea, false) * seen(b[bi * k * n + j * k + x], eb, round);
+                let roundings = k.min(super::SUB) + k.div_ceil(super::SUB);
+                check_fast_sums(&format!("{dot:?} {ea:?}×{eb:?}"), (k, m, n), roundings, problem, term);
             }
         }
     }

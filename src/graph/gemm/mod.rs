@@ -5,6 +5,8 @@
 //! share loaded values across a register tile of outputs (see `x86`).
 
 #[cfg(target_arch = "x86_64")]
+pub(crate) mod amx;
+#[cfg(target_arch = "x86_64")]
 pub(crate) mod fast;
 pub(crate) mod scalar;
 #[cfg(target_arch = "x86_64")]
@@ -134,8 +136,9 @@ pub(crate) enum Imp {
     /// AVX2 when the CPU has it, else scalar.
     Auto,
     Scalar,
-    /// The fast path's kernels (`fast`: each output summed in order, not ggml's order) for
-    /// float dots on a CPU with AVX2; otherwise `Auto`.
+    /// The fast path's kernels (each output summed in order, not ggml's order): `amx` for
+    /// f16 weights on a CPU with AMX-BF16, `fast` for float dots on a CPU with AVX2 (not
+    /// AVX-512VL); otherwise `Auto`.
     Fast,
 }
 
@@ -144,6 +147,8 @@ thread_local! {
     static SCRATCH: RefCell<x86::Scratch> = RefCell::new(x86::Scratch::default());
     #[cfg(target_arch = "x86_64")]
     static FAST_SCRATCH: RefCell<fast::Scratch> = RefCell::new(fast::Scratch::default());
+    #[cfg(target_arch = "x86_64")]
+    static AMX_SCRATCH: RefCell<amx::Scratch> = RefCell::new(amx::Scratch::default());
 }
 
 /// Whether the vector kernels run on this CPU (x86-64 with AVX2, FMA and F16C). Elsewhere
@@ -160,12 +165,12 @@ pub(crate) fn vector_kernels_available() -> bool {
     }
 }
 
-/// Whether the fast path's product kernels (`fast`) run on this CPU; elsewhere the fast
-/// path keeps the exact ones.
+/// Whether the fast path's product kernels (`fast`, or `amx`) run on this CPU; elsewhere
+/// the fast path keeps the exact ones.
 pub(crate) fn fast_kernels_available() -> bool {
     #[cfg(target_arch = "x86_64")]
     {
-        fast::available()
+        fast::available() || amx::available()
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
@@ -237,6 +242,11 @@ pub(crate) unsafe fn run(p: &Problem, ith: usize, nth: usize, imp: Imp, queue: O
     });
     #[cfg(target_arch = "x86_64")]
     {
+        if imp == Imp::Fast && amx::available() && amx::supports(p) {
+            // SAFETY: features checked; memory per this function's contract.
+            AMX_SCRATCH.with(|s| unsafe { amx::run(p, mine, &mut s.borrow_mut()) });
+            return;
+        }
         if imp == Imp::Fast && fast::available() && fast::supports(p) {
             // SAFETY: features checked; memory per this function's contract.
             FAST_SCRATCH.with(|s| unsafe { fast::run(p, mine, &mut s.borrow_mut()) });
@@ -297,6 +307,64 @@ unsafe fn scalar_task(p: &Problem, t: &Task) {
                     }
                 }
             }
+        }
+    }
+}
+
+/// What the fast kernels' unit tests share.
+#[cfg(all(test, target_arch = "x86_64"))]
+pub(crate) mod testing {
+    use super::{run, Imp, Problem, TaskQueue};
+
+    /// Deterministic values in [-1, 1).
+    pub(crate) fn values(seed: u64, n: usize) -> Vec<f32> {
+        let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+        (0..n)
+            .map(|_| {
+                x ^= x << 13;
+                x ^= x >> 7;
+                x ^= x << 17;
+                (x >> 40) as f32 / (1u64 << 23) as f32 - 1.0
+            })
+            .collect()
+    }
+
+    /// Runs the fast kernels on the two-batch problem `problem` makes for an output buffer
+    /// (shape k, m, n per batch): every output [bi][j][i] must be within
+    /// `roundings · 2⁻²⁴ · Σ|terms|` of the f64 sum of `term(bi, j, i, x)` over x < k, and 2
+    /// and 3 threads must give one thread's bits.
+    pub(crate) fn check_fast_sums(
+        what: &str,
+        (k, m, n): (usize, usize, usize),
+        roundings: usize,
+        problem: impl Fn(&mut Vec<f32>) -> Problem,
+        term: impl Fn(usize, usize, usize, usize) -> f64,
+    ) {
+        let mut one = vec![f32::NAN; m * n * 2];
+        // SAFETY: the buffers outlive the call; one thread.
+        unsafe { run(&problem(&mut one), 0, 1, Imp::Fast, None) };
+        for bi in 0..2 {
+            for j in 0..n {
+                for i in 0..m {
+                    let (sum, abs) = (0..k).map(|x| term(bi, j, i, x)).fold((0f64, 0f64), |(s, t), v| (s + v, t + v.abs()));
+                    let got = one[bi * m * n + j * m + i] as f64;
+                    let bound = roundings as f64 * 2f64.powi(-24) * abs * 1.01 + 1e-30;
+                    assert!((got - sum).abs() <= bound, "{what} k{k} m{m} n{n}: out[{bi}][{j}][{i}] = {got}, exact sum {sum} (bound {bound})");
+                }
+            }
+        }
+        let queue = TaskQueue::new();
+        for nth in [2, 3] {
+            let mut got = vec![f32::NAN; m * n * 2];
+            let p = problem(&mut got);
+            std::thread::scope(|s| {
+                for ith in 0..nth {
+                    let (p, queue) = (&p, &queue);
+                    // SAFETY: buffers outlive the scope; the queue gives each task to one thread.
+                    s.spawn(move || unsafe { run(p, ith, nth, Imp::Fast, Some(queue)) });
+                }
+            });
+            assert!(got.iter().zip(&one).all(|(x, y)| x.to_bits() == y.to_bits()), "{what} k{k} m{m} n{n}: {nth} threads changed the bits");
         }
     }
 }

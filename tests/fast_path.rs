@@ -4,8 +4,9 @@
 //! `golden/fast-bound/` carries that distance (`fast_bound`, measured by
 //! tests/tools/fast_bound.py); its pictures are the default build's. The sizes are large
 //! enough that Winograd runs in the UNet (a convolution's output of 256 positions or more).
-//! One case of the Qwen-Image, SD3 and Chroma folders and two of `golden/wan/` carry theirs too (a video's over all its frames; tests/fixtures/README.md,
-//! "The fast path's bound"), the transformers' products being the fast path's there.
+//! One case of the Qwen-Image, SD3 and Chroma folders and two of `golden/wan/` carry theirs
+//! too (a video's over all its frames; tests/fixtures/README.md, "The fast path's bound"),
+//! the transformers' products being the fast path's there.
 //! CI runs the SD 1.x text-to-image case; `SD_PARITY=full` every case.
 
 mod common;

@@ -60,8 +60,8 @@ pub(crate) struct Scratch {
     /// The task's weight rows packed: group g of 16 rows, step s, half h (0 hi, 1 lo) is a
     /// tile at `((g · steps + s) · 2 + h) · TILE_U16`.
     w: Vec<Line>,
-    /// (batch, first row, k) of the weights now packed.
-    w_key: Option<(usize, usize, usize)>,
+    /// (batch, first row) of the weights now packed (this call's: `run` forgets it).
+    w_key: Option<(usize, usize)>,
     /// Two token tiles over one K block: half h, token r at `(h · 2T + r) · XS`.
     x: Vec<Line>,
     /// Four C tiles for the flush (f32).
@@ -138,12 +138,12 @@ unsafe fn task(p: &Problem, t: &Task, s: &mut Scratch) {
     let w = lines(&mut s.w, groups * steps * 2 * TILE_U16);
     let x = lines(&mut s.x, 4 * T * XS);
     let c = lines(&mut s.c, 2 * 4 * T * T) as *mut f32;
-    if s.w_key != Some((t.batch, t.m0, k)) {
+    if s.w_key != Some((t.batch, t.m0)) {
         for g in 0..groups {
             let first = t.m0 + g * T;
             pack_weights(arow.wrapping_add(first * p.a.nb[0]), p.a.nb[0], (rows - g * T).min(T), k, steps, w.add(g * steps * 2 * TILE_U16));
         }
-        s.w_key = Some((t.batch, t.m0, k));
+        s.w_key = Some((t.batch, t.m0));
     }
     let b_f32 = p.b.ty == Elem::F32;
     let ldc = p.out_nb[0];
@@ -342,8 +342,8 @@ unsafe fn pack_weights(src: *const u8, stride: usize, rows: usize, k: usize, ste
 
 #[cfg(test)]
 mod tests {
-    use super::super::testing::{check_fast_sums, values};
-    use super::super::{scalar, Dot, Elem, Operand, Problem};
+    use super::super::testing::{bytes, check_fast_sums, values};
+    use super::super::{scalar, Dot, Elem};
 
     fn h(x: f32) -> f32 {
         scalar::f16_to_f32(scalar::f32_to_f16(x))
@@ -363,27 +363,10 @@ mod tests {
         for (si, &(k, m, n)) in shapes.iter().enumerate() {
             for eb in [Elem::F32, Elem::F16] {
                 let (a, b) = (values(si as u64 + 1, k * m), values(si as u64 + 100, k * n * 2));
-                let ab: Vec<u8> = a.iter().flat_map(|&x| scalar::f32_to_f16(x).to_le_bytes()).collect();
-                let bb: Vec<u8> = match eb {
-                    Elem::F16 => b.iter().flat_map(|&x| scalar::f32_to_f16(x).to_le_bytes()).collect(),
-                    _ => b.iter().flat_map(|&x| x.to_le_bytes()).collect(),
-                };
-                let rb = bb.len() / (k * n * 2);
-                let problem = |out: &mut Vec<f32>| Problem {
-                    dot: Dot::F16,
-                    k,
-                    m,
-                    n,
-                    a: Operand { ptr: ab.as_ptr(), ty: Elem::F16, nb: [2 * k, 2 * k * m, 2 * k * m] },
-                    b: Operand { ptr: bb.as_ptr(), ty: eb, nb: [rb * k, rb * k * n, rb * k * n * 2] },
-                    batch: [2, 1],
-                    bcast: [2, 1],
-                    out: out.as_mut_ptr() as *mut u8,
-                    out_nb: [4 * m, 4 * m * n, 4 * m * n * 2],
-                };
+                let (ab, bb) = (bytes(&a, Elem::F16), bytes(&b, eb));
                 let term = |bi: usize, j: usize, i: usize, x: usize| h(a[i * k + x]) as f64 * h(b[bi * k * n + j * k + x]) as f64;
                 let roundings = 2 * k.min(super::SUB) + k.div_ceil(super::SUB);
-                check_fast_sums(&format!("{eb:?}"), (k, m, n), roundings, problem, term);
+                check_fast_sums(&format!("{eb:?}"), Dot::F16, (Elem::F16, &ab), (eb, &bb), (k, m, n), roundings, term);
             }
         }
     }

@@ -281,15 +281,8 @@ unsafe fn tile(a: *const f32, b: *const f32, kc: usize, dst: *mut u8, ldc: usize
 
 #[cfg(test)]
 mod tests {
-    use super::super::testing::{check_fast_sums, values};
-    use super::super::{scalar, Dot, Elem, Operand, Problem};
-
-    fn bytes(v: &[f32], e: Elem) -> Vec<u8> {
-        match e {
-            Elem::F16 => v.iter().flat_map(|&x| scalar::f32_to_f16(x).to_le_bytes()).collect(),
-            _ => v.iter().flat_map(|&x| x.to_le_bytes()).collect(),
-        }
-    }
+    use super::super::testing::{bytes, check_fast_sums, values};
+    use super::super::{scalar, Dot, Elem};
 
     /// What the kernels multiply: the value as stored, and activations of f16 weights as f16.
     fn seen(x: f32, e: Elem, round: bool) -> f64 {
@@ -314,23 +307,10 @@ mod tests {
                 // Two output batches sharing one A (ggml's broadcast), the second B shifted.
                 let (a, b) = (values(si as u64 + 1, k * m), values(si as u64 + 100, k * n * 2));
                 let (ab, bb) = (bytes(&a, ea), bytes(&b, eb));
-                let (ra, rb) = (ab.len() / (k * m), bb.len() / (k * n * 2));
-                let problem = |out: &mut Vec<f32>| Problem {
-                    dot,
-                    k,
-                    m,
-                    n,
-                    a: Operand { ptr: ab.as_ptr(), ty: ea, nb: [ra * k, ra * k * m, ra * k * m] },
-                    b: Operand { ptr: bb.as_ptr(), ty: eb, nb: [rb * k, rb * k * n, rb * k * n * 2] },
-                    batch: [2, 1],
-                    bcast: [2, 1],
-                    out: out.as_mut_ptr() as *mut u8,
-                    out_nb: [4 * m, 4 * m * n, 4 * m * n * 2],
-                };
                 let round = dot == Dot::F16 && eb == Elem::F32;
                 let term = |bi: usize, j: usize, i: usize, x: usize| seen(a[i * k + x], ea, false) * seen(b[bi * k * n + j * k + x], eb, round);
                 let roundings = k.min(super::SUB) + k.div_ceil(super::SUB);
-                check_fast_sums(&format!("{dot:?} {ea:?}×{eb:?}"), (k, m, n), roundings, problem, term);
+                check_fast_sums(&format!("{dot:?} {ea:?}×{eb:?}"), dot, (ea, &ab), (eb, &bb), (k, m, n), roundings, term);
             }
         }
     }

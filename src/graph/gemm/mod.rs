@@ -314,7 +314,7 @@ unsafe fn scalar_task(p: &Problem, t: &Task) {
 /// What the fast kernels' unit tests share.
 #[cfg(all(test, target_arch = "x86_64"))]
 pub(crate) mod testing {
-    use super::{run, Imp, Problem, TaskQueue};
+    use super::{run, scalar, Dot, Elem, Imp, Operand, Problem, TaskQueue};
 
     /// Deterministic values in [-1, 1).
     pub(crate) fn values(seed: u64, n: usize) -> Vec<f32> {
@@ -329,17 +329,41 @@ pub(crate) mod testing {
             .collect()
     }
 
-    /// Runs the fast kernels on the two-batch problem `problem` makes for an output buffer
-    /// (shape k, m, n per batch): every output [bi][j][i] must be within
-    /// `roundings · 2⁻²⁴ · Σ|terms|` of the f64 sum of `term(bi, j, i, x)` over x < k, and 2
-    /// and 3 threads must give one thread's bits.
+    /// `v` stored as `e` (f16 or f32).
+    pub(crate) fn bytes(v: &[f32], e: Elem) -> Vec<u8> {
+        match e {
+            Elem::F16 => v.iter().flat_map(|&x| scalar::f32_to_f16(x).to_le_bytes()).collect(),
+            _ => v.iter().flat_map(|&x| x.to_le_bytes()).collect(),
+        }
+    }
+
+    /// Runs the fast kernels on a `dot` product of `m` rows of `a` (one matrix, broadcast)
+    /// and two batches of `n` rows of `b`, rows of `k` values stored as given: every output
+    /// [bi][j][i] must be within `roundings · 2⁻²⁴ · Σ|terms|` of the f64 sum of
+    /// `term(bi, j, i, x)` over x < k, and 2 and 3 threads must give one thread's bits.
+    #[allow(clippy::too_many_arguments)]
     pub(crate) fn check_fast_sums(
         what: &str,
+        dot: Dot,
+        (ea, a): (Elem, &[u8]),
+        (eb, b): (Elem, &[u8]),
         (k, m, n): (usize, usize, usize),
         roundings: usize,
-        problem: impl Fn(&mut Vec<f32>) -> Problem,
         term: impl Fn(usize, usize, usize, usize) -> f64,
     ) {
+        let (ra, rb) = (a.len() / (k * m), b.len() / (k * n * 2));
+        let problem = |out: &mut Vec<f32>| Problem {
+            dot,
+            k,
+            m,
+            n,
+            a: Operand { ptr: a.as_ptr(), ty: ea, nb: [ra * k, ra * k * m, ra * k * m] },
+            b: Operand { ptr: b.as_ptr(), ty: eb, nb: [rb * k, rb * k * n, rb * k * n * 2] },
+            batch: [2, 1],
+            bcast: [2, 1],
+            out: out.as_mut_ptr() as *mut u8,
+            out_nb: [4 * m, 4 * m * n, 4 * m * n * 2],
+        };
         let mut one = vec![f32::NAN; m * n * 2];
         // SAFETY: the buffers outlive the call; one thread.
         unsafe { run(&problem(&mut one), 0, 1, Imp::Fast, None) };

@@ -8,6 +8,7 @@ pub mod context;
 pub(crate) mod cut;
 pub mod devices;
 pub mod eval_callback;
+pub(crate) mod flash;
 pub(crate) mod gemm;
 pub(crate) mod im2col;
 pub mod loaded;

@@ -616,7 +616,9 @@ pub fn attention<'g>(
             let m = if mn[1] != l_q { m.repeat(g.new_tensor(m.ty(), &[mn[0], l_q, mn[2], mn[3]])) } else { m };
             m.cast(F16)
         });
-        let mut out = q.flash_attn_ext(kf, vf, m, sc / kv_scale);
+        // Our op gives ggml's values faster where it runs (`flash`).
+        let ours = super::flash::flash_attn(g, q, kf, vf, m, sc / kv_scale);
+        let mut out = ours.unwrap_or_else(|| q.flash_attn_ext(kf, vf, m, sc / kv_scale));
         // Backends without the fused kernel fall back to materialised scores below.
         if g.supports(out) {
             if kv_scale != 1.0 {

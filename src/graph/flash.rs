@@ -71,7 +71,7 @@ pub(crate) fn flash_attn<'g>(g: &'g Graph, q: T<'g>, k: T<'g>, v: T<'g>, mask: O
         && kn[3] == vn[3]
         && qn[1] >= MIN_ROWS
         && kn[1] > 0
-        && vn[0] % 16 == 0
+        && vn[0] > 0
         && kn[2] > 0
         && qn[2] % kn[2] == 0
         && kn[3] > 0
@@ -136,7 +136,7 @@ impl Problem {
     }
 }
 
-unsafe extern "C" fn compute(dst: *mut g::ggml_tensor, ith: c_int, nth: c_int, userdata: *mut c_void) {
+pub(super) unsafe extern "C" fn compute(dst: *mut g::ggml_tensor, ith: c_int, nth: c_int, userdata: *mut c_void) {
     // A panic must not unwind into ggml's C threads.
     let _ = std::panic::catch_unwind(|| {
         // SAFETY: ggml calls this with the node built by `flash_attn`: sources q, k, v and an
@@ -228,7 +228,8 @@ mod kernels {
 
     #[target_feature(enable = "avx512f,avx512dq,avx512vl,avx2,fma,f16c")]
     unsafe fn task_avx512(p: &Problem, i: usize, s: &mut Scratch) {
-        let (dk, dv) = (p.dk, p.dv);
+        // Values and accumulators are held 16 wide: zero columns past d_v.
+        let (dk, dv) = (p.dk, p.dv.div_ceil(16) * 16);
         let head = i / p.blocks();
         let r0 = (i % p.blocks()) * Q_BLOCK;
         let rows = Q_BLOCK.min(p.lq - r0);
@@ -244,7 +245,7 @@ mod kernels {
         let pack = |s: &mut Scratch, t: usize, at: usize| {
             let (c0, n) = (t * KV_TILE, KV_TILE.min(p.lk - t * KV_TILE));
             pack_keys(kh.add(c0 * p.knb[0]), p.knb[0], n, dk, s.kt.as_mut_ptr().add(at * dk * KV_TILE));
-            pack_values(vh.add(c0 * p.vnb[0]), p.vnb[0], n, dv, s.v.as_mut_ptr().add(at * KV_TILE * dv));
+            pack_values(vh.add(c0 * p.vnb[0]), p.vnb[0], n, p.dv, s.v.as_mut_ptr().add(at * KV_TILE * dv));
         };
         let held = if whole { tiles } else { 1 };
         s.kt.resize(held * dk * KV_TILE, 0.0);
@@ -277,8 +278,7 @@ mod kernels {
                 let row = kq.add(r * KV_TILE);
                 let mrow = mask.map(|m| m.add((r0 + r) * p.mnb[0] + c0 * 2) as *const i16);
                 for j in (0..KV_TILE).step_by(16) {
-                    let lanes = n.saturating_sub(j).min(16);
-                    let keep: __mmask16 = if lanes == 16 { !0 } else { (1u16 << lanes) - 1 };
+                    let keep = lanes(n.saturating_sub(j));
                     let x = _mm512_mul_ps(_mm512_loadu_ps(row.add(j)), scale);
                     let mut x = _mm512_mask_blend_ps(keep, pad, x);
                     if let Some(m) = mrow {
@@ -296,7 +296,7 @@ mod kernels {
             let o = p.out.add(((h3 * p.lq + r0 + r) * p.heads[0] + h2) * p.out_row) as *mut f32;
             let vinv = _mm512_set1_ps(inv);
             for d in (0..dv).step_by(16) {
-                _mm512_storeu_ps(o.add(d), _mm512_mul_ps(_mm512_loadu_ps(a.add(d)), vinv));
+                _mm512_mask_storeu_ps(o.add(d), lanes(p.dv - d), _mm512_mul_ps(_mm512_loadu_ps(a.add(d)), vinv));
             }
         }
     }
@@ -329,13 +329,24 @@ mod kernels {
         }
     }
 
-    /// `n` f16 value rows of `dv` (a multiple of 16) values as f32 rows, zeros past `n`.
+    /// The first `n` (of 16) lanes.
+    fn lanes(n: usize) -> __mmask16 {
+        if n >= 16 {
+            !0
+        } else {
+            (1u16 << n) - 1
+        }
+    }
+
+    /// `n` f16 value rows of `dv` values as f32 rows of `dv` rounded up to 16, zeros past `n`
+    /// and past `dv`.
     #[target_feature(enable = "avx512f,avx512dq,avx512vl,avx2,fma,f16c")]
     unsafe fn pack_values(src: *const u8, stride: usize, n: usize, dv: usize, vt: *mut f32) {
+        let width = dv.div_ceil(16) * 16;
         for j in 0..KV_TILE {
-            let out = vt.add(j * dv);
-            for d in (0..dv).step_by(16) {
-                let v = if j < n { _mm512_cvtph_ps(_mm256_loadu_si256(src.add(j * stride + 2 * d) as *const __m256i)) } else { _mm512_setzero_ps() };
+            let out = vt.add(j * width);
+            for d in (0..width).step_by(16) {
+                let v = if j < n { _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(lanes(dv - d), src.add(j * stride + 2 * d) as *const i16)) } else { _mm512_setzero_ps() };
                 _mm512_storeu_ps(out.add(d), v);
             }
         }
@@ -550,10 +561,11 @@ mod tests {
             (128, 128, 64, 64, 2, 2, 1, 1.0, 1, 0),
             (128, 128, 100, 130, 3, 1, 1, 1.0, 3, 0),
             (64, 64, 200, 300, 2, 2, 2, 4.0, 2, 0),
-            (96, 32, 70, 1, 1, 1, 1, 1.0, 1, 0),
+            (96, 40, 70, 1, 1, 1, 1, 1.0, 1, 0),
+            (40, 40, 300, 200, 2, 2, 1, 1.0, 2, 0),
             (128, 128, 65, 63, 2, 1, 1, 40.0, 3, 0),
             (40, 48, 128, 257, 4, 2, 1, 2.0, 2, 0),
-            (64, 64, 150, 150, 2, 2, 1, 1.0, 2, 1),
+            (80, 24, 150, 150, 2, 2, 1, 1.0, 2, 1),
             (64, 64, 100, 200, 3, 3, 1, 3.0, 3, 3),
         ];
         for (ci, &(d, dv, lq, lk, h, hk, b, qs, threads, mh)) in cases.iter().enumerate() {

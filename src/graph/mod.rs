@@ -62,6 +62,7 @@ pub(crate) fn own_op_name(fun: usize) -> Option<&'static str> {
         (channel_norm::compute as *const () as usize, "channel norm (ours)"),
         (im2col::im2col_rows as *const () as usize, "im2col (ours)"),
         (rope_pairs::compute as *const () as usize, "rotary embedding (ours)"),
+        (flash::compute as *const () as usize, "flash attention (ours)"),
     ];
     #[cfg(target_arch = "x86_64")]
     ours.extend([(winograd::compute as *const () as usize, "winograd 3x3 convolution (ours)"), (winograd::compute_kernels as *const () as usize, "winograd kernel transform (ours)")]);

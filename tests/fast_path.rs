@@ -90,7 +90,7 @@ fn fast_path_stays_within_the_reference_builds_distance() {
             Some(f) => f.1.push((mean, bound_mean)),
             None => families.push((folder, vec![(mean, bound_mean)])),
         }
-        // The UNet cases' Winograd runs on every CPU; the transformers' fast products only
+        // The UNet cases' Winograd runs on every CPU; the fast products only
         // where fast kernels exist (not on AVX-512 CPUs without AMX).
         moved |= max > 0.0 || folder != "fast-bound";
     }

@@ -122,7 +122,7 @@ pub struct GraphOptions {
     /// upscalers, see `winograd_wanted`).
     pub cpu_winograd: bool,
     /// The context's opt-in fast path (`runtime::args::fast_path`): the UNet takes Winograd
-    /// too, transformers `cpu_fast_products`.
+    /// too, the diffusion networks (transformers and UNets) `cpu_fast_products`.
     pub fast: bool,
     /// Float products by the fast path's kernels (`gemm::fast`: sums in their own order).
     pub cpu_fast_products: bool,

@@ -817,10 +817,10 @@ pub struct BuildCtx<'a> {
 impl BuildCtx<'_> {
     /// A transformer declared under `prefix`, placed where the context puts the diffusion
     /// model, with the context's attention and convolution options. On the fast path its
-    /// float products sum in their own order (`gemm::fast`): a transformer's step is nearly
-    /// all products. The UNet's convolutions take Winograd there instead, and encoders and
-    /// VAEs keep ggml's order: one reordering per network keeps the pictures within the
-    /// reference's own builds' distance (`tests/fast_path.rs`).
+    /// float products sum in their own order (`gemm::fast`, `gemm::amx`): a transformer's
+    /// step is nearly all products. (The UNet's products do too, beside its Winograd
+    /// convolutions; encoders and VAEs keep ggml's order: the pictures stay within the
+    /// reference's own builds' distance, `tests/fast_path.rs`.)
     pub fn load_transformer<M>(&self, prefix: &str, declare: impl FnOnce(&mut Scope) -> M) -> Result<Loaded<M>> {
         let place = self.devices.placement(Module::Diffusion)?;
         let mut model = self.weights.load_model(place, self.n_threads, prefix, "diffusion model", declare)?;

@@ -55,6 +55,9 @@ pub(super) fn build(ctx: &mut BuildCtx<'_>, unet_version: UNetVersion, text: Cli
     let mut unet = weights.load_model(diffusion_place, n_threads, UNET_PREFIX, "diffusion model", |s| UNetModel::new(s, &unet_cfg))?;
     unet.runner.options.flash_attn = params.flash_attn || params.diffusion_flash_attn;
     unet.runner.options.conv_direct = params.diffusion_conv_direct;
+    // On the fast path the UNet's products sum in their own order too (on AMX tiles they
+    // are most of what the fast path buys an SDXL step): within the bound with Winograd.
+    unet.runner.options.cpu_fast_products = unet.runner.options.fast;
     if params.diffusion_conv_direct {
         sd_info!("Using Conv2d direct in the diffusion model");
     }

@@ -136,7 +136,7 @@ impl Problem {
     }
 }
 
-pub(super) unsafe extern "C" fn compute(dst: *mut g::ggml_tensor, ith: c_int, nth: c_int, userdata: *mut c_void) {
+pub(super) unsafe extern "C" fn compute(dst: *mut g::ggml_tensor, _ith: c_int, nth: c_int, userdata: *mut c_void) {
     // A panic must not unwind into ggml's C threads.
     let _ = std::panic::catch_unwind(|| {
         // SAFETY: ggml calls this with the node built by `flash_attn`: sources q, k, v and an
@@ -169,7 +169,6 @@ pub(super) unsafe extern "C" fn compute(dst: *mut g::ggml_tensor, ith: c_int, nt
             };
             let nth = nth.max(1) as usize;
             let _finish = data.queue.finish_guard(nth);
-            let _ = ith;
             #[cfg(target_arch = "x86_64")]
             SCRATCH.with(|s| {
                 let s = &mut s.borrow_mut();
@@ -194,6 +193,7 @@ thread_local! {
 #[cfg(target_arch = "x86_64")]
 mod kernels {
     use super::{Problem, HEAD_BYTES, KV_TILE, Q_BLOCK};
+    use crate::graph::gemm::scalar::f16_to_f32;
     use std::arch::x86_64::*;
 
     /// Per-thread buffers, kept between calls.
@@ -324,7 +324,7 @@ mod kernels {
                 d += 16;
             }
             for d in d..dk {
-                *kt.add(d * KV_TILE + j) = half_to_f32(*row.add(d));
+                *kt.add(d * KV_TILE + j) = f16_to_f32(*row.add(d));
             }
         }
     }
@@ -350,10 +350,6 @@ mod kernels {
                 _mm512_storeu_ps(out.add(d), v);
             }
         }
-    }
-
-    fn half_to_f32(h: u16) -> f32 {
-        crate::graph::gemm::scalar::f16_to_f32(h)
     }
 
     /// Rows of scores: `kq[r][j] = Σ_d q[r][d] · kt[d][j]`, each a chain of fused

@@ -194,6 +194,7 @@ thread_local! {
 mod kernels {
     use super::{Problem, HEAD_BYTES, KV_TILE, Q_BLOCK};
     use crate::graph::gemm::scalar::f16_to_f32;
+    use crate::graph::gemm::Lines;
     use std::arch::x86_64::*;
 
     /// Per-thread buffers, kept between calls.
@@ -201,15 +202,15 @@ mod kernels {
     pub(super) struct Scratch {
         /// The keys of one head as f32, tile t transposed at `t · dk · KV_TILE`: value d of
         /// key j at `d · KV_TILE + j` (a thread's consecutive tasks share a head).
-        kt: Vec<f32>,
+        kt: Lines,
         /// That head's values as f32 rows, zero rows past the last key.
-        v: Vec<f32>,
+        v: Lines,
         /// (keys, values) of the head now converted (this compute's: `forget` clears it).
         head: Option<(usize, usize)>,
         /// Scores, then probabilities: row r, key j at `r · KV_TILE + j`.
-        kq: Vec<f32>,
+        kq: Lines,
         /// The rows' accumulated values: row r at `r · dv`.
-        acc: Vec<f32>,
+        acc: Lines,
     }
 
     impl Scratch {
@@ -242,35 +243,33 @@ mod kernels {
         // A head's keys and values are converted once per thread while they fit in
         // `HEAD_BYTES`; a longer one's tile by tile per task (as ggml does).
         let whole = tiles * KV_TILE * (dk + dv) * 4 <= HEAD_BYTES;
-        let pack = |s: &mut Scratch, t: usize, at: usize| {
-            let (c0, n) = (t * KV_TILE, KV_TILE.min(p.lk - t * KV_TILE));
-            pack_keys(kh.add(c0 * p.knb[0]), p.knb[0], n, dk, s.kt.as_mut_ptr().add(at * dk * KV_TILE));
-            pack_values(vh.add(c0 * p.vnb[0]), p.vnb[0], n, p.dv, s.v.as_mut_ptr().add(at * KV_TILE * dv));
-        };
         let held = if whole { tiles } else { 1 };
-        s.kt.resize(held * dk * KV_TILE, 0.0);
-        s.v.resize(held * KV_TILE * dv, 0.0);
+        let (kts, vs) = (s.kt.at_least::<f32>(held * dk * KV_TILE), s.v.at_least::<f32>(held * KV_TILE * dv));
+        let pack = |t: usize, at: usize| {
+            let (c0, n) = (t * KV_TILE, KV_TILE.min(p.lk - t * KV_TILE));
+            pack_keys(kh.add(c0 * p.knb[0]), p.knb[0], n, dk, kts.add(at * dk * KV_TILE));
+            pack_values(vh.add(c0 * p.vnb[0]), p.vnb[0], n, p.dv, vs.add(at * KV_TILE * dv));
+        };
         if !whole {
             s.head = None;
         } else if s.head != Some((kh as usize, vh as usize)) {
             for t in 0..tiles {
-                pack(s, t, t);
+                pack(t, t);
             }
             s.head = Some((kh as usize, vh as usize));
         }
-        s.kq.resize(Q_BLOCK * KV_TILE, 0.0);
-        s.acc.clear();
-        s.acc.resize(Q_BLOCK * dv, 0.0);
-        let (kq, acc) = (s.kq.as_mut_ptr(), s.acc.as_mut_ptr());
+        let kq = s.kq.at_least::<f32>(Q_BLOCK * KV_TILE);
+        let acc = s.acc.at_least::<f32>(Q_BLOCK * dv);
+        std::ptr::write_bytes(acc, 0, Q_BLOCK * dv);
         let mut m = [f32::NEG_INFINITY; Q_BLOCK];
         let mut sum = [0f32; Q_BLOCK];
         for t in 0..tiles {
             let (c0, n) = (t * KV_TILE, KV_TILE.min(p.lk - t * KV_TILE));
             let at = if whole { t } else { 0 };
             if !whole {
-                pack(s, t, 0);
+                pack(t, 0);
             }
-            let (kt, vt) = (s.kt.as_ptr().add(at * dk * KV_TILE), s.v.as_ptr().add(at * KV_TILE * dv));
+            let (kt, vt) = (kts.add(at * dk * KV_TILE) as *const f32, vs.add(at * KV_TILE * dv) as *const f32);
             scores(q, p.qnb[0], rows, dk, kt, kq);
             let scale = _mm512_set1_ps(p.scale);
             let pad = _mm512_set1_ps(f32::NEG_INFINITY);
@@ -597,6 +596,43 @@ mod tests {
             let first = theirs.iter().zip(&ours).position(|(a, b)| a != b);
             assert_eq!(first, None, "case {ci}: ours {:?} ggml {:?}", first.map(|i| f32::from_bits(ours[i])), first.map(|i| f32::from_bits(theirs[i])));
         }
+    }
+
+    /// Speed next to ggml's kernel on Wan 2.1 1.3B's self-attention at 256²×17 frames
+    /// (`cargo test --release --lib bench_flash -- --ignored --nocapture`; `SD_BENCH_THREADS`).
+    #[test]
+    #[ignore]
+    fn bench_flash_vs_ggml() {
+        if !available() {
+            return;
+        }
+        let (d, l, h) = (128usize, 1280usize, 12usize);
+        let threads: i32 = std::env::var("SD_BENCH_THREADS").ok().and_then(|v| v.parse().ok()).unwrap_or(2);
+        let (qv, kv, vv) = (values(1, d * l * h, 1.0), values(2, d * l * h, 1.0), values(3, d * l * h, 1.0));
+        let shape = [d as i64, l as i64, h as i64, 1];
+        let mut best = [f64::MAX; 2];
+        for _ in 0..3 {
+            for (side, own) in [false, true].into_iter().enumerate() {
+                let mut runner = Runner::new(Arc::new(Backend::cpu().unwrap()), threads);
+                let mut run = || {
+                    runner
+                        .compute(|g| {
+                            let q = g.input_bytes(F32, &shape, f32_bytes(&qv));
+                            let k = g.input_bytes(F16, &shape, f16_bytes(&kv));
+                            let v = g.input_bytes(F16, &shape, f16_bytes(&vv));
+                            let scale = 1.0 / (d as f32).sqrt();
+                            Ok(if own { flash_attn(g, q, k, v, None, scale).unwrap() } else { q.flash_attn_ext(k, v, None, scale) })
+                        })
+                        .unwrap()
+                };
+                run();
+                let t = std::time::Instant::now();
+                run();
+                best[side] = best[side].min(t.elapsed().as_secs_f64());
+            }
+        }
+        let flop = 4.0 * (d * l * l * h) as f64;
+        println!("ggml {:.1} ms ({:.1} GFLOP/s), ours {:.1} ms ({:.1} GFLOP/s): {:.2}x", best[0] * 1e3, flop / best[0] / 1e9, best[1] * 1e3, flop / best[1] / 1e9, best[0] / best[1]);
     }
 
     /// Shapes the op does not reproduce are left to ggml.

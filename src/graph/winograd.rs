@@ -16,7 +16,7 @@
 //! [W, H, T, C] layout and written straight into it.
 
 use super::context::{store_in_ctx, Graph, F16, F32, T};
-use super::gemm::TaskQueue;
+use super::gemm::{Lines, TaskQueue};
 use ggml_sys as g;
 use std::cell::RefCell;
 use std::ffi::{c_int, c_void};
@@ -430,19 +430,13 @@ impl Geo {
 #[derive(Default)]
 struct Scratch {
     /// Transformed tiles: [16][SEG / MT][c][MT].
-    v: Vec<f32>,
+    v: Lines,
     /// Products of one block of output channels: [16][OCB][SEG].
-    m: Vec<f32>,
+    m: Lines,
 }
 
 thread_local! {
     static SCRATCH: RefCell<Scratch> = RefCell::new(Scratch::default());
-}
-
-fn grow(v: &mut Vec<f32>, n: usize) {
-    if v.len() < n {
-        v.resize(n, 0.0);
-    }
 }
 
 pub(super) unsafe extern "C" fn compute(dst: *mut g::ggml_tensor, _ith: c_int, nth: c_int, userdata: *mut c_void) {
@@ -476,11 +470,11 @@ unsafe fn task(geo: &Geo, i: usize, s: &mut Scratch) {
     let t0 = seg * SEG;
     let tiles = SEG.min(geo.tiles - t0);
     let tpan = tiles.div_ceil(MT);
-    grow(&mut s.v, 16 * tpan * c * MT);
-    grow(&mut s.m, 16 * OCB * SEG);
+    let v = s.v.at_least::<f32>(16 * tpan * c * MT);
+    let m = s.m.at_least::<f32>(16 * OCB * SEG);
     let c_lo = geo.first_channel(n);
-    transform_tiles(geo, n, c_lo, t0, tiles, tpan, s.v.as_mut_ptr());
-    let (v, m) = (s.v.as_ptr(), s.m.as_mut_ptr());
+    transform_tiles(geo, n, c_lo, t0, tiles, tpan, v);
+    let v = v as *const f32;
     for oc0 in (0..geo.oc).step_by(OCB) {
         let ocs = OCB.min(geo.oc - oc0);
         let (p0, p1) = (oc0 / NO, (oc0 + ocs).div_ceil(NO));

@@ -21,7 +21,7 @@
 //! for its block of weight rows. Tiles: tmm0/1 the hi·hi sums of two token tiles, tmm2/3
 //! their cross sums, tmm4/5 the token tiles, tmm6/7 a weight tile's hi and lo.
 
-use super::{Dot, Elem, Problem, Task};
+use super::{Dot, Elem, Lines, Problem, Task};
 use std::arch::asm;
 use std::arch::x86_64::*;
 
@@ -39,33 +39,18 @@ const XS: usize = KB + 32;
 /// Bytes of a 16 × 64-byte tile, in u16.
 const TILE_U16: usize = 512;
 
-/// A cache line: the buffers are made of them, so that every 64-byte tile row is one line
-/// (a row across two lines costs the tile loads about three times the time).
-#[repr(C, align(64))]
-#[derive(Clone, Copy)]
-struct Line([u16; 32]);
-
-/// At least `u16s` u16 of 64-byte-aligned `buf`, zeros where it grows.
-fn lines(buf: &mut Vec<Line>, u16s: usize) -> *mut u16 {
-    let n = u16s.div_ceil(32);
-    if buf.len() < n {
-        buf.resize(n, Line([0; 32]));
-    }
-    buf.as_mut_ptr() as *mut u16
-}
-
 /// Per-thread buffers, kept between calls.
 #[derive(Default)]
 pub(crate) struct Scratch {
     /// The task's weight rows packed: group g of 16 rows, step s, half h (0 hi, 1 lo) is a
     /// tile at `((g · steps + s) · 2 + h) · TILE_U16`.
-    w: Vec<Line>,
+    w: Lines,
     /// (batch, first row) of the weights now packed (this call's: `run` forgets it).
     w_key: Option<(usize, usize)>,
     /// Two token tiles over one K block: half h, token r at `(h · 2T + r) · XS`.
-    x: Vec<Line>,
+    x: Lines,
     /// Four C tiles for the flush (f32).
-    c: Vec<Line>,
+    c: Lines,
 }
 
 /// The tile configuration: tiles 0-7 of 16 rows of 64 bytes.
@@ -135,9 +120,9 @@ unsafe fn task(p: &Problem, t: &Task, s: &mut Scratch) {
     let (rows, cols) = (t.m1 - t.m0, t.n1 - t.n0);
     let groups = rows.div_ceil(T);
     let (arow, brow, out) = p.batch_ptrs(t.batch);
-    let w = lines(&mut s.w, groups * steps * 2 * TILE_U16);
-    let x = lines(&mut s.x, 4 * T * XS);
-    let c = lines(&mut s.c, 2 * 4 * T * T) as *mut f32;
+    let w = s.w.at_least::<u16>(groups * steps * 2 * TILE_U16);
+    let x = s.x.at_least::<u16>(4 * T * XS);
+    let c = s.c.at_least::<f32>(2 * 4 * T * T);
     if s.w_key != Some((t.batch, t.m0)) {
         for g in 0..groups {
             let first = t.m0 + g * T;

@@ -10,7 +10,7 @@
 //! With AVX-512, groups j and j + 1 are packed side by side and share a 16-lane register
 //! (lanes 8-15 are group j + 1's accumulator): the same operations per lane.
 
-use super::{Dot, Elem, Problem, Task};
+use super::{Dot, Elem, Lines, Problem, Task};
 use std::arch::x86_64::*;
 
 /// Rows of a float register tile; its columns are the entry point's `NR` (3 with 16 AVX2
@@ -191,8 +191,8 @@ unsafe fn reduce(s0: __m256, s1: __m256, s2: __m256, s3: __m256) -> f32 {
 /// thread pool).
 #[derive(Default)]
 pub(crate) struct Scratch {
-    a: Vec<f32>,
-    b: Vec<f32>,
+    a: Lines,
+    b: Lines,
     st: Vec<__m256>,
     q: Vec<u8>,
     /// (batch, first row) of the A block now packed in `a`.
@@ -233,8 +233,8 @@ const DIRECT_COLUMNS: usize = 24;
 const COLUMN_CHUNK: usize = 48;
 
 /// Blocks of 32 elements per K chunk: a chunk of one lane group is 8 · KC_BLOCKS values
-/// per row, so that a tile's A panel chunk stays in L1 while the task's B chunk (≤ 48
-/// columns) streams from L2.
+/// per row, so that one tile's chunk stays in L1 while the other operand's chunk (the
+/// block's rows, or the task's ≤ 48 columns) streams from L2 (see `passes`).
 const KC_BLOCKS: usize = 64;
 
 /// The float products: lane groups two at a time in 16-lane registers where AVX-512 is
@@ -282,13 +282,13 @@ unsafe fn float_body<L: Lanes, const NR: usize>(p: &Problem, t: &Task, s: &mut S
     // loop, halve the bytes but ran at 0.6× here: the conversions outnumber the FMA ports.)
     let a_len = pm * MR * cs * 32;
     let b_len = pn * NR * cs * 32;
-    grow(&mut s.a, a_len + rows * tail, 0.0);
-    grow(&mut s.b, b_len + cols * tail, 0.0);
+    let ap = s.a.at_least::<f32>(a_len + rows * tail);
+    let bp = s.b.at_least::<f32>(b_len + cols * tail);
     grow(&mut s.st, pn * pm * 4 * MR * NR, _mm256_setzero_ps());
     let (arow, brow, out) = p.batch_ptrs(t.batch);
     let arow = arow.wrapping_add(t.m0 * p.a.nb[0]);
     let brow = brow.wrapping_add(t.n0 * p.b.nb[0]);
-    let (ap, bp, st) = (s.a.as_mut_ptr(), s.b.as_mut_ptr(), s.st.as_mut_ptr());
+    let st = s.st.as_mut_ptr();
     let ta = ap.add(a_len);
     if s.a_key != Some((t.batch, t.m0)) {
         pack_panels::<MR>(a_kind, arow, p.a.nb[0], rows, pm, g, cs, kc, ap);
@@ -349,8 +349,9 @@ struct Panels {
 }
 
 /// Every tile's accumulator passes: per lane-group set j and K chunk c0, A tile q's and B
-/// tile n's chunks (`panel_at`), each A tile panel kept in L1 while the task's B tiles
-/// stream past it.
+/// tile n's chunks (`panel_at`). The tile that loads more vectors a block (B's NR = 6 with
+/// AVX-512, A's MR = 4 with AVX2's NR = 3) stays in L1 while the other side's tiles stream
+/// past it from L2.
 #[inline(always)]
 unsafe fn passes<L: Lanes, const NR: usize>(p: &Panels) {
     let Panels { a, b, st, g, cs, kc, pm, pn } = *p;
@@ -359,11 +360,13 @@ unsafe fn passes<L: Lanes, const NR: usize>(p: &Panels) {
             let nc = (c0 + kc).min(cs) - c0;
             let achunk = a.add(panel_at(MR, pm, g, cs, j, c0));
             let bchunk = b.add(panel_at(NR, pn, g, cs, j, c0));
-            for q in 0..pm {
-                let apanel = achunk.add(q * MR * nc * 8 * g);
-                for n in 0..pn {
-                    tile_pass::<L, NR>(apanel, bchunk.add(n * NR * nc * 8 * g), nc, st.add(((n * pm + q) * 4 + j) * MR * NR), c0 > 0);
-                }
+            let pass = |q: usize, n: usize| {
+                tile_pass::<L, NR>(achunk.add(q * MR * nc * 8 * g), bchunk.add(n * NR * nc * 8 * g), nc, st.add(((n * pm + q) * 4 + j) * MR * NR), c0 > 0)
+            };
+            if NR >= MR {
+                (0..pn).for_each(|n| (0..pm).for_each(|q| pass(q, n)));
+            } else {
+                (0..pm).for_each(|q| (0..pn).for_each(|n| pass(q, n)));
             }
         }
     }
@@ -390,13 +393,13 @@ unsafe fn direct_task(p: &Problem, t: &Task, s: &mut Scratch) {
     let b_len = pn * NR * cs * 32;
     // The A tails go where `float_body` keeps its packed A block, which is gone now.
     s.a_key = None;
-    grow(&mut s.a, rows * tail, 0.0);
-    grow(&mut s.b, b_len + cols * tail, 0.0);
+    let ta = s.a.at_least::<f32>(rows * tail);
+    let bp = s.b.at_least::<f32>(b_len + cols * tail);
     grow(&mut s.st, pn * pm * 4 * DR * NR, _mm256_setzero_ps());
     let (arow, brow, out) = p.batch_ptrs(t.batch);
     let arow = arow.wrapping_add(t.m0 * p.a.nb[0]);
     let brow = brow.wrapping_add(t.n0 * p.b.nb[0]);
-    let (ta, bp, st) = (s.a.as_mut_ptr(), s.b.as_mut_ptr(), s.st.as_mut_ptr());
+    let st = s.st.as_mut_ptr();
     let tb = bp.add(b_len);
     pack_panels::<NR>(b_kind, brow, p.b.nb[0], cols, pn, 1, cs, kc, bp);
     if tail > 0 {
@@ -862,21 +865,20 @@ unsafe fn small_body<L: Lanes>(p: &Problem, t: &Task, s: &mut Scratch) {
     };
     let rows = t.m1 - t.m0;
     let npan = rows.div_ceil(n_l);
-    grow(&mut s.a, npan * n_l * k, 0.0);
-    grow(&mut s.b, (t.n1 - t.n0) * k, 0.0);
+    let ap = s.a.at_least::<f32>(npan * n_l * k);
+    let bp = s.b.at_least::<f32>((t.n1 - t.n0) * k);
     let (arow, brow, out) = p.batch_ptrs(t.batch);
     if s.a_key != Some((t.batch, t.m0)) {
         for q in 0..npan {
             let r0 = t.m0 + q * n_l;
-            pack_t::<L>(a_kind, arow.wrapping_add(r0 * p.a.nb[0]), p.a.nb[0], n_l.min(t.m1 - r0), k, s.a.as_mut_ptr().add(q * n_l * k));
+            pack_t::<L>(a_kind, arow.wrapping_add(r0 * p.a.nb[0]), p.a.nb[0], n_l.min(t.m1 - r0), k, ap.add(q * n_l * k));
         }
         s.a_key = Some((t.batch, t.m0));
     }
-    let bp = s.b.as_mut_ptr();
     for n in t.n0..t.n1 {
         pack_row(b_kind, brow.wrapping_add(n * p.b.nb[0]), k, bp.add((n - t.n0) * k));
     }
-    let ap = s.a.as_ptr();
+    let ap = ap as *const f32;
     let mut res = [L::zero(); NB];
     let mut n = t.n0;
     while n < t.n1 {

@@ -419,6 +419,23 @@ pub(crate) mod testing {
 mod tests {
     use super::*;
 
+    /// Buffers start on a cache line, whatever the element type, and keep their contents
+    /// when they grow.
+    #[test]
+    fn lines_are_aligned_and_keep_contents() {
+        let mut lines = Lines::default();
+        let p = lines.at_least::<f32>(5);
+        assert_eq!(p as usize % 64, 0);
+        // SAFETY: 5 f32 were asked for.
+        unsafe { (0..5).for_each(|i| *p.add(i) = i as f32 + 0.5) };
+        let q = lines.at_least::<f32>(100_000);
+        assert_eq!(q as usize % 64, 0);
+        // SAFETY: 100000 f32, zeros past what was written.
+        let kept: Vec<f32> = unsafe { (0..7).map(|i| *q.add(i)).collect() };
+        assert_eq!(kept, [0.5, 1.5, 2.5, 3.5, 4.5, 0.0, 0.0]);
+        assert_eq!(lines.at_least::<u16>(3) as usize % 64, 0);
+    }
+
     /// A queue shared by real threads computes every output once, compute after compute
     /// (the last thread rewinds it), and gives what fixed shares give.
     #[test]

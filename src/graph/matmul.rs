@@ -337,6 +337,16 @@ mod tests {
         }
     }
 
+    /// Several batches of several row blocks each: the columns a thread packed for one batch
+    /// are not those of the next.
+    #[test]
+    fn batches_of_row_blocks_equal_ggml() {
+        let vs_ggml = ggml_sums_like_avx2();
+        for (i, (ta, tb)) in FLOAT_PAIRS.into_iter().enumerate() {
+            check(side(ta, [200, 300, 2, 1]), side(tb, [200, 70, 2, 3]), 40 + i as u64, 1.0, 1 + (i % 2) as i32, vs_ggml);
+        }
+    }
+
     #[test]
     fn float_products_equal_ggml_bit_for_bit() {
         let vs_ggml = ggml_sums_like_avx2();
@@ -358,6 +368,9 @@ mod tests {
             // Row blocks enough for a task each (4 threads, then 1), columns in chunks of 48.
             (64, 2100, 60),
             (300, 600, 100),
+            // Packed column chunks kept across row blocks, a thread's cache full (k · 48 · 4
+            // bytes a chunk: 8 MB hold 3 of 5 at k = 11000).
+            (11000, 260, 230),
             // One column chunk, f16 weights read in place on AVX2: K tails and chunks, ragged
             // row tiles.
             (2085, 150, 17),
@@ -440,6 +453,7 @@ mod tests {
         let shapes: &[Product] = &[
             ("Wan linear 1536->8960, 1280 tok", F16, F32, [1536, 8960, 1, 1], [1536, 1280, 1, 1]),
             ("Wan linear 8960->1536, 1280 tok", F16, F32, [8960, 1536, 1, 1], [8960, 1280, 1, 1]),
+            ("DiT linear 2048->8192, 200 tok", F16, F32, [2048, 8192, 1, 1], [2048, 200, 1, 1]),
             ("conv 3x3 320, 64x64", F16, F16, [2880, 4096, 1, 1], [2880, 320, 1, 1]),
             ("conv 3x3 640, 32x32", F16, F16, [5760, 1024, 1, 1], [5760, 640, 1, 1]),
             ("conv 3x3 1280, 16x16", F16, F16, [11520, 256, 1, 1], [11520, 1280, 1, 1]),

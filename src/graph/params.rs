@@ -64,6 +64,10 @@ pub struct ParamStore {
     /// Buffers wrapping borrowed regions (they do not own the memory) and the regions.
     borrowed: Vec<NonNull<g::ggml_backend_buffer>>,
     regions: Vec<HostRegion>,
+    /// The regions are read-only file mappings (`regions_are_file_mappings`): when the
+    /// weights are freed, their pages leave the process (the file stays mapped for the
+    /// context's life, so a network read per phase kept every page it touched resident).
+    file_regions: bool,
     /// Further buffers of a layer split (tensors spread over several devices).
     split_buffers: Vec<NonNull<g::ggml_backend_buffer>>,
     /// A copy of the weights on the compute device for the current phase.
@@ -87,6 +91,7 @@ impl ParamStore {
             homes: Vec::new(),
             borrowed: Vec::new(),
             regions: Vec::new(),
+            file_regions: false,
             split_buffers: Vec::new(),
             staged: None,
         })
@@ -218,6 +223,9 @@ impl ParamStore {
         for b in self.borrowed.drain(..) {
             // SAFETY: wrapper buffers we created; freeing one leaves the region untouched.
             unsafe { g::ggml_backend_buffer_free(b.as_ptr()) };
+        }
+        if self.file_regions {
+            self.drop_mapped_pages();
         }
         // Only now may the regions go away.
         self.regions.clear();
@@ -357,6 +365,37 @@ impl ParamStore {
             }
         }
         Ok(placed)
+    }
+
+    /// Marks the regions of [`place_in_host_regions`](Self::place_in_host_regions) as
+    /// read-only mappings of files: their pages may be dropped from the process when the
+    /// weights are freed (they are read again from the file, or the page cache, if touched).
+    pub fn regions_are_file_mappings(&mut self) {
+        self.file_regions = true;
+    }
+
+    /// `MADV_DONTNEED` over the pages of every tensor placed in a region: a per-phase text
+    /// encoder's pages (LTX-2.3's Gemma 3 and connectors, GBs) no longer count in the resident
+    /// set while the transformer samples. Only for file mappings: on anonymous memory the
+    /// call would discard the data.
+    fn drop_mapped_pages(&self) {
+        #[cfg(unix)]
+        {
+            // SAFETY: sysconf has no preconditions.
+            let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) }.max(4096) as usize;
+            for (i, h) in self.homes.iter().enumerate() {
+                let data = match *h {
+                    Home::Mapped { data, .. } | Home::Own { data, .. } => data as usize,
+                    Home::Buffer => continue,
+                };
+                let len = Self::spec(self.entries[i].1).nbytes;
+                let (start, end) = (data & !(page - 1), (data + len).div_ceil(page) * page);
+                // SAFETY: the range lies in a live read-only file mapping (the region is still
+                // held; a mapping covers whole pages). Nothing is written there, so dropping
+                // the pages loses nothing: a later read faults them in from the file again.
+                unsafe { libc::madvise(start as *mut libc::c_void, end - start, libc::MADV_DONTNEED) };
+            }
+        }
     }
 
     /// Allocates one backend buffer holding every declared tensor (but those placed in

@@ -254,6 +254,7 @@ impl Weights {
             Some((map as HostRegion, offset))
         })?;
         if placed > 0 {
+            store.regions_are_file_mappings();
             sd_debug!("{what}: {placed} tensors used in place from the mapped file");
         }
         store.alloc(backend).with_context(|| format!("{what}: allocating weights"))?;
@@ -268,8 +269,10 @@ impl Weights {
     }
 }
 
-/// Weight tensors one network may declare (the SD UNet has about 700, SDXL's 1,700).
-const STORE_CAPACITY: usize = 4096;
+/// Weight tensors one network may declare beyond those of its files under its prefix
+/// (optional and derived ones). A network holds its files' tensors: the SD UNet about 700,
+/// SDXL's 1,700, LTX-2.3's transformer over 4,000.
+const STORE_SLACK: usize = 4096;
 
 impl Weights {
     /// A network declared by `declare` under `prefix`, its weights placed as `placement`
@@ -284,7 +287,8 @@ impl Weights {
         what: &'static str,
         declare: impl FnOnce(&mut Scope) -> M,
     ) -> Result<Loaded<M>> {
-        let mut store = ParamStore::new(STORE_CAPACITY)?;
+        let in_files = self.files.tensors().iter().filter(|t| t.name().starts_with(prefix)).count();
+        let mut store = ParamStore::new(in_files + STORE_SLACK)?;
         let model = declare(&mut Scope::new(&mut store, self.types(), prefix).with_int8(&self.int8));
         check_int8(&store, &self.int8, &placement, what)?;
         let threads = n_threads.max(1) as usize;
@@ -443,6 +447,79 @@ mod tests {
 
     /// Tensors read in pieces by several threads hold what the one-call read gives, those
     /// that need a conversion (f16 → f32) included.
+    /// A network of more tensors than the store's slack alone holds (LTX-2.3's transformer
+    /// has over 4,000) is declared and filled.
+    #[test]
+    fn networks_of_many_tensors_load() {
+        let n = STORE_SLACK + 500;
+        let header = (0..n).map(|i| format!(r#""net.t{i}":{{"dtype":"F32","shape":[1],"data_offsets":[{},{}]}}"#, 4 * i, 4 * i + 4)).collect::<Vec<_>>().join(",");
+        let values: Vec<u8> = (0..n).flat_map(|i| (i as f32).to_le_bytes()).collect();
+        let path = std::env::temp_dir().join(format!("sd-loader-many-{}.safetensors", std::process::id()));
+        std::fs::write(&path, crate::io::safetensors::tests::file(&format!("{{{header}}}"), &values)).unwrap();
+        let mut files = ModelFiles::new();
+        files.add(&path, "").unwrap();
+        let weights = Arc::new(Weights::from_files(files, SdVersion::Esrgan, None, ""));
+        let cpu = Placement::on(crate::graph::Module::Diffusion, Arc::new(Backend::cpu().unwrap()));
+        let loaded = weights.load_model(cpu, 1, "net.", "test", |s| (0..n).map(|i| s.tensor(&format!("t{i}"), F32, &[1])).collect::<Vec<_>>());
+        let _ = std::fs::remove_file(&path);
+        let loaded = loaded.unwrap();
+        assert_eq!(loaded.store().len(), n);
+        let last = loaded.store().get(&format!("net.t{}", n - 1)).unwrap();
+        assert_eq!(loaded.store().get_data(last).unwrap(), ((n - 1) as f32).to_le_bytes());
+    }
+
+    /// Resident KiB of the mapping holding `addr` (/proc/self/smaps), 0 when none holds it.
+    #[cfg(target_os = "linux")]
+    fn mapping_rss_kb(addr: usize) -> usize {
+        let smaps = std::fs::read_to_string("/proc/self/smaps").unwrap();
+        let mut inside = false;
+        for line in smaps.lines() {
+            let range = line.split_once(' ').and_then(|(r, _)| r.split_once('-'));
+            if let Some((Ok(a), Ok(b))) = range.map(|(a, b)| (usize::from_str_radix(a, 16), usize::from_str_radix(b, 16))) {
+                inside = a <= addr && addr < b;
+            } else if inside && line.starts_with("Rss:") {
+                return line.split_whitespace().nth(1).unwrap().parse().unwrap();
+            }
+        }
+        0
+    }
+
+    /// Weights computed in place from a mapped file leave the resident set when they are
+    /// freed (a per-phase text encoder's GBs while the transformer samples), and read the
+    /// same when loaded again.
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn freed_mapped_weights_leave_the_resident_set() {
+        let n = 2usize << 20;
+        let values: Vec<u8> = (0..n).flat_map(|i| (i as f32).to_le_bytes()).collect();
+        let mut header = format!(r#"{{"w":{{"dtype":"F32","shape":[{n}],"data_offsets":[0,{}]}}}}"#, 4 * n);
+        header.push_str(&" ".repeat((64 - (8 + header.len()) % 64) % 64));
+        let path = std::env::temp_dir().join(format!("sd-loader-mapped-{}.safetensors", std::process::id()));
+        std::fs::write(&path, crate::io::safetensors::tests::file(&header, &values)).unwrap();
+        let mut files = ModelFiles::new();
+        files.set_mmap(true);
+        files.add(&path, "").unwrap();
+        let weights = Weights::from_files(files, SdVersion::Esrgan, None, "");
+        let backend = Backend::cpu().unwrap();
+        let mut store = ParamStore::new(1).unwrap();
+        store.declare("w", F32, &[n as i64]);
+        let mut resident = Vec::new();
+        for _ in 0..2 {
+            weights.load(&mut store, &backend, "test", 1).unwrap();
+            let w = store.get("w").unwrap();
+            // SAFETY: a loaded tensor of the store.
+            let data = unsafe { (*w.raw()).data } as usize;
+            assert_eq!(store.get_data(w).unwrap(), values, "read in place from the mapping");
+            resident.push(mapping_rss_kb(data));
+            store.release();
+            resident.push(mapping_rss_kb(data));
+        }
+        let _ = std::fs::remove_file(&path);
+        let file_kb = 4 * n / 1024;
+        assert!(resident[0] >= file_kb && resident[2] >= file_kb, "pages read: {resident:?} KiB");
+        assert!(resident[1] < 64 && resident[3] < 64, "pages left after release: {resident:?} KiB");
+    }
+
     #[test]
     fn pieces_fill_like_whole_reads() {
         // Finite f16 bit patterns (exponent below 0x1f).

@@ -197,7 +197,19 @@ pub(crate) struct Scratch {
     q: Vec<u8>,
     /// (batch, first row) of the A block now packed in `a`.
     a_key: Option<(usize, usize)>,
+    /// B chunks packed during this product for the thread's later row blocks: slot i of
+    /// `COLUMN_CHUNK · k` values holds columns `b_slots[i]` of batch `b_batch`.
+    bc: Lines,
+    b_slots: Vec<(usize, usize)>,
+    b_batch: Option<usize>,
+    /// Slots `bc` may hold in this product (`B_CACHE_BYTES`, and no more than its chunks).
+    b_room: usize,
 }
+
+/// Bytes of packed B chunks a thread keeps per product: a weight matrix of 128-row blocks
+/// packed its columns again for every block (a quarter of a DiT product's time with 200
+/// tokens); chunks past the cap are packed per block as before.
+const B_CACHE_BYTES: usize = 8 << 20;
 
 fn grow<T: Copy>(v: &mut Vec<T>, n: usize, zero: T) {
     if v.len() < n {
@@ -210,7 +222,14 @@ fn grow<T: Copy>(v: &mut Vec<T>, n: usize, zero: T) {
 #[target_feature(enable = "avx2,fma,f16c")]
 pub(crate) unsafe fn run(p: &Problem, tasks: impl Iterator<Item = Task>, s: &mut Scratch) {
     s.a_key = None;
+    s.b_batch = None;
+    s.b_room = 0;
     for whole in tasks {
+        if s.b_room == 0 {
+            // The grid's column chunks all have the first task's width (but the last).
+            let chunk = (whole.n1 - whole.n0).clamp(1, COLUMN_CHUNK);
+            s.b_room = (B_CACHE_BYTES / (4 * COLUMN_CHUNK * p.k).max(1)).min(p.n.div_ceil(chunk)).max(1);
+        }
         // A task of few columns reads each weight once: f16 weights are then read in place
         // (`direct_task`), not packed first (from 32 columns packing gains again).
         let one_chunk = whole.n1 - whole.n0 <= DIRECT_COLUMNS;
@@ -283,7 +302,7 @@ unsafe fn float_body<L: Lanes, const NR: usize>(p: &Problem, t: &Task, s: &mut S
     let a_len = pm * MR * cs * 32;
     let b_len = pn * NR * cs * 32;
     let ap = s.a.at_least::<f32>(a_len + rows * tail);
-    let bp = s.b.at_least::<f32>(b_len + cols * tail);
+    let (bp, b_packed) = b_panels(s, t, k, b_len + cols * tail);
     grow(&mut s.st, pn * pm * 4 * MR * NR, _mm256_setzero_ps());
     let (arow, brow, out) = p.batch_ptrs(t.batch);
     let arow = arow.wrapping_add(t.m0 * p.a.nb[0]);
@@ -297,13 +316,37 @@ unsafe fn float_body<L: Lanes, const NR: usize>(p: &Problem, t: &Task, s: &mut S
         }
         s.a_key = Some((t.batch, t.m0));
     }
-    pack_panels::<NR>(b_kind, brow, p.b.nb[0], cols, pn, g, cs, kc, bp);
-    passes::<L, NR>(&Panels { a: ap, b: bp, st, g, cs, kc, pm, pn });
     let tb = bp.add(b_len);
-    if tail > 0 {
-        pack_tail(b_kind, brow, p.b.nb[0], cols, k32, tail, tb);
+    if !b_packed {
+        pack_panels::<NR>(b_kind, brow, p.b.nb[0], cols, pn, g, cs, kc, bp);
+        if tail > 0 {
+            pack_tail(b_kind, brow, p.b.nb[0], cols, k32, tail, tb);
+        }
     }
+    passes::<L, NR>(&Panels { a: ap, b: bp, st, g, cs, kc, pm, pn });
     write_outputs::<MR, NR>(p, t, out, st, pm, [ta, tb], tail);
+}
+
+/// Where task `t`'s packed B (`len` values) lives, and whether an earlier row block of this
+/// product already packed it there: a slot of the thread's chunk cache while it has room,
+/// else the per-task buffer.
+unsafe fn b_panels(s: &mut Scratch, t: &Task, k: usize, len: usize) -> (*mut f32, bool) {
+    if s.b_batch != Some(t.batch) {
+        s.b_slots.clear();
+        s.b_batch = Some(t.batch);
+    }
+    let slot = COLUMN_CHUNK * k;
+    debug_assert!(len <= slot);
+    if let Some(i) = s.b_slots.iter().position(|&c| c == (t.n0, t.n1)) {
+        return (s.bc.at_least::<f32>(0).add(i * slot), true);
+    }
+    if s.b_slots.len() < s.b_room {
+        // Sized for every slot at once: growing later would move the chunks already packed.
+        let base = s.bc.at_least::<f32>(s.b_room * slot);
+        s.b_slots.push((t.n0, t.n1));
+        return (base.add((s.b_slots.len() - 1) * slot), false);
+    }
+    (s.b.at_least::<f32>(len), false)
 }
 
 /// The outputs of a task from its tiles' accumulators `st` (the layout of `passes`), each

@@ -367,6 +367,12 @@ impl ParamStore {
         Ok(placed)
     }
 
+    /// Whether some weights are computed in place from a mapped model file (placing them
+    /// again costs no read).
+    pub fn maps_files(&self) -> bool {
+        self.file_regions && !self.regions.is_empty()
+    }
+
     /// Marks the regions of [`place_in_host_regions`](Self::place_in_host_regions) as
     /// read-only mappings of files: their pages may be dropped from the process when the
     /// weights are freed (they are read again from the file, or the page cache, if touched).

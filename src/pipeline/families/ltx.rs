@@ -192,6 +192,13 @@ impl Conditioner for LtxConditioner {
         let first = if weighted { 0 } else { len - t.real };
         let attend: Vec<bool> = (0..len).map(|i| i >= len - t.real).collect();
         let states = self.llm.run_in_phase(|model, runner| gemma3::all_hidden_states(runner, model, &ids[first..], &attend[first..], len - first, first))?;
+        if self.llm.store().maps_files() {
+            // Mapped in place, the text model costs nothing to place again (an unconditional
+            // prompt's encode does so in a phase of its own): its pages leave the process now,
+            // before the projection's are read (with LTX-2.3's 12B Gemma and 188160-wide
+            // projection the two together were the run's peak).
+            Component::end(&mut self.llm);
+        }
         let mut states = states.reshape(&[width, len - first])?;
         if weighted {
             apply_token_weights(&mut states, &t.weights, len)?;

@@ -445,8 +445,6 @@ mod tests {
         assert!(e.contains("'b.weight'") && e.contains("only linear layers"), "{e}");
     }
 
-    /// Tensors read in pieces by several threads hold what the one-call read gives, those
-    /// that need a conversion (f16 → f32) included.
     /// A network of more tensors than the store's slack alone holds (LTX-2.3's transformer
     /// has over 4,000) is declared and filled.
     #[test]
@@ -520,6 +518,8 @@ mod tests {
         assert!(resident[1] < 64 && resident[3] < 64, "pages left after release: {resident:?} KiB");
     }
 
+    /// Tensors read in pieces by several threads hold what the one-call read gives, those
+    /// that need a conversion (f16 → f32) included.
     #[test]
     fn pieces_fill_like_whole_reads() {
         // Finite f16 bit patterns (exponent below 0x1f).

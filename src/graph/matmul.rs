@@ -454,6 +454,8 @@ mod tests {
             ("Wan linear 1536->8960, 1280 tok", F16, F32, [1536, 8960, 1, 1], [1536, 1280, 1, 1]),
             ("Wan linear 8960->1536, 1280 tok", F16, F32, [8960, 1536, 1, 1], [8960, 1280, 1, 1]),
             ("DiT linear 2048->8192, 200 tok", F16, F32, [2048, 8192, 1, 1], [2048, 200, 1, 1]),
+            ("DiT linear 4608->12288, 1034 tok", F16, F32, [4608, 12288, 1, 1], [4608, 1034, 1, 1]),
+            ("DiT linear 12288->4608, 1034 tok", F16, F32, [12288, 4608, 1, 1], [12288, 1034, 1, 1]),
             ("conv 3x3 320, 64x64", F16, F16, [2880, 4096, 1, 1], [2880, 320, 1, 1]),
             ("conv 3x3 640, 32x32", F16, F16, [5760, 1024, 1, 1], [5760, 640, 1, 1]),
             ("conv 3x3 1280, 16x16", F16, F16, [11520, 256, 1, 1], [11520, 1280, 1, 1]),
@@ -470,7 +472,8 @@ mod tests {
         let backend = Arc::new(Backend::cpu().unwrap());
         println!("| product | ggml ms | ours ms | ggml GFLOP/s | ours GFLOP/s | ggml / ours |");
         println!("|---|---:|---:|---:|---:|---:|");
-        for &(what, ta, tb, ne_a, ne_b) in shapes {
+        let only = std::env::var("SD_BENCH_ONLY").unwrap_or_default();
+        for &(what, ta, tb, ne_a, ne_b) in shapes.iter().filter(|s| s.0.contains(only.as_str())) {
             let mut r = Rng(1);
             let (da, db) = (data(&mut r, ta, ne_a, 1.0), data(&mut r, tb, ne_b, 1.0));
             let mut best = [f64::MAX; 2];

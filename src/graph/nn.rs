@@ -100,6 +100,25 @@ impl Linear {
         let out = linear(g, x, w, b, self.force_prec_f32, self.scale);
         a.add_to_output(g, self.weight, x, out, op)
     }
+
+    /// Output features `rows` alone, through row views of the weight and bias: each output
+    /// is the same product as in [`Linear::forward`], so a caller may split a wide layer's
+    /// outputs (or its tokens) to keep fewer of them alive at once. `None` where the layer
+    /// needs its whole weight (an adapter's update, int8 row scales).
+    pub fn forward_rows<'g>(&self, g: &'g Graph, x: T<'g>, rows: std::ops::Range<i64>) -> Option<T<'g>> {
+        if self.int8.is_some() || g.adapter_for(&[Some(self.weight), self.bias]).is_some() {
+            return None;
+        }
+        let n = rows.end - rows.start;
+        let w = g.param(self.weight);
+        let nb1 = w.nb()[1];
+        let w = w.view(&[w.ne()[0], n], &[nb1], rows.start as usize * nb1);
+        let b = self.bias.map(|b| {
+            let b = g.param(b);
+            b.view(&[n], &[], rows.start as usize * b.nb()[0])
+        });
+        Some(linear(g, x, w, b, self.force_prec_f32, self.scale))
+    }
 }
 
 /// 2-D convolution; weights are always f16 like the reference's (im2col runs in f16).

@@ -91,6 +91,33 @@ pub fn timestep_embedding<'g>(t: T<'g>, dim: i32, max_period: i32, time_factor: 
     scale(t, time_factor, false).timestep_embedding(dim, max_period)
 }
 
+/// Tokens per chunk where a block runs its per-token layers a chunk at a time
+/// ([`by_token_chunks`]).
+pub const TOKEN_CHUNK: i64 = 512;
+
+/// Tokens `c0 .. c0 + len` of `x` `[C, L, 1]` (a view).
+pub fn token_cols<'g>(x: T<'g>, c0: i64, len: i64) -> T<'g> {
+    let nb = x.nb();
+    x.view(&[x.ne()[0], len, 1], &[nb[1], nb[1] * len as usize], c0 as usize * nb[1])
+}
+
+/// `f(c0, len)` over consecutive chunks of at most `chunk` of `l` tokens, concatenated along
+/// the tokens. For layers that act on each token alone (norms, modulations, MLPs,
+/// projections: every output is the same product or element-wise op as over all tokens at
+/// once) this gives the same values, while the chunk's intermediates (an MLP's hidden
+/// layer is 3-8 widths a token) live one chunk at a time.
+pub fn by_token_chunks<'g>(l: i64, chunk: i64, mut f: impl FnMut(i64, i64) -> Option<T<'g>>) -> Option<T<'g>> {
+    let mut out: Option<T<'g>> = None;
+    for c0 in (0..l).step_by(chunk.max(1) as usize) {
+        let y = f(c0, chunk.min(l - c0))?;
+        out = Some(match out {
+            Some(o) => o.concat(y, 1),
+            None => y,
+        });
+    }
+    out
+}
+
 /// `n` equal views of `x` along `dim` (made dense when `cont`), like torch's `chunk`.
 pub fn chunk<'g>(x: T<'g>, n: i64, dim: usize, cont: bool) -> Vec<T<'g>> {
     let mut ne = x.ne();

@@ -23,7 +23,8 @@ use crate::graph::matmul::mul_mat;
 use crate::graph::nn::{Conv2d, LayerNorm, Linear};
 use crate::graph::{Component, Components, Graph, Loaded, Scope, TypeMap, F32, T};
 use crate::models::common::dit::{
-    block_index, chunk, modulate, pad_and_patchify, pad_to_patch, patchify, timestep_embedding, unpatchify, unpatchify_and_crop, RmsNorm,
+    block_index, by_token_chunks, chunk, modulate, pad_and_patchify, pad_to_patch, patchify, timestep_embedding, token_cols, unpatchify,
+    unpatchify_and_crop, RmsNorm, TOKEN_CHUNK,
 };
 use crate::models::adapter::pulid::{self, PulidCa};
 use crate::models::common::rope::{self, RefIndexMode};
@@ -540,12 +541,19 @@ impl Stream {
         Stream { modulation, norm1, attn, norm2, mlp }
     }
 
-    /// After attention: gated attention output and gated MLP added to `x`.
-    fn post<'g>(&self, g: &'g Graph, x: T<'g>, attn_out: T<'g>, m1: &ModOut<'g>, m2: &ModOut<'g>) -> T<'g> {
+    /// After attention: gated attention output and gated MLP added to `x`, the MLP half
+    /// `chunk` tokens at a time (the same values; its hidden layer lives one chunk at a time).
+    fn post<'g>(&self, g: &'g Graph, x: T<'g>, attn_out: T<'g>, m1: &ModOut<'g>, m2: &ModOut<'g>, chunk: i64) -> T<'g> {
         let x = x.add(self.attn.proj.forward(g, attn_out).mul(m1.gate.expect("gate")));
-        let h = modulate(self.norm2.forward(g, x), m2.shift, m2.scale);
-        let h = self.mlp.forward(g, h);
-        x.add(h.mul(m2.gate.expect("gate")))
+        let mlp_half = |x: T<'g>| {
+            let h = modulate(self.norm2.forward(g, x), m2.shift, m2.scale);
+            x.add(self.mlp.forward(g, h).mul(m2.gate.expect("gate")))
+        };
+        let [_, l, n, _] = x.ne();
+        if l <= chunk || n != 1 {
+            return mlp_half(x);
+        }
+        by_token_chunks(l, chunk, |c0, lc| Some(mlp_half(token_cols(x, c0, lc)))).expect("chunks")
     }
 }
 
@@ -635,8 +643,8 @@ impl DoubleStreamBlock {
         let txt_attn = attn.view(&[d, n_txt, n], &[nb[1], nb[2]], 0);
         let img_attn = attn.view(&[d, img.ne()[1], n], &[nb[1], nb[2]], n_txt as usize * nb[1]);
 
-        let img = self.img.post(g, img, img_attn, &img_m1, &img_m2);
-        let txt = self.txt.post(g, txt, txt_attn, &txt_m1, &txt_m2);
+        let img = self.img.post(g, img, img_attn, &img_m1, &img_m2, TOKEN_CHUNK);
+        let txt = self.txt.post(g, txt, txt_attn, &txt_m1, &txt_m2, TOKEN_CHUNK);
         (img, txt)
     }
 }
@@ -688,6 +696,9 @@ impl SingleStreamBlock {
             (None, None) => ModOut::at(vec, 3 * self.idx),
         };
         let x_mod = modulate(self.pre_norm.forward(g, x), m.shift, m.scale);
+        if let Some(y) = self.forward_in_chunks(g, x, x_mod, &m, pe, mask, TOKEN_CHUNK) {
+            return y;
+        }
         let qkv_mlp = self.linear1.forward(g, x_mod);
         let [_, l, n, _] = qkv_mlp.ne();
         let nb = qkv_mlp.nb();
@@ -702,6 +713,36 @@ impl SingleStreamBlock {
         let attn_mlp = attn.concat(self.act.apply(mlp), 0);
         let out = self.linear2.forward(g, attn_mlp);
         x.add(out.mul(m.gate.expect("gate")))
+    }
+
+    /// The block with its MLP half run `chunk` tokens at a time: Q, K and V of every token
+    /// first (attention needs them all), then per chunk of tokens the MLP's input rows of
+    /// `linear1`, the activation, `linear2` and the residual, concatenated at the end. The
+    /// same products and element-wise ops as [`Self::forward`], so the same values, but the
+    /// widest intermediates (`linear1`'s output is 3 + 2·3 hidden widths per token in
+    /// Flux.2) live for one chunk at a time: about half of SeFi-Image's compute buffer at
+    /// 1,280 tokens. `None` (build the whole block) for one chunk's tokens, a batch, or a
+    /// `linear1` that must be applied whole.
+    #[allow(clippy::too_many_arguments)]
+    fn forward_in_chunks<'g>(&self, g: &'g Graph, x: T<'g>, x_mod: T<'g>, m: &ModOut<'g>, pe: T<'g>, mask: Option<T<'g>>, chunk: i64) -> Option<T<'g>> {
+        let [h, l, n, _] = x_mod.ne();
+        if l <= chunk || n != 1 || !x.is_contiguous() || !x_mod.is_contiguous() {
+            return None;
+        }
+        let qkv = self.linear1.forward_rows(g, x_mod, 0..3 * h)?;
+        let nb = qkv.nb();
+        let head_dim = h / self.num_heads;
+        let part = |k: usize| qkv.view(&[head_dim, self.num_heads, l, n], &[nb[0] * head_dim as usize, nb[1], nb[2]], nb[0] * k * h as usize);
+        let q = self.query_norm.forward(g, part(0));
+        let k = self.key_norm.forward(g, part(1));
+        let attn = rope::attention(g, q, k, part(2), pe, mask);
+        let gate = m.gate.expect("gate");
+        by_token_chunks(l, chunk, |c0, lc| {
+            let mlp = self.linear1.forward_rows(g, token_cols(x_mod, c0, lc), 3 * h..3 * h + self.mlp_hidden)?;
+            let attn_mlp = token_cols(attn, c0, lc).concat(self.act.apply(mlp), 0);
+            let out = self.linear2.forward(g, attn_mlp);
+            Some(token_cols(x, c0, lc).add(out.mul(gate)))
+        })
     }
 }
 
@@ -1341,6 +1382,69 @@ mod tests {
         assert!(!names.iter().any(|n| n.contains("time_in.") && !n.contains("dual_time_embed")));
         let odd = FluxConfig { hidden_size: 129, num_heads: 1, ..cfg };
         assert!(odd.validate().is_err());
+    }
+
+    /// A single-stream block, and a double block stream's MLP half, run a few tokens at a
+    /// time give the whole block's values bit for bit (f16 weights through the product
+    /// kernels; GELU with biases, SwiGLU with the gate first and last, Ovis's gate / up /
+    /// down MLP), with a chunk that leaves a shorter last one.
+    #[test]
+    fn single_blocks_in_token_chunks_are_the_whole_block() {
+        use crate::graph::{Backend, ParamStore, Runner};
+        use std::sync::Arc;
+        let backend = Arc::new(Backend::cpu().unwrap());
+        for variant in [FluxVariant::Flux, FluxVariant::Flux2, FluxVariant::Ovis] {
+            let cfg = detect_with(variant, &[]);
+            let (h, l) = (cfg.hidden_size, 7i64);
+            // Declared once to learn the names, then again with f16 matrices.
+            let mut names = ParamStore::new(64).unwrap();
+            SingleStreamBlock::new(&mut Scope::new(&mut names, &TypeMap::new(), "b."), &cfg, 0);
+            Stream::new(&mut Scope::new(&mut names, &TypeMap::new(), "s."), "img", &cfg);
+            let types: TypeMap = names.entries().filter(|e| e.0.ends_with("weight") && e.1.ne()[1] > 1).map(|e| (e.0.to_string(), crate::graph::F16)).collect();
+            let mut store = ParamStore::new(64).unwrap();
+            let block = SingleStreamBlock::new(&mut Scope::new(&mut store, &types, "b."), &cfg, 0);
+            let stream = Stream::new(&mut Scope::new(&mut store, &types, "s."), "img", &cfg);
+            store.alloc(&backend).unwrap();
+            store
+                .load(|name, spec, dst| {
+                    let n = spec.ne.iter().product::<i64>() as usize;
+                    let seed = name.bytes().fold(7u32, |a, b| a.wrapping_mul(31).wrapping_add(b as u32));
+                    let v: Vec<f32> = crate::testutil::pattern(n, seed).iter().map(|x| if name.contains("norm") { 1.0 + 0.1 * x } else { 0.1 * x }).collect();
+                    let bytes: Vec<u8> = if spec.ty == crate::graph::F16 {
+                        v.iter().flat_map(|&x| crate::graph::gemm::scalar::f32_to_f16(x).to_le_bytes()).collect()
+                    } else {
+                        v.iter().flat_map(|x| x.to_le_bytes()).collect()
+                    };
+                    dst.copy_from_slice(&bytes);
+                    Ok(())
+                })
+                .unwrap();
+            let xs = crate::testutil::pattern((h * l) as usize, 3);
+            let vecs = crate::testutil::pattern((3 * h) as usize, 5);
+            let d = cfg.head_dim();
+            let pes = crate::testutil::pattern((4 * d / 2 * l) as usize, 9);
+            let mut runner = Runner::new(backend.clone(), 2);
+            let out = runner
+                .compute_many(|g| {
+                    let x = g.input_f32(&xs, &[h, l, 1]);
+                    let pe = g.input_f32(&pes, &[2, 2, d / 2, l]);
+                    let shared = || Some(ModOut::at(g.input_f32(&vecs, &[h, 1, 3]), 0));
+                    let m = shared().unwrap();
+                    let x_mod = modulate(block.pre_norm.forward(g, x), m.shift, m.scale);
+                    let chunked = block.forward_in_chunks(g, x, x_mod, &m, pe, None, 3).expect("chunked");
+                    // A double block stream's MLP half, on `x` as its attention output.
+                    let (m1, m2) = (shared().unwrap(), shared().unwrap());
+                    let posts = [3, l].map(|c| stream.post(g, x, x, &m1, &m2, c));
+                    // (`vec` unused where the modulation is given.)
+                    Ok(vec![block.forward(g, x, x, pe, None, shared()), chunked, posts[1], posts[0]])
+                })
+                .unwrap();
+            for pair in out.chunks(2) {
+                assert_eq!(pair[0].shape(), pair[1].shape());
+                assert!(pair[0].data().iter().map(|v| v.to_bits()).eq(pair[1].data().iter().map(|v| v.to_bits())), "{variant:?}");
+                assert!(pair[1].data().iter().all(|v| v.is_finite()) && pair[1].data().iter().any(|&v| v != 0.0));
+            }
+        }
     }
 
     #[test]

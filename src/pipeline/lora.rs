@@ -11,8 +11,10 @@
 //! model files, or pointed at the mapped file again, when a LoRA goes away); `at_runtime`
 //! sets an adapter on its runner (cleared when no LoRA updates it). Weights that do not stay
 //! on the compute device between phases (`params_backend=cpu|disk`, a layer split) are
-//! re-read or copied for each phase, so there the LoRAs are always applied at run time: the
-//! adapter stays with the runner whatever happens to the weights.
+//! re-read or copied for each phase, so there the LoRAs are applied by the runner's adapter,
+//! which stays with the runner whatever happens to the weights: at run time, except that a
+//! text encoder read per conditioning phase in `immediately` mode gets its updates merged
+//! into its weights in each graph (the merge's values, see [`RuntimeLoras::merging`]).
 
 use super::loader::Weights;
 use crate::error::Result;
@@ -41,6 +43,13 @@ pub struct LoraSet {
 /// lasts.
 fn mergeable(t: &WeightsMut) -> bool {
     matches!(t.placement.weights, WeightHome::Compute) && t.placement.split.is_empty() && t.placement.max_vram == 0
+}
+
+/// Whether `immediately` LoRAs are merged into a component's weights in each of its graphs:
+/// a text encoder read for each conditioning phase (the store's merge would not outlive the
+/// phase; its graphs run once or twice a generation, so merging each time costs little).
+fn merges_per_use(t: &WeightsMut) -> bool {
+    t.placement.module == Module::Te && matches!(t.placement.weights, WeightHome::Disk) && t.placement.split.is_empty()
 }
 
 impl LoraSet {
@@ -102,8 +111,12 @@ impl LoraSet {
             // Only components some LoRA changes (a first stage read at first use is never
             // merged into, and most LoRAs leave it alone).
             for ((t, _), _) in targets.iter().zip(&merge).zip(&per_target).filter(|((_, m), loras)| !**m && !loras.is_empty()) {
-                let why = if matches!(t.placement.weights, WeightHome::FirstUse) { "are read when first used" } else { "are not kept on the compute device" };
-                sd_info!("{}: its weights {why}, so LoRAs are applied to it at run time", t.what);
+                if merges_per_use(t) {
+                    sd_info!("{}: its weights are read for each conditioning, so LoRAs are merged into them for each use", t.what);
+                } else {
+                    let why = if matches!(t.placement.weights, WeightHome::FirstUse) { "are read when first used" } else { "are not kept on the compute device" };
+                    sd_info!("{}: its weights {why}, so LoRAs are applied to it at run time", t.what);
+                }
                 self.noted_runtime = true;
             }
         }
@@ -118,10 +131,11 @@ impl LoraSet {
             if m || loras.is_empty() {
                 adapters.push(None);
                 to_merge.push(if m { loras } else { Vec::new() });
-            } else {
-                adapters.push(Some(Arc::new(RuntimeLoras::new(loras, t.store)?)));
-                to_merge.push(Vec::new());
+                continue;
             }
+            let adapter = if self.immediately && merges_per_use(t) { RuntimeLoras::merging(loras, t.store)? } else { RuntimeLoras::new(loras, t.store)? };
+            adapters.push(Some(Arc::new(adapter)));
+            to_merge.push(Vec::new());
         }
         self.merge(to_merge, &merge, weights, targets, n_threads)?;
         for (t, a) in targets.iter_mut().zip(adapters) {

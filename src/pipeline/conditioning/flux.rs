@@ -48,7 +48,8 @@ pub struct FluxConditioner {
 
 impl FluxConditioner {
     pub fn new(weights: &Arc<Weights>, place: &Placement, n_threads: i32, t5_resident: bool) -> Result<FluxConditioner> {
-        let clip_l = ClipPart::open(weights, CLIP_L_PREFIX, ClipVersion::OpenAiVitL14, true, place, n_threads)?;
+        // Like T5, CLIP-L is read per conditioning phase unless resident.
+        let clip_l = ClipPart::open(weights, CLIP_L_PREFIX, ClipVersion::OpenAiVitL14, true, &place.resident_or_per_phase(t5_resident), n_threads)?;
         let t5 = T5Text::open(weights, T5Vocab::T5, place, n_threads, t5_resident)?;
         ensure!(clip_l.is_some() || t5.is_some(), "no text encoders provided (clip_l_path or t5xxl_path): Flux cannot process prompts");
         if clip_l.is_none() {

@@ -35,8 +35,10 @@ impl Sd3Conditioner {
     /// The encoders the files hold; at least one is needed (the reference cannot process
     /// prompts without any and crashes later).
     pub fn new(weights: &Arc<Weights>, place: &Placement, n_threads: i32, t5_resident: bool) -> Result<Sd3Conditioner> {
-        let clip_l = ClipPart::open(weights, CLIP_L_PREFIX, ClipVersion::OpenAiVitL14, false, place, n_threads)?;
-        let clip_g = ClipPart::open(weights, CLIP_G_PREFIX, ClipVersion::OpenClipVitBigG14, false, place, n_threads)?;
+        // Like T5, the CLIPs are read per conditioning phase unless resident (CLIP-G: 1.4 GB).
+        let clip_place = place.resident_or_per_phase(t5_resident);
+        let clip_l = ClipPart::open(weights, CLIP_L_PREFIX, ClipVersion::OpenAiVitL14, false, &clip_place, n_threads)?;
+        let clip_g = ClipPart::open(weights, CLIP_G_PREFIX, ClipVersion::OpenClipVitBigG14, false, &clip_place, n_threads)?;
         let t5 = T5Text::open(weights, T5Vocab::T5, place, n_threads, t5_resident)?;
         ensure!(
             clip_l.is_some() || clip_g.is_some() || t5.is_some(),

@@ -27,7 +27,9 @@ pub(super) fn build(ctx: &mut BuildCtx<'_>, unet_version: UNetVersion, text: Cli
     let diffusion_place = ctx.devices.placement(Module::Diffusion)?;
     let vae_place = ctx.devices.placement(Module::Vae)?;
 
-    let cond = ClipConditioner::new(weights, text, &params.embeddings, &te_place, n_threads)?;
+    // The text encoders are read per conditioning phase unless `eager_load` (like every
+    // family's): SDXL's CLIP-G is 1.4 GB in f16, not needed while the UNet samples.
+    let cond = ClipConditioner::new(weights, text, &params.embeddings, &te_place.resident_or_per_phase(params.eager_load), n_threads)?;
 
     let shape_of = |n: &str| weights.shape_of(n);
     let mut unet_cfg = UNetConfig::detect(&shape_of, UNET_PREFIX, Some(unet_version))?;

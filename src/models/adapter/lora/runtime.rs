@@ -4,7 +4,7 @@
 //! and their output added to the layer's (cheap at low rank, and exact for quantized
 //! weights, which are never rewritten).
 
-use super::delta::{output_delta, weight_delta};
+use super::delta::{merged_weight, output_delta, weight_delta};
 use super::{n_dims, Lora, Patch};
 use crate::error::Result;
 use crate::graph::nn::linear;
@@ -19,6 +19,9 @@ pub struct RuntimeLoras {
     loras: Vec<Lora>,
     /// Model weight → its name and the LoRAs updating it (indices, in order).
     weights: HashMap<W, (String, Vec<usize>)>,
+    /// Every update merged into its weight in the graph (the `immediately` values for weights
+    /// read per phase), instead of low-rank factors applied to the layer's input.
+    merge: bool,
 }
 
 // SAFETY: after construction nothing is modified: graphs only read the LoRA tensors'
@@ -37,9 +40,17 @@ impl RuntimeLoras {
                 weights.entry(w).or_insert_with(|| (name, Vec::new())).1.push(i);
             }
         }
-        let adapter = RuntimeLoras { loras, weights };
+        let adapter = RuntimeLoras { loras, weights, merge: false };
         adapter.check()?;
         Ok(adapter)
+    }
+
+    /// The adapter for `loras` that merges every update into its weight in each graph, in
+    /// the weight's type one LoRA after the other (the same values as the `immediately`
+    /// merge into the store): for weights read anew each phase (a text encoder off the
+    /// compute device between conditionings), where a merge into the store would not last.
+    pub fn merging(loras: Vec<Lora>, model: &ParamStore) -> Result<RuntimeLoras> {
+        Ok(RuntimeLoras { merge: true, ..Self::new(loras, model)? })
     }
 
     fn patches(&self, w: W) -> impl Iterator<Item = (&str, &Patch)> {
@@ -113,6 +124,18 @@ impl WeightAdapter for RuntimeLoras {
     }
 
     fn patch<'g>(&self, g: &'g Graph, w: W, t: T<'g>, low_rank: bool) -> T<'g> {
+        if self.merge {
+            let (name, patches): (Vec<&str>, Vec<&Patch>) = self.patches(w).unzip();
+
+            return match merged_weight(g, t, true, &patches, name.first().copied().unwrap_or("?")) {
+                Ok(m) => m,
+                // Checked when the adapter was made; kept as a message, never an abort.
+                Err(e) => {
+                    sd_error!("LoRA skipped: {e}");
+                    t
+                }
+            };
+        }
         let mut t = t;
         for (name, patch) in self.patches(w) {
             match weight_delta(g, patch, w.ne(), low_rank, name) {
@@ -131,6 +154,10 @@ impl WeightAdapter for RuntimeLoras {
     }
 
     fn add_to_output<'g>(&self, g: &'g Graph, weight: W, x: T<'g>, out: T<'g>, op: LayerOp) -> T<'g> {
+        if self.merge {
+            // Merged into the weight by `patch`.
+            return out;
+        }
         self.add_updates(g, weight, x, out, op, false)
     }
 

@@ -358,6 +358,59 @@ fn runtime_layers_match_merged_weights() {
     }
 }
 
+/// The merging adapter (a text encoder read per phase, `immediately`) gives a layer the
+/// values of the same weights merged into the store, bit for bit: f16 and f32 weights, every
+/// reference case (linear and convolution updates), two LoRAs one after the other.
+#[test]
+fn merging_adapter_is_the_merged_store() {
+    let backend = backend();
+    // A layer as wide as CLIP-L's (the products' packed kernels, not the small ones).
+    let wide = serde_json::json!({"name": "wide", "weight": [96, 768], "multiplier": 0.8, "pieces": [{"alpha": 2.0, "tensors": {
+        "lora_down": {"shape": [4, 768], "data": pattern(4 * 768, 5)}, "lora_up": {"shape": [96, 4], "data": pattern(96 * 4, 6)}}}]});
+    let mut cases = reference()["cases"].as_array().unwrap().clone();
+    cases.push(wide);
+    for case in &cases {
+        let name = case["name"].as_str().unwrap();
+        let ne = ggml_shape(&case["weight"]);
+        let is_conv = ne.len() == 4;
+        let x_ne: Vec<i64> = if is_conv { vec![6, 5, ne[2], 1] } else { vec![ne[0], 77] };
+        let x = pattern(x_ne.iter().product::<i64>() as usize, 23);
+        let base = pattern(ne.iter().product::<i64>() as usize, 17);
+        for ty in [F16, F32] {
+            let build = || {
+                let mut store = ParamStore::new(4).unwrap();
+                let types: TypeMap = [("m.weight".to_string(), ty)].into_iter().collect();
+                let layer = {
+                    let mut s = Scope::new(&mut store, &types, "");
+                    if is_conv {
+                        Layer::Conv(Conv2d::new(&mut s, "m", ne[2], ne[3], (ne[1], ne[0]), (1, 1), (1, 1), false))
+                    } else {
+                        Layer::Lin(Linear::new(&mut s, "m", ne[0], ne[1], false))
+                    }
+                };
+                store.alloc(&backend).unwrap();
+                let wty = ParamStore::spec(store.get("m.weight").unwrap()).ty;
+                store.load(|_, _, dst| { dst.copy_from_slice(&if wty == F32 { f32_bytes(&base) } else { f16_bytes(&base) }); Ok(()) }).unwrap();
+                (store, layer)
+            };
+            let (mut merged_store, merged_layer) = build();
+            let w = merged_store.get("m.weight").unwrap();
+            let loras = vec![lora_of(case, F32, w, &backend), lora_of(case, F16, w, &backend)];
+            let read = |_: &str, _: &TensorSpec, _: &mut [u8]| -> Result<()> { panic!("nothing to restore") };
+            Merged::default().apply(&mut merged_store, &backend, 2, &loras, &read).unwrap();
+            let want = run_layer(&mut Runner::new(backend.clone(), 2), &x, &x_ne, merged_layer);
+
+            let (store, layer) = build();
+            let w = store.get("m.weight").unwrap();
+            let loras = vec![lora_of(case, F32, w, &backend), lora_of(case, F16, w, &backend)];
+            let mut runner = Runner::new(backend.clone(), 2);
+            runner.set_adapter(Some(Arc::new(RuntimeLoras::merging(loras, &store).unwrap())));
+            let got = run_layer(&mut runner, &x, &x_ne, layer);
+            assert!(got.iter().map(|v| v.to_bits()).eq(want.iter().map(|v| v.to_bits())), "{name} {ty:?}: {}", max_rel(&got, &want));
+        }
+    }
+}
+
 #[test]
 fn runtime_tucker_convolution_is_lycoris_update() {
     let backend = backend();

@@ -287,6 +287,25 @@ fn an_update_that_does_not_fit_is_an_error_and_changes_nothing() {
     assert!(err.contains("model.w.weight"), "{err}");
 }
 
+/// A linear layer (2-D `ne`) or a convolution (4-D) named `m`, its weight in `ty` where the
+/// layer keeps the file's type (convolutions are f16), holding `values`.
+fn layer_with(ne: &[i64], ty: GgmlType, values: &[f32], backend: &Arc<Backend>) -> (ParamStore, Layer) {
+    let mut store = ParamStore::new(4).unwrap();
+    let types: TypeMap = [("m.weight".to_string(), ty)].into_iter().collect();
+    let layer = {
+        let mut s = Scope::new(&mut store, &types, "");
+        if ne.len() == 4 {
+            Layer::Conv(Conv2d::new(&mut s, "m", ne[2], ne[3], (ne[1], ne[0]), (1, 1), (1, 1), false))
+        } else {
+            Layer::Lin(Linear::new(&mut s, "m", ne[0], ne[1], false))
+        }
+    };
+    store.alloc(backend).unwrap();
+    let wty = ParamStore::spec(store.get("m.weight").unwrap()).ty;
+    store.load(|_, _, dst| { dst.copy_from_slice(&if wty == F32 { f32_bytes(values) } else { f16_bytes(values) }); Ok(()) }).unwrap();
+    (store, layer)
+}
+
 /// A layer under test.
 #[derive(Clone, Copy)]
 enum Layer {
@@ -321,22 +340,7 @@ fn runtime_layers_match_merged_weights() {
         let is_conv = ne.len() == 4;
         let x_ne: Vec<i64> = if is_conv { vec![6, 5, ne[2], 1] } else { vec![ne[0], 3] };
         let x = pattern(x_ne.iter().product::<i64>() as usize, 23);
-        let build = |values: &[f32]| {
-            let mut store = ParamStore::new(4).unwrap();
-            let types: TypeMap = [("m.weight".to_string(), F32)].into_iter().collect();
-            let layer = {
-                let mut s = Scope::new(&mut store, &types, "");
-                if is_conv {
-                    Layer::Conv(Conv2d::new(&mut s, "m", ne[2], ne[3], (ne[1], ne[0]), (1, 1), (1, 1), false))
-                } else {
-                    Layer::Lin(Linear::new(&mut s, "m", ne[0], ne[1], false))
-                }
-            };
-            store.alloc(&backend).unwrap();
-            let ty = if is_conv { F16 } else { F32 };
-            store.load(|_, _, dst| { dst.copy_from_slice(&if ty == F32 { f32_bytes(values) } else { f16_bytes(values) }); Ok(()) }).unwrap();
-            (store, layer)
-        };
+        let build = |values: &[f32]| layer_with(&ne, F32, values, &backend);
         let (store, layer) = build(&base);
         let (_merged_store, merged_layer) = build(&merged_values);
         let w = store.get("m.weight").unwrap();
@@ -377,22 +381,7 @@ fn merging_adapter_is_the_merged_store() {
         let x = pattern(x_ne.iter().product::<i64>() as usize, 23);
         let base = pattern(ne.iter().product::<i64>() as usize, 17);
         for ty in [F16, F32] {
-            let build = || {
-                let mut store = ParamStore::new(4).unwrap();
-                let types: TypeMap = [("m.weight".to_string(), ty)].into_iter().collect();
-                let layer = {
-                    let mut s = Scope::new(&mut store, &types, "");
-                    if is_conv {
-                        Layer::Conv(Conv2d::new(&mut s, "m", ne[2], ne[3], (ne[1], ne[0]), (1, 1), (1, 1), false))
-                    } else {
-                        Layer::Lin(Linear::new(&mut s, "m", ne[0], ne[1], false))
-                    }
-                };
-                store.alloc(&backend).unwrap();
-                let wty = ParamStore::spec(store.get("m.weight").unwrap()).ty;
-                store.load(|_, _, dst| { dst.copy_from_slice(&if wty == F32 { f32_bytes(&base) } else { f16_bytes(&base) }); Ok(()) }).unwrap();
-                (store, layer)
-            };
+            let build = || layer_with(&ne, ty, &base, &backend);
             let (mut merged_store, merged_layer) = build();
             let w = merged_store.get("m.weight").unwrap();
             let loras = vec![lora_of(case, F32, w, &backend), lora_of(case, F16, w, &backend)];

@@ -702,17 +702,23 @@ impl SingleStreamBlock {
         let qkv_mlp = self.linear1.forward(g, x_mod);
         let [_, l, n, _] = qkv_mlp.ne();
         let nb = qkv_mlp.nb();
-        let head_dim = self.hidden / self.num_heads;
-        let part = |k: usize| {
-            qkv_mlp.view(&[head_dim, self.num_heads, l, n], &[nb[0] * head_dim as usize, nb[1], nb[2]], nb[0] * k * self.hidden as usize)
-        };
-        let q = self.query_norm.forward(g, part(0));
-        let k = self.key_norm.forward(g, part(1));
-        let attn = rope::attention(g, q, k, part(2), pe, mask);
+        let attn = self.attention(g, qkv_mlp, pe, mask);
         let mlp = qkv_mlp.view(&[self.mlp_hidden, l, n], &[nb[1], nb[2]], 3 * self.hidden as usize * nb[0]);
         let attn_mlp = attn.concat(self.act.apply(mlp), 0);
         let out = self.linear2.forward(g, attn_mlp);
         x.add(out.mul(m.gate.expect("gate")))
+    }
+
+    /// Attention over Q, K and V, the first three hidden widths of each token of `qkv`
+    /// (`linear1`'s output, whole or its first rows alone).
+    fn attention<'g>(&self, g: &'g Graph, qkv: T<'g>, pe: T<'g>, mask: Option<T<'g>>) -> T<'g> {
+        let [_, l, n, _] = qkv.ne();
+        let nb = qkv.nb();
+        let head_dim = self.hidden / self.num_heads;
+        let part = |k: usize| qkv.view(&[head_dim, self.num_heads, l, n], &[nb[0] * head_dim as usize, nb[1], nb[2]], nb[0] * k * self.hidden as usize);
+        let q = self.query_norm.forward(g, part(0));
+        let k = self.key_norm.forward(g, part(1));
+        rope::attention(g, q, k, part(2), pe, mask)
     }
 
     /// The block with its MLP half run `chunk` tokens at a time: Q, K and V of every token
@@ -729,13 +735,7 @@ impl SingleStreamBlock {
         if l <= chunk || n != 1 || !x.is_contiguous() || !x_mod.is_contiguous() {
             return None;
         }
-        let qkv = self.linear1.forward_rows(g, x_mod, 0..3 * h)?;
-        let nb = qkv.nb();
-        let head_dim = h / self.num_heads;
-        let part = |k: usize| qkv.view(&[head_dim, self.num_heads, l, n], &[nb[0] * head_dim as usize, nb[1], nb[2]], nb[0] * k * h as usize);
-        let q = self.query_norm.forward(g, part(0));
-        let k = self.key_norm.forward(g, part(1));
-        let attn = rope::attention(g, q, k, part(2), pe, mask);
+        let attn = self.attention(g, self.linear1.forward_rows(g, x_mod, 0..3 * h)?, pe, mask);
         let gate = m.gate.expect("gate");
         by_token_chunks(l, chunk, |c0, lc| {
             let mlp = self.linear1.forward_rows(g, token_cols(x_mod, c0, lc), 3 * h..3 * h + self.mlp_hidden)?;

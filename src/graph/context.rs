@@ -199,6 +199,10 @@ pub struct Graph {
     pub(crate) adapter: Option<Arc<dyn super::adapter::WeightAdapter>>,
     /// How many nodes the graph may hold.
     pub(crate) max_nodes: usize,
+    /// Weights used while they had no storage (read at first use or per phase, outside the
+    /// phase): the runner refuses to compute such a graph (ggml would take them for
+    /// intermediates and compute with garbage).
+    pub(crate) unread_weights: std::cell::Cell<usize>,
 }
 
 /// Upper bound of nodes in one graph (the UNet at 1024² needs a few thousand).
@@ -221,6 +225,7 @@ impl Graph {
             backend: std::ptr::null_mut(),
             adapter: None,
             max_nodes,
+            unread_weights: std::cell::Cell::new(0),
         })
     }
 
@@ -272,6 +277,10 @@ impl Graph {
 
     /// A weight from a parameter store, usable in this graph.
     pub fn param(&self, w: W) -> T<'_> {
+        // SAFETY: the tensor is alive while its store is.
+        if unsafe { (*w.raw()).data.is_null() && (*w.raw()).buffer.is_null() } {
+            self.unread_weights.set(self.unread_weights.get() + 1);
+        }
         self.wrap(w.0.as_ptr())
     }
 

@@ -149,6 +149,8 @@ impl Runner {
         graph.adapter = self.adapter.clone();
         let outputs = build(&graph)?;
         ensure!(!outputs.is_empty(), "graph has no output");
+        let unread = graph.unread_weights.get();
+        ensure!(unread == 0, "{unread} weights of this graph were not read yet (a network computed outside its phase)");
         // SAFETY: the graph context was sized for max_nodes nodes.
         let gf = unsafe { g::ggml_new_graph_custom(graph.ctx(), graph.max_nodes, false) };
         ensure!(!gf.is_null(), "could not create a compute graph");
@@ -660,6 +662,23 @@ mod tests {
         let d = y.data();
         assert!((d[0] + 1.0).abs() < 1e-3 && (d[1] - 1.0).abs() < 1e-3, "{d:?}");
         assert!((d[2] + 1.0).abs() < 1e-3 && (d[3] - 3.0).abs() < 1e-3, "{d:?}");
+    }
+
+    /// A graph using weights that were never read (a network read at its first use, run
+    /// outside its phase) is refused with an error instead of computing with garbage.
+    #[test]
+    fn unread_weights_are_refused() {
+        let backend = Arc::new(Backend::cpu().unwrap());
+        let mut store = ParamStore::new(4).unwrap();
+        let types = TypeMap::new();
+        let lin = Linear::new(&mut Scope::new(&mut store, &types, ""), "lin", 3, 2, true);
+        let mut runner = Runner::new(backend.clone(), 1);
+        let run = |runner: &mut Runner| runner.compute(|g| Ok(lin.forward(g, g.input_f32(&[1.0; 3], &[3, 1]))));
+        let err = run(&mut runner).expect_err("computed with unread weights");
+        assert!(err.to_string().contains("2 weights of this graph were not read yet"), "{err:#}");
+        store.alloc(&backend).unwrap();
+        store.load(|_, _, dst| Ok(dst.fill(0))).unwrap();
+        assert_eq!(run(&mut runner).unwrap().data(), &[0.0, 0.0]);
     }
 
     /// Scores computed a few query rows at a time, and convolutions whose im2col matrix is

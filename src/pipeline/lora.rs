@@ -40,9 +40,15 @@ pub struct LoraSet {
 }
 
 /// Whether the weights of a component stay on its compute device, where merging into them
-/// lasts.
+/// lasts: also a diffusion model read at its first use (`Pipeline::apply_loras` reads it
+/// before LoRAs are merged; a first stage read at first use gets them at run time).
 fn mergeable(t: &WeightsMut) -> bool {
-    matches!(t.placement.weights, WeightHome::Compute) && t.placement.split.is_empty() && t.placement.max_vram == 0
+    let kept = match t.placement.weights {
+        WeightHome::Compute => true,
+        WeightHome::FirstUse => t.placement.module == Module::Diffusion,
+        _ => false,
+    };
+    kept && t.placement.split.is_empty() && t.placement.max_vram == 0
 }
 
 /// Whether `immediately` LoRAs are merged into a component's weights in each of its graphs:
@@ -128,6 +134,7 @@ impl LoraSet {
         let mut adapters: Vec<Option<Arc<dyn WeightAdapter>>> = Vec::with_capacity(targets.len());
         let mut to_merge: Vec<Vec<Lora>> = Vec::with_capacity(targets.len());
         for ((loras, t), &m) in per_target.into_iter().zip(targets.iter()).zip(&merge) {
+            ensure!(!m || loras.is_empty() || t.store.is_allocated(), "{}: its weights are not read yet, so LoRAs cannot be merged into them", t.what);
             if m || loras.is_empty() {
                 adapters.push(None);
                 to_merge.push(if m { loras } else { Vec::new() });

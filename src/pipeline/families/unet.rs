@@ -24,7 +24,9 @@ const UNET_PREFIX: &str = "model.diffusion_model.";
 pub(super) fn build(ctx: &mut BuildCtx<'_>, unet_version: UNetVersion, text: ClipSet) -> Result<Parts> {
     let (params, weights, spec, n_threads) = (ctx.params, ctx.weights, ctx.spec, ctx.n_threads);
     let te_place = ctx.devices.placement(Module::Te)?;
-    let diffusion_place = ctx.devices.placement(Module::Diffusion)?;
+    // Without `eager_load` the UNet is read when it first samples (as the reference prepares
+    // its weights), so SDXL's 5 GB are not resident beside the text encoders' conditioning.
+    let diffusion_place = ctx.devices.placement(Module::Diffusion)?.loaded_at_first_use(!params.eager_load);
     let vae_place = ctx.devices.placement(Module::Vae)?;
 
     // The text encoders are read per conditioning phase unless `eager_load` (like every

@@ -204,7 +204,17 @@ pub(crate) struct Scratch {
     b_batch: Option<usize>,
     /// Slots `bc` may hold in this product (`B_CACHE_BYTES`, and no more than its chunks).
     b_room: usize,
+    /// q8_0 products: the column pairs quantized during this product, kept for the thread's
+    /// later row blocks (pair i of batch `qb_batch` at `i · q8_panel_len(QNR, nb)`, while
+    /// `Q8_B_CACHE_BYTES` last), and which of them are done.
+    qb: Vec<u8>,
+    qb_done: Vec<bool>,
+    qb_batch: Option<usize>,
 }
+
+/// Bytes of quantized columns a thread keeps per q8_0 product: quantizing a pair of columns
+/// again for every block of rows cost as much as its products (k = 3840, 44-row blocks).
+const Q8_B_CACHE_BYTES: usize = 16 << 20;
 
 /// Bytes of packed B chunks a thread keeps per product: a weight matrix of 128-row blocks
 /// packed its columns again for every block (a quarter of a DiT product's time with 200
@@ -224,6 +234,7 @@ pub(crate) unsafe fn run(p: &Problem, tasks: impl Iterator<Item = Task>, s: &mut
     s.a_key = None;
     s.b_batch = None;
     s.b_room = 0;
+    s.qb_batch = None;
     for whole in tasks {
         if s.b_room == 0 {
             // The grid's column chunks all have the first task's width (but the last).
@@ -501,8 +512,9 @@ const QMR: usize = 4;
 const QNR: usize = 2;
 
 /// q8_0 panel of R rows over `nb` blocks: per block the R rows' 32 quants, then (after all
-/// blocks) the scales as f32, block-major.
-unsafe fn q8_pack_rows<const R: usize>(src: *const u8, stride: usize, rows: usize, nb: usize, dst: *mut u8) {
+/// blocks) the scales as f32, block-major. With `offset` the quants are stored plus 128, as
+/// unsigned bytes (`q8_tile_zmm`).
+unsafe fn q8_pack_rows<const R: usize>(src: *const u8, stride: usize, rows: usize, nb: usize, dst: *mut u8, offset: bool) {
     let d = dst.add(nb * R * 32) as *mut f32;
     for r in 0..R {
         for b in 0..nb {
@@ -510,6 +522,11 @@ unsafe fn q8_pack_rows<const R: usize>(src: *const u8, stride: usize, rows: usiz
             if r < rows {
                 let blk = src.add(r * stride + b * super::scalar::Q8_0_BYTES);
                 std::ptr::copy_nonoverlapping(blk.add(2), q, 32);
+                if offset {
+                    for i in 0..32 {
+                        *q.add(i) ^= 0x80;
+                    }
+                }
                 *d.add(b * R + r) = super::scalar::f16_to_f32(u16::from_le_bytes([*blk, *blk.add(1)]));
             } else {
                 std::ptr::write_bytes(q, 0, 32);
@@ -562,6 +579,27 @@ fn q8_panel_len(r: usize, nb: usize) -> usize {
     nb * r * 36
 }
 
+/// Bytes of the lane corrections `q8_corrections` appends to a column panel.
+fn q8_corrections_len(r: usize, nb: usize) -> usize {
+    nb * r * 32
+}
+
+/// After a quantized panel of R columns (`q8_panel_len`): per block and column, each 8-lane
+/// accumulator lane's −128 · (sum of its four quants), i32. A lane's `vpdpbusd` of the
+/// offset weights (x + 128) starting from it gives the lane's integer sum of x · y exactly.
+unsafe fn q8_corrections<const R: usize>(panel: *mut u8, nb: usize) {
+    let out = panel.add(q8_panel_len(R, nb)) as *mut i32;
+    for b in 0..nb {
+        for r in 0..R {
+            let q = panel.add((b * R + r) * 32) as *const i8;
+            for lane in 0..8 {
+                let sum: i32 = (0..4).map(|j| *q.add(4 * lane + j) as i32).sum();
+                *out.add((b * R + r) * 8 + lane) = -128 * sum;
+            }
+        }
+    }
+}
+
 /// Each lane's sum of four |x|·(±y) byte products (no closure: it would not inherit the
 /// caller's target features).
 #[inline(always)]
@@ -607,10 +645,50 @@ unsafe fn q8_tile_vnni(a: *const u8, b: *const u8, nb: usize, acc: &mut [__m256;
     q8_tile_with::<true>(a, b, nb, acc)
 }
 
+/// The q8_0 tile with 512-bit registers: a register holds the 8-lane accumulators of both
+/// columns (lanes 0-7 the first, 8-15 the second), so each `vpdpbusd`, conversion and FMA
+/// serves two outputs. The weights are packed plus 128 (unsigned, as `vpdpbusd` takes them)
+/// and each lane starts from its correction (`q8_corrections`), so a lane's integer sum is
+/// exactly the 256-bit tile's and the accumulators are the same bit for bit; no sign
+/// operations per product.
+#[target_feature(enable = "avx512vnni,avx512bw,avx512vl,avx512f,avx2,fma,f16c")]
+unsafe fn q8_tile_zmm(a: *const u8, b: *const u8, nb: usize, acc: &mut [__m256; QMR * QNR]) {
+    const { assert!(QNR == 2) };
+    let ad = a.add(nb * QMR * 32) as *const f32;
+    let bd = b.add(nb * QNR * 32) as *const f32;
+    let corr = b.add(q8_panel_len(QNR, nb));
+    let mut c = [_mm512_setzero_ps(); QMR];
+    for blk in 0..nb {
+        let pa = a.add(blk * QMR * 32);
+        // Both columns' 32 quants, and their lanes' corrections: one 64-byte load each.
+        let y = _mm512_loadu_si512(b.add(blk * QNR * 32) as *const _);
+        let start = _mm512_loadu_si512(corr.add(blk * QNR * 32) as *const _);
+        let (db0, db1) = (_mm512_set1_ps(*bd.add(blk * QNR)), _mm256_set1_ps(*bd.add(blk * QNR + 1)));
+        let db = _mm512_castpd_ps(_mm512_insertf64x4::<1>(_mm512_castps_pd(db0), _mm256_castps_pd(db1)));
+        for (m, cm) in c.iter_mut().enumerate() {
+            let xu = _mm512_broadcast_i64x4(_mm256_loadu_si256(pa.add(m * 32) as *const __m256i));
+            let s = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(start, xu, y));
+            *cm = _mm512_fmadd_ps(_mm512_mul_ps(_mm512_set1_ps(*ad.add(blk * QMR + m)), db), s, *cm);
+        }
+    }
+    for (m, cm) in c.iter().enumerate() {
+        acc[m * QNR] = _mm512_castps512_ps256(*cm);
+        acc[m * QNR + 1] = upper8(*cm);
+    }
+}
+
 /// Whether `q8_tile_vnni` runs (`SD_CPU_AVX512=0` keeps the AVX2 code).
 fn vnni_allowed() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
     *ON.get_or_init(|| avx512_allowed() && is_x86_feature_detected!("avx512vnni") && is_x86_feature_detected!("avx512vl"))
+}
+
+/// Whether `q8_tile_zmm` runs (`SD_CPU_Q8_ZMM=0` keeps the 256-bit VNNI tile, for comparisons).
+fn q8_zmm_allowed() -> bool {
+    static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *ON.get_or_init(|| {
+        vnni_allowed() && is_x86_feature_detected!("avx512bw") && !matches!(std::env::var("SD_CPU_Q8_ZMM").as_deref().map(str::trim), Ok("0" | "off"))
+    })
 }
 
 /// `hsum_float_8`.
@@ -627,30 +705,61 @@ unsafe fn q8_task(p: &Problem, t: &Task, s: &mut Scratch) {
     let nb = p.k / 32;
     let rows = t.m1 - t.m0;
     let npan = rows.div_ceil(QMR);
+    let zmm = q8_zmm_allowed();
     let apanel = q8_panel_len(QMR, nb);
-    let bpanel = q8_panel_len(QNR, nb);
+    let bpanel = q8_panel_len(QNR, nb) + if zmm { q8_corrections_len(QNR, nb) } else { 0 };
     grow(&mut s.q, npan * apanel + bpanel, 0);
     let (arow, brow, out) = p.batch_ptrs(t.batch);
     let (aq, bq) = s.q.split_at_mut(npan * apanel);
     if s.a_key != Some((t.batch, t.m0)) {
         for q in 0..npan {
             let r0 = t.m0 + q * QMR;
-            q8_pack_rows::<QMR>(arow.add(r0 * p.a.nb[0]), p.a.nb[0], QMR.min(t.m1 - r0), nb, aq.as_mut_ptr().add(q * apanel));
+            q8_pack_rows::<QMR>(arow.add(r0 * p.a.nb[0]), p.a.nb[0], QMR.min(t.m1 - r0), nb, aq.as_mut_ptr().add(q * apanel), zmm);
         }
         s.a_key = Some((t.batch, t.m0));
     }
     let mut acc = [_mm256_setzero_ps(); QMR * QNR];
     let vnni = vnni_allowed();
+    if s.qb_batch != Some(t.batch) {
+        let room = (Q8_B_CACHE_BYTES / bpanel.max(1)).min(p.n.div_ceil(QNR));
+        s.qb_done.clear();
+        s.qb_done.resize(room, false);
+        grow(&mut s.qb, room * bpanel, 0);
+        s.qb_batch = Some(t.batch);
+    }
     for n0 in (t.n0..t.n1).step_by(QNR) {
         let cols = QNR.min(t.n1 - n0);
-        q8_quantize_cols::<QNR>(brow.add(n0 * p.b.nb[0]), p.b.nb[0], cols, nb, bq.as_mut_ptr());
+        let slot = (n0 % QNR == 0).then_some(n0 / QNR).filter(|&i| i < s.qb_done.len());
+        let b = match slot {
+            Some(i) => {
+                let at = s.qb.as_mut_ptr().add(i * bpanel);
+                if !s.qb_done[i] {
+                    q8_quantize_cols::<QNR>(brow.add(n0 * p.b.nb[0]), p.b.nb[0], cols, nb, at);
+                    if zmm {
+                        q8_corrections::<QNR>(at, nb);
+                    }
+                    s.qb_done[i] = true;
+                }
+                at as *const u8
+            }
+            None => {
+                q8_quantize_cols::<QNR>(brow.add(n0 * p.b.nb[0]), p.b.nb[0], cols, nb, bq.as_mut_ptr());
+                if zmm {
+                    q8_corrections::<QNR>(bq.as_mut_ptr(), nb);
+                }
+                bq.as_ptr()
+            }
+        };
         for q in 0..npan {
             let r0 = t.m0 + q * QMR;
-            if vnni {
+            if zmm {
+                // SAFETY: the CPU has AVX-512 VNNI, BW and VL (checked).
+                unsafe { q8_tile_zmm(aq.as_ptr().add(q * apanel), b, nb, &mut acc) };
+            } else if vnni {
                 // SAFETY: the CPU has AVX-512 VNNI and VL (checked).
-                unsafe { q8_tile_vnni(aq.as_ptr().add(q * apanel), bq.as_ptr(), nb, &mut acc) };
+                unsafe { q8_tile_vnni(aq.as_ptr().add(q * apanel), b, nb, &mut acc) };
             } else {
-                q8_tile_with::<false>(aq.as_ptr().add(q * apanel), bq.as_ptr(), nb, &mut acc);
+                q8_tile_with::<false>(aq.as_ptr().add(q * apanel), b, nb, &mut acc);
             }
             for ni in 0..cols {
                 let dst = out.add((n0 + ni) * p.out_nb[0]) as *mut f32;

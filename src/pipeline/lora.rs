@@ -40,7 +40,7 @@ pub struct LoraSet {
 }
 
 /// Whether the weights of a component stay on its compute device, where merging into them
-/// lasts: also a diffusion model read at its first use (`Pipeline::apply_loras` reads it
+/// lasts: also a diffusion model read at its first use (`ModelSet::apply_loras` reads it
 /// before LoRAs are merged; a first stage read at first use gets them at run time).
 fn mergeable(t: &WeightsMut) -> bool {
     let kept = match t.placement.weights {

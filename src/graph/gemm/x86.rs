@@ -214,7 +214,8 @@ pub(crate) struct Scratch {
 
 /// Bytes of quantized columns a thread keeps per q8_0 product: quantizing a pair of columns
 /// again for every block of rows cost as much as its products (k = 3840, 44-row blocks).
-const Q8_B_CACHE_BYTES: usize = 16 << 20;
+/// Small in unit tests, so that their products also quantize pairs past the cache.
+const Q8_B_CACHE_BYTES: usize = if cfg!(test) { 64 << 10 } else { 16 << 20 };
 
 /// Bytes of packed B chunks a thread keeps per product: a weight matrix of 128-row blocks
 /// packed its columns again for every block (a quarter of a DiT product's time with 200

@@ -1174,9 +1174,6 @@ fn audio_vae_floats_only(weights: &Weights, path: &str, family: &str, used: impl
     }
 }
 
-/// The weights LoRAs apply to, like the reference: the conditioner's, the diffusion model's
-/// (and the high-noise expert's: `is_high_noise` LoRAs name its tensors) and the first
-/// stage's components (not a preview-only decoder).
 /// Reads the weights of `model`'s networks that are read at their first use (they stay).
 fn read_first_use(model: &mut dyn DiffusionModel) -> Result<()> {
     for c in model.components() {
@@ -1187,6 +1184,9 @@ fn read_first_use(model: &mut dyn DiffusionModel) -> Result<()> {
     Ok(())
 }
 
+/// The weights LoRAs apply to, like the reference: the conditioner's, the diffusion model's
+/// (and the high-noise expert's: `is_high_noise` LoRAs name its tensors) and the first
+/// stage's components (not a preview-only decoder).
 fn lora_targets<'a>(
     cond: &'a mut dyn Conditioner,
     diffusion: &'a mut dyn DiffusionModel,

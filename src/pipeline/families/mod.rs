@@ -40,7 +40,7 @@ use super::extensions::Extension;
 use super::loader::Weights;
 use super::lora::LoraSet;
 use crate::error::Result;
-use crate::graph::{Components, DeviceMap, DeviceOptions, Loaded, Module, Runner, Scope, WeightsMut};
+use crate::graph::{Components, DeviceMap, DeviceOptions, Loaded, Module, Placement, Runner, Scope, WeightsMut};
 use crate::io::SdVersion;
 use crate::models::diffusion::flux::FluxVariant;
 use crate::models::diffusion::sefi_image::SEMANTIC_CHANNELS as SEFI_SEMANTIC_CHANNELS;
@@ -824,12 +824,17 @@ impl BuildCtx<'_> {
     /// weights are read when it first samples, as the reference prepares them: a 24 GB
     /// Flux DiT is not resident beside the 9 GB T5 while the prompt is encoded.
     pub fn load_transformer<M>(&self, prefix: &str, declare: impl FnOnce(&mut Scope) -> M) -> Result<Loaded<M>> {
-        let place = self.devices.placement(Module::Diffusion)?.loaded_at_first_use(!self.params.eager_load);
-        let mut model = self.weights.load_model(place, self.n_threads, prefix, "diffusion model", declare)?;
+        let mut model = self.weights.load_model(self.diffusion_placement()?, self.n_threads, prefix, "diffusion model", declare)?;
         model.runner.options.flash_attn = self.params.flash_attn || self.params.diffusion_flash_attn;
         model.runner.options.conv_direct = self.params.diffusion_conv_direct;
         model.runner.options.cpu_fast_products = model.runner.options.fast;
         Ok(model)
+    }
+
+    /// Where the diffusion model (a UNet or a transformer) computes; without `eager_load` its
+    /// weights are read when it first samples.
+    pub fn diffusion_placement(&self) -> Result<Placement> {
+        Ok(self.devices.placement(Module::Diffusion)?.loaded_at_first_use(!self.params.eager_load))
     }
 
     /// The transformer (`model`, e.g. "the Lens transformer") must take the latent channels the
@@ -1108,8 +1113,9 @@ impl ModelSet {
         // The extensions' LoRAs (PhotoMaker's) are in effect for every request, first.
         let mut all: Vec<crate::params::Lora> = self.extensions.iter().flat_map(|e| e.loras()).collect();
         all.extend_from_slice(wanted);
-        // A diffusion model read at its first use is read now when LoRAs are merged into it.
-        if self.loras.applies_immediately() && !all.is_empty() && all.as_slice() != self.loras.applied() {
+        // A diffusion model read at its first use is read now when LoRAs are merged into it
+        // (nothing to do once it has been read).
+        if self.loras.applies_immediately() && !all.is_empty() {
             read_first_use(&mut *self.diffusion)?;
             if let Some(h) = self.high_noise.as_deref_mut() {
                 read_first_use(h)?;

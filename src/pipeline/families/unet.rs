@@ -26,7 +26,7 @@ pub(super) fn build(ctx: &mut BuildCtx<'_>, unet_version: UNetVersion, text: Cli
     let te_place = ctx.devices.placement(Module::Te)?;
     // Without `eager_load` the UNet is read when it first samples (as the reference prepares
     // its weights), so SDXL's 5 GB are not resident beside the text encoders' conditioning.
-    let diffusion_place = ctx.devices.placement(Module::Diffusion)?.loaded_at_first_use(!params.eager_load);
+    let diffusion_place = ctx.diffusion_placement()?;
     let vae_place = ctx.devices.placement(Module::Vae)?;
 
     // The text encoders are read per conditioning phase unless `eager_load` (like every

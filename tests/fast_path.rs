@@ -6,8 +6,9 @@
 //! enough that Winograd runs in the UNet (a convolution's output of 256 positions or more).
 //! The float cases of the five DiT folders and two of `golden/wan/` carry theirs too (a
 //! video's over all its frames), the transformers' products being the fast path's there.
-//! Every case's largest difference is held to its bound; the mean differences per folder
-//! (see `within_family_bound`, and tests/fixtures/README.md, "The fast path's bound").
+//! Every case's largest difference is held to its bound (see `within_case_bound`); the mean
+//! differences per folder (see `within_family_bound`, and tests/fixtures/README.md, "The
+//! fast path's bound").
 //! CI runs the SD 1.x text-to-image case; `SD_PARITY=full` every case;
 //! `SD_FAST_BOUND_CASE=` a case or a folder.
 
@@ -61,6 +62,32 @@ fn within_family_bound(pairs: &[(f64, f64)]) -> (bool, f64, f64) {
     (mean <= 2.0 * se + 1e-9, mean, se)
 }
 
+/// Whether a case's picture stays within the fastest build's largest difference `bound`:
+/// the fastest build's largest difference is one draw too (its q8_0 cases' pictures move by
+/// 1-3 in a few values), so at most one value in a thousand may pass it, and by 1 at most.
+/// Returns (whether, how many values passed it).
+fn within_case_bound(exact: &[u8], fast: &[u8], bound: f64) -> (bool, usize) {
+    let d = exact.iter().zip(fast).map(|(&x, &y)| (x as f64 - y as f64).abs());
+    let (past, max) = d.fold((0usize, 0f64), |(n, m), v| (n + (v > bound) as usize, m.max(v)));
+    (max <= bound + 1.0 && past * 1000 <= exact.len(), past)
+}
+
+#[test]
+fn case_bound_allows_one_value_in_a_thousand_past_it_by_one() {
+    let exact = vec![10u8; 2000];
+    let mut fast = exact.clone();
+    fast[..500].fill(11);
+    assert_eq!(within_case_bound(&exact, &fast, 1.0), (true, 0));
+    fast[0] = 12;
+    fast[1] = 8;
+    assert_eq!(within_case_bound(&exact, &fast, 1.0), (true, 2));
+    fast[2] = 12;
+    assert_eq!(within_case_bound(&exact, &fast, 1.0), (false, 3));
+    fast[2] = 10;
+    fast[3] = 13;
+    assert!(!within_case_bound(&exact, &fast, 1.0).0);
+}
+
 #[test]
 fn family_bound_allows_two_standard_errors() {
     assert!(within_family_bound(&[(0.04, 0.04)]).0);
@@ -83,8 +110,9 @@ fn fast_path_stays_within_the_reference_builds_distance() {
         let fast = render_with(folder, select, |p, arena| p.model_args = arena.str("fast=1")).concat();
         let (max, mean) = diff_bytes(&exact, &fast);
         eprintln!("{folder}/{name}: fast vs exact max {max} mean {mean:.4} (the reference's fastest vs default build: max {bound_max} mean {bound_mean})");
-        if max > bound_max {
-            failures.push(format!("{folder}/{name}: the fast path moved a value by {max}, more than the reference's fastest build moves it ({bound_max})"));
+        let (ok, past) = within_case_bound(&exact, &fast, bound_max);
+        if !ok {
+            failures.push(format!("{folder}/{name}: the fast path moved {past} of {} values by more than the reference's fastest build moves any ({bound_max}; at most one in a thousand may pass it, by 1), the largest by {max}", exact.len()));
         }
         match families.iter_mut().find(|f| f.0 == folder) {
             Some(f) => f.1.push((mean, bound_mean)),

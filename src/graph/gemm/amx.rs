@@ -53,9 +53,9 @@ pub(crate) struct Scratch {
     c: Lines,
 }
 
-/// The tile configuration: tiles 0-7 of 16 rows of 64 bytes.
+/// A tile configuration (palette 1: tiles 0-7, each up to 16 rows of 64 bytes).
 #[repr(C, align(64))]
-struct TileConfig {
+pub(crate) struct TileConfig {
     palette: u8,
     start_row: u8,
     reserved: [u8; 14],
@@ -64,27 +64,46 @@ struct TileConfig {
     tail: [u8; 16],
 }
 
+impl TileConfig {
+    /// Tile i: `shape[i]` = (rows, bytes per row); the entries past them zero, as palette 1
+    /// requires.
+    pub(crate) fn new(shape: &[(u8, u16)]) -> TileConfig {
+        let (mut colsb, mut rows) = ([0u16; 16], [0u8; 16]);
+        for (i, &(r, c)) in shape.iter().enumerate() {
+            rows[i] = r;
+            colsb[i] = c;
+        }
+        TileConfig { palette: 1, start_row: 0, reserved: [0; 14], colsb, rows, tail: [0; 16] }
+    }
+}
+
 /// Whether these kernels run: AVX-512 (BW, VL) and AMX-BF16 on the CPU, the kernel's
 /// permission for tile data granted, and `SD_CPU_AMX` not `0` (for comparisons).
 pub(crate) fn available() -> bool {
     static ON: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *ON.get_or_init(|| {
-        if matches!(std::env::var("SD_CPU_AMX").as_deref().map(str::trim), Ok("0" | "off")) {
-            return false;
-        }
-        if !(super::x86::avx512vl_allowed() && is_x86_feature_detected!("avx512bw")) {
-            return false;
-        }
-        // CPUID leaf 7: EDX bit 22 AMX-BF16, bit 24 AMX-TILE.
-        let edx = __cpuid_count(7, 0).edx;
-        if edx & (1 << 22) == 0 || edx & (1 << 24) == 0 {
-            return false;
-        }
-        // Linux hands tile data to a process that asks (ARCH_REQ_XCOMP_PERM, XTILEDATA);
-        // without it the first tile load faults.
-        // SAFETY: a plain system call with integer arguments.
-        unsafe { libc::syscall(libc::SYS_arch_prctl, 0x1023 as libc::c_long, 18 as libc::c_long) == 0 }
-    })
+    // CPUID leaf 7, EDX bit 22: AMX-BF16.
+    *ON.get_or_init(|| tile_unit(22))
+}
+
+/// Whether tile kernels using the multiply of CPUID leaf 7 EDX bit `multiply` may run:
+/// AVX-512 (BW, VL; their flushes use it), the tile unit, that multiply, the kernel's
+/// permission for tile data, and `SD_CPU_AMX` not `0`.
+pub(crate) fn tile_unit(multiply: u32) -> bool {
+    if matches!(std::env::var("SD_CPU_AMX").as_deref().map(str::trim), Ok("0" | "off")) {
+        return false;
+    }
+    if !(super::x86::avx512vl_allowed() && is_x86_feature_detected!("avx512bw")) {
+        return false;
+    }
+    // CPUID leaf 7: EDX bit 24 AMX-TILE.
+    let edx = __cpuid_count(7, 0).edx;
+    if edx & (1 << multiply) == 0 || edx & (1 << 24) == 0 {
+        return false;
+    }
+    // Linux hands tile data to a process that asks (ARCH_REQ_XCOMP_PERM, XTILEDATA; asking
+    // again is harmless); without it the first tile load faults.
+    // SAFETY: a plain system call with integer arguments.
+    unsafe { libc::syscall(libc::SYS_arch_prctl, 0x1023 as libc::c_long, 18 as libc::c_long) == 0 }
 }
 
 /// Whether these kernels compute `p`: f16 weights (f32 weights and q8_0 keep their
@@ -99,11 +118,7 @@ pub(crate) fn supports(p: &Problem) -> bool {
 /// `available()`; `p` describes live memory (see `gemm::run`) and `supports(p)`.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
 pub(crate) unsafe fn run(p: &Problem, tasks: impl Iterator<Item = Task>, s: &mut Scratch) {
-    // Palette 1 has 8 tiles; the entries past them must be zero.
-    let (mut colsb, mut rows) = ([0u16; 16], [0u8; 16]);
-    colsb[..8].fill(64);
-    rows[..8].fill(16);
-    let cfg = TileConfig { palette: 1, start_row: 0, reserved: [0; 14], colsb, rows, tail: [0; 16] };
+    let cfg = TileConfig::new(&[(16, 64); 8]);
     asm!("ldtilecfg [{0}]", in(reg) &cfg, options(nostack, readonly));
     s.w_key = None;
     for t in tasks {

@@ -7,6 +7,8 @@
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod amx;
 #[cfg(target_arch = "x86_64")]
+pub(crate) mod amx_q8;
+#[cfg(target_arch = "x86_64")]
 pub(crate) mod fast;
 pub(crate) mod scalar;
 #[cfg(target_arch = "x86_64")]
@@ -94,17 +96,18 @@ impl Problem {
         (a, b, o)
     }
 
-    /// Rows of `a` per task.
-    fn rows_per_block(&self) -> usize {
+    /// Rows of `a` per task: a multiple of `align`.
+    fn rows_per_block(&self, align: usize) -> usize {
         match self.dot {
-            Dot::Q8_0 => ((192 << 10) / (self.k / 32 * 36).max(1)).clamp(4, 128) / 4 * 4,
+            Dot::Q8_0 => (((192 << 10) / (self.k / 32 * 36).max(1)).clamp(4, 128) / 4 * 4).next_multiple_of(align),
             _ => 128,
         }
     }
 
-    /// The task grid: (row block size, column chunk size, row blocks, column chunks, count).
-    fn grid(&self, nth: usize) -> (usize, usize, usize, usize, usize) {
-        let mc = self.rows_per_block();
+    /// The task grid: (row block size, column chunk size, row blocks, column chunks, count),
+    /// row blocks a multiple of `align` rows.
+    fn grid(&self, nth: usize, align: usize) -> (usize, usize, usize, usize, usize) {
+        let mc = self.rows_per_block(align);
         let batches = self.batch[0] * self.batch[1];
         let mblocks = self.m.div_ceil(mc);
         // With row blocks enough for every thread, a task is a whole row block (its columns
@@ -130,6 +133,12 @@ impl Problem {
     }
 }
 
+/// Bytes of quantized activations a thread keeps per q8_0 product (`x86`'s column pairs,
+/// `amx_q8`'s token tiles): quantizing them again for every block of rows cost as much as
+/// the products (k = 3840, 44-row blocks). Small in unit tests, so that their products also
+/// quantize past it; `kernel_throughput` sets the real size.
+pub(crate) static Q8_CACHE_BYTES: AtomicUsize = AtomicUsize::new(if cfg!(test) { 64 << 10 } else { 16 << 20 });
+
 /// Which implementation runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Imp {
@@ -137,8 +146,8 @@ pub(crate) enum Imp {
     Auto,
     Scalar,
     /// The fast path's kernels (each output summed in order, not ggml's order): `amx` for
-    /// f16 weights on a CPU with AMX-BF16, `fast` for float dots on a CPU with AVX2 (not
-    /// AVX-512VL); otherwise `Auto`.
+    /// f16 weights on a CPU with AMX-BF16, `amx_q8` for q8_0 weights on a CPU with
+    /// AMX-INT8, `fast` for float dots on a CPU with AVX2 (not AVX-512VL); otherwise `Auto`.
     Fast,
 }
 
@@ -149,6 +158,8 @@ thread_local! {
     static FAST_SCRATCH: RefCell<fast::Scratch> = RefCell::new(fast::Scratch::default());
     #[cfg(target_arch = "x86_64")]
     static AMX_SCRATCH: RefCell<amx::Scratch> = RefCell::new(amx::Scratch::default());
+    #[cfg(target_arch = "x86_64")]
+    static AMX_Q8_SCRATCH: RefCell<amx_q8::Scratch> = RefCell::new(amx_q8::Scratch::default());
 }
 
 /// Whether the vector kernels run on this CPU (x86-64 with AVX2, FMA and F16C). Elsewhere
@@ -165,12 +176,12 @@ pub(crate) fn vector_kernels_available() -> bool {
     }
 }
 
-/// Whether the fast path's product kernels (`fast`, or `amx`) run on this CPU; elsewhere
-/// the fast path keeps the exact ones.
+/// Whether the fast path's product kernels (`fast`, `amx` or `amx_q8`) run on this CPU;
+/// elsewhere the fast path keeps the exact ones.
 pub(crate) fn fast_kernels_available() -> bool {
     #[cfg(target_arch = "x86_64")]
     {
-        fast::available() || amx::available()
+        fast::available() || amx::available() || amx_q8::available()
     }
     #[cfg(not(target_arch = "x86_64"))]
     {
@@ -251,7 +262,12 @@ impl Drop for Finish<'_> {
 /// a queue, all `nth` threads must call this for the same compute.
 pub(crate) unsafe fn run(p: &Problem, ith: usize, nth: usize, imp: Imp, queue: Option<&TaskQueue>) {
     let nth = nth.max(1);
-    let grid = p.grid(nth);
+    #[cfg(target_arch = "x86_64")]
+    let tiles_q8 = imp == Imp::Fast && amx_q8::available() && amx_q8::supports(p);
+    #[cfg(not(target_arch = "x86_64"))]
+    let tiles_q8 = false;
+    // The q8_0 tile kernel computes 16 weight rows at once.
+    let grid = p.grid(nth, if tiles_q8 { 16 } else { 1 });
     let count = grid.4;
     let _finish = queue.map(|queue| queue.finish_guard(nth));
     let mut fixed = count * ith / nth..count * (ith + 1) / nth;
@@ -267,6 +283,11 @@ pub(crate) unsafe fn run(p: &Problem, ith: usize, nth: usize, imp: Imp, queue: O
         if imp == Imp::Fast && amx::available() && amx::supports(p) {
             // SAFETY: features checked; memory per this function's contract.
             AMX_SCRATCH.with(|s| unsafe { amx::run(p, mine, &mut s.borrow_mut()) });
+            return;
+        }
+        if tiles_q8 {
+            // SAFETY: features checked; memory per this function's contract.
+            AMX_Q8_SCRATCH.with(|s| unsafe { amx_q8::run(p, mine, &mut s.borrow_mut()) });
             return;
         }
         if imp == Imp::Fast && fast::available() && fast::supports(p) {
@@ -373,14 +394,19 @@ pub(crate) mod testing {
         roundings: usize,
         term: impl Fn(usize, usize, usize, usize) -> f64,
     ) {
-        let (ra, rb) = (a.len() / (k * m), b.len() / (k * n * 2));
+        let row = |e: Elem| match e {
+            Elem::F16 => 2 * k,
+            Elem::F32 => 4 * k,
+            Elem::Q8_0 => k / 32 * scalar::Q8_0_BYTES,
+        };
+        let (ra, rb) = (row(ea), row(eb));
         let problem = |out: &mut Vec<f32>| Problem {
             dot,
             k,
             m,
             n,
-            a: Operand { ptr: a.as_ptr(), ty: ea, nb: [ra * k, ra * k * m, ra * k * m] },
-            b: Operand { ptr: b.as_ptr(), ty: eb, nb: [rb * k, rb * k * n, rb * k * n * 2] },
+            a: Operand { ptr: a.as_ptr(), ty: ea, nb: [ra, ra * m, ra * m] },
+            b: Operand { ptr: b.as_ptr(), ty: eb, nb: [rb, rb * n, rb * n * 2] },
             batch: [2, 1],
             bcast: [2, 1],
             out: out.as_mut_ptr() as *mut u8,
@@ -561,6 +587,7 @@ mod tests {
             ("hunyuan linear 2048->2048, 24 tokens", Dot::F16, Elem::F16, Elem::F32, 2048, 2048, 24),
             ("hunyuan linear 2048->2048, 32 tokens", Dot::F16, Elem::F16, Elem::F32, 2048, 2048, 32),
         ];
+        Q8_CACHE_BYTES.store(16 << 20, Ordering::Relaxed);
         println!("this CPU's f32 FMA peak: {:.1} GFLOP per CPU s", fma_peak());
         // `SD_KERNEL_FAST=1`: the fast path's kernels.
         let imp = if std::env::var("SD_KERNEL_FAST").is_ok_and(|v| v == "1") { Imp::Fast } else { Imp::Auto };

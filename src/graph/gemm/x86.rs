@@ -12,6 +12,7 @@
 
 use super::{Dot, Elem, Lines, Problem, Task};
 use std::arch::x86_64::*;
+use std::sync::atomic::Ordering;
 
 /// Rows of a float register tile; its columns are the entry point's `NR` (3 with 16 AVX2
 /// registers, 6 with AVX-512's 32: each block then loads 10 vectors for 24 products, and the
@@ -206,16 +207,12 @@ pub(crate) struct Scratch {
     b_room: usize,
     /// q8_0 products: the column pairs quantized during this product, kept for the thread's
     /// later row blocks (pair i of batch `qb_batch` at `i · q8_panel_len(QNR, nb)`, while
-    /// `Q8_B_CACHE_BYTES` last), and which of them are done.
+    /// `gemm::Q8_CACHE_BYTES` last), and which of them are done.
     qb: Vec<u8>,
     qb_done: Vec<bool>,
     qb_batch: Option<usize>,
 }
 
-/// Bytes of quantized columns a thread keeps per q8_0 product: quantizing a pair of columns
-/// again for every block of rows cost as much as its products (k = 3840, 44-row blocks).
-/// Small in unit tests, so that their products also quantize pairs past the cache.
-const Q8_B_CACHE_BYTES: usize = if cfg!(test) { 64 << 10 } else { 16 << 20 };
 
 /// Bytes of packed B chunks a thread keeps per product: a weight matrix of 128-row blocks
 /// packed its columns again for every block (a quarter of a DiT product's time with 200
@@ -722,7 +719,7 @@ unsafe fn q8_task(p: &Problem, t: &Task, s: &mut Scratch) {
     let mut acc = [_mm256_setzero_ps(); QMR * QNR];
     let vnni = vnni_allowed();
     if s.qb_batch != Some(t.batch) {
-        let room = (Q8_B_CACHE_BYTES / bpanel.max(1)).min(p.n.div_ceil(QNR));
+        let room = (super::Q8_CACHE_BYTES.load(Ordering::Relaxed) / bpanel.max(1)).min(p.n.div_ceil(QNR));
         s.qb_done.clear();
         s.qb_done.resize(room, false);
         grow(&mut s.qb, room * bpanel, 0);

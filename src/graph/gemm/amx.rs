@@ -106,8 +106,8 @@ pub(crate) fn tile_unit(multiply: u32) -> bool {
     unsafe { libc::syscall(libc::SYS_arch_prctl, 0x1023 as libc::c_long, 18 as libc::c_long) == 0 }
 }
 
-/// Whether these kernels compute `p`: f16 weights (f32 weights and q8_0 keep their
-/// kernels).
+/// Whether these kernels compute `p`: f16 weights (f32 weights keep their kernels, q8_0
+/// weights take `amx_q8`).
 pub(crate) fn supports(p: &Problem) -> bool {
     p.dot == Dot::F16 && p.a.ty == Elem::F16 && matches!(p.b.ty, Elem::F16 | Elem::F32)
 }

@@ -323,27 +323,84 @@ unsafe fn convert_tokens(f32_src: bool, src: *const u8, stride: usize, nt: usize
 /// `rows` and `k`.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
 unsafe fn pack_weights(src: *const u8, stride: usize, rows: usize, k: usize, steps: usize, dst: *mut u16) {
-    let pairs = _mm512_mullo_epi32(_mm512_set_epi32(15, 14, 13, 12, 11, 10, 9, 8, 7, 6, 5, 4, 3, 2, 1, 0), _mm512_set1_epi32(T as i32));
     for s in 0..steps {
-        let (hi, lo) = (dst.add(s * 2 * TILE_U16) as *mut u8, dst.add((s * 2 + 1) * TILE_U16) as *mut u8);
-        for r in 0..T {
-            let (h, l) = if r < rows {
-                let (x0, x1) = load32(false, src.add(r * stride), s * KS, k);
-                split(x0, x1)
-            } else {
-                (_mm512_setzero_si512(), _mm512_setzero_si512())
-            };
-            // Pair j of row r goes to 32-bit word j·16 + r of the tile.
-            _mm512_i32scatter_epi32::<4>(hi.add(4 * r) as *mut _, pairs, h);
-            _mm512_i32scatter_epi32::<4>(lo.add(4 * r) as *mut _, pairs, l);
+        let (hi, lo) = (dst.add(s * 2 * TILE_U16) as *mut __m512i, dst.add((s * 2 + 1) * TILE_U16) as *mut __m512i);
+        let mut h = [_mm512_setzero_si512(); T];
+        let mut l = [_mm512_setzero_si512(); T];
+        for r in 0..rows {
+            let (x0, x1) = load32(false, src.add(r * stride), s * KS, k);
+            (h[r], l[r]) = split(x0, x1);
+        }
+        // Pair j of row r goes to 32-bit word j·16 + r of the tile: a 16 × 16 transpose of
+        // 32-bit words (scattering them cost as much as the tile products over 256 tokens).
+        for (t, words) in [(hi, h), (lo, l)] {
+            for (j, v) in transpose16(&words).into_iter().enumerate() {
+                _mm512_storeu_si512(t.add(j), v);
+            }
         }
     }
+}
+
+/// The 16 × 16 transpose of 32-bit words: word c of row r becomes word r of row c (pairs of
+/// words, then pairs of pairs, then 128-bit lanes).
+#[inline(always)]
+unsafe fn transpose16(a: &[__m512i; T]) -> [__m512i; T] {
+    // t[2i], t[2i + 1]: rows 2i and 2i + 1 interleaved, words 0-1 and 2-3 of each lane.
+    let t: [__m512i; T] = std::array::from_fn(|x| {
+        let (i, hi) = (x / 2, x % 2 == 1);
+        if hi { _mm512_unpackhi_epi32(a[2 * i], a[2 * i + 1]) } else { _mm512_unpacklo_epi32(a[2 * i], a[2 * i + 1]) }
+    });
+    // u[4i + q], lane L: word 4L + q of rows 4i..4i + 3.
+    let u: [__m512i; T] = std::array::from_fn(|x| {
+        let (i, q) = (x / 4, x % 4);
+        let (p0, p1) = (t[4 * i + q / 2], t[4 * i + 2 + q / 2]);
+        if q % 2 == 1 { _mm512_unpackhi_epi64(p0, p1) } else { _mm512_unpacklo_epi64(p0, p1) }
+    });
+    let mut out = [_mm512_setzero_si512(); T];
+    for q in 0..4 {
+        // Lanes 0 and 2 (v0, w0), 1 and 3 (v1, w1) of rows 0-7 and 8-15.
+        let v0 = _mm512_shuffle_i32x4::<0x88>(u[q], u[4 + q]);
+        let v1 = _mm512_shuffle_i32x4::<0xDD>(u[q], u[4 + q]);
+        let w0 = _mm512_shuffle_i32x4::<0x88>(u[8 + q], u[12 + q]);
+        let w1 = _mm512_shuffle_i32x4::<0xDD>(u[8 + q], u[12 + q]);
+        out[q] = _mm512_shuffle_i32x4::<0x88>(v0, w0);
+        out[8 + q] = _mm512_shuffle_i32x4::<0xDD>(v0, w0);
+        out[4 + q] = _mm512_shuffle_i32x4::<0x88>(v1, w1);
+        out[12 + q] = _mm512_shuffle_i32x4::<0xDD>(v1, w1);
+    }
+    out
 }
 
 #[cfg(test)]
 mod tests {
     use super::super::testing::{bytes, check_fast_sums, values};
     use super::super::{scalar, Dot, Elem};
+
+    /// Word c of row r becomes word r of row c.
+    #[test]
+    fn transpose16_transposes_words() {
+        if !super::available() {
+            return;
+        }
+        let rows: [[u32; 16]; 16] = std::array::from_fn(|r| std::array::from_fn(|c| (r * 100 + c) as u32));
+        // SAFETY: the CPU has AVX-512 (checked by `available`); plain loads and stores.
+        let got = unsafe { transposed(&rows) };
+        for (c, row) in got.iter().enumerate() {
+            assert_eq!(*row, std::array::from_fn::<u32, 16, _>(|r| (r * 100 + c) as u32), "row {c}");
+        }
+    }
+
+    #[target_feature(enable = "avx512f")]
+    unsafe fn transposed(rows: &[[u32; 16]; 16]) -> [[u32; 16]; 16] {
+        use std::arch::x86_64::*;
+        let a: [__m512i; 16] = std::array::from_fn(|r| _mm512_loadu_si512(rows[r].as_ptr() as *const _));
+        let t = super::transpose16(&a);
+        let mut out = [[0u32; 16]; 16];
+        for (o, v) in out.iter_mut().zip(t) {
+            _mm512_storeu_si512(o.as_mut_ptr() as *mut _, v);
+        }
+        out
+    }
 
     fn h(x: f32) -> f32 {
         scalar::f16_to_f32(scalar::f32_to_f16(x))

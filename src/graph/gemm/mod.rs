@@ -575,6 +575,7 @@ mod tests {
             ("attn q.k d40", Dot::F32, Elem::F32, Elem::F32, 40, 4096, 512),
             ("q8_0 linear 320->2560", Dot::Q8_0, Elem::Q8_0, Elem::F32, 320, 2560, 1024),
             ("q8_0 z-image ffn 3840->10240, 1056 tokens", Dot::Q8_0, Elem::Q8_0, Elem::F32, 3840, 10240, 1056),
+            ("sdxl ffn 1280->10240, 256 tokens", Dot::F16, Elem::F16, Elem::F32, 1280, 10240, 256),
             ("wan linear 1536->1536, 1280 tokens", Dot::F16, Elem::F16, Elem::F32, 1536, 1536, 1280),
             ("wan ffn 1536->8960", Dot::F16, Elem::F16, Elem::F32, 1536, 8960, 1280),
             ("wan ffn 8960->1536", Dot::F16, Elem::F16, Elem::F32, 8960, 1536, 1280),

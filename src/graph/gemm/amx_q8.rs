@@ -20,7 +20,6 @@ use super::amx::TileConfig;
 use super::{Dot, Elem, Lines, Problem, Task};
 use std::arch::asm;
 use std::arch::x86_64::*;
-use std::sync::atomic::Ordering;
 
 /// Tokens per tile, and weight rows per tile (16 i32 = one 64-byte row).
 const T: usize = 16;
@@ -37,12 +36,10 @@ pub(crate) struct Scratch {
     /// (batch, first row) of the weights now packed (this call's: `run` forgets it).
     w_key: Option<(usize, usize)>,
     /// Quantized token tiles of this batch (`tile_bytes` each, while `gemm::Q8_CACHE_BYTES`
-    /// last; later ones are quantized again per task), then one spare.
+    /// last; later ones are quantized again per task, into the spare after them).
     x: Lines,
-    /// Which of `x`'s tiles hold their tokens.
-    x_done: Vec<bool>,
-    /// The batch `x` holds (this call's).
-    x_batch: Option<usize>,
+    /// Which of `x`'s tiles hold their tokens (this call's).
+    x_made: super::QuantizedPanels,
     /// Two blocks' integer sums on their way from the tiles (i32).
     c: Lines,
 }
@@ -80,7 +77,7 @@ pub(crate) unsafe fn run(p: &Problem, tasks: impl Iterator<Item = Task>, s: &mut
     let cfg = TileConfig::new(&[(16, 64), (16, 64), (16, QK as u16), (16, QK as u16), (8, 64), (8, 64)]);
     asm!("ldtilecfg [{0}]", in(reg) &cfg, options(nostack, readonly));
     s.w_key = None;
-    s.x_batch = None;
+    s.x_made.forget();
     for t in tasks {
         task(p, &t, s);
     }
@@ -101,28 +98,20 @@ unsafe fn task(p: &Problem, t: &Task, s: &mut Scratch) {
         s.w_key = Some((t.batch, t.m0));
     }
     let tb = tile_bytes(k);
-    if s.x_batch != Some(t.batch) {
-        let room = (super::Q8_CACHE_BYTES.load(Ordering::Relaxed) / tb).min(p.n.div_ceil(T));
-        s.x_done.clear();
-        s.x_done.resize(room, false);
-        s.x_batch = Some(t.batch);
-    }
-    let room = s.x_done.len();
+    let room = s.x_made.room(t.batch, tb, p.n.div_ceil(T));
     let x = s.x.at_least::<u8>((room + 1) * tb);
     let c = s.c.at_least::<i32>(2 * T * T);
     let ldc = p.out_nb[0];
     for n0 in (t.n0..t.n1).step_by(T) {
         let nt = T.min(t.n1 - n0);
         // A tile starting on a multiple of 16 has a slot; a task's odd start does not.
-        let slot = (n0 % T == 0).then_some(n0 / T).filter(|&i| i < room);
+        let (slot, made) = s.x_made.slot(n0, T);
         let xt = x.add(slot.unwrap_or(room) * tb);
-        if !slot.is_some_and(|i| s.x_done[i]) {
+        if !made {
             // A cached tile holds all 16 of its tokens (or the product's last ones).
             let count = if slot.is_some() { T.min(p.n - n0) } else { nt };
             quantize_tokens(brow.wrapping_add(n0 * p.b.nb[0]), p.b.nb[0], count, k, xt);
-            if let Some(i) = slot {
-                s.x_done[i] = true;
-            }
+            s.x_made.made(slot);
         }
         for g in 0..groups {
             let acc = sums(xt, xt.add(T * row_bytes(k)) as *const f32, row_bytes(k), w.add(g * nb * W_BLOCK), nb, c);

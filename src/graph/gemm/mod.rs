@@ -139,6 +139,48 @@ impl Problem {
 /// quantize past it; `kernel_throughput` sets the real size.
 pub(crate) static Q8_CACHE_BYTES: AtomicUsize = AtomicUsize::new(if cfg!(test) { 64 << 10 } else { 16 << 20 });
 
+/// Which panels of a q8_0 product's quantized activations a thread has made and keeps for
+/// its later row blocks (panel i = columns `i · width` onwards, while `Q8_CACHE_BYTES`
+/// last), for one batch of one product; the kernels own the panels' bytes.
+#[derive(Default)]
+pub(crate) struct QuantizedPanels {
+    done: Vec<bool>,
+    batch: Option<usize>,
+}
+
+impl QuantizedPanels {
+    /// A new product: nothing kept.
+    pub(crate) fn forget(&mut self) {
+        self.batch = None;
+    }
+
+    /// How many panels of `bytes` each are kept for `batch` (at most `panels`); a new batch
+    /// starts with none made.
+    pub(crate) fn room(&mut self, batch: usize, bytes: usize, panels: usize) -> usize {
+        if self.batch != Some(batch) {
+            let room = (Q8_CACHE_BYTES.load(Ordering::Relaxed) / bytes.max(1)).min(panels);
+            self.done.clear();
+            self.done.resize(room, false);
+            self.batch = Some(batch);
+        }
+        self.done.len()
+    }
+
+    /// The slot of the panel of `width` columns starting at column `n0`, if it has one (a
+    /// start off a multiple of `width` has none), and whether it is made.
+    pub(crate) fn slot(&self, n0: usize, width: usize) -> (Option<usize>, bool) {
+        let slot = (n0 % width == 0).then_some(n0 / width).filter(|&i| i < self.done.len());
+        (slot, slot.is_some_and(|i| self.done[i]))
+    }
+
+    /// Panel `slot` (if any) is made.
+    pub(crate) fn made(&mut self, slot: Option<usize>) {
+        if let Some(i) = slot {
+            self.done[i] = true;
+        }
+    }
+}
+
 /// Which implementation runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Imp {

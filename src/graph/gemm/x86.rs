@@ -12,7 +12,6 @@
 
 use super::{Dot, Elem, Lines, Problem, Task};
 use std::arch::x86_64::*;
-use std::sync::atomic::Ordering;
 
 /// Rows of a float register tile; its columns are the entry point's `NR` (3 with 16 AVX2
 /// registers, 6 with AVX-512's 32: each block then loads 10 vectors for 24 products, and the
@@ -206,13 +205,10 @@ pub(crate) struct Scratch {
     /// Slots `bc` may hold in this product (`B_CACHE_BYTES`, and no more than its chunks).
     b_room: usize,
     /// q8_0 products: the column pairs quantized during this product, kept for the thread's
-    /// later row blocks (pair i of batch `qb_batch` at `i · q8_panel_len(QNR, nb)`, while
-    /// `gemm::Q8_CACHE_BYTES` last), and which of them are done.
+    /// later row blocks (pair i at byte `i` × its panel size), and which of them are made.
     qb: Vec<u8>,
-    qb_done: Vec<bool>,
-    qb_batch: Option<usize>,
+    qb_made: super::QuantizedPanels,
 }
-
 
 /// Bytes of packed B chunks a thread keeps per product: a weight matrix of 128-row blocks
 /// packed its columns again for every block (a quarter of a DiT product's time with 200
@@ -232,7 +228,7 @@ pub(crate) unsafe fn run(p: &Problem, tasks: impl Iterator<Item = Task>, s: &mut
     s.a_key = None;
     s.b_batch = None;
     s.b_room = 0;
-    s.qb_batch = None;
+    s.qb_made.forget();
     for whole in tasks {
         if s.b_room == 0 {
             // The grid's column chunks all have the first task's width (but the last).
@@ -718,36 +714,21 @@ unsafe fn q8_task(p: &Problem, t: &Task, s: &mut Scratch) {
     }
     let mut acc = [_mm256_setzero_ps(); QMR * QNR];
     let vnni = vnni_allowed();
-    if s.qb_batch != Some(t.batch) {
-        let room = (super::Q8_CACHE_BYTES.load(Ordering::Relaxed) / bpanel.max(1)).min(p.n.div_ceil(QNR));
-        s.qb_done.clear();
-        s.qb_done.resize(room, false);
-        grow(&mut s.qb, room * bpanel, 0);
-        s.qb_batch = Some(t.batch);
-    }
+    let room = s.qb_made.room(t.batch, bpanel, p.n.div_ceil(QNR));
+    grow(&mut s.qb, room * bpanel, 0);
     for n0 in (t.n0..t.n1).step_by(QNR) {
         let cols = QNR.min(t.n1 - n0);
-        let slot = (n0 % QNR == 0).then_some(n0 / QNR).filter(|&i| i < s.qb_done.len());
-        let b = match slot {
-            Some(i) => {
-                let at = s.qb.as_mut_ptr().add(i * bpanel);
-                if !s.qb_done[i] {
-                    q8_quantize_cols::<QNR>(brow.add(n0 * p.b.nb[0]), p.b.nb[0], cols, nb, at);
-                    if zmm {
-                        q8_corrections::<QNR>(at, nb);
-                    }
-                    s.qb_done[i] = true;
-                }
-                at as *const u8
+        // A pair without a slot is quantized into `bq` for this task alone.
+        let (slot, made) = s.qb_made.slot(n0, QNR);
+        let at = slot.map_or(bq.as_mut_ptr(), |i| s.qb.as_mut_ptr().add(i * bpanel));
+        if !made {
+            q8_quantize_cols::<QNR>(brow.add(n0 * p.b.nb[0]), p.b.nb[0], cols, nb, at);
+            if zmm {
+                q8_corrections::<QNR>(at, nb);
             }
-            None => {
-                q8_quantize_cols::<QNR>(brow.add(n0 * p.b.nb[0]), p.b.nb[0], cols, nb, bq.as_mut_ptr());
-                if zmm {
-                    q8_corrections::<QNR>(bq.as_mut_ptr(), nb);
-                }
-                bq.as_ptr()
-            }
-        };
+            s.qb_made.made(slot);
+        }
+        let b = at as *const u8;
         for q in 0..npan {
             let r0 = t.m0 + q * QMR;
             if zmm {

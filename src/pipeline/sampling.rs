@@ -112,6 +112,16 @@ pub(super) struct Stage<'a> {
     pub(super) last: bool,
 }
 
+/// A pass's input with what the extensions give it: the identity embedding, and the image
+/// tokens of the prompt's pass or of the negative ones.
+fn with_extensions<'a>(exts: &'a [Box<dyn Extension>], pass: Pass, input: DiffusionInput<'a>) -> DiffusionInput<'a> {
+    DiffusionInput { identity: extensions::identity(exts), image_tokens: extensions::image_tokens(exts, pass != Pass::Cond), ..input }
+}
+
+fn compute_failed(e: Error) -> Error {
+    Error::new(format!("diffusion model compute failed: {e}"))
+}
+
 /// The error of a cancelled generation.
 pub fn cancelled() -> Error {
     Error::new("generation cancelled")
@@ -189,27 +199,23 @@ pub(super) fn sample(job: &mut Job<'_>, stage: Stage<'_>, x: &Tensor, rng: &mut 
             Some(denoised) => (denoised, None),
             None => {
                 cache.begin_step(step, sigma);
-                let mut run = |exts: &[Box<dyn Extension>], cache: &mut StepCache, pass: Pass, c: &Condition, refs: &[Tensor], skip_layers: &[i32], controls: Option<&[Tensor]>| {
+                // What every pass of this evaluation shares; a pass sets its condition,
+                // references, skipped layers and residuals (`with_extensions` the rest).
+                let base = DiffusionInput {
+                    guidance: guidance.distilled_guidance,
+                    ref_index_mode: r.refs.ref_index_mode,
+                    ref_timestep_zero: r.refs.force_ref_timestep_zero,
+                    control_strength: r.control_strength,
+                    video: video.as_ref(),
+                    timestep_r: usize::try_from(step + 1).ok().and_then(|i| sigmas.get(i).copied()),
+                    token_timesteps: token_timesteps.as_deref(),
+                    ..DiffusionInput::new(&input, &timesteps, &prepared.cond)
+                };
+                let run = |diffusion: &mut dyn DiffusionModel, exts: &[Box<dyn Extension>], cache: &mut StepCache, pass: Pass, dinput: DiffusionInput<'_>| {
                     if let Some(out) = cache.reuse(pass, &input) {
                         return Ok(out);
                     }
-                    let image_tokens = extensions::image_tokens(exts, pass != Pass::Cond);
-                    let dinput = DiffusionInput {
-                        guidance: guidance.distilled_guidance,
-                        ref_latents: refs,
-                        ref_index_mode: r.refs.ref_index_mode,
-                        ref_timestep_zero: r.refs.force_ref_timestep_zero,
-                        skip_layers,
-                        controls,
-                        control_strength: r.control_strength,
-                        video: video.as_ref(),
-                        image_tokens,
-                        timestep_r: usize::try_from(step + 1).ok().and_then(|i| sigmas.get(i).copied()),
-                        identity: extensions::identity(exts),
-                        token_timesteps: token_timesteps.as_deref(),
-                        ..DiffusionInput::new(&input, &timesteps, c)
-                    };
-                    let out = diffusion.compute(&dinput).map_err(|e| Error::new(format!("diffusion model compute failed: {e}")))?;
+                    let out = diffusion.compute(&with_extensions(exts, pass, dinput)).map_err(compute_failed)?;
                     cache.store(pass, &input, &out);
                     Ok::<_, Error>(out)
                 };
@@ -219,25 +225,58 @@ pub(super) fn sample(job: &mut Job<'_>, stage: Stage<'_>, x: &Tensor, rng: &mut 
                 // An extension may swap the prompt's condition for this step (PhotoMaker after
                 // its merge step); the ControlNet and skip-layer passes keep the plain one.
                 let step_cond = extensions::step_condition(exts, step, &prepared.cond);
-                let cond_out = run(exts, &mut cache, Pass::Cond, step_cond, ref_latents, &[], controls.as_deref())?;
+                let cond_in = DiffusionInput { cond: step_cond, ref_latents, controls: controls.as_deref(), ..base };
                 let uncond_skip: &[i32] = if skip_step && slg.uncond { &slg.layers } else { &[] };
                 if !uncond_skip.is_empty() {
                     sd_debug!("Skipping layers at uncond step {step}");
                 }
-                if let (Some(_), Some(u)) = (&controls, uncond_cond) {
-                    controls = extensions::residuals(exts, &input, &timesteps, u)?;
-                }
-                let uncond_out = uncond_cond.map(|c| run(exts, &mut cache, Pass::Uncond, c, ref_latents, uncond_skip, controls.as_deref())).transpose()?;
+                // The prompt's and the negative prompt's passes in one batch where the model
+                // can (the outputs of two passes, with the weights read once). Not with
+                // per-pass reuse, decided pass by pass, nor with ControlNet residuals, which
+                // are made per pass.
+                let pair = match uncond_cond {
+                    Some(u) if controls.is_none() && !cache.reuses_passes() => {
+                        let uncond_in = DiffusionInput { cond: u, skip_layers: uncond_skip, ..cond_in };
+                        let (a, b) = (with_extensions(exts, Pass::Cond, cond_in), with_extensions(exts, Pass::Uncond, uncond_in));
+                        let pair = diffusion.compute_pair(&a, &b).map_err(compute_failed)?;
+                        if let Some([c, u]) = &pair {
+                            cache.store(Pass::Cond, &input, c);
+                            cache.store(Pass::Uncond, &input, u);
+                        }
+                        pair
+                    }
+                    _ => None,
+                };
+                let (cond_out, uncond_out) = match pair {
+                    Some([c, u]) => (c, Some(u)),
+                    None => {
+                        let cond_out = run(&mut *diffusion, exts, &mut cache, Pass::Cond, cond_in)?;
+                        if let (Some(_), Some(u)) = (&controls, uncond_cond) {
+                            controls = extensions::residuals(exts, &input, &timesteps, u)?;
+                        }
+                        let uncond_out = uncond_cond
+                            .map(|c| {
+                                let uncond_in = DiffusionInput { cond: c, ref_latents, skip_layers: uncond_skip, controls: controls.as_deref(), ..base };
+                                run(&mut *diffusion, exts, &mut cache, Pass::Uncond, uncond_in)
+                            })
+                            .transpose()?;
+                        (cond_out, uncond_out)
+                    }
+                };
                 let img_out = prepared
                     .img_uncond
                     .as_ref()
-                    .map(|c| run(exts, &mut cache, Pass::ImgUncond, c, img_uncond_refs, &[], controls.as_deref()))
+                    .map(|c| {
+                        let img_in = DiffusionInput { cond: c, ref_latents: img_uncond_refs, controls: controls.as_deref(), ..base };
+                        run(&mut *diffusion, exts, &mut cache, Pass::ImgUncond, img_in)
+                    })
                     .transpose()?;
                 let mut guided = guider.guide(step, &cond_out, uncond_out.as_ref(), img_out.as_ref());
                 // Like the reference, a step whose outputs are reused gets no skip-layer pass.
                 if skip_step && slg.scale != 0.0 && !cache.step_skipped() {
                     sd_debug!("Skipping layers at step {step}");
-                    let skipped = run(exts, &mut cache, Pass::Cond, &prepared.cond, ref_latents, &slg.layers, controls.as_deref())?;
+                    let skip_in = DiffusionInput { ref_latents, skip_layers: &slg.layers, controls: controls.as_deref(), ..base };
+                    let skipped = run(&mut *diffusion, exts, &mut cache, Pass::Cond, skip_in)?;
                     let scale = slg.scale;
                     let d: Vec<f32> = guided.data().iter().zip(cond_out.data()).zip(skipped.data()).map(|((&g, &c), &k)| g + (c - k) * scale).collect();
                     guided = Tensor::from_vec(guided.shape(), d)?;

@@ -178,6 +178,11 @@ impl StepCache {
         !matches!(self.kind, Kind::Off)
     }
 
+    /// Whether a pass's output may be reused instead of computed (decided pass by pass).
+    pub fn reuses_passes(&self) -> bool {
+        matches!(self.kind, Kind::Reuse(_))
+    }
+
     /// The denoised latent of this evaluation when it is forecast instead of computed.
     pub fn forecast(&mut self) -> Option<Tensor> {
         match &mut self.kind {

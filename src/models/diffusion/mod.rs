@@ -30,6 +30,7 @@ use crate::graph::Components;
 use crate::tensor::Tensor;
 
 /// One denoiser evaluation's inputs (the reference's `DiffusionParams`).
+#[derive(Clone, Copy)]
 pub struct DiffusionInput<'a> {
     /// Noisy latent, already scaled by `c_in`: `[W, H, C, N]`.
     pub x: &'a Tensor,
@@ -134,6 +135,14 @@ pub trait DiffusionModel: Components + Send {
     /// The model output for `input` (noise, v or velocity as the family predicts):
     /// `[W, H, C_out, N]`.
     fn compute(&mut self, input: &DiffusionInput<'_>) -> Result<Tensor>;
+
+    /// The outputs of two passes of one evaluation (a guided step's prompt and negative
+    /// prompt) as one batch of two, where the family's every op works per batch item: each
+    /// output is the one `compute` gives, and the weights are read once. `None`: these two
+    /// inputs do not batch; the caller computes them one by one.
+    fn compute_pair(&mut self, _a: &DiffusionInput<'_>, _b: &DiffusionInput<'_>) -> Result<Option<[Tensor; 2]>> {
+        Ok(None)
+    }
 
     /// Whether a batch is the frames of one video (a UNet with AnimateDiff motion modules).
     fn has_motion_modules(&self) -> bool {

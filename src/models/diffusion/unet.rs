@@ -15,7 +15,7 @@
 //! With AnimateDiff motion modules (`motion`) a batch of N > 1 is the frames of one video.
 
 use crate::models::common::blocks::{expand_batch, CrossContext, Downsample, EncoderBlock, ResBlock, SpatialTransformer, TimestepEmbed, Upsample};
-use crate::error::{Context as _, Result};
+use crate::error::{Context as _, Error, Result};
 use crate::graph::nn::{self, Conv2d, GroupNorm};
 use super::{DiffusionInput, DiffusionModel};
 use crate::graph::{Graph, Loaded, Runner, Scope, T};
@@ -663,6 +663,11 @@ impl DiffusionModel for Loaded<UNetModel> {
         compute(runner, model, input.x, input.timesteps, context, c.concat.as_ref(), c.vector.as_ref(), input.controls, input.control_strength, image)
     }
 
+    fn compute_pair(&mut self, a: &DiffusionInput<'_>, b: &DiffusionInput<'_>) -> Result<Option<[Tensor; 2]>> {
+        let (model, runner) = self.parts();
+        compute_pair(runner, model, a, b)
+    }
+
     fn has_motion_modules(&self) -> bool {
         self.model.has_motion_modules()
     }
@@ -712,6 +717,43 @@ pub fn compute(
         let it = image.map(|(t, s)| (g.input(t), s));
         Ok(unet.forward(g, xt, ts, ctx, cc, yt, &cs, control_strength, it))
     })
+}
+
+/// Every UNet op (convolutions, group norms, attention, the timestep embedding) works per
+/// batch item, so a batch of the two passes gives each pass's output as alone. Not with
+/// motion modules (a batch is a video's frames), per-pass residuals or image tokens, a
+/// graph budget (the batch's activations are twice one pass's), or conditions of
+/// different shapes.
+pub fn compute_pair(runner: &mut Runner, model: &UNetModel, a: &DiffusionInput<'_>, b: &DiffusionInput<'_>) -> Result<Option<[Tensor; 2]>> {
+    let (ca, cb) = (a.cond, b.cond);
+    let same = |p: Option<&Tensor>, q: Option<&Tensor>| match (p, q) {
+        (Some(p), Some(q)) => p.shape() == q.shape(),
+        (p, q) => p.is_none() && q.is_none(),
+    };
+    let single = |t: &Tensor, batch_dim: usize| t.shape().len() <= batch_dim + 1 && t.ne(batch_dim) == 1;
+    let batches = !model.has_motion_modules()
+        && runner.max_vram == 0
+        && [a, b].iter().all(|i| i.controls.is_none() && i.image_tokens.is_none() && i.timesteps.len() == 1 && single(i.x, 3))
+        && a.x.shape() == b.x.shape()
+        && a.control_strength == b.control_strength
+        && same(ca.crossattn.as_ref(), cb.crossattn.as_ref())
+        && ca.crossattn.as_ref().is_some_and(|c| single(c, 2))
+        && same(ca.vector.as_ref(), cb.vector.as_ref())
+        && ca.vector.as_ref().is_none_or(|y| single(y, 1))
+        && same(ca.concat.as_ref(), cb.concat.as_ref())
+        && ca.concat.as_ref().is_none_or(|c| single(c, 3));
+    if !batches {
+        return Ok(None);
+    }
+    let pair = |p: Option<&Tensor>, q: Option<&Tensor>, dim: usize| p.zip(q).map(|(p, q)| Tensor::stack(&[p, q], dim)).transpose();
+    let x = Tensor::stack(&[a.x, b.x], 3)?;
+    let context = pair(ca.crossattn.as_ref(), cb.crossattn.as_ref(), 2)?.context("the UNet needs a cross-attention context")?;
+    let y = pair(ca.vector.as_ref(), cb.vector.as_ref(), 1)?;
+    let concat = pair(ca.concat.as_ref(), cb.concat.as_ref(), 3)?;
+    let timesteps = [a.timesteps[0], b.timesteps[0]];
+    let out = compute(runner, model, &x, &timesteps, &context, concat.as_ref(), y.as_ref(), None, a.control_strength, None)?;
+    let [p, q]: [Tensor; 2] = out.unstack(3)?.try_into().map_err(|_| Error::new("the UNet's batch of two gave another count"))?;
+    Ok(Some([p, q]))
 }
 
 #[cfg(test)]

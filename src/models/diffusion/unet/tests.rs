@@ -8,6 +8,7 @@
 //! (`model.diffusion_model.…`, LDM layout), so no name mapping is needed.
 
 use crate::testutil::f16_to_f32;
+use crate::models::condition::Condition;
 use super::*;
 use crate::graph::{Backend, GgmlType, ParamStore, TypeMap, F16, F32};
 use std::collections::HashMap;
@@ -352,6 +353,42 @@ fn sd1_unet_matches_numpy_model() {
     assert!(worst < 2e-3, "stage {worst_name} differs by {worst:.2e}");
     assert!(err_a < 6e-2 && err_b < 6e-2, "end-to-end errors {err_a:.2e} / {err_b:.2e}");
     assert!(err_flash < 1e-1, "flash attention error {err_flash:.2e}");
+}
+
+/// A guided step's two passes as one batch give each pass's output bit for bit (exact
+/// path, with and without flash attention), and inputs that do not batch are left alone.
+#[test]
+fn a_pair_of_passes_gives_each_pass_bit_for_bit() {
+    let Some(path) = fixture(&["sd1-unet.safetensors", "sd1.safetensors"], Some("sd1-unet")) else {
+        eprintln!("skipped: no sd1 fixture in {} (SD_PARITY=full generates it)", cache_dir().display());
+        return;
+    };
+    let backend = Arc::new(Backend::cpu().unwrap());
+    let (_store, unet) = load_unet(&path, &backend);
+    let mut runner = Runner::new(backend, 2);
+    let x = tensor(&[16, 8, 4, 1], 11, 1.0);
+    let timesteps = [420.0];
+    let cond = Condition { crossattn: Some(tensor(&[768, 77, 1], 12, 1.0)), ..Condition::default() };
+    let uncond = Condition { crossattn: Some(tensor(&[768, 77, 1], 13, 1.0)), ..Condition::default() };
+    let (a, b) = (DiffusionInput::new(&x, &timesteps, &cond), DiffusionInput::new(&x, &timesteps, &uncond));
+    for flash in [false, true] {
+        runner.options.flash_attn = flash;
+        let [p, q] = compute_pair(&mut runner, &unet, &a, &b).unwrap().expect("two plain passes batch");
+        for (got, c) in [(&p, &cond), (&q, &uncond)] {
+            let alone = compute(&mut runner, &unet, &x, &timesteps, c.crossattn.as_ref().unwrap(), None, None, None, 1.0, None).unwrap();
+            assert_eq!(got.shape(), alone.shape());
+            let same = got.data().iter().zip(alone.data()).all(|(u, v)| u.to_bits() == v.to_bits());
+            assert!(same, "a batched pass differs from the pass alone (flash attention {flash})");
+        }
+    }
+    // Contexts of different lengths, residuals or a graph budget: computed one by one.
+    let long = Condition { crossattn: Some(tensor(&[768, 154, 1], 14, 1.0)), ..Condition::default() };
+    assert!(compute_pair(&mut runner, &unet, &a, &DiffusionInput::new(&x, &timesteps, &long)).unwrap().is_none());
+    let controls: Vec<Tensor> = unet.control_shapes(16, 8).into_iter().map(|s| Tensor::zeros(&[s[0] as usize, s[1] as usize, s[2] as usize, 1])).collect();
+    let with_controls = DiffusionInput { controls: Some(&controls), ..a };
+    assert!(compute_pair(&mut runner, &unet, &with_controls, &b).unwrap().is_none());
+    runner.max_vram = 1 << 30;
+    assert!(compute_pair(&mut runner, &unet, &a, &b).unwrap().is_none());
 }
 
 #[test]

@@ -122,10 +122,13 @@ pub struct GraphOptions {
     /// upscalers, see `winograd_wanted`).
     pub cpu_winograd: bool,
     /// The context's opt-in fast path (`runtime::args::fast_path`): the UNet takes Winograd
-    /// too, the diffusion networks (transformers and UNets) `cpu_fast_products`.
+    /// too, the diffusion networks (transformers and UNets) `cpu_fast_products` and
+    /// `cpu_fast_q8_0`, the LLM text encoders `cpu_fast_products`.
     pub fast: bool,
     /// Float products by the fast path's kernels (`gemm::fast`: sums in their own order).
     pub cpu_fast_products: bool,
+    /// q8_0 products by the fast path's tiles (`gemm::amx_q8`) too, with `cpu_fast_products`.
+    pub cpu_fast_q8_0: bool,
 }
 
 /// Whether a network takes Winograd's convolutions (`GraphOptions::cpu_winograd`). By
@@ -169,6 +172,7 @@ impl Default for GraphOptions {
             cpu_winograd: false,
             fast: false,
             cpu_fast_products: false,
+            cpu_fast_q8_0: false,
         }
     }
 }

@@ -76,7 +76,8 @@ fn problem(a: &g::ggml_tensor, b: &g::ggml_tensor, out: Option<&g::ggml_tensor>)
 pub(crate) fn mul_mat<'g>(g: &'g Graph, a: T<'g>, b: T<'g>, prec_f32: bool) -> T<'g> {
     // An evaluation callback (imatrix collection) looks for ggml's MUL_MAT nodes.
     if g.on_cpu && g.options.cpu_own_matmul && gemm::vector_kernels_available() && !super::eval_callback::is_set() && !few_columns(a, b) {
-        let imp = if g.options.cpu_fast_products && gemm::fast_kernels_available() { IMP_FAST } else { IMP_AUTO };
+        let fast = g.options.cpu_fast_products && (g.options.cpu_fast_q8_0 || a.ty() != g::GGML_TYPE_Q8_0);
+        let imp = if fast && gemm::fast_kernels_available() { IMP_FAST } else { IMP_AUTO };
         // The fast kernels read activations again for every block of weight rows: converted
         // to f16 once (by ggml, as its own product does), they are half the bytes and need
         // no rounding each time. The values are the ones the kernels would round to.

@@ -175,7 +175,12 @@ impl LlmText {
         ensure!(weights.has_prefix(LLM_PREFIX), "no LLM text encoder weights (llm_path) in the model files");
         let cfg = LlmConfig::detect(weights.types(), &|n| weights.shape_of(n), LLM_PREFIX, arch);
         ensure!(cfg.num_layers > 0, "the LLM text encoder has no layers under '{LLM_PREFIX}model.layers.'");
-        let net = weights.load_model(place.resident_or_per_phase(resident), n_threads, LLM_PREFIX, "llm", |s| LlmModel::new(s, &cfg))?;
+        let mut net = weights.load_model(place.resident_or_per_phase(resident), n_threads, LLM_PREFIX, "llm", |s| LlmModel::new(s, &cfg))?;
+        // On the fast path its float products sum in the fast kernels' order (a 7B prompt
+        // encode 0.8x the time); its q8_0 products keep ggml's: on AMX-INT8 tiles their
+        // rounding, through the LLM and the DiT, moved a q8_0 picture past the fastest
+        // build's distance (`tests/fast_path.rs`).
+        net.runner.options.cpu_fast_products = net.runner.options.fast;
         Ok(LlmText { net, tokenizer: tokenizer_for(arch)? })
     }
 

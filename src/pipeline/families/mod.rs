@@ -819,8 +819,9 @@ impl BuildCtx<'_> {
     /// model, with the context's attention and convolution options. On the fast path its
     /// float products sum in their own order (`gemm::fast`, `gemm::amx`): a transformer's
     /// step is nearly all products. (The UNet's products do too, beside its Winograd
-    /// convolutions; encoders and VAEs keep ggml's order: the pictures stay within the
-    /// reference's own builds' distance, `tests/fast_path.rs`.) Without `eager_load` its
+    /// convolutions, and the LLM text encoders' float ones; other encoders and the VAEs keep
+    /// ggml's order: the pictures stay within the reference's own builds' distance,
+    /// `tests/fast_path.rs`.) Without `eager_load` its
     /// weights are read when it first samples, as the reference prepares them: a 24 GB
     /// Flux DiT is not resident beside the 9 GB T5 while the prompt is encoded.
     pub fn load_transformer<M>(&self, prefix: &str, declare: impl FnOnce(&mut Scope) -> M) -> Result<Loaded<M>> {
@@ -828,6 +829,7 @@ impl BuildCtx<'_> {
         model.runner.options.flash_attn = self.params.flash_attn || self.params.diffusion_flash_attn;
         model.runner.options.conv_direct = self.params.diffusion_conv_direct;
         model.runner.options.cpu_fast_products = model.runner.options.fast;
+        model.runner.options.cpu_fast_q8_0 = model.runner.options.fast;
         Ok(model)
     }
 

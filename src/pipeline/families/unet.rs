@@ -62,6 +62,7 @@ pub(super) fn build(ctx: &mut BuildCtx<'_>, unet_version: UNetVersion, text: Cli
     // On the fast path the UNet's products sum in their own order too (on AMX tiles they
     // are most of what the fast path buys an SDXL step): within the bound with Winograd.
     unet.runner.options.cpu_fast_products = unet.runner.options.fast;
+    unet.runner.options.cpu_fast_q8_0 = unet.runner.options.fast;
     if params.diffusion_conv_direct {
         sd_info!("Using Conv2d direct in the diffusion model");
     }

@@ -238,7 +238,13 @@ pub(super) fn sample(job: &mut Job<'_>, stage: Stage<'_>, x: &Tensor, rng: &mut 
                     Some(u) if controls.is_none() && !cache.reuses_passes() => {
                         let uncond_in = DiffusionInput { cond: u, skip_layers: uncond_skip, ..cond_in };
                         let (a, b) = (with_extensions(exts, Pass::Cond, cond_in), with_extensions(exts, Pass::Uncond, uncond_in));
-                        let pair = diffusion.compute_pair(&a, &b).map_err(compute_failed)?;
+                        // A batch needs twice one pass's activations: where it fails (a
+                        // device out of memory), the passes run one by one, as they would
+                        // without it.
+                        let pair = diffusion.compute_pair(&a, &b).unwrap_or_else(|e| {
+                            sd_warn!("the prompt's and the negative prompt's passes failed as one batch ({e}); computing them one by one");
+                            None
+                        });
                         if let Some([c, u]) = &pair {
                             cache.store(Pass::Cond, &input, c);
                             cache.store(Pass::Uncond, &input, u);

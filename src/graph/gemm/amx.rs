@@ -51,6 +51,11 @@ pub(crate) struct Scratch {
     x: Lines,
     /// Four C tiles for the flush (f32).
     c: Lines,
+    /// The outputs of two token tiles over the task's weight groups while a K block is
+    /// summed (f32): group g, token r at `(g · 2T + r) · T`. Output rows lie a whole row of
+    /// the product apart (often a multiple of 4 KiB, so the 32 rows of a flush shared an L1
+    /// set); here they are 2 KiB in one piece.
+    acc: Lines,
 }
 
 /// A tile configuration (palette 1: tiles 0-7, each up to 16 rows of 64 bytes).
@@ -138,6 +143,7 @@ unsafe fn task(p: &Problem, t: &Task, s: &mut Scratch) {
     let w = s.w.at_least::<u16>(groups * steps * 2 * TILE_U16);
     let x = s.x.at_least::<u16>(4 * T * XS);
     let c = s.c.at_least::<f32>(2 * 4 * T * T);
+    let acc = s.acc.at_least::<f32>(groups * 2 * T * T);
     if s.w_key != Some((t.batch, t.m0)) {
         for g in 0..groups {
             let first = t.m0 + g * T;
@@ -154,6 +160,15 @@ unsafe fn task(p: &Problem, t: &Task, s: &mut Scratch) {
             let nt = (cols - tp).min(2 * T);
             convert_tokens(b_f32, brow.wrapping_add((t.n0 + tp) * p.b.nb[0]), p.b.nb[0], nt, k, kb0, kbl, x);
             let two = nt > T;
+            // The outputs are summed in `acc` over the K block: the same additions in the
+            // same order as on the outputs themselves, so the same bits.
+            let dst = |g: usize| out.add((t.n0 + tp) * ldc + 4 * (t.m0 + g * T));
+            let acc_at = |g: usize| acc.add(g * 2 * T * T) as *mut u8;
+            if kb0 > 0 {
+                for g in 0..groups {
+                    copy_rows(dst(g), ldc, acc_at(g), 4 * T, nt, (rows - g * T).min(T));
+                }
+            }
             // The stretch's token tiles (16 KiB) stay in L1 across the weight groups.
             for sub0 in (0..kbl).step_by(SUB) {
                 for g in 0..groups {
@@ -163,11 +178,24 @@ unsafe fn task(p: &Problem, t: &Task, s: &mut Scratch) {
                         let ws = wg.add((kb0 + k0) / KS * 2 * TILE_U16);
                         step(xs, sx, ws, two);
                     }
-                    let dst = out.add((t.n0 + tp) * ldc + 4 * (t.m0 + g * T));
-                    flush(c, dst, ldc, nt, (rows - g * T).min(T), kb0 + sub0 == 0);
+                    flush(c, acc_at(g), 4 * T, nt, (rows - g * T).min(T), kb0 + sub0 == 0);
                 }
             }
+            for g in 0..groups {
+                copy_rows(acc_at(g), 4 * T, dst(g), ldc, nt, (rows - g * T).min(T));
+            }
         }
+    }
+}
+
+/// Copies `nt` rows of `mr` f32 (the first `mr` of 16) from `src` to `dst`, rows `ls` and
+/// `ld` bytes apart.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+unsafe fn copy_rows(src: *const u8, ls: usize, dst: *mut u8, ld: usize, nt: usize, mr: usize) {
+    let mask: __mmask16 = if mr == T { !0 } else { (1u16 << mr) - 1 };
+    for r in 0..nt {
+        let v = _mm512_maskz_loadu_ps(mask, src.add(r * ls) as *const f32);
+        _mm512_mask_storeu_ps(dst.add(r * ld) as *mut f32, mask, v);
     }
 }
 

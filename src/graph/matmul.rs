@@ -69,9 +69,9 @@ fn problem(a: &g::ggml_tensor, b: &g::ggml_tensor, out: Option<&g::ggml_tensor>)
 
 /// `a.mul_mat(b)` (`[K, M, ..] × [K, N, ..] → [M, N, ..]`, f32) by our kernels when the graph
 /// runs on a CPU with AVX2 and the types are ones they reproduce; otherwise ggml's `mul_mat`.
-/// In diffusion networks on the fast path float products sum in their own order (`gemm::fast`,
-/// or `gemm::amx` for f16 weights where the CPU has AMX), and q8_0 products too where it has
-/// AMX-INT8 (`gemm::amx_q8`).
+/// In diffusion networks and LLM text encoders on the fast path float products sum in their
+/// own order (`gemm::fast`, or `gemm::amx` for f16 weights where the CPU has AMX), and the
+/// diffusion networks' q8_0 products too where it has AMX-INT8 (`gemm::amx_q8`).
 /// `prec_f32` asks other backends for f32 accumulation (the CPU always accumulates in f32).
 pub(crate) fn mul_mat<'g>(g: &'g Graph, a: T<'g>, b: T<'g>, prec_f32: bool) -> T<'g> {
     // An evaluation callback (imatrix collection) looks for ggml's MUL_MAT nodes.

@@ -152,13 +152,6 @@ fn repeat_frames(latent: Tensor, frames: usize) -> Result<Tensor> {
     Tensor::from_vec(&shape, latent.data().repeat(frames))
 }
 
-/// Frame `f` `[W, H, C, 1]` of a batch of frames `[W, H, C, N]`.
-fn batch_frame(latents: &Tensor, f: usize) -> Result<Tensor> {
-    let size = latents.ne(0) * latents.ne(1) * latents.ne(2);
-    ensure!(latents.shape().len() <= 4 && f < latents.ne(3), "no frame {f} in latents of shape {:?}", latents.shape());
-    Tensor::from_vec(&[latents.ne(0), latents.ne(1), latents.ne(2), 1], latents.data()[f * size..(f + 1) * size].to_vec())
-}
-
 /// `frames` > 1: AnimateDiff's batch of video frames, each starting from the init latent
 /// (the encoded init image, or zeros); the other latents stay single frames the diffusion
 /// model broadcasts.
@@ -522,7 +515,10 @@ fn decode_each(
         }
         let t = Instant::now();
         let pieces = match pictures {
-            Pictures::Frames(n) => (0..n).map(|f| batch_frame(lat, f).map(Cow::Owned)).collect::<Result<Vec<_>>>()?,
+            Pictures::Frames(n) => {
+                ensure!(lat.shape().len() <= 4 && n <= lat.ne(3), "no frame {} in latents of shape {:?}", n.saturating_sub(1), lat.shape());
+                lat.unstack(3)?.into_iter().take(n).map(Cow::Owned).collect()
+            }
             Pictures::Layers(n) => picture_latents(lat, Some(n))?,
             Pictures::One => picture_latents(lat, None)?,
         };

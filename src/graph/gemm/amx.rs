@@ -163,10 +163,10 @@ unsafe fn task(p: &Problem, t: &Task, s: &mut Scratch) {
             // The outputs are summed in `acc` over the K block: the same additions in the
             // same order as on the outputs themselves, so the same bits.
             let dst = |g: usize| out.add((t.n0 + tp) * ldc + 4 * (t.m0 + g * T));
-            let acc_at = |g: usize| acc.add(g * 2 * T * T) as *mut u8;
+            let acc_at = |g: usize| acc.add(g * 2 * T * T);
             if kb0 > 0 {
                 for g in 0..groups {
-                    copy_rows(dst(g), ldc, acc_at(g), 4 * T, nt, (rows - g * T).min(T));
+                    copy_rows(dst(g), ldc, acc_at(g) as *mut u8, 4 * T, nt, (rows - g * T).min(T));
                 }
             }
             // The stretch's token tiles (16 KiB) stay in L1 across the weight groups.
@@ -178,21 +178,27 @@ unsafe fn task(p: &Problem, t: &Task, s: &mut Scratch) {
                         let ws = wg.add((kb0 + k0) / KS * 2 * TILE_U16);
                         step(xs, sx, ws, two);
                     }
-                    flush(c, acc_at(g), 4 * T, nt, (rows - g * T).min(T), kb0 + sub0 == 0);
+                    flush(c, acc_at(g), nt, (rows - g * T).min(T), kb0 + sub0 == 0);
                 }
             }
             for g in 0..groups {
-                copy_rows(acc_at(g), 4 * T, dst(g), ldc, nt, (rows - g * T).min(T));
+                copy_rows(acc_at(g) as *const u8, 4 * T, dst(g), ldc, nt, (rows - g * T).min(T));
             }
         }
     }
+}
+
+/// The mask of a vector's first `n` of 16 lanes (all from 16 on).
+#[inline(always)]
+pub(crate) fn lanes(n: usize) -> __mmask16 {
+    if n >= 16 { !0 } else { (1u16 << n) - 1 }
 }
 
 /// Copies `nt` rows of `mr` f32 (the first `mr` of 16) from `src` to `dst`, rows `ls` and
 /// `ld` bytes apart.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
 unsafe fn copy_rows(src: *const u8, ls: usize, dst: *mut u8, ld: usize, nt: usize, mr: usize) {
-    let mask: __mmask16 = if mr == T { !0 } else { (1u16 << mr) - 1 };
+    let mask = lanes(mr);
     for r in 0..nt {
         let v = _mm512_maskz_loadu_ps(mask, src.add(r * ls) as *const f32);
         _mm512_mask_storeu_ps(dst.add(r * ld) as *mut f32, mask, v);
@@ -252,11 +258,11 @@ unsafe fn step(x: *const u16, sx: usize, w: *const u16, two: bool) {
     }
 }
 
-/// Adds the tiles' sums (hi·hi + cross, per token tile) to the outputs of `nt` tokens ×
-/// `mr` weight rows at `dst` (token rows `ldc` bytes apart; stored instead when `first`),
+/// Adds the tiles' sums (hi·hi + cross, per token tile) to the sums of `nt` tokens × `mr`
+/// weight rows at `acc` (a token's 16 f32 after another's; stored instead when `first`),
 /// and zeroes the tiles.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
-unsafe fn flush(c: *mut f32, dst: *mut u8, ldc: usize, nt: usize, mr: usize, first: bool) {
+unsafe fn flush(c: *mut f32, acc: *mut f32, nt: usize, mr: usize, first: bool) {
     asm!(
         "tilestored [{c} + {s64}*1], tmm0",
         "tilestored [{c1} + {s64}*1], tmm1",
@@ -273,13 +279,13 @@ unsafe fn flush(c: *mut f32, dst: *mut u8, ldc: usize, nt: usize, mr: usize, fir
         s64 = in(reg) 64usize,
         options(nostack),
     );
-    let mask: __mmask16 = if mr == T { !0 } else { (1u16 << mr) - 1 };
+    let mask = lanes(mr);
     for r in 0..nt {
         let (tile, row) = (r / T, r % T);
         let big = _mm512_loadu_ps(c.add(tile * T * T + row * T));
         let small = _mm512_loadu_ps(c.add((2 + tile) * T * T + row * T));
         let sum = _mm512_add_ps(big, small);
-        let o = dst.add(r * ldc) as *mut f32;
+        let o = acc.add(r * T);
         let v = if first { sum } else { _mm512_add_ps(_mm512_maskz_loadu_ps(mask, o), sum) };
         _mm512_mask_storeu_ps(o, mask, v);
     }
@@ -301,8 +307,7 @@ static HIGH_WORDS: [u16; 32] = {
 unsafe fn load32(f32_src: bool, row: *const u8, k0: usize, k: usize) -> (__m512, __m512) {
     let n = k.saturating_sub(k0).min(KS);
     if f32_src {
-        let m0: __mmask16 = if n >= 16 { !0 } else { (1u16 << n) - 1 };
-        let m1: __mmask16 = if n >= 32 { !0 } else if n > 16 { (1u16 << (n - 16)) - 1 } else { 0 };
+        let (m0, m1) = (lanes(n), lanes(n.saturating_sub(16)));
         let p = row.add(4 * k0) as *const f32;
         let round = |v: __m512| _mm512_cvtph_ps(_mm512_cvtps_ph::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(v));
         (round(_mm512_maskz_loadu_ps(m0, p)), round(_mm512_maskz_loadu_ps(m1, p.add(16))))

@@ -16,7 +16,7 @@
 //! through memory (tiles have no path to vector registers) into 16 accumulators that stay
 //! in registers over the whole K.
 
-use super::amx::TileConfig;
+use super::amx::{lanes, TileConfig};
 use super::{Dot, Elem, Lines, Problem, Task};
 use std::arch::asm;
 use std::arch::x86_64::*;
@@ -116,7 +116,7 @@ unsafe fn task(p: &Problem, t: &Task, s: &mut Scratch) {
         for g in 0..groups {
             let acc = sums(xt, xt.add(T * row_bytes(k)) as *const f32, row_bytes(k), w.add(g * nb * W_BLOCK), nb, c);
             let mr = (rows - g * T).min(T);
-            let mask: __mmask16 = if mr == T { !0 } else { (1u16 << mr) - 1 };
+            let mask = lanes(mr);
             for (r, v) in acc.iter().enumerate().take(nt) {
                 _mm512_mask_storeu_ps(out.add((n0 + r) * ldc + 4 * (t.m0 + g * T)) as *mut f32, mask, *v);
             }
